@@ -1,0 +1,29 @@
+"""runtime: a PyTorch-compatible eager tensor library on numpy; `import runtime as torch` works."""
+from __future__ import annotations
+
+import math as _math
+
+from . import api as _api
+from .dtypes import (ALL_DTYPES as _ALL_DTYPES, dtype, float16, float32, float64, int32, int64,  # noqa: F401
+                     get_default_dtype, promote_types, set_default_dtype)
+from .dtypes import bool_ as bool  # noqa: F401  (runtime.bool, as torch.bool)
+from .device import device  # noqa: F401
+from .tensor import Size, Tensor  # noqa: F401
+from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
+                        linspace, ones, ones_like, rand, rand_like, randint, randint_like, randn, randn_like,
+                        randperm, tensor, zeros, zeros_like)
+from .random import Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
+from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
+from . import autograd, cuda, ops  # noqa: F401
+
+half, float, double, long, int = float16, float32, float64, int64, int32
+
+# Every public API function is also a module-level function: runtime.exp(x), runtime.cat([...]).
+_MODULE_FUNCTIONS = {name: fn for name, fn in _api.METHODS.items() if not name.startswith("new_")}
+_MODULE_FUNCTIONS.update(where=_api.where, cat=_api.cat, concat=_api.cat, concatenate=_api.cat, stack=_api.stack,
+                         result_type=_api.result_type, is_tensor=lambda obj: isinstance(obj, Tensor),
+                         numel=lambda input: input.numel(), is_floating_point=lambda input: input.is_floating_point())
+globals().update(_MODULE_FUNCTIONS)
+inf, nan, pi, e = _math.inf, _math.nan, _math.pi, _math.e
+
+__version__ = "0.1.0"

@@ -1,0 +1,84 @@
+"""runtime.autograd: backward, grad, custom Function, grad-mode switches and gradcheck."""
+from __future__ import annotations
+
+from .grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
+
+
+def _as_tuple(x):
+    if x is None:
+        return None
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None) -> None:
+    """Accumulate d(tensors)/d(leaf) into each leaf's .grad (or only into `inputs` when given)."""
+    from . import engine
+    from .graph import edge_of
+
+    tensors = _as_tuple(tensors)
+    grads = _as_tuple(grad_tensors) or (None,) * len(tensors)
+    if len(grads) != len(tensors):
+        raise RuntimeError(f"grad_tensors has {len(grads)} tensors but tensors has {len(tensors)}")
+    roots = engine.root_edges(tensors, grads)
+    retain = create_graph if retain_graph is None else retain_graph
+    capture = None
+    if inputs is not None:
+        inputs = _as_tuple(inputs)
+        if not inputs:
+            raise RuntimeError("'inputs' argument to backward() cannot be empty.")
+        capture = {}
+        for t in inputs:
+            edge = edge_of(t)
+            if edge is None:
+                raise RuntimeError("One of the differentiated Tensors does not require grad")
+            capture[edge] = _grad_accumulator_for(t, create_graph)
+    engine.execute(roots, retain_graph=retain, create_graph=create_graph, capture=capture)
+
+
+def _grad_accumulator_for(tensor, create_graph):
+    from .graph import _accumulate_into
+
+    return lambda g: _accumulate_into(tensor, g, create_graph)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None,
+         is_grads_batched=False, materialize_grads=False):
+    """The gradients of outputs with respect to inputs, returned (not accumulated into .grad)."""
+    from . import engine
+    from .graph import edge_of
+
+    outputs, inputs = _as_tuple(outputs), _as_tuple(inputs)
+    grads = _as_tuple(grad_outputs) or (None,) * len(outputs)
+    roots = engine.root_edges(outputs, grads)
+    results = [None] * len(inputs)
+    capture = {}
+    for i, t in enumerate(inputs):
+        edge = edge_of(t)
+        if edge is None:
+            raise RuntimeError("One of the differentiated Tensors does not require grad")
+        capture[edge] = _store_into(results, i, capture.get(edge))
+    retain = create_graph if retain_graph is None else retain_graph
+    engine.execute(roots, retain_graph=retain, create_graph=create_graph, capture=capture)
+    for i, (t, g) in enumerate(zip(inputs, results)):
+        if g is None:
+            if materialize_grads:
+                from ..factories import zeros_like
+
+                results[i] = zeros_like(t)
+            elif not (allow_unused or materialize_grads):
+                raise RuntimeError("One of the differentiated Tensors appears to not have been used in the graph. "
+                                   "Set allow_unused=True if this is the desired behavior.")
+    return tuple(results)
+
+
+def _store_into(results, i, previous):
+    def store(g):
+        results[i] = g if results[i] is None else results[i] + g
+        if previous is not None:  # the same tensor was passed twice as an input
+            previous(g)
+
+    return store
+
+
+from .function import Function, FunctionCtx  # noqa: E402,F401
+from .gradcheck import gradcheck  # noqa: E402,F401

@@ -1,0 +1,216 @@
+"""Autograd graph nodes: OpNode (one recorded primitive), AccumulateGrad (a leaf), and their hooks."""
+from __future__ import annotations
+
+import itertools
+import sys
+import weakref
+
+import runtime.tensor as _tensor_mod  # NOTE: module import: tensor.py imports this module too.
+
+from ..utils.hooks import RemovableHandle
+from . import grad_mode
+
+_next_seq = itertools.count().__next__
+
+FREED_GRAPH_ERROR = (
+    "Trying to backward through the graph a second time (or directly access saved tensors after they "
+    "have already been freed). Saved intermediate values of the graph are freed when you call "
+    ".backward() or autograd.grad(). Specify retain_graph=True if you need to backward through the "
+    "graph a second time or if you need to access saved tensors after calling backward.")
+
+
+class Node:
+    """A function in the backward graph. `next_edges[i]` is (node, output_nr) for input i, or None."""
+
+    n_outputs = 1
+
+    def __init__(self, next_edges=()):
+        self.next_edges = tuple(next_edges)
+        self.seq = _next_seq()
+        self.pre_hooks = None  # {handle id: (output_nr, fn)}, the hooks of non-leaf tensors
+        self.retained = None  # {output_nr: weakref to the tensor that called retain_grad()}
+
+    def name(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"<{self.name()} object at {id(self):#x}>"
+
+    @property
+    def next_functions(self):
+        return tuple(e if e is not None else (None, 0) for e in self.next_edges)
+
+    def apply(self, grads: list) -> list:
+        """Gradients for each next edge, from the gradients of this node's outputs."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Free what was saved for backward (called after a backward without retain_graph)."""
+
+    def add_tensor_hook(self, output_nr: int, fn) -> RemovableHandle:
+        if self.pre_hooks is None:
+            self.pre_hooks = {}
+        handle = RemovableHandle(self.pre_hooks)
+        self.pre_hooks[handle.id] = (output_nr, fn)
+        return handle
+
+    def call_pre_hooks(self, grads: list) -> list:
+        """Run tensor hooks (which may replace a gradient), then store retained gradients."""
+        if self.pre_hooks:
+            for output_nr, fn in list(self.pre_hooks.values()):
+                if grads[output_nr] is not None:
+                    replaced = fn(grads[output_nr])
+                    if replaced is not None:
+                        grads[output_nr] = _checked_replacement(grads[output_nr], replaced)
+        if self.retained:
+            for output_nr, ref in self.retained.items():
+                tensor = ref()
+                if tensor is not None and grads[output_nr] is not None:
+                    _accumulate_into(tensor, grads[output_nr], grad_mode.state.enabled)
+        return grads
+
+
+def _checked_replacement(old, new):
+    if not isinstance(new, _tensor_mod.Tensor) or new.shape != old.shape:
+        raise RuntimeError(f"hook returned an invalid gradient: expected a tensor of shape {list(old.shape)}, "
+                           f"got {new!r}")
+    return new
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+class OpNode(Node):
+    """The backward of one primitive op; its rules come from the op table."""
+
+    def __init__(self, op, inputs, attrs, out_array, out_version, next_edges):
+        super().__init__(next_edges)
+        self.op = op
+        self.attrs = attrs
+        self.inputs = inputs
+        saves = op.saves
+        self.saved_versions = tuple((i, inputs[i]._vc()[0]) for i in saves
+                                    if i != "out" and isinstance(inputs[i], _tensor_mod.Tensor))
+        if "out" in saves:
+            self.out_data, self.out_version, self.out_version_seen = out_array, out_version, out_version[0]
+        else:
+            self.out_data = None
+
+    def name(self) -> str:
+        return _camel(self.op.name) + "Backward0"
+
+    def apply(self, grads):
+        inputs = self.inputs
+        if inputs is None:
+            raise RuntimeError(FREED_GRAPH_ERROR)
+        self._check_versions()
+        g, out, attrs, op = grads[0], self._saved_out(), self.attrs, self.op
+        result = []
+        for i, edge in enumerate(self.next_edges):
+            if edge is None:
+                result.append(None)
+                continue
+            gi = op.vjp_rule(i)(g, out, *inputs, **attrs)
+            result.append(fit_gradient(gi, inputs[i]))
+        return result
+
+    def _saved_out(self):
+        if self.out_data is None:
+            return None
+        out = _tensor_mod.Tensor._from_array(self.out_data)
+        if grad_mode.state.enabled:  # create_graph: the saved output stays connected to this node
+            out._grad_fn, out._rg = self, True
+        return out
+
+    def _check_versions(self) -> None:
+        stale = [(self.inputs[i], i, seen) for i, seen in self.saved_versions if self.inputs[i]._vc()[0] != seen]
+        if self.out_data is not None and self.out_version[0] != self.out_version_seen:
+            stale.append((None, "out", self.out_version_seen))
+        for tensor, which, seen in stale:
+            now = tensor._vc()[0] if tensor is not None else self.out_version[0]
+            what = "its output" if which == "out" else f"input {which}"
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: {what} of {self.name()} is at version {now}; expected version {seen} instead. "
+                f"Hint: use an out-of-place op, or .clone() the tensor before modifying it in place.")
+
+    def release(self) -> None:
+        if self.op.saves:
+            self.inputs = None
+            self.out_data = None
+
+
+def fit_gradient(g, x):
+    """Reduce a gradient over broadcast dims and cast it to the input's dtype."""
+    if g is None:
+        return None
+    if g._data.shape != x._data.shape:
+        g = g.sum_to_size(x.shape)
+    if g.dtype is not x.dtype:
+        g = g.to(x.dtype)
+    return g
+
+
+class AccumulateGrad(Node):
+    """The sink for a leaf tensor: runs the leaf's hooks, then adds the gradient into `.grad`."""
+
+    def __init__(self, variable):
+        super().__init__(())
+        self.variable = variable
+
+    def call_pre_hooks(self, grads):
+        hooks = self.variable._backward_hooks
+        if hooks:
+            for fn in list(hooks.values()):
+                replaced = fn(grads[0])
+                if replaced is not None:
+                    grads[0] = _checked_replacement(grads[0], replaced)
+        return grads
+
+    def accumulate(self, grads) -> None:
+        _accumulate_into(self.variable, grads[0], grad_mode.state.enabled, stealable=True)
+        del grads[:]  # drop our reference so ownership checks see only the gradient's real owners
+
+
+def _accumulate_into(tensor, g, create_graph: bool, stealable: bool = False) -> None:
+    if g is None:
+        return
+    old = tensor._grad
+    if old is None:
+        tensor._grad = g if create_graph else _owned_detached(g, stealable)
+    elif create_graph:
+        tensor._grad = old + g
+    else:
+        old._data += g._data
+        old._bump_version()
+
+
+def _owned_detached(g, stealable: bool):
+    """A detached gradient that no one else holds: reuse g's buffer when provably unshared."""
+    # NOTE: like torch's AccumulateGrad, steal the incoming buffer when nothing else references
+    # it (a copy per parameter per step is measurable); refcounts here are: the caller's list,
+    # the local, getrefcount's argument, and for the array, g's own slot plus the argument.
+    data = g._data
+    if (stealable and g._grad_fn is None and data.flags.owndata and data.flags.writeable
+            and sys.getrefcount(g) <= 4 and sys.getrefcount(data) <= 2):
+        return g
+    return _tensor_mod.Tensor._from_array(data.copy())
+
+
+def edge_of(tensor):
+    """The backward edge a tensor feeds: its grad_fn, or its leaf accumulator."""
+    if tensor._grad_fn is not None:
+        return (tensor._grad_fn, tensor._out_nr)
+    if tensor._rg:
+        return (tensor._accumulator(), 0)
+    return None
+
+
+def accumulator_for(tensor) -> AccumulateGrad:
+    ref = tensor._acc_ref
+    node = ref() if ref is not None else None
+    if node is None:
+        node = AccumulateGrad(tensor)
+        tensor._acc_ref = weakref.ref(node)
+    return node

@@ -1,0 +1,102 @@
+"""Tensor dtypes (runtime.float32, ...), the default dtype, and torch's type-promotion rules."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class dtype:
+    """A tensor element type; `runtime.float32` etc. are the only instances."""
+
+    __slots__ = ("name", "np", "category", "is_floating_point", "itemsize")
+
+    # NOTE: categories order the promotion lattice: bool < integer < floating.
+    def __init__(self, name: str, np_dtype, category: int):
+        self.name = name
+        self.np = np.dtype(np_dtype)
+        self.category = category
+        self.is_floating_point = category == FLOAT
+        self.itemsize = self.np.itemsize
+
+    def __repr__(self) -> str:
+        return f"runtime.{self.name}"
+
+    def __reduce__(self):
+        return (_dtype_by_name, (self.name,))
+
+
+BOOL, INT, FLOAT = 0, 1, 2
+
+bool_ = dtype("bool", np.bool_, BOOL)
+int32 = dtype("int32", np.int32, INT)
+int64 = dtype("int64", np.int64, INT)
+float16 = dtype("float16", np.float16, FLOAT)
+float32 = dtype("float32", np.float32, FLOAT)
+float64 = dtype("float64", np.float64, FLOAT)
+
+ALL_DTYPES = (bool_, int32, int64, float16, float32, float64)
+_BY_NP = {d.np: d for d in ALL_DTYPES}
+_BY_NAME = {d.name: d for d in ALL_DTYPES}
+
+_default_float = float32
+
+
+def _dtype_by_name(name: str) -> dtype:
+    return _BY_NAME[name]
+
+
+def from_numpy_dtype(np_dtype) -> dtype:
+    """The runtime dtype for a numpy dtype; a clear TypeError for unsupported ones."""
+    found = _BY_NP.get(np.dtype(np_dtype))
+    if found is None:
+        supported = ", ".join(d.name for d in ALL_DTYPES)
+        raise TypeError(f"unsupported numpy dtype {np.dtype(np_dtype)}; runtime supports {supported}")
+    return found
+
+
+def as_dtype(value) -> dtype:
+    """Accept a runtime dtype, a numpy dtype/type, or a Python type (float, int, bool)."""
+    if isinstance(value, dtype):
+        return value
+    if value is float:
+        return _default_float
+    if value is int:
+        return int64
+    if value is bool:
+        return bool_
+    try:
+        return from_numpy_dtype(value)
+    except TypeError:
+        raise TypeError(f"expected a dtype such as runtime.float32, got {value!r}") from None
+
+
+def get_default_dtype() -> dtype:
+    return _default_float
+
+
+def set_default_dtype(d) -> None:
+    global _default_float
+    d = as_dtype(d)
+    if not d.is_floating_point:
+        raise TypeError(f"only floating-point types are supported as the default type, got {d}")
+    _default_float = d
+
+
+def promote_types(a: dtype, b: dtype) -> dtype:
+    """The smallest dtype both a and b convert to without losing their category (torch's table)."""
+    if a is b:
+        return a
+    if a.category != b.category:
+        return a if a.category > b.category else b
+    return a if a.itemsize >= b.itemsize else b
+
+
+def scalar_category(value) -> int:
+    if isinstance(value, bool):
+        return BOOL
+    if isinstance(value, int):
+        return INT
+    return FLOAT
+
+
+def default_for_category(category: int) -> dtype:
+    return (bool_, int64, _default_float)[category]

@@ -1,0 +1,183 @@
+"""Tensor factories: tensor, as_tensor, from_numpy, zeros, ones, full, arange, rand, ... and *_like."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtypes as dt
+from .api import size_args
+from .device import check_device
+from .random import rng
+from .tensor import Tensor
+
+
+def _finish(array: np.ndarray, requires_grad: bool) -> Tensor:
+    t = Tensor._from_array(array)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _plain(data):
+    """Nested Python data with tensors replaced by their values."""
+    if isinstance(data, Tensor):
+        return data._data
+    if isinstance(data, (list, tuple)):
+        return [_plain(x) for x in data]
+    return data
+
+
+def _infer_dtype(data, array: np.ndarray) -> dt.dtype:
+    """numpy arrays keep their dtype; Python floats take the default dtype, ints int64, bools bool."""
+    if isinstance(data, (np.ndarray, np.generic, Tensor)):
+        return dt.from_numpy_dtype(array.dtype)
+    kind = array.dtype.kind
+    if kind == "b":
+        return dt.bool_
+    if kind in "iu":
+        return dt.int64
+    if kind == "f":
+        return dt.get_default_dtype()
+    raise TypeError(f"can't convert data of type {type(data).__name__} (numpy dtype {array.dtype}) to a tensor")
+
+
+def _array_from(data, dtype, copy: bool) -> np.ndarray:
+    source = data._data if isinstance(data, Tensor) else data
+    try:
+        array = np.array(_plain(source), copy=copy) if not isinstance(source, np.ndarray) else source
+    except ValueError as e:
+        raise ValueError(f"can't build a tensor from ragged or mixed data: {e}") from None
+    target = dt.as_dtype(dtype) if dtype is not None else _infer_dtype(data, array)
+    if copy and array is source:
+        return array.astype(target.np, copy=True)
+    return array.astype(target.np, copy=False)
+
+
+def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False) -> Tensor:
+    """A new tensor holding a copy of `data` (nested lists, numbers, numpy arrays or tensors)."""
+    check_device(device)
+    return _finish(_array_from(data, dtype, copy=True), requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """Like tensor(), but shares memory with a numpy array or tensor when no conversion is needed."""
+    check_device(device)
+    if isinstance(data, Tensor) and (dtype is None or dt.as_dtype(dtype) is data.dtype):
+        return data
+    return _finish(_array_from(data, dtype, copy=False), False)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A tensor sharing memory with a numpy array."""
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"expected np.ndarray (got {type(array).__name__})")
+    dt.from_numpy_dtype(array.dtype)
+    return Tensor._from_array(array)
+
+
+def _dtype_or_default(dtype) -> np.dtype:
+    return (dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()).np
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    check_device(device)
+    if dtype is None:
+        dtype = dt.default_for_category(dt.scalar_category(fill_value))
+    return _finish(np.full(size_args((size,)), fill_value, dtype=dt.as_dtype(dtype).np), requires_grad)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    check_device(device)
+    return _finish(np.zeros(size_args(size), dtype=_dtype_or_default(dtype)), requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+    check_device(device)
+    return _finish(np.ones(size_args(size), dtype=_dtype_or_default(dtype)), requires_grad)
+
+
+empty = zeros
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    check_device(device)
+    if end is None:
+        start, end = 0, start
+    values = (start, end, step)
+    if dtype is None:
+        is_int = all(isinstance(v, int) or (isinstance(v, Tensor) and not v.is_floating_point()) for v in values)
+        dtype = dt.int64 if is_int else dt.get_default_dtype()
+    start, end, step = (float(v) if isinstance(v, Tensor) else v for v in values)
+    if step == 0:
+        raise RuntimeError("arange: step must be nonzero")
+    count = max(int(np.ceil((end - start) / step)), 0)
+    array = (start + np.arange(count, dtype=np.float64) * step) if dt.as_dtype(dtype).is_floating_point \
+        else np.arange(start, end, step, dtype=np.int64)
+    return _finish(array.astype(dt.as_dtype(dtype).np), requires_grad)
+
+
+def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    check_device(device)
+    return _finish(np.linspace(start, end, steps).astype(_dtype_or_default(dtype)), requires_grad)
+
+
+def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    check_device(device)
+    return _finish(np.eye(n, m, dtype=_dtype_or_default(dtype)), requires_grad)
+
+
+def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
+    check_device(device)
+    target = _dtype_or_default(dtype)
+    draw_dtype = target if target in (np.float32, np.float64) else np.float64
+    return _finish(rng(generator).random(size_args(size), dtype=draw_dtype).astype(target, copy=False), requires_grad)
+
+
+def randn(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
+    check_device(device)
+    target = _dtype_or_default(dtype)
+    draw_dtype = target if target in (np.float32, np.float64) else np.float64
+    values = rng(generator).standard_normal(size_args(size), dtype=draw_dtype)
+    return _finish(values.astype(target, copy=False), requires_grad)
+
+
+def randint(*args, size=None, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
+    """randint(high, size) or randint(low, high, size)."""
+    check_device(device)
+    if size is None:
+        *bounds, size = args
+    else:
+        bounds = list(args)
+    low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
+    if low >= high:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    values = rng(generator).integers(low, high, size_args((size,)), dtype=np.int64)
+    return _finish(values.astype((dt.as_dtype(dtype) if dtype is not None else dt.int64).np), requires_grad)
+
+
+def randperm(n, *, generator=None, dtype=None, device=None) -> Tensor:
+    check_device(device)
+    return Tensor._from_array(rng(generator).permutation(n).astype((dtype and dt.as_dtype(dtype) or dt.int64).np))
+
+
+def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return full(tuple(input.shape), fill_value, dtype=dtype if dtype is not None else input.dtype,
+                requires_grad=requires_grad)
+
+
+def _shape_like(factory):
+    def like(input, *, dtype=None, device=None, requires_grad=False, **kwargs):
+        return factory(tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
+                       requires_grad=requires_grad, **kwargs)
+
+    like.__name__ = factory.__name__ + "_like"
+    return like
+
+
+zeros_like = _shape_like(zeros)
+ones_like = _shape_like(ones)
+empty_like = _shape_like(empty)
+rand_like = _shape_like(rand)
+randn_like = _shape_like(randn)
+
+
+def randint_like(input, *bounds, dtype=None, device=None, requires_grad=False) -> Tensor:
+    return randint(*bounds, tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
+                   requires_grad=requires_grad)

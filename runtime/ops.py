@@ -1,0 +1,720 @@
+"""The one op table: every primitive op declared once (kind, numpy forward, scalar template,
+derivative rules written with ops, shape and dtype rules), plus `apply`, the generic dispatcher.
+
+Derivative rules receive `(g, out, *inputs, **attrs)` and use only tensor methods and `apply`, so the
+same rule builds eager tensors (runtime autograd) or graph nodes (nnc's autodiff pass).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import dtypes as dt
+from ._special import erf as _np_erf
+
+
+class Kind:
+    """Op kinds, the vocabulary passes use instead of op names."""
+
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    MATMUL = "matmul"
+    SHAPE = "shape"
+    OTHER = "other"
+
+
+class ShapeError(RuntimeError):
+    """Input shapes that an op cannot combine; the message names the op and the shapes."""
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One primitive op. `vjp[i]` is the derivative rule for input i (None: not differentiable)."""
+
+    name: str
+    kind: str
+    arity: int | None  # None: variadic (cat)
+    forward: Callable
+    shape_rule: Callable
+    dtype_rule: Callable
+    template: str | None = None
+    vjp: tuple = ()
+    saves: tuple = ()  # what the rules read: "out" and/or input positions (for freeing, autodiff)
+    is_view: bool = False  # output may alias input 0's memory
+    cast_inputs: tuple | None = None  # inputs cast to the compute dtype (None: all of them)
+    attr_names: tuple = field(default=())
+
+    @property
+    def differentiable(self) -> bool:
+        return any(rule is not None for rule in self.vjp)
+
+    def vjp_rule(self, i: int):
+        """The derivative rule for input i, or None."""
+        if self.arity is None:
+            rule = self.vjp[0]
+            return lambda g, out, *inputs, **attrs: rule(g, out, *inputs, index=i, **attrs)
+        return self.vjp[i] if i < len(self.vjp) else None
+
+    def infer(self, *operands, **attrs):
+        """(shape, dtype) of the result from operands' .shape/.dtype (or Python scalars)."""
+        compute_dtype, out_dtype = self.dtype_rule(self, operands, attrs)
+        shapes = [_shape_of(x) for x in operands]
+        return tuple(self.shape_rule(self, shapes, attrs)), out_dtype
+
+    def __repr__(self) -> str:
+        return f"<op {self.name} ({self.kind})>"
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _register(op: OpDef) -> OpDef:
+    if op.name in OPS:
+        raise ValueError(f"op {op.name!r} is declared twice")
+    OPS[op.name] = op
+    return op
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch: the same entry point for eager tensors and (later) graph proxies.
+# ---------------------------------------------------------------------------------------------
+
+_default_handler = None  # the eager Tensor class, registered by runtime.tensor
+
+
+def set_default_handler(cls) -> None:
+    global _default_handler
+    _default_handler = cls
+
+
+def apply(name: str, *inputs, like=None, **attrs):
+    """Run primitive `name` on inputs with the handler of the first tensor-like input.
+
+    `like` picks the handler when no input is tensor-like (ops with no inputs, such as full).
+    """
+    op = OPS[name]
+    handler = type(like) if like is not None else None
+    for x in inputs:
+        h = getattr(type(x), "_apply_op", None)
+        if h is not None:
+            handler = type(x)
+            if handler is not _default_handler:
+                break
+    return (handler or _default_handler)._apply_op(op, inputs, attrs)
+
+
+def is_tensor_like(x) -> bool:
+    return getattr(type(x), "_apply_op", None) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape rules: (op, shapes, attrs) -> output shape. Scalars have shape ().
+# ---------------------------------------------------------------------------------------------
+
+def _shape_of(x):
+    return tuple(x.shape) if is_tensor_like(x) else ()
+
+
+def _fmt(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    """numpy/torch broadcasting, with torch's error message."""
+    ndim = max((len(s) for s in shapes), default=0)
+    out, owner = [1] * ndim, [0] * ndim
+    for k, shape in enumerate(shapes):
+        for i, size in enumerate(shape):
+            axis = ndim - len(shape) + i
+            if out[axis] == 1:
+                out[axis], owner[axis] = size, k
+            elif size != 1 and size != out[axis]:
+                a = owner[axis]
+                raise ShapeError(
+                    f"The size of tensor {_letter(a)} ({out[axis]}) must match the size of tensor "
+                    f"{_letter(k)} ({size}) at non-singleton dimension {axis}; "
+                    f"shapes: {', '.join(_fmt(s) for s in shapes)}")
+    return tuple(out)
+
+
+def _letter(i: int) -> str:
+    return "abcdefgh"[i] if i < 8 else str(i)
+
+
+def _broadcast_rule(op, shapes, attrs):
+    try:
+        return broadcast_shapes(*shapes)
+    except ShapeError as e:
+        raise ShapeError(f"{op.name}: {e}") from None
+
+
+def _same_shape_rule(op, shapes, attrs):
+    return shapes[0]
+
+
+def reduced_shape(shape, dims, keepdim):
+    if keepdim:
+        return tuple(1 if i in dims else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in dims)
+
+
+def _reduce_rule(op, shapes, attrs):
+    shape, dims = shapes[0], attrs["dims"]
+    for d in dims:
+        if not 0 <= d < max(len(shape), 1):
+            raise IndexError(f"{op.name}: dimension {d} out of range for a tensor of shape {_fmt(shape)}")
+    return reduced_shape(shape, dims, attrs.get("keepdim", False))
+
+
+def _arg_reduce_rule(op, shapes, attrs):
+    dim = attrs["dim"]
+    if dim is None:
+        return (1,) * len(shapes[0]) if attrs.get("keepdim") else ()
+    return reduced_shape(shapes[0], (dim,), attrs.get("keepdim", False))
+
+
+def _matmul_rule(op, shapes, attrs):
+    a, b = shapes
+    if len(a) < 2 or len(b) < 2:
+        raise ShapeError(f"matmul: primitive needs 2-D or batched inputs, got {_fmt(a)} and {_fmt(b)}")
+    if a[-1] != b[-2]:
+        raise ShapeError(f"mat1 and mat2 shapes cannot be multiplied ({'x'.join(map(str, a[-2:]))} and "
+                         f"{'x'.join(map(str, b[-2:]))}); full shapes {_fmt(a)} @ {_fmt(b)}")
+    try:
+        batch = broadcast_shapes(a[:-2], b[:-2])
+    except ShapeError:
+        raise ShapeError(f"matmul: batch dimensions of {_fmt(a)} and {_fmt(b)} do not broadcast") from None
+    return batch + (a[-2], b[-1])
+
+
+def _reshape_rule(op, shapes, attrs):
+    shape, target = shapes[0], attrs["shape"]
+    if math.prod(shape) != math.prod(target):
+        raise ShapeError(f"shape '{_fmt(target)}' is invalid for input of size {math.prod(shape)}")
+    return target
+
+
+def _permute_rule(op, shapes, attrs):
+    shape, dims = shapes[0], attrs["dims"]
+    if sorted(dims) != list(range(len(shape))):
+        raise ShapeError(f"permute: dims {list(dims)} are not a permutation of the {len(shape)} dims "
+                         f"of a tensor of shape {_fmt(shape)}")
+    return tuple(shape[d] for d in dims)
+
+
+def _expand_rule(op, shapes, attrs):
+    shape, target = shapes[0], attrs["shape"]
+    lead = len(target) - len(shape)
+    ok = lead >= 0 and all(s == t or s == 1 for s, t in zip(shape, target[lead:]))
+    if not ok:
+        raise ShapeError(f"The expanded size of the tensor ({_fmt(target)}) must match the existing size "
+                         f"({_fmt(shape)}) at each non-singleton dimension")
+    return target
+
+
+def _cat_rule(op, shapes, attrs):
+    dim, first = attrs["dim"], shapes[0]
+    for k, s in enumerate(shapes):
+        if len(s) != len(first) or any(a != b for i, (a, b) in enumerate(zip(s, first)) if i != dim):
+            raise ShapeError(f"cat: sizes of tensors must match except in dimension {dim}; tensor 0 has "
+                             f"shape {_fmt(first)} and tensor {k} has shape {_fmt(s)}")
+    return first[:dim] + (sum(s[dim] for s in shapes),) + first[dim + 1:]
+
+
+def _getitem_rule(op, shapes, attrs):
+    index_arrays = [np.zeros(s, dtype=np.int64) for s in shapes[1:]]
+    dummy = np.broadcast_to(np.empty((), dtype=np.int8), shapes[0])
+    try:
+        return dummy[decode_key(attrs["key"], index_arrays)].shape
+    except IndexError as e:
+        raise IndexError(f"index {describe_key(attrs['key'])} on a tensor of shape {_fmt(shapes[0])}: {e}") from None
+
+
+def _gather_rule(op, shapes, attrs):
+    x, index = shapes[0], shapes[1]
+    if len(x) != len(index):
+        raise ShapeError(f"gather: index {_fmt(index)} must have as many dims as input {_fmt(x)}")
+    return index
+
+
+def _first_input_rule(op, shapes, attrs):
+    return shapes[0]
+
+
+def _full_rule(op, shapes, attrs):
+    return tuple(attrs["shape"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Dtype rules: (op, operands, attrs) -> (compute dtype or None, output dtype).
+# Operands are tensor-likes (with .dtype and .ndim) or Python scalars.
+# ---------------------------------------------------------------------------------------------
+
+def result_type(operands) -> dt.dtype:
+    """torch's promotion: dimensioned tensors > zero-dim tensors > Python scalars (by category)."""
+    dim_t = zero_t = None
+    scalar_cat = -1
+    for x in operands:
+        if is_tensor_like(x):
+            if x.ndim:
+                dim_t = x.dtype if dim_t is None else dt.promote_types(dim_t, x.dtype)
+            else:
+                zero_t = x.dtype if zero_t is None else dt.promote_types(zero_t, x.dtype)
+        elif x is not None:
+            scalar_cat = max(scalar_cat, dt.scalar_category(x))
+    result = dim_t
+    if zero_t is not None and (result is None or zero_t.category > result.category):
+        result = zero_t
+    if result is None or scalar_cat > result.category:
+        result = dt.default_for_category(max(scalar_cat, 0))
+    return result
+
+
+def _promote(op, operands, attrs):
+    t = result_type(operands)
+    return t, t
+
+
+def _to_float(op, operands, attrs):
+    t = result_type(operands)
+    if not t.is_floating_point:
+        t = dt.get_default_dtype()
+    return t, t
+
+
+def _compare(op, operands, attrs):
+    return result_type(operands), dt.bool_
+
+
+def _logical(op, operands, attrs):
+    return None, dt.bool_
+
+
+def _keep(op, operands, attrs):
+    return None, operands[0].dtype
+
+
+def _float_only(op, operands, attrs):
+    d = operands[0].dtype
+    if not d.is_floating_point:
+        raise TypeError(f"{op.name}: expected a floating-point tensor, got {d}")
+    return None, d
+
+
+def _sum_dtype(op, operands, attrs):
+    d = operands[0].dtype
+    return None, (d if d.is_floating_point else dt.int64)
+
+
+def _index_dtype(op, operands, attrs):
+    return None, dt.int64
+
+
+def _same_required(op, operands, attrs):
+    a, b = operands[0].dtype, operands[1].dtype
+    if a is not b:
+        raise TypeError(f"{op.name}: expected both operands to have the same dtype, but got {a} and {b}")
+    return None, a
+
+
+def _where_dtype(op, operands, attrs):
+    cond = operands[0]
+    if cond.dtype is not dt.bool_:
+        raise TypeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {cond.dtype}")
+    t = result_type(operands[1:])
+    return t, t
+
+
+def _cast_dtype(op, operands, attrs):
+    return None, attrs["dtype"]
+
+
+def _full_dtype(op, operands, attrs):
+    return None, attrs["dtype"]
+
+
+def _gather_dtype(op, operands, attrs):
+    index = operands[1]
+    if index.dtype is not dt.int64:
+        raise TypeError(f"{op.name}(): Expected dtype int64 for index, got {index.dtype}")
+    return None, operands[0].dtype
+
+
+def _scatter_dtype(op, operands, attrs):
+    _gather_dtype(op, operands, attrs)
+    return operands[0].dtype, operands[0].dtype
+
+
+def _index_put_dtype(op, operands, attrs):
+    return operands[0].dtype, operands[0].dtype
+
+
+def _cat_dtype(op, operands, attrs):
+    t = result_type(operands)
+    return t, t
+
+
+# ---------------------------------------------------------------------------------------------
+# Index keys: getitem / index_put keys as hashable tuples; tensor indices are op inputs.
+# ---------------------------------------------------------------------------------------------
+
+def decode_key(key, index_arrays):
+    """Turn an encoded key back into a numpy index, taking index arrays in order."""
+    out = []
+    for item in key:
+        tag = item[0]
+        if tag == "slice":
+            out.append(slice(item[1], item[2], item[3]))
+        elif tag == "int":
+            out.append(item[1])
+        elif tag == "none":
+            out.append(None)
+        elif tag == "ellipsis":
+            out.append(Ellipsis)
+        else:  # ("tensor", k)
+            out.append(index_arrays[item[1]])
+    return tuple(out)
+
+
+def describe_key(key) -> str:
+    parts = []
+    for item in key:
+        tag = item[0]
+        if tag == "slice":
+            parts.append(":".join("" if v is None else str(v) for v in item[1:]).rstrip(":") or ":")
+        elif tag == "int":
+            parts.append(str(item[1]))
+        elif tag == "none":
+            parts.append("None")
+        elif tag == "ellipsis":
+            parts.append("...")
+        else:
+            parts.append(f"<tensor {item[1]}>")
+    return "[" + ", ".join(parts) + "]"
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy forwards that are more than a single numpy call.
+# ---------------------------------------------------------------------------------------------
+
+def _quiet(fn):
+    """Wrap a numpy function so nan/inf results come without numpy warnings, as in torch."""
+
+    def quiet(*args, **kwargs):
+        with np.errstate(all="ignore"):
+            return fn(*args, **kwargs)
+
+    quiet.__name__ = getattr(fn, "__name__", "quiet")
+    return quiet
+
+
+def _np_sigmoid(x):
+    # NOTE: split by sign so exp never overflows: 1/(1+e^-x) for x>=0, e^x/(1+e^x) for x<0.
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+def _np_relu(x):
+    return np.maximum(x, 0)
+
+
+def _np_rsqrt(x):
+    return 1 / np.sqrt(x)
+
+
+def _np_sum(x, dims, keepdim):
+    acc = np.float32 if x.dtype == np.float16 else (np.int64 if x.dtype.kind in "bi" else None)
+    return np.sum(x, axis=dims, keepdims=keepdim, dtype=acc)
+
+
+def _np_prod(x, dims, keepdim):
+    acc = np.float32 if x.dtype == np.float16 else (np.int64 if x.dtype.kind in "bi" else None)
+    return np.prod(x, axis=dims, keepdims=keepdim, dtype=acc)
+
+
+def _np_amax(x, dims, keepdim):
+    return np.amax(x, axis=dims, keepdims=keepdim)
+
+
+def _np_amin(x, dims, keepdim):
+    return np.amin(x, axis=dims, keepdims=keepdim)
+
+
+def _np_all(x, dims, keepdim):
+    return np.all(x, axis=dims, keepdims=keepdim)
+
+
+def _np_any(x, dims, keepdim):
+    return np.any(x, axis=dims, keepdims=keepdim)
+
+
+def _arg_reduce(np_fn):
+    def forward(x, dim, keepdim):
+        if dim is None:
+            out = np_fn(x.reshape(-1))
+            return np.reshape(out, (1,) * x.ndim) if keepdim else np.asarray(out)
+        out = np_fn(x, axis=dim)
+        return np.expand_dims(out, dim) if keepdim else out
+
+    return forward
+
+
+def _np_reshape(x, shape):
+    return np.reshape(x, shape)
+
+
+def _np_permute(x, dims):
+    return np.transpose(x, dims)
+
+
+def _np_expand(x, shape):
+    return np.broadcast_to(x, shape)
+
+
+def _np_getitem(x, *index_arrays, key):
+    return x[decode_key(key, index_arrays)]
+
+
+def _np_index_put(x, values, *index_arrays, key, accumulate):
+    out = x.copy()
+    index = decode_key(key, index_arrays)
+    if accumulate:
+        np.add.at(out, index, values)
+    else:
+        out[index] = values
+    return out
+
+
+def _np_cat(*arrays, dim):
+    return np.concatenate(arrays, axis=dim)
+
+
+def _along_axis_index(index, dim):
+    """A full fancy index that selects index[..] along `dim` and the identity elsewhere."""
+    grids = list(np.ogrid[tuple(slice(0, s) for s in index.shape)])
+    grids[dim] = index
+    return tuple(grids)
+
+
+def _np_gather(x, index, dim):
+    return x[_along_axis_index(index, dim)]
+
+
+def _np_scatter_add(x, index, src, dim):
+    out = x.copy()
+    np.add.at(out, _along_axis_index(index, dim), src)
+    return out
+
+
+def _np_cast(x, dtype):
+    return x.astype(dtype.np)
+
+
+def _np_full(shape, value, dtype):
+    return np.full(shape, value, dtype=dtype.np)
+
+
+def _np_copy(x):
+    return x.copy()
+
+
+def _np_detach(x):
+    return x
+
+
+def _np_clamp(x, min, max):
+    return np.clip(x, min, max)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derivative-rule helpers, written with tensor methods only.
+# ---------------------------------------------------------------------------------------------
+
+def _unreduce(g, x, dims, keepdim):
+    """Bring a reduction's gradient back to the input's shape (broadcast over reduced dims)."""
+    if not keepdim:
+        g = g.reshape(reduced_shape(x.shape, dims, True))
+    return g.expand(x.shape)
+
+
+def _extremum_vjp(g, out, x, dims, keepdim):
+    """amax/amin: the gradient is split evenly between tied extrema, as torch does."""
+    out_k = out if keepdim else out.reshape(reduced_shape(x.shape, dims, True))
+    g_k = g if keepdim else g.reshape(reduced_shape(x.shape, dims, True))
+    mask = (x == out_k).to(g.dtype)
+    return g_k * mask / mask.sum(dims, keepdim=True)
+
+
+def _prod_vjp(g, out, x, dims, keepdim):
+    """Exact where x has zeros: the product of the other elements, without dividing by zero."""
+    g_k = _unreduce(g, x, dims, keepdim)
+    is_zero = x == 0
+    nonzero = x.where(~is_zero, 1.0)
+    prod_nonzero = _unreduce(nonzero.prod(dims, keepdim=True), x, dims, True)
+    zeros = _unreduce(is_zero.to(g.dtype).sum(dims, keepdim=True), x, dims, True)
+    others = (prod_nonzero / nonzero).where(zeros == 0, prod_nonzero.where(is_zero & (zeros == 1), 0.0))
+    return g_k * others
+
+
+def _pow_vjp_base(g, out, x, y):
+    if not is_tensor_like(y) and y == 0:
+        return g.new_zeros(g.shape)
+    return g * y * x ** (y - 1)
+
+
+def _pow_vjp_exponent(g, out, x, y):
+    if not is_tensor_like(x):  # a Python scalar base: 2 ** t
+        return g * out * math.log(x) if x > 0 else (g * out * math.log(abs(x) or 1.0)).where(y < 0, 0.0)
+    return (g * out * x.log()).where(~((x == 0) & (y >= 0)), 0.0)
+
+
+def _maximum_vjp(g, x, y):
+    return g.where(x > y, 0.0) + (g * 0.5).where(x == y, 0.0)
+
+
+def _clamp_vjp(g, out, x, min, max):
+    inside = None
+    if min is not None:
+        inside = x >= min
+    if max is not None:
+        inside = (x <= max) if inside is None else inside & (x <= max)
+    return g if inside is None else g.where(inside, 0.0)
+
+
+def _cat_vjp(g, out, *inputs, dim, index):
+    start = sum(t.shape[dim] for t in inputs[:index])
+    return g.narrow(dim, start, inputs[index].shape[dim])
+
+
+def _zero_vjp(g, out, x, *rest, **attrs):
+    return g.new_zeros(x.shape)
+
+
+SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
+
+
+# ---------------------------------------------------------------------------------------------
+# The table.
+# ---------------------------------------------------------------------------------------------
+
+def _elementwise(name, forward, template, dtype_rule=_promote, vjp=(), saves=(), cast_inputs=None):
+    arity = 1 + max(int(k) for k in re.findall(r"\{(\d)\}", template))
+    return _register(OpDef(name, Kind.ELEMENTWISE, arity, forward, _broadcast_rule, dtype_rule,
+                           template=template, vjp=tuple(vjp), saves=tuple(saves), cast_inputs=cast_inputs))
+
+
+E = _elementwise
+# binary arithmetic
+E("add", np.add, "({0} + {1})", vjp=(lambda g, out, x, y: g, lambda g, out, x, y: g))
+E("sub", np.subtract, "({0} - {1})", vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g))
+E("mul", np.multiply, "({0} * {1})", vjp=(lambda g, out, x, y: g * y, lambda g, out, x, y: g * x),
+  saves=(0, 1))
+E("div", _quiet(np.true_divide), "({0} / {1})", _to_float,
+  vjp=(lambda g, out, x, y: g / y, lambda g, out, x, y: -g * x / (y * y)), saves=(0, 1))
+E("pow", _quiet(np.power), "({0} ** {1})", vjp=(_pow_vjp_base, _pow_vjp_exponent), saves=(0, 1, "out"))
+E("maximum", np.maximum, "max({0}, {1})",
+  vjp=(lambda g, out, x, y: _maximum_vjp(g, x, y), lambda g, out, x, y: _maximum_vjp(g, y, x)), saves=(0, 1))
+E("minimum", np.minimum, "min({0}, {1})",
+  vjp=(lambda g, out, x, y: _maximum_vjp(g, y, x), lambda g, out, x, y: _maximum_vjp(g, x, y)), saves=(0, 1))
+E("floordiv", _quiet(np.floor_divide), "floor({0} / {1})")
+E("remainder", _quiet(np.remainder), "({0} - floor({0} / {1}) * {1})",
+  vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g * (x // y)), saves=(0, 1))
+# comparisons and logic
+E("eq", np.equal, "({0} == {1})", _compare)
+E("ne", np.not_equal, "({0} != {1})", _compare)
+E("lt", np.less, "({0} < {1})", _compare)
+E("le", np.less_equal, "({0} <= {1})", _compare)
+E("gt", np.greater, "({0} > {1})", _compare)
+E("ge", np.greater_equal, "({0} >= {1})", _compare)
+E("logical_and", np.logical_and, "({0} and {1})", _logical)
+E("logical_or", np.logical_or, "({0} or {1})", _logical)
+E("logical_xor", np.logical_xor, "({0} != {1})", _logical)
+E("logical_not", np.logical_not, "(not {0})", _logical)
+E("bitwise_not", np.invert, "(~{0})", _keep)
+E("bitwise_and", np.bitwise_and, "({0} & {1})")
+E("bitwise_or", np.bitwise_or, "({0} | {1})")
+E("bitwise_xor", np.bitwise_xor, "({0} ^ {1})")
+# unary math
+E("neg", np.negative, "(-{0})", _keep, vjp=(lambda g, out, x: -g,))
+E("abs", np.abs, "abs({0})", _keep, vjp=(lambda g, out, x: g * x.sign(),), saves=(0,))
+E("sign", np.sign, "sign({0})", _keep, vjp=(_zero_vjp,))
+E("floor", np.floor, "floor({0})", _keep, vjp=(_zero_vjp,))
+E("exp", _quiet(np.exp), "exp({0})", _to_float, vjp=(lambda g, out, x: g * out,), saves=("out",))
+E("log", _quiet(np.log), "log({0})", _to_float, vjp=(lambda g, out, x: g / x,), saves=(0,))
+E("log1p", _quiet(np.log1p), "log1p({0})", _to_float, vjp=(lambda g, out, x: g / (x + 1),), saves=(0,))
+E("sqrt", _quiet(np.sqrt), "sqrt({0})", _to_float, vjp=(lambda g, out, x: g / (out * 2),), saves=("out",))
+E("rsqrt", _quiet(_np_rsqrt), "(1.0 / sqrt({0}))", _to_float,
+  vjp=(lambda g, out, x: g * out * out * out * -0.5,), saves=("out",))
+E("reciprocal", _quiet(np.reciprocal), "(1.0 / {0})", _to_float,
+  vjp=(lambda g, out, x: -g * out * out,), saves=("out",))
+E("sin", np.sin, "sin({0})", _to_float, vjp=(lambda g, out, x: g * x.cos(),), saves=(0,))
+E("cos", np.cos, "cos({0})", _to_float, vjp=(lambda g, out, x: -g * x.sin(),), saves=(0,))
+E("tanh", np.tanh, "tanh({0})", _to_float, vjp=(lambda g, out, x: g * (1 - out * out),), saves=("out",))
+E("sigmoid", _np_sigmoid, "sigmoid({0})", _to_float, vjp=(lambda g, out, x: g * out * (1 - out),),
+  saves=("out",))
+E("relu", _np_relu, "max({0}, 0)", _keep, vjp=(lambda g, out, x: g.where(out > 0, 0.0),), saves=("out",))
+E("erf", _np_erf, "erf({0})", _to_float,
+  vjp=(lambda g, out, x: g * SQRT_2_OVER_PI * (-(x * x)).exp(),), saves=(0,))
+E("where", np.where, "({1} if {0} else {2})", _where_dtype,
+  vjp=(None, lambda g, out, c, x, y: g.where(c, 0.0), lambda g, out, c, x, y: g.where(~c, 0.0)), saves=(0,),
+  cast_inputs=(1, 2))
+_register(OpDef("clamp", Kind.ELEMENTWISE, 1, _np_clamp, _same_shape_rule, _keep, template="clamp({0})",
+                vjp=(_clamp_vjp,), saves=(0,), attr_names=("min", "max")))
+_register(OpDef("cast", Kind.ELEMENTWISE, 1, _np_cast, _same_shape_rule, _cast_dtype, template="{dtype}({0})",
+                vjp=(lambda g, out, x, dtype: g,), attr_names=("dtype",)))
+_register(OpDef("copy", Kind.ELEMENTWISE, 1, _np_copy, _same_shape_rule, _keep, template="{0}",
+                vjp=(lambda g, out, x: g,)))
+_register(OpDef("detach", Kind.ELEMENTWISE, 1, _np_detach, _same_shape_rule, _keep, template="{0}",
+                is_view=True))
+
+# reductions: attrs dims (a tuple of non-negative dims) and keepdim
+_R = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_reduce_rule, attr_names=("dims", "keepdim"))
+_register(OpDef("sum", forward=_np_sum, dtype_rule=_sum_dtype, saves=(),
+                vjp=(lambda g, out, x, dims, keepdim: _unreduce(g, x, dims, keepdim),), **_R))
+_register(OpDef("prod", forward=_np_prod, dtype_rule=_sum_dtype, vjp=(_prod_vjp,), saves=(0, "out"), **_R))
+_register(OpDef("amax", forward=_np_amax, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), **_R))
+_register(OpDef("amin", forward=_np_amin, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), **_R))
+_register(OpDef("all", forward=_np_all, dtype_rule=_logical, **_R))
+_register(OpDef("any", forward=_np_any, dtype_rule=_logical, **_R))
+_A = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_arg_reduce_rule, dtype_rule=_index_dtype,
+          attr_names=("dim", "keepdim"))
+_register(OpDef("argmax", forward=_arg_reduce(np.argmax), **_A))
+_register(OpDef("argmin", forward=_arg_reduce(np.argmin), **_A))
+
+# matmul (2-D or batched; the public matmul handles 1-D operands around it)
+_register(OpDef("matmul", Kind.MATMUL, 2, np.matmul, _matmul_rule, _same_required,
+                vjp=(lambda g, out, x, y: g @ y.mT, lambda g, out, x, y: x.mT @ g), saves=(0, 1)))
+
+# shape and view ops
+_register(OpDef("reshape", Kind.SHAPE, 1, _np_reshape, _reshape_rule, _keep, is_view=True,
+                vjp=(lambda g, out, x, shape: g.reshape(x.shape),), attr_names=("shape",)))
+_register(OpDef("permute", Kind.SHAPE, 1, _np_permute, _permute_rule, _keep, is_view=True,
+                vjp=(lambda g, out, x, dims: g.permute(tuple(np.argsort(dims).tolist())),), attr_names=("dims",)))
+_register(OpDef("expand", Kind.SHAPE, 1, _np_expand, _expand_rule, _keep, is_view=True,
+                vjp=(lambda g, out, x, shape: g.sum_to_size(x.shape),), attr_names=("shape",)))
+_register(OpDef("getitem", Kind.SHAPE, None, _np_getitem, _getitem_rule, _keep, is_view=True,
+                vjp=(lambda g, out, x, *idx, key, index: (
+                    apply("index_put", g.new_zeros(x.shape), g, *idx, key=key, accumulate=bool(idx))
+                    if index == 0 else None),),
+                attr_names=("key",)))
+_register(OpDef("index_put", Kind.OTHER, None, _np_index_put, _first_input_rule, _index_put_dtype, cast_inputs=(0, 1),
+                vjp=(lambda g, out, x, v, *idx, key, accumulate, index: (
+                    (g if accumulate else apply("index_put", g, g.new_zeros(()), *idx, key=key, accumulate=False))
+                    if index == 0 else apply("getitem", g, *idx, key=key) if index == 1 else None),),
+                attr_names=("key", "accumulate")))
+_register(OpDef("cat", Kind.SHAPE, None, _np_cat, _cat_rule, _cat_dtype, vjp=(_cat_vjp,), attr_names=("dim",)))
+_register(OpDef("gather", Kind.OTHER, 2, _np_gather, _gather_rule, _gather_dtype,
+                vjp=(lambda g, out, x, index, dim: apply("scatter_add", g.new_zeros(x.shape), index, g, dim=dim),
+                     None),
+                saves=(1,), attr_names=("dim",)))
+_register(OpDef("scatter_add", Kind.OTHER, 3, _np_scatter_add, _first_input_rule, _scatter_dtype, cast_inputs=(0, 2),
+                vjp=(lambda g, out, x, index, src, dim: g, None,
+                     lambda g, out, x, index, src, dim: apply("gather", g, index, dim=dim)),
+                saves=(1,), attr_names=("dim",)))
+_register(OpDef("full", Kind.OTHER, 0, _np_full, _full_rule, _full_dtype, attr_names=("shape", "value", "dtype")))
+
+del E

@@ -1,0 +1,688 @@
+"""Tensor: a numpy array with dtype, device and autograd state, and the eager dispatch of the op table."""
+from __future__ import annotations
+
+import copy as _copy
+import weakref
+
+import numpy as np
+
+from . import api
+from . import dtypes as dt
+from . import ops
+from ._tensor_str import format_tensor
+from .autograd import grad_mode
+from .autograd.graph import OpNode, accumulator_for
+from .device import CPU, check_device
+from .ops import OPS
+
+_SCALARS = (int, float, bool)
+_grad_state = grad_mode.state
+
+
+class Size(tuple):
+    """A tensor's shape: a tuple that prints as runtime.Size([2, 3])."""
+
+    def __repr__(self) -> str:
+        return f"runtime.Size({list(self)})"
+
+    def numel(self) -> int:
+        n = 1
+        for s in self:
+            n *= s
+        return n
+
+
+class Tensor:
+    """An n-dimensional array with reverse-mode autograd; the API follows torch.Tensor."""
+
+    # NOTE: class-level defaults instead of __slots__: a new tensor sets only what differs,
+    # which keeps the per-op cost of creating results low.
+    _rg = False
+    _grad_fn = None
+    _out_nr = 0
+    _grad = None
+    _base = None
+    _version_counter = None
+    _backward_hooks = None
+    _acc_ref = None
+    __array_ufunc__ = None  # numpy defers to our reflected operators (np.float32(2) * t)
+    __hash__ = object.__hash__
+
+    def __init__(self, *args):
+        """torch.Tensor(data) makes a float tensor from data; torch.Tensor(2, 3) an uninitialised one."""
+        if len(args) == 1 and not isinstance(args[0], int):
+            from .factories import tensor
+
+            self._data = tensor(args[0], dtype=dt.get_default_dtype())._data
+        else:
+            self._data = np.zeros(api.size_args(args), dtype=dt.get_default_dtype().np)
+
+    @staticmethod
+    def _from_array(array: np.ndarray, cls=None) -> "Tensor":
+        t = object.__new__(cls or Tensor)
+        t._data = array
+        return t
+
+    # ------------------------------------------------------------------------------------------
+    # eager dispatch
+    # ------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _apply_op(op, inputs, attrs):
+        """Run one primitive: promote dtypes, call the numpy forward, record the autograd node."""
+        arrays, requires = [], False
+        for x in inputs:
+            if isinstance(x, Tensor):
+                arrays.append(x._data)
+                requires = requires or x._rg
+            elif type(x) in _SCALARS or x is None:
+                arrays.append(x)
+            else:
+                handler = getattr(type(x), "_apply_op", None)
+                if handler is not None:  # a foreign tensor-like (a graph proxy) takes over
+                    return handler(op, inputs, attrs)
+                plain = tuple(v if isinstance(v, Tensor) else _scalar_operand(op, v) for v in inputs)
+                return Tensor._apply_op(op, plain, attrs)
+        compute, out_dtype = op.dtype_rule(op, inputs, attrs)
+        if compute is not None:
+            _cast_to_compute(arrays, compute.np, op.cast_inputs)
+        try:
+            out = op.forward(*arrays, **attrs)
+        except Exception as e:  # numpy's message alone would not name the op or the shapes
+            raise _op_error(op, inputs, attrs, e) from None
+        if type(out) is not np.ndarray:
+            out = np.asarray(out)
+        if out.dtype != out_dtype.np:
+            out = out.astype(out_dtype.np)
+        result = object.__new__(Tensor)
+        result._data = out
+        if op.is_view and np.may_share_memory(out, arrays[0]):
+            src = inputs[0]
+            result._version_counter = src._vc()
+            result._base = src._base if src._base is not None else src
+        if requires and _grad_state.enabled and out_dtype.is_floating_point and op.differentiable:
+            result._grad_fn = OpNode(op, inputs, attrs, out, result._vc(), [_edge(x) for x in inputs])
+            result._rg = True
+        return result
+
+    # ------------------------------------------------------------------------------------------
+    # attributes
+    # ------------------------------------------------------------------------------------------
+
+    @property
+    def dtype(self) -> dt.dtype:
+        return dt.from_numpy_dtype(self._data.dtype)
+
+    @property
+    def shape(self) -> Size:
+        return Size(self._data.shape)
+
+    @property
+    def ndim(self) -> int:
+        return self._data.ndim
+
+    @property
+    def device(self):
+        return CPU
+
+    is_cuda = False
+    is_sparse = False
+    is_quantized = False
+    is_meta = False
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._rg
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    @property
+    def grad(self):
+        return self._grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        if value is not None:
+            if not isinstance(value, Tensor):
+                raise TypeError(f"assigned grad expected to be a Tensor or None but got grad of type "
+                                f"{type(value).__name__}")
+            if value.shape != self.shape:
+                raise RuntimeError(f"assigned grad has data of a different size: {list(value.shape)} "
+                                   f"vs {list(self.shape)}")
+            if value.dtype is not self.dtype:
+                raise RuntimeError(f"assigned grad has data of a different type: {value.dtype} vs {self.dtype}")
+        self._grad = value
+
+    @grad.deleter
+    def grad(self) -> None:
+        self._grad = None
+
+    @property
+    def grad_fn(self):
+        return self._grad_fn
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._grad_fn is None
+
+    @property
+    def output_nr(self) -> int:
+        return self._out_nr
+
+    @property
+    def data(self) -> "Tensor":
+        return Tensor._from_array(self._data)
+
+    @data.setter
+    def data(self, value: "Tensor") -> None:
+        self._data = value._data
+
+    @property
+    def _version(self) -> int:
+        return self._vc()[0]
+
+    def _vc(self) -> list:
+        """The version counter, shared by views of the same memory (created on first use)."""
+        vc = self._version_counter
+        if vc is None:
+            vc = self._version_counter = [0]
+        return vc
+
+    def _bump_version(self) -> None:
+        self._vc()[0] += 1
+
+    @property
+    def T(self) -> "Tensor":
+        return self.permute(tuple(range(self.ndim - 1, -1, -1)))
+
+    @property
+    def mT(self) -> "Tensor":
+        return self.transpose(-2, -1)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self._data.shape[api.wrap_dim(dim, self.ndim)]
+
+    def dim(self) -> int:
+        return self._data.ndim
+
+    def numel(self) -> int:
+        return self._data.size
+
+    nelement = numel
+
+    def element_size(self) -> int:
+        return self._data.itemsize
+
+    def stride(self, dim=None):
+        strides = tuple(s // self._data.itemsize for s in self._data.strides)
+        return strides if dim is None else strides[api.wrap_dim(dim, self.ndim)]
+
+    def is_contiguous(self, memory_format=None) -> bool:
+        return self._data.flags.c_contiguous
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    def get_device(self) -> int:
+        return -1
+
+    # ------------------------------------------------------------------------------------------
+    # conversions
+    # ------------------------------------------------------------------------------------------
+
+    def item(self):
+        if self._data.size != 1:
+            raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted to Scalar")
+        return self._data.reshape(()).item()
+
+    def tolist(self):
+        return self._data.tolist()
+
+    def numpy(self, *, force: bool = False) -> np.ndarray:
+        if self._rg and not force:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        return self._data
+
+    def __array__(self, dtype=None, copy=None):
+        return self._data if dtype is None else self._data.astype(dtype)
+
+    def __bool__(self) -> bool:
+        if self._data.size != 1:
+            raise RuntimeError(f"Boolean value of Tensor with more than one value is ambiguous")
+        return bool(self._data.reshape(()))
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __index__(self) -> int:
+        if self.dtype.is_floating_point or self._data.size != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __len__(self) -> int:
+        if self._data.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self._data.shape[0]
+
+    def __iter__(self):
+        if self._data.ndim == 0:
+            raise TypeError("iteration over a 0-d tensor")
+        return iter(self.unbind(0))
+
+    def __repr__(self) -> str:
+        d = self.dtype
+        suffixes = []
+        if self._grad_fn is not None:
+            suffixes.append(f"grad_fn=<{self._grad_fn.name()}>")
+        elif self._rg:
+            suffixes.append("requires_grad=True")
+        is_default = d is dt.get_default_dtype() or d is dt.int64 or d is dt.bool_
+        return format_tensor(self._data, repr(d), is_default, suffixes)
+
+    def __format__(self, spec: str) -> str:
+        if self._data.ndim == 0:
+            return format(self.item(), spec)
+        return repr(self)
+
+    def __reduce_ex__(self, protocol):
+        if self._grad_fn is not None:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support pickling")
+        return (_rebuild_tensor, (type(self), self._data, self._rg))
+
+    def __deepcopy__(self, memo):
+        if self._grad_fn is not None:
+            raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the "
+                               "deepcopy protocol at the moment.")
+        if id(self) in memo:
+            return memo[id(self)]
+        new = _rebuild_tensor(type(self), self._data.copy(), self._rg)
+        memo[id(self)] = new
+        extra = {k: v for k, v in self.__dict__.items() if k not in _INTERNAL_ATTRS}
+        new.__dict__.update(_copy.deepcopy(extra, memo))
+        if self._grad is not None:
+            new._grad = _copy.deepcopy(self._grad, memo)
+        return new
+
+    def to(self, *args, **kwargs) -> "Tensor":
+        dtype, copy = _parse_to(args, kwargs)
+        return api.to_dtype(self, dtype, copy) if dtype is not None else (self.clone() if copy else self)
+
+    def type(self, dtype=None):
+        if dtype is None:
+            return f"runtime.{self.dtype.name}"
+        return self.to(dtype)
+
+    def type_as(self, other: "Tensor") -> "Tensor":
+        return self.to(other.dtype)
+
+    def cpu(self) -> "Tensor":
+        return self
+
+    def cuda(self, device=None, non_blocking=False) -> "Tensor":
+        check_device(device if device is not None else "cuda")
+        return self
+
+    def float(self):
+        return self.to(dt.float32)
+
+    def double(self):
+        return self.to(dt.float64)
+
+    def half(self):
+        return self.to(dt.float16)
+
+    def long(self):
+        return self.to(dt.int64)
+
+    def int(self):
+        return self.to(dt.int32)
+
+    def bool(self):
+        return self.to(dt.bool_)
+
+    def detach(self) -> "Tensor":
+        out = Tensor._from_array(self._data)
+        out._version_counter = self._vc()
+        return out
+
+    def detach_(self) -> "Tensor":
+        self._grad_fn, self._rg, self._out_nr = None, False, 0
+        return self
+
+    def contiguous(self, memory_format=None) -> "Tensor":
+        return self if self._data.flags.c_contiguous else self.clone()
+
+    def view(self, *shape) -> "Tensor":
+        if shape and isinstance(shape[0], dt.dtype):
+            raise NotImplementedError("view(dtype) reinterpretation is not supported; use .to(dtype)")
+        target = api._resolve_shape(api.size_args(shape), self._data.size)
+        try:
+            np.reshape(self._data, target, copy=False)
+        except ValueError:
+            raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
+                               "dimension spans across two contiguous subspaces). Use .reshape(...) instead.") from None
+        return api.reshape(self, target)
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False) -> "Tensor":
+        from .factories import tensor
+
+        return tensor(data, dtype=dtype if dtype is not None else self.dtype, requires_grad=requires_grad)
+
+    def new_empty(self, *size, dtype=None, device=None, requires_grad=False) -> "Tensor":
+        return api.new_zeros(self, *size, dtype=dtype, requires_grad=requires_grad)
+
+    # ------------------------------------------------------------------------------------------
+    # autograd
+    # ------------------------------------------------------------------------------------------
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        if self._grad_fn is not None:
+            if requires_grad:
+                return self
+            raise RuntimeError("you can only change requires_grad flags of leaf variables. If you want to use a "
+                               "computed variable in a subgraph that doesn't require differentiation use "
+                               "var_no_grad = var.detach().")
+        if requires_grad and not self.dtype.is_floating_point:
+            raise RuntimeError(f"only Tensors of floating point dtype can require gradients (got {self.dtype})")
+        self._rg = bool(requires_grad)
+        return self
+
+    def retain_grad(self) -> None:
+        if not self._rg:
+            raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
+        node = self._grad_fn
+        if node is not None:
+            if node.retained is None:
+                node.retained = {}
+            node.retained[self._out_nr] = weakref.ref(self)
+
+    @property
+    def retains_grad(self) -> bool:
+        node = self._grad_fn
+        return bool(node is not None and node.retained and self._out_nr in node.retained)
+
+    def register_hook(self, hook):
+        """Call hook(grad) when this tensor's gradient is computed; it may return a replacement."""
+        if not self._rg:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if self._grad_fn is not None:
+            return self._grad_fn.add_tensor_hook(self._out_nr, hook)
+        from .utils.hooks import RemovableHandle
+
+        if self._backward_hooks is None:
+            self._backward_hooks = {}
+        handle = RemovableHandle(self._backward_hooks)
+        self._backward_hooks[handle.id] = hook
+        return handle
+
+    def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> None:
+        from .autograd import backward
+
+        backward(self, gradient, retain_graph=retain_graph, create_graph=create_graph, inputs=inputs)
+
+    def _accumulator(self):
+        return accumulator_for(self)
+
+    # ------------------------------------------------------------------------------------------
+    # in-place ops
+    # ------------------------------------------------------------------------------------------
+
+    def _inplace(self, name: str, *args, **attrs) -> "Tensor":
+        """Compute op(self, *args) and write it into self's memory, keeping autograd history right."""
+        op = OPS[name]
+        inputs = (self,) + args
+        _, out_dtype = op.dtype_rule(op, inputs, attrs)
+        if out_dtype.category > self.dtype.category:
+            raise RuntimeError(f"result type {out_dtype.name} can't be cast to the desired output type "
+                               f"{self.dtype.name} (in-place {name})")
+        if _grad_state.enabled and (self._rg or any(isinstance(a, Tensor) and a._rg for a in args)):
+            return self._inplace_recorded(lambda old: Tensor._apply_op(op, (old,) + args, attrs), 0 in op.saves)
+        if isinstance(op.forward, np.ufunc) and all(not isinstance(a, Tensor) or a.dtype.category <= self.dtype.category
+                                                    for a in args):
+            arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+            _wrap_numpy_errors(op, inputs, attrs, lambda: op.forward(self._data, *arrays, out=self._data,
+                                                                       casting="unsafe"))
+        else:
+            result = Tensor._apply_op(op, inputs, attrs)
+            _wrap_numpy_errors(op, inputs, attrs, lambda: np.copyto(self._data, result._data, casting="unsafe"))
+        self._bump_version()
+        return self
+
+    def _inplace_recorded(self, compute, copy_old: bool) -> "Tensor":
+        """Rebase self onto the node that `compute(old_self)` records, then write the result in place."""
+        self._check_inplace_allowed()
+        old = Tensor._from_array(self._data.copy() if copy_old else self._data)
+        old._rg, old._grad_fn, old._out_nr = self._rg, self._grad_fn, self._out_nr
+        result = compute(old)
+        try:
+            np.copyto(self._data, np.broadcast_to(result._data, self._data.shape), casting="unsafe")
+        except ValueError:
+            raise RuntimeError(f"in-place result of shape {list(result.shape)} does not fit a tensor of shape "
+                               f"{list(self.shape)}") from None
+        retained = self.retains_grad
+        self._grad_fn, self._out_nr, self._rg = result._grad_fn, 0, result._rg
+        if retained:
+            self.retain_grad()
+        self._bump_version()
+        return self
+
+    def _check_inplace_allowed(self) -> None:
+        if self._rg and self._grad_fn is None:
+            raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+        base = self._base
+        if base is not None:
+            if base._rg and base._grad_fn is None:
+                raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place "
+                                   "operation.")
+            raise RuntimeError("in-place modification of a view is not supported while recording gradients; "
+                               "write into the base tensor with indexing (x[idx] = value) or use an out-of-place op")
+
+    def add_(self, other, *, alpha=1):
+        return self._inplace("add", other if alpha == 1 else other * alpha)
+
+    def sub_(self, other, *, alpha=1):
+        return self._inplace("sub", other if alpha == 1 else other * alpha)
+
+    def mul_(self, other):
+        return self._inplace("mul", other)
+
+    def div_(self, other):
+        return self._inplace("div", other)
+
+    def pow_(self, exponent):
+        return self._inplace("pow", exponent)
+
+    def neg_(self):
+        return self._inplace("neg")
+
+    def exp_(self):
+        return self._inplace("exp")
+
+    def sqrt_(self):
+        return self._inplace("sqrt")
+
+    def relu_(self):
+        return self._inplace("relu")
+
+    def sigmoid_(self):
+        return self._inplace("sigmoid")
+
+    def tanh_(self):
+        return self._inplace("tanh")
+
+    def clamp_(self, min=None, max=None):
+        if min is None and max is None:
+            raise RuntimeError("clamp_: At least one of 'min' or 'max' must not be None")
+        return self._inplace("clamp", min=min, max=max)
+
+    clip_ = clamp_
+
+    def addcmul_(self, tensor1, tensor2, *, value=1):
+        return self._inplace("add", tensor1 * tensor2 * value if value != 1 else tensor1 * tensor2)
+
+    def addcdiv_(self, tensor1, tensor2, *, value=1):
+        return self._inplace("add", tensor1 / tensor2 * value if value != 1 else tensor1 / tensor2)
+
+    def lerp_(self, end, weight):
+        return self._inplace("add", (end - self) * weight)
+
+    def masked_fill_(self, mask, value):
+        if _grad_state.enabled and (self._rg or (isinstance(value, Tensor) and value._rg)):
+            return self._inplace_recorded(lambda old: api.masked_fill(old, mask, value), False)
+        np.copyto(self._data, value._data if isinstance(value, Tensor) else value,
+                  where=np.broadcast_to(mask._data, self._data.shape), casting="unsafe")
+        self._bump_version()
+        return self
+
+    def zero_(self):
+        return self.fill_(0)
+
+    def fill_(self, value):
+        self[...] = value
+        return self
+
+    def copy_(self, src, non_blocking=False):
+        self[...] = src
+        return self
+
+    def uniform_(self, a=0.0, b=1.0, *, generator=None):
+        from .random import rng
+
+        return self._fill_random(rng(generator).uniform(a, b, self._data.shape))
+
+    def normal_(self, mean=0.0, std=1.0, *, generator=None):
+        from .random import rng
+
+        return self._fill_random(rng(generator).normal(mean, std, self._data.shape))
+
+    def _fill_random(self, values: np.ndarray):
+        if _grad_state.enabled and self._rg:
+            self._check_inplace_allowed()
+        self._data[...] = values
+        self._bump_version()
+        return self
+
+    def __setitem__(self, key, value) -> None:
+        encoded, index_tensors = api.encode_index(self, key)
+        recording = _grad_state.enabled and (self._rg or (isinstance(value, Tensor) and value._rg))
+        if recording:
+            attrs = {"key": encoded, "accumulate": False}
+            self._inplace_recorded(lambda old: Tensor._apply_op(OPS["index_put"], (old, value, *index_tensors), attrs),
+                                   False)
+            return
+        np_key = ops.decode_key(encoded, [t._data for t in index_tensors])
+        source = value._data if isinstance(value, Tensor) else value
+        inputs = (self, value, *index_tensors)
+        _wrap_numpy_errors(OPS["index_put"], inputs, {"key": encoded},
+                           lambda: self._data.__setitem__(np_key, source))
+        self._bump_version()
+
+    def __iadd__(self, other):
+        return self.add_(other)
+
+    def __isub__(self, other):
+        return self.sub_(other)
+
+    def __imul__(self, other):
+        return self.mul_(other)
+
+    def __itruediv__(self, other):
+        return self.div_(other)
+
+
+_INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_version_counter",
+                   "_backward_hooks", "_acc_ref"}
+
+
+def _rebuild_tensor(cls, data, requires_grad):
+    t = Tensor._from_array(data, cls)
+    t._rg = requires_grad
+    return t
+
+
+def _edge(x):
+    if isinstance(x, Tensor):
+        if x._grad_fn is not None:
+            return (x._grad_fn, x._out_nr)
+        if x._rg:
+            return (accumulator_for(x), 0)
+    return None
+
+
+def _scalar_operand(op, x):
+    """numpy scalars and other numbers become Python scalars; anything else is a clear TypeError."""
+    if isinstance(x, np.generic) or isinstance(x, (int, float)):
+        return x.item() if isinstance(x, np.generic) else x
+    raise TypeError(f"{op.name}(): expected Tensor or number operands, got {type(x).__name__}")
+
+
+def _cast_to_compute(arrays, np_dtype, positions) -> None:
+    for i, a in enumerate(arrays):
+        if type(a) is np.ndarray and a.dtype != np_dtype and (positions is None or i in positions):
+            arrays[i] = a.astype(np_dtype)
+
+
+def _describe(inputs) -> str:
+    parts = []
+    for x in inputs:
+        if isinstance(x, Tensor):
+            parts.append(f"Tensor(shape={list(x.shape)}, dtype={x.dtype})")
+        else:
+            parts.append(repr(x))
+    return ", ".join(parts)
+
+
+def _op_error(op, inputs, attrs, error: Exception) -> Exception:
+    """A clear error naming the op, shapes and dtypes: the shape rule's own message when it has one."""
+    try:
+        op.infer(*inputs, **attrs)
+    except (ops.ShapeError, IndexError, TypeError, RuntimeError) as rule_error:
+        return type(rule_error)(str(rule_error))
+    except Exception:
+        pass
+    message = str(error).replace("axis", "dimension")
+    kind = IndexError if isinstance(error, IndexError) else (TypeError if isinstance(error, TypeError) else RuntimeError)
+    return kind(f"{op.name}: {message} (inputs: {_describe(inputs)})")
+
+
+def _wrap_numpy_errors(op, inputs, attrs, action) -> None:
+    try:
+        action()
+    except (ValueError, IndexError, TypeError) as e:
+        raise _op_error(op, inputs, attrs, e) from None
+
+
+def _parse_to(args, kwargs):
+    """(dtype or None, copy) from Tensor.to's many call forms; a device must be the CPU."""
+    dtype, copy = kwargs.pop("dtype", None), kwargs.pop("copy", False)
+    kwargs.pop("non_blocking", None)
+    kwargs.pop("memory_format", None)
+    if "device" in kwargs:
+        check_device(kwargs.pop("device"))
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+    for a in args:
+        if isinstance(a, Tensor):
+            dtype = a.dtype
+        elif isinstance(a, dt.dtype) or a in (float, int, bool):
+            dtype = dt.as_dtype(a)
+        elif isinstance(a, bool):
+            copy = a
+        else:
+            check_device(a)
+    return dtype, copy
+
+
+def _install_api_methods() -> None:
+    for name, fn in {**api.METHODS, **api.DUNDERS}.items():
+        if name not in Tensor.__dict__:
+            setattr(Tensor, name, fn)
+
+
+_install_api_methods()
+ops.set_default_handler(Tensor)
