@@ -8,6 +8,8 @@ import builtins
 import math
 from typing import NamedTuple
 
+import numpy as np
+
 from . import dtypes as dt
 from .ops import apply, is_tensor_like
 
@@ -666,7 +668,7 @@ def encode_index(input, key):
         elif isinstance(item, bool):
             raise IndexError("indexing with a Python bool is not supported; use a bool tensor")
         elif is_tensor_like(item) or isinstance(item, (list, tuple)) or hasattr(item, "__array__"):
-            index = item if is_tensor_like(item) else input.new_tensor(item)
+            index = item if is_tensor_like(item) else _index_tensor(input, item)
             if index.dtype not in (dt.int64, dt.bool_):
                 if index.dtype.is_floating_point:
                     raise IndexError("tensors used as indices must be long, int or bool tensors")
@@ -680,6 +682,16 @@ def encode_index(input, key):
                 raise IndexError(f"only integers, slices, None, Ellipsis and integer or boolean tensors are "
                                  f"valid indices (got {type(item).__name__})") from None
     return tuple(encoded), tensors
+
+
+def _index_tensor(input, item):
+    """A list or array used as an index becomes a bool tensor (a mask) or an int64 tensor."""
+    values = np.asarray(item)
+    if values.dtype.kind == "b":
+        return input.new_tensor(values, dtype=dt.bool_)
+    if values.dtype.kind not in "iu" and values.size:
+        raise IndexError("tensors used as indices must be long, int or bool tensors")
+    return input.new_tensor(values.astype(np.int64), dtype=dt.int64)
 
 
 def _encode_slice(s: slice):

@@ -31,6 +31,10 @@ class ShapeError(RuntimeError):
     """Input shapes that an op cannot combine; the message names the op and the shapes."""
 
 
+class DataDependentShape(Exception):
+    """The output shape depends on tensor values (a boolean mask index), not only on input shapes."""
+
+
 @dataclass(frozen=True)
 class OpDef:
     """One primitive op. `vjp[i]` is the derivative rule for input i (None: not differentiable)."""
@@ -63,7 +67,8 @@ class OpDef:
         """(shape, dtype) of the result from operands' .shape/.dtype (or Python scalars)."""
         compute_dtype, out_dtype = self.dtype_rule(self, operands, attrs)
         shapes = [_shape_of(x) for x in operands]
-        return tuple(self.shape_rule(self, shapes, attrs)), out_dtype
+        dtypes = [x.dtype if is_tensor_like(x) else None for x in operands]
+        return tuple(self.shape_rule(self, shapes, attrs, dtypes)), out_dtype
 
     def __repr__(self) -> str:
         return f"<op {self.name} ({self.kind})>"
@@ -145,14 +150,14 @@ def _letter(i: int) -> str:
     return "abcdefgh"[i] if i < 8 else str(i)
 
 
-def _broadcast_rule(op, shapes, attrs):
+def _broadcast_rule(op, shapes, attrs, dtypes):
     try:
         return broadcast_shapes(*shapes)
     except ShapeError as e:
         raise ShapeError(f"{op.name}: {e}") from None
 
 
-def _same_shape_rule(op, shapes, attrs):
+def _same_shape_rule(op, shapes, attrs, dtypes):
     return shapes[0]
 
 
@@ -162,7 +167,7 @@ def reduced_shape(shape, dims, keepdim):
     return tuple(s for i, s in enumerate(shape) if i not in dims)
 
 
-def _reduce_rule(op, shapes, attrs):
+def _reduce_rule(op, shapes, attrs, dtypes):
     shape, dims = shapes[0], attrs["dims"]
     for d in dims:
         if not 0 <= d < max(len(shape), 1):
@@ -170,14 +175,14 @@ def _reduce_rule(op, shapes, attrs):
     return reduced_shape(shape, dims, attrs.get("keepdim", False))
 
 
-def _arg_reduce_rule(op, shapes, attrs):
+def _arg_reduce_rule(op, shapes, attrs, dtypes):
     dim = attrs["dim"]
     if dim is None:
         return (1,) * len(shapes[0]) if attrs.get("keepdim") else ()
     return reduced_shape(shapes[0], (dim,), attrs.get("keepdim", False))
 
 
-def _matmul_rule(op, shapes, attrs):
+def _matmul_rule(op, shapes, attrs, dtypes):
     a, b = shapes
     if len(a) < 2 or len(b) < 2:
         raise ShapeError(f"matmul: primitive needs 2-D or batched inputs, got {_fmt(a)} and {_fmt(b)}")
@@ -191,14 +196,14 @@ def _matmul_rule(op, shapes, attrs):
     return batch + (a[-2], b[-1])
 
 
-def _reshape_rule(op, shapes, attrs):
+def _reshape_rule(op, shapes, attrs, dtypes):
     shape, target = shapes[0], attrs["shape"]
     if math.prod(shape) != math.prod(target):
         raise ShapeError(f"shape '{_fmt(target)}' is invalid for input of size {math.prod(shape)}")
     return target
 
 
-def _permute_rule(op, shapes, attrs):
+def _permute_rule(op, shapes, attrs, dtypes):
     shape, dims = shapes[0], attrs["dims"]
     if sorted(dims) != list(range(len(shape))):
         raise ShapeError(f"permute: dims {list(dims)} are not a permutation of the {len(shape)} dims "
@@ -206,7 +211,7 @@ def _permute_rule(op, shapes, attrs):
     return tuple(shape[d] for d in dims)
 
 
-def _expand_rule(op, shapes, attrs):
+def _expand_rule(op, shapes, attrs, dtypes):
     shape, target = shapes[0], attrs["shape"]
     lead = len(target) - len(shape)
     ok = lead >= 0 and all(s == t or s == 1 for s, t in zip(shape, target[lead:]))
@@ -216,7 +221,7 @@ def _expand_rule(op, shapes, attrs):
     return target
 
 
-def _cat_rule(op, shapes, attrs):
+def _cat_rule(op, shapes, attrs, dtypes):
     dim, first = attrs["dim"], shapes[0]
     for k, s in enumerate(shapes):
         if len(s) != len(first) or any(a != b for i, (a, b) in enumerate(zip(s, first)) if i != dim):
@@ -225,7 +230,9 @@ def _cat_rule(op, shapes, attrs):
     return first[:dim] + (sum(s[dim] for s in shapes),) + first[dim + 1:]
 
 
-def _getitem_rule(op, shapes, attrs):
+def _getitem_rule(op, shapes, attrs, dtypes):
+    if any(d is dt.bool_ for d in dtypes[1:]):
+        raise DataDependentShape(f"{op.name}: indexing with a boolean mask gives a data-dependent shape")
     index_arrays = [np.zeros(s, dtype=np.int64) for s in shapes[1:]]
     dummy = np.broadcast_to(np.empty((), dtype=np.int8), shapes[0])
     try:
@@ -234,18 +241,18 @@ def _getitem_rule(op, shapes, attrs):
         raise IndexError(f"index {describe_key(attrs['key'])} on a tensor of shape {_fmt(shapes[0])}: {e}") from None
 
 
-def _gather_rule(op, shapes, attrs):
+def _gather_rule(op, shapes, attrs, dtypes):
     x, index = shapes[0], shapes[1]
     if len(x) != len(index):
         raise ShapeError(f"gather: index {_fmt(index)} must have as many dims as input {_fmt(x)}")
     return index
 
 
-def _first_input_rule(op, shapes, attrs):
+def _first_input_rule(op, shapes, attrs, dtypes):
     return shapes[0]
 
 
-def _full_rule(op, shapes, attrs):
+def _full_rule(op, shapes, attrs, dtypes):
     return tuple(attrs["shape"])
 
 

@@ -112,5 +112,5 @@ def root_edges(tensors, grad_tensors):
         if tuple(g.shape) != tuple(t.shape):
             raise RuntimeError(f"Mismatch in shape: grad_output[{i}] has a shape of {list(g.shape)} and "
                                f"output[{i}] has a shape of {list(t.shape)}.")
-        roots.append((edge, g))
+        roots.append((edge, g if g.dtype is t.dtype else g.detach().to(t.dtype)))
     return roots

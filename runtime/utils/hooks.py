@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import itertools
-import weakref
 
 _next_id = itertools.count().__next__
 
@@ -12,14 +11,11 @@ class RemovableHandle:
 
     def __init__(self, hooks_dict, *, extra_dict=None):
         self.id = _next_id()
-        self.hooks_dict_ref = weakref.ref(hooks_dict)
-        self.extra_dict_refs = tuple(weakref.ref(d) for d in ([extra_dict] if extra_dict is not None else []))
+        self._dicts = (hooks_dict,) if extra_dict is None else (hooks_dict, extra_dict)
 
     def remove(self) -> None:
-        for ref in (self.hooks_dict_ref, *self.extra_dict_refs):
-            d = ref()
-            if d is not None:
-                d.pop(self.id, None)
+        for d in self._dicts:
+            d.pop(self.id, None)
 
     def __enter__(self):
         return self

@@ -1,0 +1,238 @@
+"""Sample inputs for every primitive op in the op table, with the torch call that computes the same thing."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from runtime import dtypes as dt
+from runtime.ops import decode_key
+
+_rng = np.random.default_rng(1234)
+
+
+@dataclass
+class Sample:
+    """One call of a primitive: inputs (numpy arrays become tensors), attrs, and torch's equivalent."""
+
+    inputs: tuple
+    attrs: dict = field(default_factory=dict)
+    torch_fn: Callable | None = None  # torch_fn(torch, *torch_inputs) -> torch tensor
+    fd: bool = True  # finite differences are meaningful here (no kinks or ties near the inputs)
+    note: str = ""
+
+
+def away(*shape, low=-2.0, high=2.0, gap=0.25):
+    """Random values at least `gap` away from zero (so kinks at 0 don't disturb finite differences)."""
+    x = _rng.uniform(low, high, shape)
+    return np.where(x >= 0, x + gap, x - gap)
+
+
+def pos(*shape, low=0.5, high=2.0):
+    return _rng.uniform(low, high, shape)
+
+
+def ints(*shape, low=-3, high=4):
+    return _rng.integers(low, high, shape)
+
+
+def bools(*shape):
+    return _rng.random(shape) > 0.5
+
+
+def _binary(name, torch_name, make=away, scalar=1.5, **kw):
+    t = lambda torch, x, y: getattr(torch, torch_name)(x, y)  # noqa: E731
+    return [
+        Sample((make(3, 4), make(3, 4)), torch_fn=t, **kw),
+        Sample((make(3, 1), make(1, 4)), torch_fn=t, note="broadcast", **kw),
+        Sample((make(2, 3, 4), make(4)), torch_fn=t, note="broadcast rank", **kw),
+        Sample((make(3, 4), scalar), torch_fn=t, note="python scalar", **kw),
+        Sample((scalar, make(3, 4)), torch_fn=lambda torch, x, y: getattr(torch, torch_name)(
+            torch.tensor(x, dtype=y.dtype), y), note="python scalar first", **kw),
+    ]
+
+
+def _unary(torch_name, make=away, **kw):
+    return [Sample((make(3, 4),), torch_fn=lambda torch, x: getattr(torch, torch_name)(x), **kw),
+            Sample((make(5),), torch_fn=lambda torch, x: getattr(torch, torch_name)(x), **kw)]
+
+
+def _compare(torch_name):
+    grid = lambda *s: _rng.integers(-2, 3, s).astype(np.float64)  # noqa: E731  (ties are likely)
+    return [Sample((grid(3, 4), grid(3, 4)), torch_fn=lambda torch, x, y: getattr(torch, torch_name)(x, y)),
+            Sample((grid(3, 1), 0.0), torch_fn=lambda torch, x, y: getattr(torch, torch_name)(x, y))]
+
+
+def _logical(torch_name, arity=2):
+    if arity == 1:
+        return [Sample((bools(3, 4),), torch_fn=lambda torch, x: getattr(torch, torch_name)(x))]
+    return [Sample((bools(3, 4), bools(3, 4)), torch_fn=lambda torch, x, y: getattr(torch, torch_name)(x, y)),
+            Sample((ints(3, 4), ints(4)), torch_fn=lambda torch, x, y: getattr(torch, torch_name)(x, y))]
+
+
+def _reduction(name, torch_fn, make=away):
+    return [
+        Sample((make(3, 4),), {"dims": (0, 1), "keepdim": False}, lambda torch, x: torch_fn(torch, x, (0, 1), False)),
+        Sample((make(3, 4),), {"dims": (1,), "keepdim": False}, lambda torch, x: torch_fn(torch, x, (1,), False)),
+        Sample((make(2, 3, 4),), {"dims": (0, 2), "keepdim": True},
+               lambda torch, x: torch_fn(torch, x, (0, 2), True)),
+        Sample((make(5),), {"dims": (0,), "keepdim": True}, lambda torch, x: torch_fn(torch, x, (0,), True)),
+    ]
+
+
+def _torch_key(key, idx):
+    return decode_key(key, idx)
+
+
+SLICE_ALL = ("slice", None, None, None)
+
+SAMPLES: dict[str, list[Sample]] = {
+    "add": _binary("add", "add"),
+    "sub": _binary("sub", "sub"),
+    "mul": _binary("mul", "mul"),
+    "div": _binary("div", "div"),
+    "pow": [
+        Sample((pos(3, 4), away(3, 4)), torch_fn=lambda torch, x, y: torch.pow(x, y)),
+        Sample((pos(3, 1), away(4)), torch_fn=lambda torch, x, y: torch.pow(x, y), note="broadcast"),
+        Sample((away(3, 4), 2.0), torch_fn=lambda torch, x, y: torch.pow(x, y), note="square"),
+        Sample((pos(3, 4), -1.5), torch_fn=lambda torch, x, y: torch.pow(x, y)),
+        Sample((away(3, 4), 0.0), torch_fn=lambda torch, x, y: torch.pow(x, y), note="zero exponent"),
+        Sample((2.0, away(3, 4)), torch_fn=lambda torch, x, y: torch.pow(x, y), note="scalar base"),
+    ],
+    "maximum": _binary("maximum", "maximum")[:3]
+    + [Sample((np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.5, 4.0])),
+              torch_fn=lambda torch, x, y: torch.maximum(x, y), fd=False, note="tie splits the gradient")],
+    "minimum": _binary("minimum", "minimum")[:3]
+    + [Sample((np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.5, 4.0])),
+              torch_fn=lambda torch, x, y: torch.minimum(x, y), fd=False, note="tie splits the gradient")],
+    "floordiv": _binary("floordiv", "floor_divide"),
+    "remainder": [
+        Sample((np.array([5.3, -5.3, 7.7, -1.2]), np.array([2.0, 2.0, -3.0, -0.7])),
+               torch_fn=lambda torch, x, y: torch.remainder(x, y)),
+        Sample((np.array([5.3, -5.3, 7.7]), 2.5), torch_fn=lambda torch, x, y: torch.remainder(x, y)),
+        Sample((ints(3, 4), np.array([2, 3, 5, 7])), torch_fn=lambda torch, x, y: torch.remainder(x, y)),
+    ],
+    "eq": _compare("eq"), "ne": _compare("ne"), "lt": _compare("lt"),
+    "le": _compare("le"), "gt": _compare("gt"), "ge": _compare("ge"),
+    "logical_and": _logical("logical_and"), "logical_or": _logical("logical_or"),
+    "logical_xor": _logical("logical_xor"), "logical_not": _logical("logical_not", 1),
+    "bitwise_not": [Sample((ints(3, 4),), torch_fn=lambda torch, x: torch.bitwise_not(x))],
+    "bitwise_and": [Sample((ints(3, 4), ints(3, 4)), torch_fn=lambda torch, x, y: torch.bitwise_and(x, y)),
+                    Sample((bools(3, 4), bools(4)), torch_fn=lambda torch, x, y: torch.bitwise_and(x, y))],
+    "bitwise_or": [Sample((ints(3, 4), ints(3, 4)), torch_fn=lambda torch, x, y: torch.bitwise_or(x, y))],
+    "bitwise_xor": [Sample((ints(3, 4), ints(3, 4)), torch_fn=lambda torch, x, y: torch.bitwise_xor(x, y))],
+    "neg": _unary("neg") + [Sample((ints(4),), torch_fn=lambda torch, x: torch.neg(x))],
+    "abs": _unary("abs") + [Sample((ints(4),), torch_fn=lambda torch, x: torch.abs(x))],
+    "sign": _unary("sign"),
+    "floor": [Sample((np.array([0.5, -1.3, 2.7, -2.2]),), torch_fn=lambda torch, x: torch.floor(x))],
+    "exp": _unary("exp"),
+    "log": _unary("log", pos),
+    "log1p": _unary("log1p", lambda *s: _rng.uniform(-0.5, 2.0, s)),
+    "sqrt": _unary("sqrt", pos),
+    "rsqrt": _unary("rsqrt", pos),
+    "reciprocal": _unary("reciprocal"),
+    "sin": _unary("sin"),
+    "cos": _unary("cos"),
+    "tanh": _unary("tanh"),
+    "sigmoid": _unary("sigmoid") + [Sample((np.array([-800.0, -50.0, 0.0, 50.0, 800.0]),),
+                                           torch_fn=lambda torch, x: torch.sigmoid(x), fd=False, note="extremes")],
+    "relu": _unary("relu") + [Sample((ints(5),), torch_fn=lambda torch, x: torch.relu(x))],
+    "erf": _unary("erf") + [Sample((np.linspace(-6, 6, 25),), torch_fn=lambda torch, x: torch.erf(x))],
+    "where": [
+        Sample((bools(3, 4), away(3, 4), away(3, 4)), torch_fn=lambda torch, c, x, y: torch.where(c, x, y)),
+        Sample((bools(3, 1), away(1, 4), away(3, 4)), torch_fn=lambda torch, c, x, y: torch.where(c, x, y)),
+        Sample((bools(3, 4), away(3, 4), 0.0), torch_fn=lambda torch, c, x, y: torch.where(c, x, y)),
+    ],
+    "clamp": [
+        Sample((np.array([-2.0, -0.7, 0.2, 0.9, 3.0]),), {"min": -0.5, "max": 0.5},
+               lambda torch, x: torch.clamp(x, -0.5, 0.5)),
+        Sample((away(3, 4),), {"min": 0.0, "max": None}, lambda torch, x: torch.clamp(x, min=0.0)),
+        Sample((away(3, 4),), {"min": None, "max": 1.0}, lambda torch, x: torch.clamp(x, max=1.0)),
+    ],
+    "cast": [
+        Sample((away(3, 4),), {"dtype": dt.float64}, lambda torch, x: x.to(torch.float64)),
+        Sample((ints(3, 4),), {"dtype": dt.float64}, lambda torch, x: x.to(torch.float64)),
+        Sample((away(3, 4),), {"dtype": dt.int64}, lambda torch, x: x.to(torch.int64)),
+        Sample((away(3, 4),), {"dtype": dt.float32}, lambda torch, x: x.to(torch.float32), fd=False),
+    ],
+    "copy": [Sample((away(3, 4),), torch_fn=lambda torch, x: x.clone())],
+    "detach": [Sample((away(3, 4),), torch_fn=lambda torch, x: x.detach())],
+    "sum": _reduction("sum", lambda torch, x, d, k: torch.sum(x, d, k))
+    + [Sample((ints(3, 4),), {"dims": (1,), "keepdim": False}, lambda torch, x: torch.sum(x, 1))],
+    "prod": _reduction("prod", lambda torch, x, d, k: _torch_prod(torch, x, d, k))
+    + [Sample((np.array([[2.0, 0.0, 3.0], [0.0, 0.0, 1.5], [1.0, 2.0, 4.0]]),), {"dims": (1,), "keepdim": False},
+              lambda torch, x: torch.prod(x, 1), note="zeros")],
+    "amax": _reduction("amax", lambda torch, x, d, k: torch.amax(x, d, k))
+    + [Sample((np.array([[1.0, 3.0, 3.0], [2.0, 2.0, 2.0]]),), {"dims": (1,), "keepdim": False},
+              lambda torch, x: torch.amax(x, 1), fd=False, note="ties share the gradient")],
+    "amin": _reduction("amin", lambda torch, x, d, k: torch.amin(x, d, k)),
+    "all": [Sample((bools(3, 4),), {"dims": (1,), "keepdim": False}, lambda torch, x: torch.all(x, 1)),
+            Sample((bools(3, 4),), {"dims": (0, 1), "keepdim": False}, lambda torch, x: torch.all(x))],
+    "any": [Sample((bools(3, 4),), {"dims": (0,), "keepdim": True}, lambda torch, x: torch.any(x, 0, True)),
+            Sample((bools(3, 4),), {"dims": (0, 1), "keepdim": False}, lambda torch, x: torch.any(x))],
+    "argmax": [Sample((away(3, 4),), {"dim": 1, "keepdim": False}, lambda torch, x: torch.argmax(x, 1)),
+               Sample((away(3, 4),), {"dim": None, "keepdim": False}, lambda torch, x: torch.argmax(x)),
+               Sample((away(3, 4),), {"dim": 0, "keepdim": True}, lambda torch, x: torch.argmax(x, 0, True))],
+    "argmin": [Sample((away(3, 4),), {"dim": 1, "keepdim": False}, lambda torch, x: torch.argmin(x, 1))],
+    "matmul": [
+        Sample((away(3, 4), away(4, 5)), torch_fn=lambda torch, x, y: torch.matmul(x, y)),
+        Sample((away(2, 3, 4), away(4, 5)), torch_fn=lambda torch, x, y: torch.matmul(x, y), note="batch x 2-D"),
+        Sample((away(1, 3, 4), away(2, 4, 2)), torch_fn=lambda torch, x, y: torch.matmul(x, y), note="batch bcast"),
+    ],
+    "reshape": [Sample((away(3, 4),), {"shape": (2, 6)}, lambda torch, x: x.reshape(2, 6)),
+                Sample((away(2, 3, 4),), {"shape": (24,)}, lambda torch, x: x.reshape(24))],
+    "permute": [Sample((away(2, 3, 4),), {"dims": (2, 0, 1)}, lambda torch, x: x.permute(2, 0, 1))],
+    "expand": [Sample((away(3, 1),), {"shape": (2, 3, 4)}, lambda torch, x: x.expand(2, 3, 4))],
+    "getitem": [
+        Sample((away(4, 5),), {"key": (("int", 1),)}, lambda torch, x: x[1]),
+        Sample((away(4, 5),), {"key": (("slice", 1, None, 2), ("slice", None, -1, None))},
+               lambda torch, x: x[1::2, :-1]),
+        Sample((away(4, 5),), {"key": (("none",), ("ellipsis",), ("int", -1))}, lambda torch, x: x[None, ..., -1]),
+        Sample((away(4, 5), np.array([0, 2, 0, 3])), {"key": (("tensor", 0),)},
+               lambda torch, x, i: x[i], note="repeated indices accumulate"),
+        Sample((away(4, 5), np.array([1, 3]), np.array([0, 4])), {"key": (("tensor", 0), ("tensor", 1))},
+               lambda torch, x, i, j: x[i, j]),
+        Sample((away(4, 5), np.array([True, False, True, True])), {"key": (("tensor", 0), SLICE_ALL)},
+               lambda torch, x, m: x[m, :], note="bool mask"),
+    ],
+    "index_put": [
+        Sample((away(4, 5), away(5)), {"key": (("int", 1),), "accumulate": False},
+               lambda torch, x, v: _torch_setitem(torch, x, (1,), v)),
+        Sample((away(4, 5), away(2, 5), np.array([0, 2])), {"key": (("tensor", 0),), "accumulate": False},
+               lambda torch, x, v, i: _torch_setitem(torch, x, (i,), v)),
+        Sample((away(4, 5), away(3, 5), np.array([0, 2, 0])), {"key": (("tensor", 0),), "accumulate": True},
+               lambda torch, x, v, i: torch.index_put(x, (i,), v, accumulate=True), note="duplicates add"),
+        Sample((away(4, 5), 0.5), {"key": (SLICE_ALL, ("slice", 1, 3, None)), "accumulate": False},
+               lambda torch, x, v: _torch_setitem(torch, x, (slice(None), slice(1, 3)), v)),
+    ],
+    "cat": [
+        Sample((away(2, 3), away(4, 3)), {"dim": 0}, lambda torch, x, y: torch.cat([x, y], 0)),
+        Sample((away(2, 3), away(2, 1), away(2, 2)), {"dim": 1}, lambda torch, x, y, z: torch.cat([x, y, z], 1)),
+    ],
+    "gather": [
+        Sample((away(3, 4), np.array([[0], [3], [1]])), {"dim": 1}, lambda torch, x, i: torch.gather(x, 1, i)),
+        Sample((away(3, 4), np.array([[0, 2, 2, 1], [1, 0, 2, 2]])), {"dim": 0},
+               lambda torch, x, i: torch.gather(x, 0, i)),
+    ],
+    "scatter_add": [
+        Sample((away(3, 4), np.array([[0, 1], [3, 3], [1, 0]]), away(3, 2)), {"dim": 1},
+               lambda torch, x, i, s: torch.scatter_add(x, 1, i, s)),
+    ],
+    "full": [Sample((), {"shape": (2, 3), "value": 1.5, "dtype": dt.float64},
+                    lambda torch: torch.full((2, 3), 1.5, dtype=torch.float64)),
+             Sample((), {"shape": (4,), "value": 7, "dtype": dt.int32},
+                    lambda torch: torch.full((4,), 7, dtype=torch.int32))],
+}
+
+
+def _torch_prod(torch, x, dims, keepdim):
+    for d in sorted(dims, reverse=True):
+        x = torch.prod(x, d, keepdim=keepdim)
+    return x
+
+
+def _torch_setitem(torch, x, key, v):
+    out = x.clone()
+    out[key] = v
+    return out

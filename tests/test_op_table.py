@@ -1,0 +1,154 @@
+"""Sweeps the whole op table: shape/dtype rules, forward and gradients vs torch, and gradients vs
+float64 finite differences. A new op without samples in opinfo.py fails test_every_op_has_samples."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime import ops
+from runtime.ops import OPS, DataDependentShape
+from runtime.autograd import gradcheck
+
+from opinfo import SAMPLES
+
+try:
+    import torch
+except ImportError:  # the oracle is optional; finite differences still check every gradient
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
+
+
+def _cases(keep=lambda op, sample: True):
+    return [pytest.param(name, i, id=f"{name}-{i}")
+            for name in sorted(OPS) for i, sample in enumerate(SAMPLES.get(name, ()))
+            if keep(OPS[name], sample)]
+
+
+def _differentiable_inputs(op, sample):
+    return [i for i, x in enumerate(sample.inputs)
+            if isinstance(x, np.ndarray) and x.dtype.kind == "f" and op.vjp_rule(i) is not None]
+
+
+def _has_gradient(op, sample):
+    if not (op.differentiable and _differentiable_inputs(op, sample)):
+        return False
+    out = ops.apply(op.name, *_runtime_inputs(op, sample, np.float64, False), **sample.attrs)
+    return out.dtype.is_floating_point
+
+
+def _runtime_inputs(op, sample, float_dtype, requires_grad):
+    out = []
+    for i, x in enumerate(sample.inputs):
+        if isinstance(x, np.ndarray):
+            array = x.astype(float_dtype) if x.dtype.kind == "f" else x.copy()
+            t = runtime.from_numpy(array)
+            if requires_grad and i in _differentiable_inputs(op, sample):
+                t.requires_grad_()
+            out.append(t)
+        else:
+            out.append(x)
+    return out
+
+
+ALL_CASES = _cases()
+GRAD_CASES = _cases(_has_gradient)
+FD_CASES = _cases(lambda op, s: _has_gradient(op, s) and s.fd)
+
+
+def _torch_inputs(op, sample, float_dtype, requires_grad):
+    out = []
+    for i, x in enumerate(sample.inputs):
+        if isinstance(x, np.ndarray):
+            array = x.astype(float_dtype) if x.dtype.kind == "f" else x.copy()
+            t = torch.from_numpy(array)
+            if requires_grad and i in _differentiable_inputs(op, sample):
+                t.requires_grad_()
+            out.append(t)
+        else:
+            out.append(x)
+    return out
+
+
+def _assert_close(ours, theirs, float_dtype):
+    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch."), (ours.dtype, theirs.dtype)
+    assert tuple(ours.shape) == tuple(theirs.shape)
+    expected = theirs.detach().numpy()
+    if expected.dtype.kind in "biu":
+        np.testing.assert_array_equal(ours.numpy(), expected)
+    else:
+        tol = 1e-12 if float_dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(ours.detach().numpy(), expected, rtol=tol, atol=tol)
+
+
+def test_every_op_has_samples():
+    missing = sorted(name for name in OPS if not SAMPLES.get(name))
+    assert not missing, f"ops without samples in tests/opinfo.py: {missing}"
+
+
+def test_samples_only_name_real_ops():
+    assert set(SAMPLES) <= set(OPS), sorted(set(SAMPLES) - set(OPS))
+
+
+def test_every_differentiable_op_is_checked_by_finite_differences():
+    checked = {p.values[0] for p in FD_CASES}
+    unchecked = sorted(name for name, op in OPS.items() if op.differentiable and name not in checked)
+    assert not unchecked, f"differentiable ops with no finite-difference sample: {unchecked}"
+
+
+@pytest.mark.parametrize("name,i", ALL_CASES)
+def test_shape_and_dtype_rules_match_forward(name, i):
+    op, sample = OPS[name], SAMPLES[name][i]
+    inputs = _runtime_inputs(op, sample, np.float32, False)
+    out = ops.apply(name, *inputs, **sample.attrs)
+    try:
+        shape, dtype = op.infer(*inputs, **sample.attrs)
+    except DataDependentShape:
+        assert any(getattr(x, "dtype", None) is runtime.bool for x in inputs[1:])
+        return
+    assert shape == tuple(out.shape)
+    assert dtype is out.dtype
+
+
+@pytest.mark.parametrize("name,i", ALL_CASES)
+def test_kind_template_and_rules_are_declared(name, i):
+    op = OPS[name]
+    assert op.kind in {ops.Kind.ELEMENTWISE, ops.Kind.REDUCTION, ops.Kind.MATMUL, ops.Kind.SHAPE, ops.Kind.OTHER}
+    if op.kind == ops.Kind.ELEMENTWISE:
+        assert op.template and all(f"{{{k}}}" in op.template for k in range(op.arity))
+    assert callable(op.forward) and callable(op.shape_rule) and callable(op.dtype_rule)
+
+
+@needs_torch
+@pytest.mark.parametrize("float_dtype", [np.float32, np.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("name,i", ALL_CASES)
+def test_forward_matches_torch(name, i, float_dtype):
+    op, sample = OPS[name], SAMPLES[name][i]
+    ours = ops.apply(name, *_runtime_inputs(op, sample, float_dtype, False), **sample.attrs)
+    theirs = sample.torch_fn(torch, *_torch_inputs(op, sample, float_dtype, False))
+    _assert_close(ours, theirs, float_dtype)
+
+
+@needs_torch
+@pytest.mark.parametrize("name,i", GRAD_CASES)
+def test_gradients_match_torch(name, i):
+    op, sample = OPS[name], SAMPLES[name][i]
+    ours_in = _runtime_inputs(op, sample, np.float64, True)
+    theirs_in = _torch_inputs(op, sample, np.float64, True)
+    ours, theirs = ops.apply(name, *ours_in, **sample.attrs), sample.torch_fn(torch, *theirs_in)
+    seed = np.random.default_rng(i).standard_normal(tuple(ours.shape))
+    diff = _differentiable_inputs(op, sample)
+    our_grads = runtime.autograd.grad(ours, [ours_in[k] for k in diff], runtime.tensor(seed), allow_unused=True)
+    their_grads = torch.autograd.grad(theirs, [theirs_in[k] for k in diff], torch.tensor(seed), allow_unused=True)
+    for k, a, b in zip(diff, our_grads, their_grads):
+        expected = np.zeros(sample.inputs[k].shape) if b is None else b.numpy()
+        got = np.zeros(sample.inputs[k].shape) if a is None else a.numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12, err_msg=f"gradient of input {k}")
+
+
+@pytest.mark.parametrize("name,i", FD_CASES)
+def test_gradients_match_finite_differences(name, i):
+    op, sample = OPS[name], SAMPLES[name][i]
+    inputs = _runtime_inputs(op, sample, np.float64, True)
+    assert gradcheck(lambda *xs: ops.apply(name, *xs, **sample.attrs), inputs, eps=1e-6, atol=1e-6, rtol=1e-5)

@@ -1,0 +1,1 @@
+"""Developer tools (benchmarks and scripts); not part of the runtime package."""
