@@ -45,6 +45,8 @@ def size_args(sizes) -> tuple:
     """Accept f(2, 3), f((2, 3)) and f([2, 3]) and return a tuple of ints."""
     if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
         sizes = sizes[0]
+    if builtins.all(type(s) is int for s in sizes):
+        return tuple(sizes)
     try:
         return tuple(s.__index__() for s in sizes)
     except AttributeError:
@@ -52,15 +54,15 @@ def size_args(sizes) -> tuple:
 
 
 def _resolve_shape(shape: tuple, numel: int) -> tuple:
-    """Fill in a single -1 from the element count."""
-    if shape.count(-1) > 1:
-        raise RuntimeError("only one dimension can be inferred")
+    """Fill in a single -1 from the element count; a clear error for a shape of another size."""
     if -1 in shape:
+        if shape.count(-1) > 1:
+            raise RuntimeError("only one dimension can be inferred")
         known = math.prod(s for s in shape if s != -1)
         if known == 0 or numel % known:
             raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
         shape = tuple(numel // known if s == -1 else s for s in shape)
-    if math.prod(shape) != numel or builtins.any(s < 0 for s in shape):
+    if math.prod(shape) != numel or builtins.min(shape, default=0) < 0:
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
     return shape
 
@@ -158,7 +160,7 @@ def bitwise_not(input):
 
 
 def square(input):
-    return input * input
+    return pow(input, 2)
 
 
 def log2(input):
@@ -249,6 +251,8 @@ def where(condition, input=None, other=None):
 
 
 def masked_fill(input, mask, value):
+    if mask.dtype is not dt.bool_:
+        raise RuntimeError(f"masked_fill_ only supports boolean masks, but got mask with dtype {mask.dtype}")
     out = apply("where", mask, value, input)
     return out if out.dtype is input.dtype else out.to(input.dtype)
 
@@ -356,6 +360,9 @@ def _extremum(name, arg_name, elementwise):
         if is_tensor_like(dim):
             return apply(elementwise, input, dim)
         if dim is None:
+            if _numel(input) == 0:
+                raise RuntimeError(f"{name[1:]}(): Expected reduction dim to be specified for input.numel() == 0. "
+                                   f"Specify the reduction dim with the 'dim' argument.")
             return apply(name, input, dims=tuple(range(input.ndim)), keepdim=False)
         d = wrap_dim(dim, input.ndim)
         indices = apply(arg_name, input, dim=d, keepdim=True)
@@ -542,7 +549,7 @@ def broadcast_to(input, size):
 def cat(tensors, dim=0):
     tensors = list(tensors)
     if not tensors:
-        raise RuntimeError("cat(): expected a non-empty list of Tensors")
+        raise ValueError("cat(): expected a non-empty list of Tensors")
     d = wrap_dim(dim, tensors[0].ndim)
     return apply("cat", *tensors, dim=d)
 
@@ -567,7 +574,7 @@ def narrow(input, dim, start, length):
     size = input.shape[d]
     start = start + size if start < 0 else start
     if not (0 <= start and start + length <= size and length >= 0):
-        raise IndexError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size ({size}).")
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({size}).")
     key = (("slice", None, None, None),) * d + (("slice", start, start + length, None),)
     return apply("getitem", input, key=key)
 
@@ -631,7 +638,7 @@ def index_select(input, dim, index):
 
 
 def clone(input, *, memory_format=None):
-    return apply("copy", input)
+    return apply("clone", input)
 
 
 def detach(input):

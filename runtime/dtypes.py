@@ -34,7 +34,7 @@ float32 = dtype("float32", np.float32, FLOAT)
 float64 = dtype("float64", np.float64, FLOAT)
 
 ALL_DTYPES = (bool_, int32, int64, float16, float32, float64)
-_BY_NP = {d.np: d for d in ALL_DTYPES}
+NP_TO_DTYPE = {d.np: d for d in ALL_DTYPES}
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 
 _default_float = float32
@@ -46,7 +46,7 @@ def _dtype_by_name(name: str) -> dtype:
 
 def from_numpy_dtype(np_dtype) -> dtype:
     """The runtime dtype for a numpy dtype; a clear TypeError for unsupported ones."""
-    found = _BY_NP.get(np.dtype(np_dtype))
+    found = NP_TO_DTYPE.get(np_dtype) or NP_TO_DTYPE.get(np.dtype(np_dtype))
     if found is None:
         supported = ", ".join(d.name for d in ALL_DTYPES)
         raise TypeError(f"unsupported numpy dtype {np.dtype(np_dtype)}; runtime supports {supported}")
@@ -57,8 +57,8 @@ def as_dtype(value) -> dtype:
     """Accept a runtime dtype, a numpy dtype/type, or a Python type (float, int, bool)."""
     if isinstance(value, dtype):
         return value
-    if value is float:
-        return _default_float
+    if value is float:  # as in torch, the Python float type means float64
+        return float64
     if value is int:
         return int64
     if value is bool:

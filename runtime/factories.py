@@ -41,7 +41,10 @@ def _infer_dtype(data, array: np.ndarray) -> dt.dtype:
 def _array_from(data, dtype, copy: bool) -> np.ndarray:
     source = data._data if isinstance(data, Tensor) else data
     try:
-        array = np.array(_plain(source), copy=copy) if not isinstance(source, np.ndarray) else source
+        if isinstance(source, np.ndarray):
+            array = source
+        else:
+            array = np.array(_plain(source)) if copy else np.asarray(_plain(source))
     except ValueError as e:
         raise ValueError(f"can't build a tensor from ragged or mixed data: {e}") from None
     target = dt.as_dtype(dtype) if dtype is not None else _infer_dtype(data, array)
@@ -72,6 +75,14 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return Tensor._from_array(array)
 
 
+def _new_shape(size) -> tuple:
+    """Sizes for a new tensor, with torch's error for a negative one."""
+    shape = size_args(size)
+    if any(s < 0 for s in shape):
+        raise RuntimeError(f"Trying to create tensor with negative dimension {min(shape)}: {list(shape)}")
+    return shape
+
+
 def _dtype_or_default(dtype) -> np.dtype:
     return (dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()).np
 
@@ -80,17 +91,17 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False) -> T
     check_device(device)
     if dtype is None:
         dtype = dt.default_for_category(dt.scalar_category(fill_value))
-    return _finish(np.full(size_args((size,)), fill_value, dtype=dt.as_dtype(dtype).np), requires_grad)
+    return _finish(np.full(_new_shape((size,)), fill_value, dtype=dt.as_dtype(dtype).np), requires_grad)
 
 
 def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
     check_device(device)
-    return _finish(np.zeros(size_args(size), dtype=_dtype_or_default(dtype)), requires_grad)
+    return _finish(np.zeros(_new_shape(size), dtype=_dtype_or_default(dtype)), requires_grad)
 
 
 def ones(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
     check_device(device)
-    return _finish(np.ones(size_args(size), dtype=_dtype_or_default(dtype)), requires_grad)
+    return _finish(np.ones(_new_shape(size), dtype=_dtype_or_default(dtype)), requires_grad)
 
 
 empty = zeros
@@ -115,11 +126,14 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
 
 def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False) -> Tensor:
     check_device(device)
+    if steps < 0:
+        raise RuntimeError(f"linspace(): number of steps must be non-negative, got {steps}")
     return _finish(np.linspace(start, end, steps).astype(_dtype_or_default(dtype)), requires_grad)
 
 
 def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:
     check_device(device)
+    _new_shape((n, n if m is None else m))
     return _finish(np.eye(n, m, dtype=_dtype_or_default(dtype)), requires_grad)
 
 
@@ -127,14 +141,14 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) ->
     check_device(device)
     target = _dtype_or_default(dtype)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
-    return _finish(rng(generator).random(size_args(size), dtype=draw_dtype).astype(target, copy=False), requires_grad)
+    return _finish(rng(generator).random(_new_shape(size), dtype=draw_dtype).astype(target, copy=False), requires_grad)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     check_device(device)
     target = _dtype_or_default(dtype)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
-    values = rng(generator).standard_normal(size_args(size), dtype=draw_dtype)
+    values = rng(generator).standard_normal(_new_shape(size), dtype=draw_dtype)
     return _finish(values.astype(target, copy=False), requires_grad)
 
 
@@ -148,7 +162,7 @@ def randint(*args, size=None, generator=None, dtype=None, device=None, requires_
     low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
     if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
-    values = rng(generator).integers(low, high, size_args((size,)), dtype=np.int64)
+    values = rng(generator).integers(low, high, _new_shape((size,)), dtype=np.int64)
     return _finish(values.astype((dt.as_dtype(dtype) if dtype is not None else dt.int64).np), requires_grad)
 
 

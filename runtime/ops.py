@@ -102,10 +102,11 @@ def apply(name: str, *inputs, like=None, **attrs):
     `like` picks the handler when no input is tensor-like (ops with no inputs, such as full).
     """
     op = OPS[name]
+    if inputs and type(inputs[0]) is _default_handler:  # the eager handler defers to foreign inputs itself
+        return _default_handler._apply_op(op, inputs, attrs)
     handler = type(like) if like is not None else None
     for x in inputs:
-        h = getattr(type(x), "_apply_op", None)
-        if h is not None:
+        if getattr(type(x), "_apply_op", None) is not None:
             handler = type(x)
             if handler is not _default_handler:
                 break
@@ -175,6 +176,13 @@ def _reduce_rule(op, shapes, attrs, dtypes):
     return reduced_shape(shape, dims, attrs.get("keepdim", False))
 
 
+def _extremum_rule(op, shapes, attrs, dtypes):
+    for d in attrs["dims"]:
+        if d < len(shapes[0]) and shapes[0][d] == 0:
+            raise IndexError(f"{op.name}(): Expected reduction dim {d} to have non-zero size.")
+    return _reduce_rule(op, shapes, attrs, dtypes)
+
+
 def _arg_reduce_rule(op, shapes, attrs, dtypes):
     dim = attrs["dim"]
     if dim is None:
@@ -238,7 +246,8 @@ def _getitem_rule(op, shapes, attrs, dtypes):
     try:
         return dummy[decode_key(attrs["key"], index_arrays)].shape
     except IndexError as e:
-        raise IndexError(f"index {describe_key(attrs['key'])} on a tensor of shape {_fmt(shapes[0])}: {e}") from None
+        message = str(e).replace("axis", "dimension")
+        raise IndexError(f"{message} (index {describe_key(attrs['key'])} on a tensor of shape {_fmt(shapes[0])})") from None
 
 
 def _gather_rule(op, shapes, attrs, dtypes):
@@ -261,18 +270,22 @@ def _full_rule(op, shapes, attrs, dtypes):
 # Operands are tensor-likes (with .dtype and .ndim) or Python scalars.
 # ---------------------------------------------------------------------------------------------
 
+_SCALAR_TYPES = (bool, int, float)
+
+
 def result_type(operands) -> dt.dtype:
     """torch's promotion: dimensioned tensors > zero-dim tensors > Python scalars (by category)."""
     dim_t = zero_t = None
     scalar_cat = -1
     for x in operands:
-        if is_tensor_like(x):
-            if x.ndim:
-                dim_t = x.dtype if dim_t is None else dt.promote_types(dim_t, x.dtype)
-            else:
-                zero_t = x.dtype if zero_t is None else dt.promote_types(zero_t, x.dtype)
-        elif x is not None:
+        if type(x) in _SCALAR_TYPES:
             scalar_cat = max(scalar_cat, dt.scalar_category(x))
+        elif x is not None:
+            d = x.dtype
+            if x.ndim:
+                dim_t = d if dim_t is None or dim_t is d else dt.promote_types(dim_t, d)
+            else:
+                zero_t = d if zero_t is None or zero_t is d else dt.promote_types(zero_t, d)
     result = dim_t
     if zero_t is not None and (result is None or zero_t.category > result.category):
         result = zero_t
@@ -324,16 +337,47 @@ def _index_dtype(op, operands, attrs):
 def _same_required(op, operands, attrs):
     a, b = operands[0].dtype, operands[1].dtype
     if a is not b:
-        raise TypeError(f"{op.name}: expected both operands to have the same dtype, but got {a} and {b}")
+        raise RuntimeError(f"{op.name}: expected both operands to have the same dtype, but got {a} != {b}")
     return None, a
 
 
 def _where_dtype(op, operands, attrs):
     cond = operands[0]
     if cond.dtype is not dt.bool_:
-        raise TypeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {cond.dtype}")
+        raise RuntimeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {cond.dtype}")
     t = result_type(operands[1:])
     return t, t
+
+
+def _clamp_dtype(op, operands, attrs):
+    t = result_type((operands[0], attrs["min"], attrs["max"]))
+    return t, t
+
+
+def _no_bool(rule, what):
+    """Wrap a dtype rule so bool operands give torch's error (bool tensors have no - or negation)."""
+
+    def checked(op, operands, attrs):
+        if any(x is not None and (type(x) is bool or (is_tensor_like(x) and x.dtype is dt.bool_)) for x in operands):
+            raise RuntimeError(f"{what}, the `-` operator, with a bool tensor is not supported. "
+                               f"If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.")
+        return rule(op, operands, attrs)
+
+    return checked
+
+
+def _integral(op, operands, attrs):
+    for x in operands:
+        if is_tensor_like(x) and x.dtype.is_floating_point or type(x) is float:
+            kind = x.dtype if is_tensor_like(x) else "float"
+            raise TypeError(f"{op.name}: expected integer or bool tensors, got {kind}")
+    return _promote(op, operands, attrs)
+
+
+def _arg_dtype(op, operands, attrs):
+    if operands[0].dtype is dt.bool_:
+        raise RuntimeError(f"{op.name}(): does not support bool input")
+    return None, dt.int64
 
 
 def _cast_dtype(op, operands, attrs):
@@ -435,28 +479,28 @@ def _np_rsqrt(x):
 
 def _np_sum(x, dims, keepdim):
     acc = np.float32 if x.dtype == np.float16 else (np.int64 if x.dtype.kind in "bi" else None)
-    return np.sum(x, axis=dims, keepdims=keepdim, dtype=acc)
+    return x.sum(axis=dims, keepdims=keepdim, dtype=acc)
 
 
 def _np_prod(x, dims, keepdim):
     acc = np.float32 if x.dtype == np.float16 else (np.int64 if x.dtype.kind in "bi" else None)
-    return np.prod(x, axis=dims, keepdims=keepdim, dtype=acc)
+    return x.prod(axis=dims, keepdims=keepdim, dtype=acc)
 
 
 def _np_amax(x, dims, keepdim):
-    return np.amax(x, axis=dims, keepdims=keepdim)
+    return x.max(axis=dims, keepdims=keepdim)
 
 
 def _np_amin(x, dims, keepdim):
-    return np.amin(x, axis=dims, keepdims=keepdim)
+    return x.min(axis=dims, keepdims=keepdim)
 
 
 def _np_all(x, dims, keepdim):
-    return np.all(x, axis=dims, keepdims=keepdim)
+    return x.all(axis=dims, keepdims=keepdim)
 
 
 def _np_any(x, dims, keepdim):
-    return np.any(x, axis=dims, keepdims=keepdim)
+    return x.any(axis=dims, keepdims=keepdim)
 
 
 def _arg_reduce(np_fn):
@@ -471,11 +515,11 @@ def _arg_reduce(np_fn):
 
 
 def _np_reshape(x, shape):
-    return np.reshape(x, shape)
+    return x.reshape(shape)
 
 
 def _np_permute(x, dims):
-    return np.transpose(x, dims)
+    return x.transpose(dims)
 
 
 def _np_expand(x, shape):
@@ -507,11 +551,19 @@ def _along_axis_index(index, dim):
     return tuple(grids)
 
 
+def _check_index_range(index, dim, size):
+    if index.size and (index.max() >= size or index.min() < -size):
+        bad = index.max() if index.max() >= size else index.min()
+        raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+
+
 def _np_gather(x, index, dim):
+    _check_index_range(index, dim, x.shape[dim])
     return x[_along_axis_index(index, dim)]
 
 
 def _np_scatter_add(x, index, src, dim):
+    _check_index_range(index, dim, x.shape[dim])
     out = x.copy()
     np.add.at(out, _along_axis_index(index, dim), src)
     return out
@@ -617,7 +669,7 @@ def _elementwise(name, forward, template, dtype_rule=_promote, vjp=(), saves=(),
 E = _elementwise
 # binary arithmetic
 E("add", np.add, "({0} + {1})", vjp=(lambda g, out, x, y: g, lambda g, out, x, y: g))
-E("sub", np.subtract, "({0} - {1})", vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g))
+E("sub", np.subtract, "({0} - {1})", _no_bool(_promote, "Subtraction"), vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g))
 E("mul", np.multiply, "({0} * {1})", vjp=(lambda g, out, x, y: g * y, lambda g, out, x, y: g * x),
   saves=(0, 1))
 E("div", _quiet(np.true_divide), "({0} / {1})", _to_float,
@@ -641,12 +693,12 @@ E("logical_and", np.logical_and, "({0} and {1})", _logical)
 E("logical_or", np.logical_or, "({0} or {1})", _logical)
 E("logical_xor", np.logical_xor, "({0} != {1})", _logical)
 E("logical_not", np.logical_not, "(not {0})", _logical)
-E("bitwise_not", np.invert, "(~{0})", _keep)
-E("bitwise_and", np.bitwise_and, "({0} & {1})")
-E("bitwise_or", np.bitwise_or, "({0} | {1})")
-E("bitwise_xor", np.bitwise_xor, "({0} ^ {1})")
+E("bitwise_not", np.invert, "(~{0})", _integral)
+E("bitwise_and", np.bitwise_and, "({0} & {1})", _integral)
+E("bitwise_or", np.bitwise_or, "({0} | {1})", _integral)
+E("bitwise_xor", np.bitwise_xor, "({0} ^ {1})", _integral)
 # unary math
-E("neg", np.negative, "(-{0})", _keep, vjp=(lambda g, out, x: -g,))
+E("neg", np.negative, "(-{0})", _no_bool(_keep, "Negation"), vjp=(lambda g, out, x: -g,))
 E("abs", np.abs, "abs({0})", _keep, vjp=(lambda g, out, x: g * x.sign(),), saves=(0,))
 E("sign", np.sign, "sign({0})", _keep, vjp=(_zero_vjp,))
 E("floor", np.floor, "floor({0})", _keep, vjp=(_zero_vjp,))
@@ -669,11 +721,11 @@ E("erf", _np_erf, "erf({0})", _to_float,
 E("where", np.where, "({1} if {0} else {2})", _where_dtype,
   vjp=(None, lambda g, out, c, x, y: g.where(c, 0.0), lambda g, out, c, x, y: g.where(~c, 0.0)), saves=(0,),
   cast_inputs=(1, 2))
-_register(OpDef("clamp", Kind.ELEMENTWISE, 1, _np_clamp, _same_shape_rule, _keep, template="clamp({0})",
+_register(OpDef("clamp", Kind.ELEMENTWISE, 1, _np_clamp, _same_shape_rule, _clamp_dtype, template="clamp({0})",
                 vjp=(_clamp_vjp,), saves=(0,), attr_names=("min", "max")))
 _register(OpDef("cast", Kind.ELEMENTWISE, 1, _np_cast, _same_shape_rule, _cast_dtype, template="{dtype}({0})",
                 vjp=(lambda g, out, x, dtype: g,), attr_names=("dtype",)))
-_register(OpDef("copy", Kind.ELEMENTWISE, 1, _np_copy, _same_shape_rule, _keep, template="{0}",
+_register(OpDef("clone", Kind.ELEMENTWISE, 1, _np_copy, _same_shape_rule, _keep, template="{0}",
                 vjp=(lambda g, out, x: g,)))
 _register(OpDef("detach", Kind.ELEMENTWISE, 1, _np_detach, _same_shape_rule, _keep, template="{0}",
                 is_view=True))
@@ -683,11 +735,12 @@ _R = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_reduce_rule, attr_names=("di
 _register(OpDef("sum", forward=_np_sum, dtype_rule=_sum_dtype, saves=(),
                 vjp=(lambda g, out, x, dims, keepdim: _unreduce(g, x, dims, keepdim),), **_R))
 _register(OpDef("prod", forward=_np_prod, dtype_rule=_sum_dtype, vjp=(_prod_vjp,), saves=(0, "out"), **_R))
-_register(OpDef("amax", forward=_np_amax, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), **_R))
-_register(OpDef("amin", forward=_np_amin, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), **_R))
+_X = dict(_R, shape_rule=_extremum_rule)
+_register(OpDef("amax", forward=_np_amax, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), **_X))
+_register(OpDef("amin", forward=_np_amin, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), **_X))
 _register(OpDef("all", forward=_np_all, dtype_rule=_logical, **_R))
 _register(OpDef("any", forward=_np_any, dtype_rule=_logical, **_R))
-_A = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_arg_reduce_rule, dtype_rule=_index_dtype,
+_A = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_arg_reduce_rule, dtype_rule=_arg_dtype,
           attr_names=("dim", "keepdim"))
 _register(OpDef("argmax", forward=_arg_reduce(np.argmax), **_A))
 _register(OpDef("argmin", forward=_arg_reduce(np.argmin), **_A))

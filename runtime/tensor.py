@@ -16,6 +16,7 @@ from .device import CPU, check_device
 from .ops import OPS
 
 _SCALARS = (int, float, bool)
+_NP_TO_DTYPE = dt.NP_TO_DTYPE
 _grad_state = grad_mode.state
 
 
@@ -111,7 +112,8 @@ class Tensor:
 
     @property
     def dtype(self) -> dt.dtype:
-        return dt.from_numpy_dtype(self._data.dtype)
+        found = _NP_TO_DTYPE.get(self._data.dtype)
+        return found if found is not None else dt.from_numpy_dtype(self._data.dtype)
 
     @property
     def shape(self) -> Size:
@@ -254,10 +256,15 @@ class Tensor:
         return bool(self._data.reshape(()))
 
     def __float__(self) -> float:
-        return float(self.item())
+        return float(self._scalar())
 
     def __int__(self) -> int:
-        return int(self.item())
+        return int(self._scalar())
+
+    def _scalar(self):
+        if self._data.size != 1:
+            raise ValueError("only one element tensors can be converted to Python scalars")
+        return self._data.reshape(()).item()
 
     def __index__(self) -> int:
         if self.dtype.is_floating_point or self._data.size != 1:

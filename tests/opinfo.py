@@ -156,7 +156,7 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample((away(3, 4),), {"dtype": dt.int64}, lambda torch, x: x.to(torch.int64)),
         Sample((away(3, 4),), {"dtype": dt.float32}, lambda torch, x: x.to(torch.float32), fd=False),
     ],
-    "copy": [Sample((away(3, 4),), torch_fn=lambda torch, x: x.clone())],
+    "clone": [Sample((away(3, 4),), torch_fn=lambda torch, x: x.clone())],
     "detach": [Sample((away(3, 4),), torch_fn=lambda torch, x: x.detach())],
     "sum": _reduction("sum", lambda torch, x, d, k: torch.sum(x, d, k))
     + [Sample((ints(3, 4),), {"dims": (1,), "keepdim": False}, lambda torch, x: torch.sum(x, 1))],
