@@ -38,37 +38,32 @@ def _has_gradient(op, sample):
     return out.dtype.is_floating_point
 
 
-def _runtime_inputs(op, sample, float_dtype, requires_grad):
+def _inputs(lib, op, sample, float_dtype, requires_grad):
+    """The sample's inputs as `lib` tensors (runtime or torch); scalars stay scalars."""
     out = []
     for i, x in enumerate(sample.inputs):
         if isinstance(x, np.ndarray):
             array = x.astype(float_dtype) if x.dtype.kind == "f" else x.copy()
-            t = runtime.from_numpy(array)
+            t = lib.from_numpy(array)
             if requires_grad and i in _differentiable_inputs(op, sample):
                 t.requires_grad_()
             out.append(t)
         else:
             out.append(x)
     return out
+
+
+def _runtime_inputs(op, sample, float_dtype, requires_grad):
+    return _inputs(runtime, op, sample, float_dtype, requires_grad)
+
+
+def _torch_inputs(op, sample, float_dtype, requires_grad):
+    return _inputs(torch, op, sample, float_dtype, requires_grad)
 
 
 ALL_CASES = _cases()
 GRAD_CASES = _cases(_has_gradient)
 FD_CASES = _cases(lambda op, s: _has_gradient(op, s) and s.fd)
-
-
-def _torch_inputs(op, sample, float_dtype, requires_grad):
-    out = []
-    for i, x in enumerate(sample.inputs):
-        if isinstance(x, np.ndarray):
-            array = x.astype(float_dtype) if x.dtype.kind == "f" else x.copy()
-            t = torch.from_numpy(array)
-            if requires_grad and i in _differentiable_inputs(op, sample):
-                t.requires_grad_()
-            out.append(t)
-        else:
-            out.append(x)
-    return out
 
 
 def _assert_close(ours, theirs, float_dtype):
