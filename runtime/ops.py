@@ -318,20 +318,9 @@ def _keep(op, operands, attrs):
     return None, operands[0].dtype
 
 
-def _float_only(op, operands, attrs):
-    d = operands[0].dtype
-    if not d.is_floating_point:
-        raise TypeError(f"{op.name}: expected a floating-point tensor, got {d}")
-    return None, d
-
-
 def _sum_dtype(op, operands, attrs):
     d = operands[0].dtype
     return None, (d if d.is_floating_point else dt.int64)
-
-
-def _index_dtype(op, operands, attrs):
-    return None, dt.int64
 
 
 def _same_required(op, operands, attrs):
