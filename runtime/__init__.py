@@ -14,7 +14,7 @@ from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, f
                         randperm, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
-from . import autograd, cuda, ops  # noqa: F401
+from . import autograd, cuda, nn, ops  # noqa: F401
 
 half, float, double, long, int = float16, float32, float64, int64, int32
 
