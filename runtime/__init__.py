@@ -27,3 +27,4 @@ globals().update(_MODULE_FUNCTIONS)
 inf, nan, pi, e = _math.inf, _math.nan, _math.pi, _math.e
 
 __version__ = "0.1.0"
+from . import optim  # noqa: E402,F401

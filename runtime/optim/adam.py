@@ -1,0 +1,77 @@
+"""Adam and AdamW (decoupled weight decay), with amsgrad and maximize, as torch.optim.Adam/AdamW."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import Tensor
+from .optimizer import Optimizer, as_float, check_hyper, increment_step, lerp_, new_step, reject_unsupported, zeros_like
+
+
+class Adam(Optimizer):
+    """Bias-corrected first and second moment estimates of the gradient scale each parameter's step."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
+                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False) -> None:
+        reject_unsupported(capturable=capturable, differentiable=differentiable, fused=fused)
+        defaults = {"lr": lr, "betas": tuple(as_float(b) for b in betas), "eps": eps, "weight_decay": weight_decay,
+                    "amsgrad": amsgrad, "maximize": maximize, "foreach": foreach, "capturable": capturable,
+                    "differentiable": differentiable, "fused": fused,
+                    "decoupled_weight_decay": decoupled_weight_decay}
+        self._validate(defaults)
+        super().__init__(params, defaults)
+
+    def _validate(self, hyper: dict) -> None:
+        beta1, beta2 = hyper["betas"]
+        check_hyper(hyper["lr"] >= 0.0, f"Invalid learning rate: {hyper['lr']}")
+        check_hyper(hyper["eps"] >= 0.0, f"Invalid epsilon value: {hyper['eps']}")
+        check_hyper(0.0 <= beta1 < 1.0, f"Invalid beta parameter at index 0: {beta1}")
+        check_hyper(0.0 <= beta2 < 1.0, f"Invalid beta parameter at index 1: {beta2}")
+        check_hyper(hyper["weight_decay"] >= 0.0, f"Invalid weight_decay value: {hyper['weight_decay']}")
+
+    def _init_state(self, p: Tensor, group: dict) -> dict:
+        state = self.state[p]
+        if not state:
+            state["step"] = new_step()
+            state["exp_avg"] = zeros_like(p)
+            state["exp_avg_sq"] = zeros_like(p)
+            if group["amsgrad"]:
+                state["max_exp_avg_sq"] = zeros_like(p)
+        return state
+
+    def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
+        state = self._init_state(p, group)
+        lr, (beta1, beta2), weight_decay = as_float(group["lr"]), group["betas"], group["weight_decay"]
+        if group["maximize"]:
+            grad = -grad
+        step = increment_step(state)
+        data = p._data
+        if weight_decay != 0:
+            if group["decoupled_weight_decay"]:
+                data *= 1 - lr * weight_decay
+            else:
+                grad = grad + weight_decay * data
+        exp_avg, exp_avg_sq = state["exp_avg"]._data, state["exp_avg_sq"]._data
+        lerp_(exp_avg, grad, 1 - beta1)
+        exp_avg_sq *= beta2
+        exp_avg_sq += (1 - beta2) * grad * grad
+        second = _running_max(state, exp_avg_sq) if group["amsgrad"] else exp_avg_sq
+        denom = np.sqrt(second) / (1 - beta2 ** step) ** 0.5 + group["eps"]
+        data += (-(lr / (1 - beta1 ** step)) * exp_avg) / denom
+
+
+def _running_max(state: dict, exp_avg_sq: np.ndarray) -> np.ndarray:
+    """amsgrad: max_exp_avg_sq <- max(max_exp_avg_sq, exp_avg_sq), used in place of exp_avg_sq."""
+    running = state["max_exp_avg_sq"]._data
+    np.maximum(running, exp_avg_sq, out=running)
+    return running
+
+
+class AdamW(Adam):
+    """Adam whose weight decay shrinks the parameters directly instead of entering the moment estimates."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
+                         decoupled_weight_decay=True)

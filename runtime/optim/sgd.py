@@ -1,0 +1,50 @@
+"""SGD with optional momentum, dampening, Nesterov momentum, weight decay and maximize, as torch.optim.SGD."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..tensor import Tensor
+from .optimizer import Optimizer, as_float, check_hyper, reject_unsupported
+
+
+class SGD(Optimizer):
+    """p <- p - lr * g, where g is the gradient plus weight decay, optionally through a momentum buffer."""
+
+    def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
+                 maximize=False, foreach=None, differentiable=False, fused=None) -> None:
+        reject_unsupported(differentiable=differentiable, fused=fused)
+        defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
+                    "nesterov": nesterov, "maximize": maximize, "foreach": foreach,
+                    "differentiable": differentiable, "fused": fused}
+        self._validate(defaults)
+        super().__init__(params, defaults)
+
+    def _validate(self, hyper: dict) -> None:
+        check_hyper(hyper["lr"] >= 0.0, f"Invalid learning rate: {hyper['lr']}")
+        check_hyper(hyper["momentum"] >= 0.0, f"Invalid momentum value: {hyper['momentum']}")
+        check_hyper(hyper["weight_decay"] >= 0.0, f"Invalid weight_decay value: {hyper['weight_decay']}")
+        check_hyper(not hyper["nesterov"] or (hyper["momentum"] > 0 and hyper["dampening"] == 0),
+                    "Nesterov momentum requires a momentum and zero dampening")
+
+    def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
+        if group["maximize"]:
+            grad = -grad
+        weight_decay, momentum = group["weight_decay"], group["momentum"]
+        if weight_decay != 0:
+            grad = grad + weight_decay * p._data
+        if momentum != 0:
+            grad = self._apply_momentum(p, grad, momentum, group)
+        p._data += -as_float(group["lr"]) * grad
+
+    def _apply_momentum(self, p: Tensor, grad: np.ndarray, momentum: float, group: dict) -> np.ndarray:
+        """Update p's momentum buffer (created from the first gradient) and return the step direction."""
+        state = self.state[p]
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = state["momentum_buffer"] = Tensor._from_array(np.array(grad, copy=True))
+        else:
+            b = buf._data
+            b *= momentum
+            b += (1 - group["dampening"]) * grad
+            buf._bump_version()
+        return grad + momentum * buf._data if group["nesterov"] else buf._data
