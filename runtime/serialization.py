@@ -1,0 +1,655 @@
+"""Saving and loading tensors without running code from files: runtime's zip format, safetensors, torch.save zips."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import pickle
+import reprlib
+import struct
+import sys
+import zipfile
+import zlib
+from collections import OrderedDict
+from typing import NamedTuple
+
+import numpy as np
+
+from . import dtypes as dt
+from .device import check_device
+from .factories import from_numpy
+from .tensor import Tensor
+
+__all__ = ["save", "load", "save_safetensors", "load_safetensors"]
+
+_PLAIN = (bool, int, float, str)
+_DTYPES_BY_NAME = {d.name: d for d in dt.ALL_DTYPES}
+
+
+class _FileError(Exception):
+    """What is wrong with a file being read; the public functions re-raise it naming the file."""
+
+
+# ----------------------------------------------------------------------------------------------
+# public API
+# ----------------------------------------------------------------------------------------------
+
+def save(obj, f) -> None:
+    """Write a state dict (nested dicts, lists, tuples, tensors and plain values) to a path or binary file.
+
+    Tensors keep their identity and memory sharing: a tensor referenced twice, or two views of one
+    array, are stored once and come back shared. Other containers referenced twice come back as copies.
+    """
+    encoder = _Encoder()
+    structure = {"format": _FORMAT, "version": _VERSION, "byteorder": sys.byteorder,
+                 "object": encoder.encode(obj, "obj"), "tensors": encoder.tensors,
+                 "storages": [int(s.nbytes) for s in encoder.storages]}
+    with _open_binary(f, "wb") as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
+        _write_entry(archive, _STRUCTURE, json.dumps(structure).encode())
+        for index, storage in enumerate(encoder.storages):
+            _write_entry(archive, f"{_PREFIX}storages/{index}", storage.data)
+
+
+def load(f, map_location=None, *, weights_only=True):
+    """Read a file written by `save` or by `torch.save` (zip format); never runs code from the file.
+
+    `map_location` may name the CPU (or be a dict or callable, which runtime ignores: its tensors are
+    always on the CPU); `weights_only` is accepted for torch compatibility and has no effect, since
+    loading is always restricted to data.
+    """
+    _check_map_location(map_location)
+    name = _file_name(f)
+    with _open_binary(f, "rb") as handle, _reporting("runtime.load", name):
+        stream = _seekable(handle)
+        archive = _open_zip(stream)
+        with archive:
+            names = set(archive.namelist())
+            if _STRUCTURE in names:
+                return _load_runtime(archive)
+            entry = _torch_pickle_entry(names)
+            if entry is not None:
+                return _load_torch(archive, entry)
+            raise _FileError("is a zip archive, but neither a runtime.save file nor a torch.save file "
+                             "(it has no runtime_save/structure.json and no data.pkl)")
+
+
+def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
+    """Write a flat dict of named tensors in the safetensors format, with optional str->str metadata."""
+    _check_safetensors_args(tensors, metadata)
+    header, arrays, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    # NOTE: largest items first keeps every tensor aligned to its item size, as the reference writer does.
+    for name, t in sorted(tensors.items(), key=lambda item: (-item[1].dtype.itemsize, item[0])):
+        array = t._data.astype(t._data.dtype.newbyteorder("<"), order="C", copy=False)
+        header[name] = {"dtype": _SAFETENSORS_CODES[t.dtype], "shape": list(array.shape),
+                        "data_offsets": [offset, offset + array.nbytes]}
+        arrays.append(array)
+        offset += array.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as handle:
+        handle.write(struct.pack("<Q", len(raw)))
+        handle.write(raw)
+        for array in arrays:
+            handle.write(array.reshape(-1).view(np.uint8).data)
+
+
+def load_safetensors(path) -> dict:
+    """Read a safetensors file into a dict of tensors, validating its header against its contents."""
+    with open(path, "rb") as handle, _reporting("runtime.load_safetensors", _file_name(path)):
+        size = os.fstat(handle.fileno()).st_size
+        header_size = _read_header_size(handle, size)
+        header = _parse_json(handle.read(header_size), "header")
+        buffer = bytearray(size - 8 - header_size)
+        handle.readinto(buffer)
+        entries = _check_safetensors_header(header, len(buffer))
+        return {name: _safetensors_tensor(buffer, *entry) for name, entry in entries.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# files and errors
+# ----------------------------------------------------------------------------------------------
+
+def _file_name(f) -> str:
+    if isinstance(f, (str, os.PathLike)):
+        return repr(os.fspath(f))
+    name = getattr(f, "name", None)
+    return f"<file object {name!r}>" if isinstance(name, str) else "<file object>"
+
+
+@contextlib.contextmanager
+def _open_binary(f, mode: str):
+    if isinstance(f, (str, os.PathLike)):
+        with open(f, mode) as handle:
+            yield handle
+    elif hasattr(f, "write" if "w" in mode else "read"):
+        yield f
+    else:
+        raise TypeError(f"expected a path or a binary file object, got {type(f).__name__}")
+
+
+@contextlib.contextmanager
+def _reporting(action: str, name: str):
+    """Turn any failure to read the file into one clear error naming the function and the file."""
+    try:
+        yield
+    except _FileError as e:
+        raise RuntimeError(f"{action}: {name} {e}") from None
+    except pickle.UnpicklingError as e:
+        raise pickle.UnpicklingError(f"{action}: {name}: {e}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError, struct.error, ValueError, OverflowError,
+            NotImplementedError) as e:
+        raise RuntimeError(f"{action}: {name} is corrupted or truncated ({type(e).__name__}: {e})") from None
+
+
+def _seekable(handle):
+    """The handle itself, or its contents in memory when it cannot seek (zip reading needs to)."""
+    seekable = getattr(handle, "seekable", None)
+    return handle if seekable is not None and seekable() else io.BytesIO(handle.read())
+
+
+def _open_zip(stream) -> zipfile.ZipFile:
+    start = stream.tell()
+    head = stream.read(16)
+    if not isinstance(head, bytes):
+        raise TypeError("runtime.load: expected a binary file object (open the file with 'rb')")
+    stream.seek(start)
+    try:
+        return zipfile.ZipFile(stream)
+    except zipfile.BadZipFile:
+        raise _FileError(_describe_foreign(head)) from None
+
+
+def _describe_foreign(head: bytes) -> str:
+    if not head:
+        return "is empty"
+    if head.startswith(b"PK"):
+        return "starts like a zip archive but its end is missing or damaged: the file is truncated or corrupted"
+    if head[:1] == b"\x80":
+        return ("is a raw pickle (torch's legacy format, or a plain pickle): runtime.load never unpickles "
+                "those; re-save it with torch.save's default zip format")
+    if head[8:9] == b"{":
+        return "looks like a safetensors file: read it with runtime.load_safetensors"
+    return "is not a runtime.save or torch.save file (not a zip archive)"
+
+
+def _check_map_location(map_location) -> None:
+    # NOTE: dicts and callables remap storages between devices; runtime's storages are on the CPU already.
+    if map_location is None or callable(map_location):
+        return
+    targets = map_location.values() if isinstance(map_location, dict) else [map_location]
+    for target in targets:
+        try:
+            check_device(str(target))  # str() also accepts torch.device objects
+        except (RuntimeError, TypeError) as e:
+            raise RuntimeError(f"runtime.load(map_location={map_location!r}): {e}") from None
+
+
+def _write_entry(archive: zipfile.ZipFile, name: str, data) -> None:
+    # NOTE: a fixed timestamp makes saving the same object twice give identical bytes.
+    archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+
+
+def _read_entry(archive: zipfile.ZipFile, name: str) -> bytes:
+    try:
+        return archive.read(name)
+    except KeyError:
+        raise _FileError(f"has no entry {name!r}") from None
+
+
+def _read_storage(archive: zipfile.ZipFile, name: str, nbytes: int) -> np.ndarray:
+    """A writable uint8 array with the bytes of one archive entry, which must hold exactly nbytes."""
+    try:
+        info = archive.getinfo(name)
+    except KeyError:
+        raise _FileError(f"has no entry {name!r}") from None
+    if info.file_size != nbytes:
+        raise _FileError(f"has an entry {name!r} of {info.file_size} bytes, but its tensors need {nbytes}")
+    buffer = bytearray(nbytes)
+    with archive.open(info) as stream:
+        if stream.readinto(buffer) != nbytes:
+            raise _FileError(f"has a truncated entry {name!r}")
+    return np.frombuffer(buffer, np.uint8)
+
+
+def _parse_json(raw: bytes, what: str):
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _FileError(f"has a corrupted {what}: not valid JSON ({e})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# arrays over stored bytes
+# ----------------------------------------------------------------------------------------------
+
+def _as_int(value, what: str) -> int:
+    if type(value) is not int:
+        raise _FileError(f"has a malformed {what}: expected an integer, got {reprlib.repr(value)}")
+    return value
+
+
+def _as_ints(value, what: str) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise _FileError(f"has a malformed {what}: expected a list of integers, got {reprlib.repr(value)}")
+    return [_as_int(v, what) for v in value]
+
+
+def _extent(shape, strides, offset: int, itemsize: int) -> tuple:
+    """The byte range [low, high) that an array's elements occupy (empty arrays occupy nothing)."""
+    if 0 in shape:
+        return offset, offset
+    low = offset + sum(s * (n - 1) for n, s in zip(shape, strides) if s < 0)
+    high = offset + sum(s * (n - 1) for n, s in zip(shape, strides) if s > 0) + itemsize
+    return low, high
+
+
+def _view(storage: np.ndarray, np_dtype: np.dtype, shape, offset: int, strides, what: str) -> np.ndarray:
+    """An array of np_dtype over storage's bytes; a _FileError if the layout reaches outside them."""
+    shape, strides, offset = _as_ints(shape, f"{what} shape"), _as_ints(strides, f"{what} stride"), \
+        _as_int(offset, f"{what} offset")
+    if len(shape) != len(strides) or any(n < 0 for n in shape):
+        raise _FileError(f"has a malformed {what}: shape {shape} does not fit strides {strides}")
+    if 0 in shape:
+        return np.empty(shape, np_dtype)
+    low, high = _extent(shape, strides, offset, np_dtype.itemsize)
+    if low < 0 or high > storage.nbytes:
+        raise _FileError(f"has a malformed {what}: shape {shape}, strides {strides} and offset {offset} reach "
+                         f"bytes [{low}, {high}) of a {storage.nbytes}-byte storage")
+    return np.ndarray(shape, np_dtype, buffer=storage, offset=offset, strides=strides)
+
+
+def _new_tensor(array: np.ndarray, requires_grad, what: str) -> Tensor:
+    t = from_numpy(array)
+    if requires_grad is not False:
+        if requires_grad is not True or not t.dtype.is_floating_point:
+            raise _FileError(f"has a malformed {what}: requires_grad={requires_grad!r} for a {t.dtype.name} tensor")
+        t.requires_grad_(True)
+    return t
+
+
+# ----------------------------------------------------------------------------------------------
+# runtime's format: a zip with runtime_save/structure.json and one raw little-endian entry per storage
+# ----------------------------------------------------------------------------------------------
+
+_FORMAT, _VERSION = "runtime.save", 1
+_PREFIX = "runtime_save/"
+_STRUCTURE = _PREFIX + "structure.json"
+_CONTAINER_TAGS = ("tensor", "list", "tuple", "dict", "ordered_dict")
+
+
+class _Encoder:
+    """Turns an object tree into JSON values, collecting its tensors and the memory they view.
+
+    Containers become {"list": [...]}, {"tuple": [...]}, {"dict": [[key, value], ...]} or
+    {"ordered_dict": [...], "metadata": ...}; a tensor becomes {"tensor": index into `tensors`}.
+    """
+
+    def __init__(self):
+        self.tensors: list[dict] = []
+        self.storages: list[np.ndarray] = []
+        self._tensor_index: dict[int, int] = {}
+        self._storage_index: dict[int, int] = {}
+        self._open: set[int] = set()
+
+    def encode(self, value, path: str):
+        if value is None or isinstance(value, _PLAIN):
+            return _plain(value)
+        if isinstance(value, Tensor):
+            return {"tensor": self._tensor(value)}
+        if isinstance(value, (dict, list, tuple)):
+            return self._container(value, path)
+        raise TypeError(f"runtime.save: cannot save {type(value).__name__} at {path}: supported values are "
+                        f"tensors, dicts, lists, tuples, int, float, bool, str and None")
+
+    def _container(self, value, path: str):
+        if id(value) in self._open:
+            raise ValueError(f"runtime.save: {path} contains itself (a reference cycle)")
+        self._open.add(id(value))
+        try:
+            if isinstance(value, dict):
+                return self._mapping(value, path)
+            items = [self.encode(v, f"{path}[{i}]") for i, v in enumerate(value)]
+            return {"tuple" if isinstance(value, tuple) else "list": items}
+        finally:
+            self._open.discard(id(value))
+
+    def _mapping(self, value: dict, path: str) -> dict:
+        pairs = [[_key(k, path), self.encode(v, f"{path}[{k!r}]")] for k, v in value.items()]
+        if not isinstance(value, OrderedDict):
+            return {"dict": pairs}
+        encoded = {"ordered_dict": pairs}
+        if hasattr(value, "_metadata"):  # nn.Module.state_dict's per-module versions
+            encoded["metadata"] = self.encode(value._metadata, f"{path}._metadata")
+        return encoded
+
+    def _tensor(self, t: Tensor) -> int:
+        index = self._tensor_index.get(id(t))
+        if index is None:
+            storage, offset, strides = self._storage(t._data)
+            index = self._tensor_index[id(t)] = len(self.tensors)
+            self.tensors.append({"storage": storage, "dtype": t.dtype.name, "shape": list(t._data.shape),
+                                 "strides": strides, "offset": offset, "requires_grad": t.requires_grad})
+        return index
+
+    def _storage(self, array: np.ndarray) -> tuple:
+        """(storage index, byte offset, byte strides) of an array: a view into its owner's memory if it can be."""
+        owner = _memory_owner(array)
+        if owner is not None:
+            offset = _address(array) - _address(owner)
+            low, high = _extent(array.shape, array.strides, offset, array.itemsize)
+            if 0 <= low and high <= owner.nbytes:
+                if id(owner) not in self._storage_index:
+                    self._storage_index[id(owner)] = len(self.storages)
+                    self.storages.append(owner.ravel(order="K").view(np.uint8))
+                return self._storage_index[id(owner)], offset, list(array.strides)
+        copy = array.copy(order="C")
+        self.storages.append(copy.reshape(-1).view(np.uint8))
+        return len(self.storages) - 1, 0, list(copy.strides)
+
+
+def _plain(value):
+    """A plain value as its exact Python type (numpy scalars and int/float subclasses included)."""
+    for kind in _PLAIN:
+        if isinstance(value, kind):
+            return kind(value)
+    return value
+
+
+def _key(key, path: str):
+    if key is None or isinstance(key, _PLAIN):
+        return _plain(key)
+    raise TypeError(f"runtime.save: cannot save the dict key {key!r} ({type(key).__name__}) in {path}: "
+                    f"keys must be str, int, float, bool or None")
+
+
+def _memory_owner(array: np.ndarray):
+    """The ndarray owning array's memory, if that memory is one dense block; None otherwise."""
+    owner = array
+    while isinstance(owner.base, np.ndarray):
+        owner = owner.base
+    return owner if owner.flags.c_contiguous or owner.flags.f_contiguous else None
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def _load_runtime(archive: zipfile.ZipFile):
+    structure = _parse_json(_read_entry(archive, _STRUCTURE), _STRUCTURE)
+    _check_structure(structure)
+    storages = [_read_storage(archive, f"{_PREFIX}storages/{i}", _as_int(n, "storage size"))
+                for i, n in enumerate(structure["storages"])]
+    tensors = [_decode_tensor(record, storages, i) for i, record in enumerate(structure["tensors"])]
+    return _decode(structure["object"], tensors)
+
+
+def _check_structure(structure) -> None:
+    if not isinstance(structure, dict) or structure.get("format") != _FORMAT:
+        raise _FileError(f"has a {_STRUCTURE} that does not describe a runtime.save file")
+    version = structure.get("version")
+    if version != _VERSION:
+        raise _FileError(f"has format version {version!r}; this runtime reads version {_VERSION}")
+    if structure.get("byteorder") != sys.byteorder:
+        raise _FileError(f"was written on a {structure.get('byteorder')}-endian machine; this one is "
+                         f"{sys.byteorder}-endian")
+    for field in ("storages", "tensors"):
+        if not isinstance(structure.get(field), list):
+            raise _FileError(f"has a malformed {_STRUCTURE}: '{field}' is not a list")
+    if "object" not in structure:
+        raise _FileError(f"has a malformed {_STRUCTURE}: 'object' is missing")
+
+
+def _decode_tensor(record, storages: list, index: int) -> Tensor:
+    what = f"tensor {index}"
+    if not isinstance(record, dict):
+        raise _FileError(f"has a malformed {what}: expected an object, got {reprlib.repr(record)}")
+    dtype = _DTYPES_BY_NAME.get(record.get("dtype"))
+    if dtype is None:
+        raise _FileError(f"has a malformed {what}: unknown dtype {reprlib.repr(record.get('dtype'))}")
+    storage = _as_int(record.get("storage"), f"{what} storage index")
+    if not 0 <= storage < len(storages):
+        raise _FileError(f"has a malformed {what}: storage {storage} does not exist ({len(storages)} stored)")
+    array = _view(storages[storage], dtype.np, record.get("shape"), record.get("offset"), record.get("strides"), what)
+    return _new_tensor(array, record.get("requires_grad", False), what)
+
+
+def _decode(value, tensors: list):
+    if value is None or isinstance(value, _PLAIN):
+        return value
+    tag = _tag(value)
+    items = value[tag]
+    if tag == "tensor":
+        if type(items) is not int or not 0 <= items < len(tensors):
+            raise _FileError(f"refers to tensor {reprlib.repr(items)}, which does not exist ({len(tensors)} stored)")
+        return tensors[items]
+    if not isinstance(items, list):
+        raise _FileError(f"has a malformed '{tag}' entry: expected a list, got {reprlib.repr(items)}")
+    if tag in ("list", "tuple"):
+        decoded = [_decode(v, tensors) for v in items]
+        return decoded if tag == "list" else tuple(decoded)
+    if tag == "dict":
+        return dict(_decode_pair(p, tensors) for p in items)
+    mapping = OrderedDict(_decode_pair(p, tensors) for p in items)
+    if "metadata" in value:
+        mapping._metadata = _decode(value["metadata"], tensors)
+    return mapping
+
+
+def _tag(value) -> str:
+    tags = [t for t in _CONTAINER_TAGS if isinstance(value, dict) and t in value]
+    if len(tags) != 1:
+        raise _FileError(f"has an unrecognised value in {_STRUCTURE}: {reprlib.repr(value)}")
+    return tags[0]
+
+
+def _decode_pair(pair, tensors: list) -> tuple:
+    if not (isinstance(pair, list) and len(pair) == 2 and (pair[0] is None or isinstance(pair[0], _PLAIN))):
+        raise _FileError(f"has a malformed dict entry in {_STRUCTURE}: {reprlib.repr(pair)}")
+    return pair[0], _decode(pair[1], tensors)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.save's zip format: <archive>/data.pkl (a pickle) and <archive>/data/<key> (raw storages)
+# ----------------------------------------------------------------------------------------------
+
+class _StorageType(NamedTuple):
+    name: str
+    dtype: dt.dtype
+
+
+class _TorchStorage(NamedTuple):
+    data: np.ndarray  # uint8, the storage's bytes
+    dtype: dt.dtype
+
+
+_TORCH_STORAGES = {"DoubleStorage": dt.float64, "FloatStorage": dt.float32, "HalfStorage": dt.float16,
+                   "LongStorage": dt.int64, "IntStorage": dt.int32, "BoolStorage": dt.bool_}
+_TORCH_UNSUPPORTED_STORAGES = {"BFloat16Storage": "bfloat16", "ByteStorage": "uint8", "CharStorage": "int8",
+                               "ShortStorage": "int16", "ComplexFloatStorage": "complex64",
+                               "ComplexDoubleStorage": "complex128"}
+
+
+def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata=None):
+    """torch._utils._rebuild_tensor_v2, over a storage read from the archive (offset and strides in elements)."""
+    if not isinstance(storage, _TorchStorage):
+        raise _FileError(f"has a tensor whose storage is {reprlib.repr(storage)}, not a stored storage")
+    itemsize = storage.dtype.itemsize
+    offset = _as_int(storage_offset, "tensor storage offset") * itemsize
+    strides = [s * itemsize for s in _as_ints(stride, "tensor stride")]
+    return _new_tensor(_view(storage.data, storage.dtype.np, size, offset, strides, "tensor"), requires_grad, "tensor")
+
+
+def _rebuild_parameter(data, requires_grad, backward_hooks, state=None):
+    """torch._utils._rebuild_parameter(_with_state): runtime has no Parameter type, so a tensor with requires_grad."""
+    if not isinstance(data, Tensor):
+        raise _FileError(f"has a parameter whose data is {reprlib.repr(data)}, not a tensor")
+    return _new_tensor(data._data, requires_grad, "parameter")
+
+
+_TORCH_GLOBALS = {("collections", "OrderedDict"): OrderedDict,
+                  ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+                  ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+                  ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+                  **{("torch", name): _StorageType(name, dtype) for name, dtype in _TORCH_STORAGES.items()}}
+
+
+class _WeightsUnpickler(pickle.Unpickler):
+    """Unpickles a torch data.pkl allowing only the globals of weights-only state dicts; reads storages lazily."""
+
+    def __init__(self, file, archive: zipfile.ZipFile, prefix: str, swap_bytes: bool):
+        super().__init__(file)
+        self._archive, self._prefix, self._swap_bytes = archive, prefix, swap_bytes
+        self._storages: dict[str, np.ndarray] = {}
+
+    def find_class(self, module: str, name: str):
+        found = _TORCH_GLOBALS.get((module, name))
+        if found is None and module == "torch" and name in _TORCH_UNSUPPORTED_STORAGES:
+            raise _FileError(f"holds {_TORCH_UNSUPPORTED_STORAGES[name]} tensors (torch.{name}), which runtime "
+                             f"does not support (supported: {', '.join(d.name for d in dt.ALL_DTYPES)})")
+        if found is None:
+            allowed = ", ".join(f"{m}.{n}" for m, n in _TORCH_GLOBALS)
+            raise pickle.UnpicklingError(f"refusing to load the global '{module}.{name}' from data.pkl: only "
+                                         f"{allowed} are allowed, and no code from the file is run")
+        # NOTE: the BUILD opcode can set attributes on any object on the stack, so functions are
+        # handed out as fresh wrappers that a malicious file cannot use to alter runtime's own.
+        return (lambda *args: found(*args)) if callable(found) and not isinstance(found, type) else found
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage" and isinstance(pid[1], _StorageType)):
+            raise _FileError(f"has an unexpected persistent id {reprlib.repr(pid)} in data.pkl")
+        _, storage_type, key, _location, numel = pid  # NOTE: the location is ignored: storages load on the CPU.
+        if not isinstance(key, str):
+            raise _FileError(f"has a malformed storage key {reprlib.repr(key)} in data.pkl")
+        dtype = storage_type.dtype
+        nbytes = _as_int(numel, "storage size") * dtype.itemsize
+        data = self._storages.get(key)
+        if data is None:
+            data = self._storages[key] = _read_storage(self._archive, f"{self._prefix}data/{key}", nbytes)
+            if self._swap_bytes:
+                data.view(dtype.np).byteswap(inplace=True)
+        elif data.nbytes != nbytes:
+            raise _FileError(f"uses storage {key!r} with two different sizes")
+        return _TorchStorage(data, dtype)
+
+
+def _torch_pickle_entry(names) -> str | None:
+    entries = sorted(n for n in names if n == "data.pkl" or n.endswith("/data.pkl"))
+    if len(entries) > 1:
+        raise _FileError(f"has several data.pkl entries ({', '.join(entries)}); expected one")
+    return entries[0] if entries else None
+
+
+def _load_torch(archive: zipfile.ZipFile, entry: str):
+    prefix = entry[: -len("data.pkl")]
+    names = set(archive.namelist())
+    if prefix + "constants.pkl" in names:
+        raise _FileError("is a TorchScript archive (torch.jit.save), not a torch.save file")
+    byteorder = "little"
+    if prefix + "byteorder" in names:
+        byteorder = _read_entry(archive, prefix + "byteorder").decode("ascii", "replace").strip()
+    if byteorder not in ("little", "big"):
+        raise _FileError(f"has an unknown byte order {byteorder!r}")
+    unpickler = _WeightsUnpickler(io.BytesIO(_read_entry(archive, entry)), archive, prefix, byteorder != sys.byteorder)
+    try:
+        return unpickler.load()
+    except (_FileError, pickle.UnpicklingError, zipfile.BadZipFile):
+        raise
+    except Exception as e:  # NOTE: data.pkl is untrusted input; any failure to rebuild it is a file problem.
+        raise _FileError(f"has a malformed {entry} ({type(e).__name__}: {e})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# safetensors: 8-byte little-endian header size, JSON header, then one byte buffer
+# ----------------------------------------------------------------------------------------------
+
+_SAFETENSORS_DTYPES = {"F16": dt.float16, "F32": dt.float32, "F64": dt.float64, "I32": dt.int32,
+                       "I64": dt.int64, "BOOL": dt.bool_}
+_SAFETENSORS_CODES = {d: code for code, d in _SAFETENSORS_DTYPES.items()}
+_MAX_HEADER_SIZE = 100_000_000  # the reference implementation's limit
+
+
+def _check_safetensors_args(tensors, metadata) -> None:
+    if not isinstance(tensors, dict):
+        raise TypeError(f"save_safetensors: expected a dict of name -> tensor, got {type(tensors).__name__}")
+    for name, t in tensors.items():
+        if not isinstance(name, str) or name == "__metadata__":
+            raise ValueError(f"save_safetensors: tensor names must be strings other than '__metadata__', got {name!r}")
+        if not isinstance(t, Tensor):
+            raise TypeError(f"save_safetensors: {name!r} is a {type(t).__name__}, not a tensor")
+    if metadata is not None and not (isinstance(metadata, dict) and
+                                     all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise TypeError(f"save_safetensors: metadata must be a dict of str -> str, got {reprlib.repr(metadata)}")
+
+
+def _read_header_size(handle, file_size: int) -> int:
+    if file_size < 8:
+        raise _FileError(f"is {file_size} bytes long: too short for a safetensors header")
+    (header_size,) = struct.unpack("<Q", handle.read(8))
+    if header_size > min(_MAX_HEADER_SIZE, file_size - 8):
+        raise _FileError(f"declares a {header_size}-byte header, but only {file_size - 8} bytes follow "
+                         f"(truncated, or not a safetensors file)")
+    return header_size
+
+
+def _check_safetensors_header(header, buffer_size: int) -> dict:
+    """name -> (dtype, shape, begin) for each tensor, after checking every entry and that they tile the buffer."""
+    if not isinstance(header, dict):
+        raise _FileError("has a header that is not a JSON object")
+    metadata = header.get("__metadata__", {})
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise _FileError(f"has malformed __metadata__ {reprlib.repr(metadata)}: expected str -> str")
+    entries, spans = {}, []
+    for name, info in header.items():
+        if name != "__metadata__":
+            dtype, shape, (begin, end) = _check_safetensors_entry(name, info, buffer_size)
+            entries[name] = (dtype, shape, begin)
+            spans.append((begin, end, name))
+    _check_tiling(sorted(spans), buffer_size)
+    return entries
+
+
+def _check_safetensors_entry(name: str, info, buffer_size: int) -> tuple:
+    what = f"header entry {name!r}"
+    if not isinstance(info, dict):
+        raise _FileError(f"has a malformed {what}: expected an object")
+    dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
+    if dtype is None:
+        raise _FileError(f"has tensor {name!r} of dtype {info.get('dtype')!r}, which runtime does not support "
+                         f"(supported: {', '.join(_SAFETENSORS_DTYPES)})")
+    shape = _as_ints(info.get("shape"), f"{what} shape")
+    offsets = _as_ints(info.get("data_offsets"), f"{what} data_offsets")
+    if any(n < 0 for n in shape) or len(offsets) != 2 or not 0 <= offsets[0] <= offsets[1]:
+        raise _FileError(f"has a malformed {what}: shape {shape}, data_offsets {offsets}")
+    if offsets[1] > buffer_size:
+        raise _FileError(f"has tensor {name!r} at bytes {offsets} beyond the {buffer_size}-byte data buffer "
+                         f"(truncated file?)")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if offsets[1] - offsets[0] != nbytes:
+        raise _FileError(f"has tensor {name!r} of shape {shape} and dtype {info['dtype']} ({nbytes} bytes), "
+                         f"but its data_offsets {offsets} span {offsets[1] - offsets[0]} bytes")
+    return dtype, shape, offsets
+
+
+def _check_tiling(spans: list, buffer_size: int) -> None:
+    """The tensors' byte ranges must cover the buffer exactly: no overlaps, holes or trailing bytes."""
+    position, previous = 0, None
+    for begin, end, name in spans:
+        if begin < position:
+            raise _FileError(f"has overlapping tensors: {name!r} starts at byte {begin}, inside {previous!r}")
+        if begin > position:
+            raise _FileError(f"has bytes [{position}, {begin}) of the data buffer that no tensor uses")
+        position, previous = end, name
+    if position != buffer_size:
+        raise _FileError(f"has {buffer_size - position} trailing bytes after the last tensor")
+
+
+def _safetensors_tensor(buffer: bytearray, dtype: dt.dtype, shape: list, begin: int) -> Tensor:
+    little = dtype.np.newbyteorder("<")
+    array = np.frombuffer(buffer, little, count=math.prod(shape), offset=begin).reshape(shape)
+    if begin % dtype.itemsize or not little.isnative:  # NOTE: copy misaligned or foreign-endian data once
+        array = array.astype(dtype.np)
+    return from_numpy(array)
