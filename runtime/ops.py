@@ -541,7 +541,8 @@ def _along_axis_index(index, dim):
 
 
 def _check_index_range(index, dim, size):
-    if index.size and (index.max() >= size or index.min() < -size):
+    """gather/scatter indices must lie in [0, size): unlike indexing, torch does not wrap negatives."""
+    if index.size and (index.max() >= size or index.min() < 0):
         bad = index.max() if index.max() >= size else index.min()
         raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
 

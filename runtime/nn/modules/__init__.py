@@ -1,4 +1,8 @@
-"""The nn module classes: Module, the containers, and (as they land) the layers."""
+"""The nn module classes: Module, the containers, and the built-in layers."""
 from .container import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential  # noqa: F401
+from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, BCELoss, BCEWithLogitsLoss,  # noqa: F401
+                     Bilinear, Conv1d, Conv2d, CrossEntropyLoss, Dropout, Embedding, Flatten, GELU, Identity,
+                     L1Loss, LayerNorm, LazyLinear, LeakyReLU, Linear, LogSoftmax, MaxPool2d, MSELoss,
+                     MultiheadAttention, NLLLoss, ReLU, Sigmoid, SiLU, Softmax, Tanh, Unflatten)
 from .module import (Module, register_module_forward_hook, register_module_forward_pre_hook,  # noqa: F401
                      register_module_full_backward_hook)

@@ -1,0 +1,1148 @@
+"""runtime.nn.functional: torch.nn.functional as compositions of tensor methods (no primitives of its own).
+
+Every function here is built from public tensor methods, `runtime.api` functions and factories, so
+autograd comes for free and a graph tracer sees only op-table primitives. Where a numerically stable
+form was chosen it is marked `# NOTE:`. Checks that read tensor *values* (target ranges, probabilities
+in [0, 1]) run only on eager tensors, never on a tracer's proxies.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+from .. import api
+from .. import dtypes as dt
+from .. import factories
+from ..autograd.grad_mode import is_grad_enabled, no_grad
+from ..ops import broadcast_shapes
+from ..tensor import Tensor
+
+__all__ = [
+    "linear", "bilinear", "relu", "relu_", "relu6", "leaky_relu", "leaky_relu_", "hardtanh", "elu", "selu",
+    "gelu", "silu", "mish", "sigmoid", "tanh", "softplus", "softsign", "logsigmoid", "hardsigmoid", "hardswish",
+    "glu", "softmax", "log_softmax", "softmin", "normalize", "one_hot",
+    "dropout", "dropout1d", "dropout2d", "dropout3d", "embedding",
+    "layer_norm", "batch_norm", "group_norm",
+    "conv1d", "conv2d", "conv3d", "max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "pad", "scaled_dot_product_attention", "cosine_similarity",
+    "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "nll_loss", "cross_entropy", "kl_div",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits",
+]
+
+_INF = math.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+def _is_eager(x) -> bool:
+    """Values can be read (eager tensor), as opposed to a tracer's proxy."""
+    return isinstance(x, Tensor)
+
+
+def _ntuple(value, n: int, what: str) -> tuple:
+    if isinstance(value, (tuple, list)):
+        if len(value) == 1:
+            return tuple(value) * n
+        if len(value) != n:
+            raise RuntimeError(f"expected {what} to be a single integer value or a list of {n} values, "
+                               f"but got {list(value)}")
+        return tuple(int(v) for v in value)
+    return (int(value),) * n
+
+
+def _inplace(input, fn):
+    """fn(input) written into input's memory (the `inplace=True` variants).
+
+    While recording gradients the function reads a clone, so nothing saved for backward is overwritten.
+    """
+    source = input.clone() if is_grad_enabled() and input.requires_grad else input
+    return input.copy_(fn(source))
+
+
+def _reduction_from_legacy(size_average, reduce) -> str:
+    warnings.warn("size_average and reduce args will be deprecated, please use reduction='mean' (or 'sum', "
+                  "'none') instead.", stacklevel=3)
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    if not reduce:
+        return "none"
+    return "mean" if size_average else "sum"
+
+
+def _reduction(size_average, reduce, reduction) -> str:
+    if size_average is not None or reduce is not None:
+        return _reduction_from_legacy(size_average, reduce)
+    return reduction
+
+
+def _reduce(loss, reduction: str):
+    if reduction == "none":
+        return loss
+    if reduction == "mean":
+        return loss.mean()
+    if reduction == "sum":
+        return loss.sum()
+    raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def _check_reduction(reduction: str, allowed=("none", "mean", "sum")) -> None:
+    if reduction not in allowed:
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+
+
+def _broadcast_pair(name: str, input, target):
+    """input and target broadcast to one shape; torch's warning when they differ, a clear error if they can't."""
+    if tuple(input.shape) == tuple(target.shape):
+        return input, target
+    try:
+        shape = broadcast_shapes(tuple(input.shape), tuple(target.shape))
+    except RuntimeError:
+        raise RuntimeError(f"{name}: the input of shape {list(input.shape)} and the target of shape "
+                           f"{list(target.shape)} can't be broadcast together") from None
+    warnings.warn(f"Using a target size ({target.shape}) that is different to the input size ({input.shape}). "
+                  f"This will likely lead to incorrect results due to broadcasting. Please ensure they have the "
+                  f"same size.", stacklevel=3)
+    return input.expand(shape), target.expand(shape)
+
+
+def _same_shape(name: str, input, target, exc=ValueError) -> None:
+    if tuple(input.shape) != tuple(target.shape):
+        raise exc(f"{name}: target size ({list(target.shape)}) must be the same as input size "
+                  f"({list(input.shape)})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear layers
+# ---------------------------------------------------------------------------------------------
+
+def linear(input, weight, bias=None):
+    """y = x W^T + b."""
+    out = api.matmul(input, weight.t())
+    return out if bias is None else out + bias
+
+
+def bilinear(input1, input2, weight, bias=None):
+    """y_k = x1^T W_k x2 + b_k for weight (out, in1, in2)."""
+    if weight.ndim != 3:
+        raise RuntimeError(f"bilinear(): weight must be 3-D (out_features, in1_features, in2_features), "
+                           f"got shape {list(weight.shape)}")
+    out_f, in1, in2 = weight.shape
+    if input1.shape[-1] != in1 or input2.shape[-1] != in2 or tuple(input1.shape[:-1]) != tuple(input2.shape[:-1]):
+        raise RuntimeError(f"bilinear(): input1 {list(input1.shape)} and input2 {list(input2.shape)} do not match "
+                           f"weight {list(weight.shape)} (expected [*, {in1}] and [*, {in2}] with equal batch dims)")
+    # x1 @ W, with W viewed as (in1, out * in2), then contracted with x2 over in2.
+    t = api.matmul(input1, weight.permute(1, 0, 2).reshape(in1, out_f * in2))
+    t = t.reshape(tuple(input1.shape[:-1]) + (out_f, in2))
+    out = (t * input2.unsqueeze(-2)).sum(-1)
+    return out if bias is None else out + bias
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations
+# ---------------------------------------------------------------------------------------------
+
+def relu(input, inplace=False):
+    return input.relu_() if inplace else input.relu()
+
+
+def relu_(input):
+    return input.relu_()
+
+
+def _leaky_relu(x, negative_slope):
+    return api.where(x > 0, x, x * negative_slope)
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    if inplace:
+        return _inplace(input, lambda x: _leaky_relu(x, negative_slope))
+    return _leaky_relu(input, negative_slope)
+
+
+def leaky_relu_(input, negative_slope=0.01):
+    return leaky_relu(input, negative_slope, inplace=True)
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    if min_val > max_val:
+        raise ValueError("min_val cannot be greater than max_val")
+    if inplace:
+        return input.clamp_(min_val, max_val)
+    return input.clamp(min_val, max_val)
+
+
+def relu6(input, inplace=False):
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def _elu(x, alpha, scale=1.0):
+    # NOTE: exp is taken of min(x, 0), so the unselected branch never overflows to inf (an inf there
+    # would turn its zero gradient into nan).
+    negative = (x.clamp(max=0.0).exp() - 1) * alpha
+    out = api.where(x > 0, x, negative)
+    return out if scale == 1.0 else out * scale
+
+
+def elu(input, alpha=1.0, inplace=False):
+    if inplace:
+        return _inplace(input, lambda x: _elu(x, alpha))
+    return _elu(input, alpha)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def selu(input, inplace=False):
+    if inplace:
+        return _inplace(input, lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE))
+    return _elu(input, _SELU_ALPHA, _SELU_SCALE)
+
+
+_SQRT_HALF = math.sqrt(0.5)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def gelu(input, approximate="none"):
+    if approximate == "none":
+        return input * 0.5 * (1 + (input * _SQRT_HALF).erf())
+    if approximate == "tanh":
+        inner = (input + input * input * input * 0.044715) * _SQRT_2_OVER_PI
+        return input * 0.5 * (1 + inner.tanh())
+    raise ValueError(f"approximate argument must be either none or tanh, got {approximate!r}")
+
+
+def silu(input, inplace=False):
+    if inplace:
+        return _inplace(input, lambda x: x * x.sigmoid())
+    return input * input.sigmoid()
+
+
+def sigmoid(input):
+    return input.sigmoid()
+
+
+def tanh(input):
+    return input.tanh()
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    # NOTE: above the threshold softplus is the identity (as in torch); below it log1p(exp(beta*x))/beta
+    # is evaluated on inputs where the large ones are replaced by 0, so exp never overflows into the
+    # unselected branch's gradient.
+    scaled = input * beta
+    linear_region = scaled > threshold
+    safe = scaled.masked_fill(linear_region, 0.0)
+    soft = safe.exp().log1p() / beta
+    return api.where(linear_region, input, soft)
+
+
+def logsigmoid(input):
+    # NOTE: log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)): exp never overflows, and no log(0).
+    return api.minimum(input, 0.0) - (-input.abs()).exp().log1p()
+
+
+def softsign(input):
+    return input / (input.abs() + 1)
+
+
+def hardsigmoid(input, inplace=False):
+    if inplace:
+        return _inplace(input, lambda x: (x + 3).clamp(0.0, 6.0) / 6)
+    return (input + 3).clamp(0.0, 6.0) / 6
+
+
+def hardswish(input, inplace=False):
+    if inplace:
+        return _inplace(input, lambda x: x * (x + 3).clamp(0.0, 6.0) / 6)
+    return input * (input + 3).clamp(0.0, 6.0) / 6
+
+
+def mish(input, inplace=False):
+    if inplace:
+        return _inplace(input, lambda x: x * softplus(x).tanh())
+    return input * softplus(input).tanh()
+
+
+def glu(input, dim=-1):
+    d = api.wrap_dim(dim, input.ndim)
+    if input.shape[d] % 2:
+        raise RuntimeError(f"Halving dimension must be even, but dimension {d} is size {input.shape[d]}")
+    a, b = input.chunk(2, d)
+    return a * b.sigmoid()
+
+
+def _softmax_dim(name: str, ndim: int) -> int:
+    warnings.warn(f"Implicit dimension choice for {name} has been deprecated. Change the call to include dim=X "
+                  f"as an argument.", stacklevel=3)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        dim = _softmax_dim("softmax", input.ndim)
+    return api.softmax(input, dim, dtype=dtype)
+
+
+def softmin(input, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        dim = _softmax_dim("softmin", input.ndim)
+    return api.softmax(-input if dtype is None else -input.to(dtype), dim)
+
+
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    if dim is None:
+        dim = _softmax_dim("log_softmax", input.ndim)
+    return api.log_softmax(input, dim, dtype=dtype)
+
+
+def _norm(x, p, dim, eps):
+    """max(||x||_p, eps) along dim (keepdim)."""
+    # NOTE: the floor is applied to sum(|x|^p) (as eps^p) before the root: the same value as clamping
+    # the norm, but a zero vector then has a zero gradient instead of 0 * inf = nan from the root.
+    if p == 2:
+        return (x * x).sum(dim, keepdim=True).clamp(min=eps * eps).sqrt()
+    if p == 1:
+        return x.abs().sum(dim, keepdim=True).clamp(min=eps)
+    if p == _INF:
+        return x.abs().amax(dim, keepdim=True).clamp(min=eps)
+    return (x.abs() ** p).sum(dim, keepdim=True).clamp(min=eps ** p) ** (1.0 / p)
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    if out is not None:
+        raise NotImplementedError("normalize(out=...) is not supported")
+    return input / _norm(input, p, api.wrap_dim(dim, input.ndim), eps)
+
+
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    if tuple(x1.shape) != tuple(x2.shape):
+        shape = broadcast_shapes(tuple(x1.shape), tuple(x2.shape))
+        x1, x2 = x1.expand(shape), x2.expand(shape)
+    d = api.wrap_dim(dim, x1.ndim)
+    # NOTE: each input is divided by its own (clamped) norm before the dot product, as torch does,
+    # which avoids overflow in |x1|^2 |x2|^2.
+    return ((x1 / _norm(x1, 2, d, eps)) * (x2 / _norm(x2, 2, d, eps))).sum(d)
+
+
+def one_hot(tensor, num_classes=-1):
+    if tensor.dtype is not dt.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if num_classes == -1:
+        if not _is_eager(tensor):
+            raise RuntimeError("one_hot: num_classes must be given when tracing")
+        num_classes = int(tensor.max().item()) + 1 if tensor.numel() else 0
+    if _is_eager(tensor) and tensor.numel():
+        if bool((tensor < 0).any()):
+            raise RuntimeError("Class values must be non-negative.")
+        if bool((tensor >= num_classes).any()):
+            raise RuntimeError("Class values must be smaller than num_classes.")
+    classes = factories.arange(num_classes)
+    return (tensor.unsqueeze(-1) == classes).to(dt.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropout and embedding
+# ---------------------------------------------------------------------------------------------
+
+def _check_p(p) -> None:
+    if p < 0.0 or p > 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+
+
+def _dropout_mask(input, p, mask_shape):
+    """keep-mask scaled by 1/(1-p): Bernoulli(1-p) from runtime.rand on the default generator."""
+    if p == 1.0:
+        return input.new_zeros(mask_shape)
+    draw_dtype = input.dtype if input.dtype in (dt.float32, dt.float64) else dt.float32
+    keep = factories.rand(mask_shape, dtype=draw_dtype) >= p
+    return keep.to(input.dtype) * (1.0 / (1.0 - p))
+
+
+def dropout(input, p=0.5, training=True, inplace=False):
+    _check_p(p)
+    if not training or p == 0.0:
+        return input
+    mask = _dropout_mask(input, p, tuple(input.shape))
+    return input.mul_(mask) if inplace else input * mask
+
+
+def _feature_dropout(name, input, p, training, inplace, spatial):
+    _check_p(p)
+    if input.ndim not in (spatial + 1, spatial + 2):
+        raise RuntimeError(f"{name}: Expected {spatial + 1}D or {spatial + 2}D input, but received a "
+                           f"{input.ndim}D input of shape {list(input.shape)}")
+    if not training or p == 0.0:
+        return input
+    # One draw per (sample, channel), broadcast over the spatial dims.
+    lead = tuple(input.shape[:input.ndim - spatial])
+    mask = _dropout_mask(input, p, lead + (1,) * spatial)
+    return input.mul_(mask) if inplace else input * mask
+
+
+def dropout1d(input, p=0.5, training=True, inplace=False):
+    return _feature_dropout("dropout1d", input, p, training, inplace, 1)
+
+
+def dropout2d(input, p=0.5, training=True, inplace=False):
+    return _feature_dropout("dropout2d", input, p, training, inplace, 2)
+
+
+def dropout3d(input, p=0.5, training=True, inplace=False):
+    return _feature_dropout("dropout3d", input, p, training, inplace, 3)
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+              sparse=False):
+    if input.dtype not in (dt.int64, dt.int32):
+        raise RuntimeError(f"Expected tensor for argument #1 'indices' to have one of the following scalar types: "
+                           f"Long, Int; but got {input.dtype} instead (while checking arguments for embedding)")
+    if weight.ndim != 2:
+        raise RuntimeError(f"embedding: 'weight' must be 2-D, got shape {list(weight.shape)}")
+    num = weight.shape[0]
+    if padding_idx is not None:
+        if not -num <= padding_idx < num:
+            raise AssertionError("Padding_idx must be within num_embeddings")
+        padding_idx = padding_idx + num if padding_idx < 0 else padding_idx
+    if scale_grad_by_freq:
+        raise NotImplementedError("embedding(scale_grad_by_freq=True) is not supported")
+    if sparse:
+        raise NotImplementedError("embedding(sparse=True): sparse gradients are not supported")
+    flat = input.reshape(-1)
+    if _is_eager(flat) and flat.numel() and bool(((flat < 0) | (flat >= num)).any()):
+        bad = next(v for v in flat.tolist() if not 0 <= v < num)
+        raise IndexError(f"index out of range in self: embedding index {bad} with num_embeddings={num}")
+    if max_norm is not None:
+        _embedding_renorm_(weight, flat, max_norm, norm_type)
+    out = weight.index_select(0, flat).reshape(tuple(input.shape) + (weight.shape[1],))
+    if padding_idx is not None:
+        # The padding row is looked up like any other, but its rows pass no gradient to the weight.
+        out = api.where((input == padding_idx).unsqueeze(-1), out.detach(), out)
+    return out
+
+
+def _embedding_renorm_(weight, indices, max_norm, norm_type) -> None:
+    """Rescale, in place and without recording, the looked-up rows whose norm exceeds max_norm."""
+    with no_grad():
+        rows = weight.index_select(0, indices)
+        if norm_type == _INF:
+            norms = rows.abs().amax(1, keepdim=True)
+        else:
+            norms = (rows.abs() ** norm_type).sum(1, keepdim=True) ** (1.0 / norm_type)
+        scale = api.where(norms > max_norm, max_norm / (norms + 1e-7), 1.0).to(weight.dtype)
+        weight[indices] = rows * scale
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalisation
+# ---------------------------------------------------------------------------------------------
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or input.ndim < k or tuple(input.shape[input.ndim - k:]) != shape:
+        raise RuntimeError(f"Given normalized_shape={list(shape)}, expected input with shape "
+                           f"[*, {', '.join(map(str, shape))}], but got input of size{list(input.shape)}")
+    dims = tuple(range(input.ndim - k, input.ndim))
+    mean = input.mean(dims, keepdim=True)
+    centered = input - mean
+    var = (centered * centered).mean(dims, keepdim=True)  # biased, as torch
+    out = centered * (var + eps).rsqrt()
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1,
+               eps=1e-5, *, num_batches_tracked=None):
+    """torch's batch_norm; momentum=None is a cumulative average, which needs `num_batches_tracked`
+    (the count of batches seen, this one included, as nn.BatchNorm keeps it).
+    """
+    if input.ndim < 2:
+        raise ValueError(f"batch_norm: expected 2D or more input (got {input.ndim}D input)")
+    c = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                    ("bias", bias)):
+        if t is not None and t.numel() != c:
+            raise RuntimeError(f"{name} should contain {c} elements not {t.numel()}")
+    dims = (0,) + tuple(range(2, input.ndim))
+    shape = (1, c) + (1,) * (input.ndim - 2)
+    if training:
+        count = input.numel() // c if c else 0
+        if count <= 1:
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
+        mean = input.mean(dims, keepdim=True)
+        centered = input - mean
+        var = (centered * centered).mean(dims, keepdim=True)
+        if running_mean is not None or running_var is not None:
+            if momentum is None:
+                if num_batches_tracked is None:
+                    raise TypeError("batch_norm: momentum=None (a cumulative moving average) needs "
+                                    "num_batches_tracked, the number of batches seen including this one")
+                factor = 1.0 / float(num_batches_tracked)
+            else:
+                factor = float(momentum)
+            with no_grad():
+                if running_mean is not None:
+                    new_mean = running_mean * (1 - factor) + mean.detach().reshape(c) * factor
+                    running_mean.copy_(new_mean)
+                if running_var is not None:
+                    unbiased = var.detach().reshape(c) * (count / (count - 1))
+                    running_var.copy_(running_var * (1 - factor) + unbiased * factor)
+        out = centered * (var + eps).rsqrt()
+    else:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("running_mean must be defined in evaluation mode")
+        out = (input - running_mean.reshape(shape)) * (running_var.reshape(shape) + eps).rsqrt()
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    if input.ndim < 2:
+        raise RuntimeError(f"Expected at least 2 dimensions for input tensor but received {input.ndim}")
+    n, c = input.shape[0], input.shape[1]
+    if num_groups <= 0 or c % num_groups:
+        raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input "
+                           f"of shape {list(input.shape)} and num_groups={num_groups}")
+    x = input.reshape(n, num_groups, -1)
+    mean = x.mean(2, keepdim=True)
+    centered = x - mean
+    var = (centered * centered).mean(2, keepdim=True)
+    out = (centered * (var + eps).rsqrt()).reshape(tuple(input.shape))
+    shape = (1, c) + (1,) * (input.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Padding
+# ---------------------------------------------------------------------------------------------
+
+def _pad_dim(x, d, left, right, value):
+    """Pad (or crop, for negative amounts) dim d with a constant."""
+    if left < 0 or right < 0:
+        size = x.shape[d]
+        start, stop = max(-left, 0), size - max(-right, 0)
+        if stop < start:
+            raise RuntimeError(f"pad: the padding ({left}, {right}) crops dimension {d} of size {size} to a "
+                               f"negative size")
+        x = x.narrow(d, start, stop - start)
+        left, right = max(left, 0), max(right, 0)
+    if left == 0 and right == 0:
+        return x
+    parts = []
+    shape = list(x.shape)
+    if left:
+        shape[d] = left
+        parts.append(x.new_full(tuple(shape), value))
+    parts.append(x)
+    if right:
+        shape[d] = right
+        parts.append(x.new_full(tuple(shape), value))
+    return api.cat(parts, d)
+
+
+def _pad_index(mode, left, right, size, d, input_shape):
+    """Source positions along a dim for reflect / replicate / circular padding."""
+    if mode == "reflect":
+        if left >= size or right >= size:
+            raise RuntimeError(f"Argument #4: Padding size should be less than the corresponding input dimension, "
+                               f"but got: padding ({left}, {right}) at dimension {d} of input {list(input_shape)}")
+        return list(range(left, 0, -1)) + list(range(size)) + list(range(size - 2, size - 2 - right, -1))
+    if mode == "replicate":
+        if size == 0:
+            raise RuntimeError(f"pad: can't replicate-pad the empty dimension {d} of input {list(input_shape)}")
+        return [0] * left + list(range(size)) + [size - 1] * right
+    if left > size or right > size:
+        raise RuntimeError("Padding value causes wrapping around more than once.")
+    return [i % size for i in range(-left, size + right)]
+
+
+def pad(input, pad, mode="constant", value=None):
+    pad = list(pad)
+    if len(pad) % 2:
+        raise RuntimeError("Padding length must be divisible by 2")
+    if len(pad) // 2 > input.ndim:
+        raise RuntimeError(f"Padding length should be less than or equal to two times the input dimension but got "
+                           f"padding length {len(pad)} and input of dimension {input.ndim}")
+    if mode == "constant":
+        value = 0 if value is None else value
+        x = input
+        for i in range(len(pad) // 2):
+            x = _pad_dim(x, input.ndim - 1 - i, pad[2 * i], pad[2 * i + 1], value)
+        return x
+    if mode not in ("reflect", "replicate", "circular"):
+        raise NotImplementedError(f"pad: unsupported mode {mode!r} (use 'constant', 'reflect', 'replicate' "
+                                  f"or 'circular')")
+    if value not in (None, 0, 0.0):
+        raise ValueError(f"Padding mode \"{mode}\" doesn't take in value argument.")
+    if any(p < 0 for p in pad) and mode != "circular":
+        raise RuntimeError(f"pad: negative padding is only supported in 'constant' and 'circular' modes")
+    x = input
+    for i in range(len(pad) // 2):
+        d = input.ndim - 1 - i
+        left, right = pad[2 * i], pad[2 * i + 1]
+        if left == 0 and right == 0:
+            continue
+        if left < 0 or right < 0:  # circular with cropping: crop first, then wrap what is left
+            x = _pad_dim(x, d, min(left, 0), min(right, 0), 0)
+            left, right = max(left, 0), max(right, 0)
+        index = _pad_index(mode, left, right, x.shape[d], d, input.shape)
+        x = x.index_select(d, factories.tensor(index, dtype=dt.int64))
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolution (im2col: padded input -> strided window slices stacked -> one batched matmul)
+# ---------------------------------------------------------------------------------------------
+
+def _windows(x, kernel, stride, dilation, out_sizes):
+    """(N, C, K, *out) from x (N, C, *spatial): one strided slice of x per kernel offset, K = prod(kernel)."""
+    nd = len(kernel)
+    slices = []
+    for offsets in itertools.product(*(range(k) for k in kernel)):
+        key = (slice(None), slice(None)) + tuple(
+            slice(o * d, o * d + s * (n - 1) + 1, s) for o, d, s, n in zip(offsets, dilation, stride, out_sizes))
+        slices.append(x[key])
+    if len(slices) == 1:
+        return slices[0].unsqueeze(2)
+    assert nd == x.ndim - 2
+    return api.stack(slices, 2)
+
+
+def _fmt_sizes(sizes) -> str:
+    return " x ".join(str(s) for s in sizes)
+
+
+def _conv(name, nd, input, weight, bias, stride, padding, dilation, groups):
+    unbatched = input.ndim == nd + 1
+    if input.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to {name}, but got input "
+                           f"of size: {list(input.shape)}")
+    if weight.ndim != nd + 2:
+        raise RuntimeError(f"{name}: expected weight of {nd + 2} dims (out_channels, in_channels/groups, kernel...), "
+                           f"but got weight of size {list(weight.shape)}")
+    x = input.unsqueeze(0) if unbatched else input
+    if groups <= 0:
+        raise RuntimeError("non-positive groups is not supported")
+    out_ch, in_per_group = weight.shape[0], weight.shape[1]
+    kernel = tuple(weight.shape[2:])
+    if out_ch % groups:
+        raise RuntimeError(f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
+                           f"but got weight of size {list(weight.shape)} instead")
+    if x.shape[1] != in_per_group * groups:
+        raise RuntimeError(f"Given groups={groups}, weight of size {list(weight.shape)}, expected input"
+                           f"{list(x.shape)} to have {in_per_group * groups} channels, but got {x.shape[1]} "
+                           f"channels instead")
+    if bias is not None and tuple(bias.shape) != (out_ch,):
+        raise RuntimeError(f"Given weight of size {list(weight.shape)}, expected bias to be 1-dimensional with "
+                           f"{out_ch} elements, but got bias of size {list(bias.shape)} instead")
+    stride = _ntuple(stride, nd, "stride")
+    dilation = _ntuple(dilation, nd, "dilation")
+    if any(s <= 0 for s in stride):
+        raise RuntimeError("non-positive stride is not supported")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError("dilation should be greater than zero")
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = [(0, 0)] * nd
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise RuntimeError("padding='same' is not supported for strided convolutions")
+            # torch puts the odd element of an even total padding on the right.
+            pads = [(d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for d, k in zip(dilation, kernel)]
+        else:
+            raise RuntimeError(f"Invalid padding string: '{padding}'")
+    else:
+        padding = _ntuple(padding, nd, "padding")
+        if any(p < 0 for p in padding):
+            raise RuntimeError("negative padding is not supported")
+        pads = [(p, p) for p in padding]
+    spatial = tuple(x.shape[2:])
+    padded = tuple(s + l + r for s, (l, r) in zip(spatial, pads))
+    effective = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kernel))
+    if any(p < e for p, e in zip(padded, effective)):
+        raise RuntimeError(f"Calculated padded input size per channel: ({_fmt_sizes(padded)}). Kernel size: "
+                           f"({_fmt_sizes(effective)}). Kernel size can't be greater than actual input size")
+    out_sizes = tuple((p - e) // s + 1 for p, e, s in zip(padded, effective, stride))
+    for i, (l, r) in enumerate(pads):
+        x = _pad_dim(x, 2 + i, l, r, 0)
+    n = x.shape[0]
+    k = math.prod(kernel)
+    cols = _windows(x, kernel, stride, dilation, out_sizes)  # (N, C, K, *out)
+    cols = cols.reshape(n, groups, in_per_group * k, math.prod(out_sizes))
+    w = weight.reshape(groups, out_ch // groups, in_per_group * k)
+    out = api.matmul(w, cols).reshape((n, out_ch) + out_sizes)  # (g, O/g, Cg*K) @ (N, g, Cg*K, L)
+    if bias is not None:
+        out = out + bias.reshape((out_ch,) + (1,) * nd)
+    return out.squeeze(0) if unbatched else out
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv1d", 1, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv2d", 2, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    return _conv("conv3d", 3, input, weight, bias, stride, padding, dilation, groups)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pooling
+# ---------------------------------------------------------------------------------------------
+
+def _pool_output_size(size, k, s, p, d, ceil_mode):
+    numerator = size + 2 * p - d * (k - 1) - 1 + (s - 1 if ceil_mode else 0)
+    out = numerator // s + 1
+    if ceil_mode and (out - 1) * s >= size + p:  # the last window must start inside the input or left pad
+        out -= 1
+    return out
+
+
+def _pool_setup(name, nd, input, kernel_size, stride, padding, dilation, ceil_mode):
+    if input.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(f"{name}: Expected {nd + 1}D or {nd + 2}D (batch mode) tensor for input, but got input "
+                           f"of size: {list(input.shape)}")
+    unbatched = input.ndim == nd + 1
+    x = input.unsqueeze(0) if unbatched else input
+    kernel = _ntuple(kernel_size, nd, "kernel_size")
+    stride = kernel if stride is None or (isinstance(stride, (tuple, list)) and not stride) \
+        else _ntuple(stride, nd, "stride")
+    padding = _ntuple(padding, nd, "padding")
+    dilation = _ntuple(dilation, nd, "dilation")
+    if any(k <= 0 for k in kernel):
+        raise RuntimeError(f"{name}: kernel_size must be greater than zero, but got {list(kernel)}")
+    if any(s <= 0 for s in stride):
+        raise RuntimeError(f"{name}: stride must be greater than zero, but got {list(stride)}")
+    if any(d <= 0 for d in dilation):
+        raise RuntimeError(f"{name}: dilation must be greater than zero, but got {list(dilation)}")
+    for k, p, d in zip(kernel, padding, dilation):
+        if p < 0 or p > k // 2:
+            raise RuntimeError(f"pad should be at most half of effective kernel size, but got pad={p}, "
+                               f"kernel_size={k} and dilation={d}")
+    spatial = tuple(x.shape[2:])
+    out_sizes = tuple(_pool_output_size(n, k, s, p, d, ceil_mode)
+                      for n, k, s, p, d in zip(spatial, kernel, stride, padding, dilation))
+    if any(o < 1 for o in out_sizes):
+        in_desc = "x".join(str(v) for v in (x.shape[1],) + spatial)
+        out_desc = "x".join(str(v) for v in (x.shape[1],) + out_sizes)
+        raise RuntimeError(f"Given input size: ({in_desc}). Calculated output size: ({out_desc}). "
+                           f"Output size is too small")
+    # right padding: the symmetric padding plus whatever ceil_mode's last window reaches past it
+    pads = []
+    for n, k, s, p, d, o in zip(spatial, kernel, stride, padding, dilation, out_sizes):
+        reach = (o - 1) * s + d * (k - 1) + 1
+        pads.append((p, max(reach - n - p, p)))
+    return x, unbatched, kernel, stride, padding, dilation, out_sizes, pads
+
+
+def _padded(x, pads, value):
+    for i, (l, r) in enumerate(pads):
+        x = _pad_dim(x, 2 + i, l, r, value)
+    return x
+
+
+def _max_pool(name, nd, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
+    x, unbatched, kernel, stride, padding, dilation, out_sizes, pads = _pool_setup(
+        name, nd, input, kernel_size, stride, padding, dilation, ceil_mode)
+    fill = -_INF if x.dtype.is_floating_point else _int_min(x.dtype)
+    windows = _windows(_padded(x, pads, fill), kernel, stride, dilation, out_sizes)
+    # NOTE: max over the window dim by argmax + gather: the gradient goes to the first maximal element
+    # only (as torch's max pooling does), not split between ties as amax's rule would.
+    values, arg = windows.max(2)
+    if not return_indices:
+        return values.squeeze(0) if unbatched else values
+    indices = _pool_indices(arg, kernel, stride, padding, dilation, out_sizes, tuple(x.shape[2:]))
+    if unbatched:
+        values, indices = values.squeeze(0), indices.squeeze(0)
+    return values, indices
+
+
+def _int_min(dtype):
+    return False if dtype is dt.bool_ else -(2 ** (8 * dtype.itemsize - 1))
+
+
+def _pool_indices(arg, kernel, stride, padding, dilation, out_sizes, in_sizes):
+    """Flat indices into each input plane (torch's return_indices) from the window argmax."""
+    nd = len(kernel)
+    flat = None
+    rest = arg
+    for i in reversed(range(nd)):
+        offset = rest % kernel[i]
+        rest = rest // kernel[i]
+        shape = [1] * nd
+        shape[i] = out_sizes[i]
+        start = (factories.arange(out_sizes[i]) * stride[i] - padding[i]).reshape(tuple(shape))
+        pos = start + offset * dilation[i]
+        stride_in = math.prod(in_sizes[i + 1:])
+        flat = pos * stride_in if flat is None else flat + pos * stride_in
+    return flat
+
+
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool("max_pool1d", 1, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def _avg_pool(name, nd, input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    x, unbatched, kernel, stride, padding, dilation, out_sizes, pads = _pool_setup(
+        name, nd, input, kernel_size, stride, padding, 1, ceil_mode)
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"{name}: expected a floating point input, got {x.dtype}")
+    total = _windows(_padded(x, pads, 0), kernel, stride, dilation, out_sizes).sum(2)
+    if divisor_override is not None:
+        if divisor_override == 0:
+            raise RuntimeError("divisor must be not zero")
+        out = total / divisor_override
+    else:
+        # The divisor per output: pool a plane of ones the same way. With count_include_pad the
+        # symmetric padding counts (but not the extra reach of ceil_mode), as in torch.
+        ones = x.new_ones((1, 1) + tuple(x.shape[2:]))
+        if count_include_pad:
+            ones = _padded(ones, [(p, p) for p in padding], 1)
+            extra = [(0, r - p) for (l, r), p in zip(pads, padding)]
+            ones = _padded(ones, extra, 0)
+        else:
+            ones = _padded(ones, pads, 0)
+        out = total / _windows(ones, kernel, stride, dilation, out_sizes).sum(2)
+    return out.squeeze(0) if unbatched else out
+
+
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    return _avg_pool("avg_pool1d", 1, input, kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool("avg_pool2d", 2, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+def _adaptive_avg(name, nd, input, output_size):
+    if input.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(f"{name}: Expected {nd + 1}D or {nd + 2}D tensor, but got input of size "
+                           f"{list(input.shape)}")
+    sizes = output_size if isinstance(output_size, (tuple, list)) else (output_size,) * nd
+    if len(sizes) != nd:
+        raise ValueError(f"{name}: output_size must have {nd} elements, got {list(sizes)}")
+    x = input
+    first = input.ndim - nd
+    for i, out in enumerate(sizes):
+        d = first + i
+        size = x.shape[d]
+        out = size if out is None else int(out)
+        if out < 0 or (out == 0 and size):
+            raise RuntimeError(f"{name}: output size must be positive, got {list(sizes)}")
+        if out == size:
+            continue
+        if size % out == 0:  # equal bins: a reshape and a mean
+            step = size // out
+            shape = tuple(x.shape)
+            x = x.reshape(shape[:d] + (out, step) + shape[d + 1:]).mean(d + 1)
+            continue
+        # bin i covers [floor(i*size/out), ceil((i+1)*size/out)); rectangles factor, so pool one dim at a time
+        bins = []
+        for j in range(out):
+            start, stop = (j * size) // out, -((-(j + 1) * size) // out)
+            bins.append(x.narrow(d, start, stop - start).mean(d, keepdim=True))
+        x = api.cat(bins, d)
+    return x
+
+
+def adaptive_avg_pool1d(input, output_size):
+    return _adaptive_avg("adaptive_avg_pool1d", 1, input, output_size)
+
+
+def adaptive_avg_pool2d(input, output_size):
+    return _adaptive_avg("adaptive_avg_pool2d", 2, input, output_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------------------------
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
+        raise RuntimeError(f"scaled_dot_product_attention: query, key and value must be at least 2-D, got "
+                           f"{list(query.shape)}, {list(key.shape)} and {list(value.shape)}")
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise RuntimeError(f"scaled_dot_product_attention: shapes do not match: query {list(query.shape)}, key "
+                           f"{list(key.shape)}, value {list(value.shape)} (need query[-1] == key[-1] and "
+                           f"key[-2] == value[-2])")
+    length, source = query.shape[-2], key.shape[-2]
+    if enable_gqa and key.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        key, value = _repeat_heads(key, query.shape[-3]), _repeat_heads(value, query.shape[-3])
+    scale_factor = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = api.matmul(query, key.transpose(-2, -1)) * scale_factor
+    if is_causal:
+        if attn_mask is not None:
+            raise RuntimeError("_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+                               "is_causal=True")
+        allowed = factories.arange(source).reshape(1, source) <= factories.arange(length).reshape(length, 1)
+        scores = scores.masked_fill(~allowed, -_INF)
+    if attn_mask is not None:
+        if attn_mask.dtype is dt.bool_:
+            scores = scores.masked_fill(~attn_mask, -_INF)
+        else:
+            scores = scores + attn_mask
+    # NOTE: rows where every score is -inf (fully masked) give zeros, as torch's safe softmax does;
+    # their scores are replaced by 0 before the softmax so no nan reaches the forward or the gradient.
+    dead = (scores == -_INF).all(-1, keepdim=True)
+    probs = api.softmax(scores.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+    if dropout_p > 0.0:
+        probs = dropout(probs, dropout_p, training=True)
+    return api.matmul(probs, value)
+
+
+def _repeat_heads(x, heads):
+    """(…, Hk, S, E) -> (…, heads, S, E), each key/value head repeated for its group of query heads."""
+    hk = x.shape[-3]
+    if heads % hk:
+        raise RuntimeError(f"scaled_dot_product_attention: number of query heads ({heads}) must be a multiple "
+                           f"of the number of key/value heads ({hk})")
+    shape = tuple(x.shape)
+    lead, (s, e) = shape[:-3], shape[-2:]
+    return x.unsqueeze(-3).expand(lead + (hk, heads // hk, s, e)).reshape(lead + (heads, s, e))
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses
+# ---------------------------------------------------------------------------------------------
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    input, target = _broadcast_pair("mse_loss", input, target)
+    diff = input - target
+    loss = diff * diff
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    input, target = _broadcast_pair("l1_loss", input, target)
+    loss = (input - target).abs()
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if beta < 0:
+        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
+    input, target = _broadcast_pair("smooth_l1_loss", input, target)
+    d = (input - target).abs()
+    if beta == 0.0:
+        return _reduce(d, reduction)
+    loss = api.where(d < beta, d * d * (0.5 / beta), d - 0.5 * beta)
+    return _reduce(loss, reduction)
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
+    _check_reduction(reduction)
+    if delta <= 0:
+        raise RuntimeError("huber_loss does not support non-positive values for delta.")
+    input, target = _broadcast_pair("huber_loss", input, target)
+    d = (input - target).abs()
+    loss = api.where(d < delta, d * d * 0.5, (d - 0.5 * delta) * delta)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def _class_target_checks(name, input, target):
+    """torch's shape rules for class-index targets: input (N, C, d1..) with target (N, d1..), or (C,) with ()."""
+    if target.dtype.is_floating_point or target.dtype is dt.bool_:
+        raise RuntimeError(f"{name}: expected a class-index target of an integer dtype, got {target.dtype} "
+                           f"(input shape {list(input.shape)}, target shape {list(target.shape)})")
+    if input.ndim == 1:
+        if target.ndim != 0:
+            raise RuntimeError(f"{name}: a 1-D input of shape {list(input.shape)} needs a 0-D target, but the "
+                               f"target has shape {list(target.shape)}")
+        return
+    if input.ndim == 0:
+        raise RuntimeError(f"{name}: input must have at least 1 dimension (classes), got a 0-D input")
+    if target.ndim == 0 or input.shape[0] != target.shape[0]:
+        got = target.shape[0] if target.ndim else "none (0-D target)"
+        raise ValueError(f"Expected input batch_size ({input.shape[0]}) to match target batch_size ({got}); "
+                         f"input shape {list(input.shape)}, target shape {list(target.shape)}.")
+    expected = (input.shape[0],) + tuple(input.shape[2:])
+    if tuple(target.shape) != expected:
+        raise RuntimeError(f"Expected target size {list(expected)}, got {list(target.shape)} "
+                           f"(input shape {list(input.shape)})")
+
+
+def _check_target_range(target, n_classes, ignore_index):
+    if not _is_eager(target) or target.numel() == 0:
+        return
+    bad = ((target < 0) | (target >= n_classes)) & (target != ignore_index)
+    if bool(bad.any()):
+        first = next(v for v in target.reshape(-1).tolist() if v != ignore_index and not 0 <= v < n_classes)
+        raise IndexError(f"Target {first} is out of bounds (the input has {n_classes} classes).")
+
+
+def _class_weight_check(weight, n_classes):
+    if weight is not None and (weight.ndim != 1 or weight.shape[0] != n_classes):
+        raise RuntimeError(f"weight tensor should be defined either for all {n_classes} classes or no classes but "
+                           f"got weight tensor of shape: {list(weight.shape)}")
+
+
+def _nll(name, logp, target, weight, ignore_index, reduction):
+    """nll_loss on log-probabilities logp with class dim 1 (or 0 for a 1-D input)."""
+    _class_target_checks(name, logp, target)
+    class_dim = 0 if logp.ndim == 1 else 1
+    n_classes = logp.shape[class_dim]
+    _class_weight_check(weight, n_classes)
+    _check_target_range(target, n_classes, ignore_index)
+    valid = target != ignore_index
+    safe = target.masked_fill(~valid, 0).to(dt.int64)
+    picked = logp.gather(class_dim, safe.unsqueeze(class_dim)).squeeze(class_dim)
+    if weight is not None:
+        w = weight.index_select(0, safe.reshape(-1)).reshape(tuple(safe.shape))
+        w = w.masked_fill(~valid, 0.0)
+    else:
+        w = valid.to(logp.dtype)
+    # ignored positions give exactly 0 (where, not a product: -inf * 0 would be nan)
+    loss = api.where(valid, -picked * w, 0.0)
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / w.sum()
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    return _nll("nll_loss", input, target, weight, ignore_index, reduction)
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    if input.ndim == 0:
+        raise RuntimeError("cross_entropy: input must have at least 1 dimension (classes), got a 0-D input")
+    class_dim = 0 if input.ndim == 1 else 1
+    n_classes = input.shape[class_dim]
+    logp = api.log_softmax(input, class_dim)
+    _class_weight_check(weight, n_classes)
+    w_shape = tuple(n_classes if i == class_dim else 1 for i in range(input.ndim))
+    if tuple(input.shape) == tuple(target.shape):  # class probabilities (torch decides by shape)
+        if not target.dtype.is_floating_point:
+            raise RuntimeError(f"Expected floating point type for target with class probabilities, got "
+                               f"{target.dtype}")
+        if ignore_index >= 0:
+            raise RuntimeError("ignore_index is not supported for floating point target")
+        if label_smoothing > 0.0:
+            target = target * (1 - label_smoothing) + label_smoothing / n_classes
+        terms = logp * target
+        if weight is not None:
+            terms = terms * weight.reshape(w_shape)
+        loss = -terms.sum(class_dim)
+        if reduction == "mean":
+            return loss.sum() / (input.numel() // n_classes) if input.numel() else loss.sum() * math.nan
+        return _reduce(loss, reduction)
+    nll = _nll("cross_entropy", logp, target, weight, ignore_index, reduction)
+    if label_smoothing == 0.0:
+        return nll
+    # torch: (1 - eps) * nll + eps / C * smooth, smooth = -sum_c w_c logp_c (0 where ignored),
+    # normalised for 'mean' by the same weight sum as the nll term.
+    valid = target != ignore_index
+    terms = logp * weight.reshape(w_shape) if weight is not None else logp
+    smooth = api.where(valid, -terms.sum(class_dim), 0.0)
+    if reduction == "none":
+        reduced = smooth
+    elif reduction == "sum":
+        reduced = smooth.sum()
+    elif weight is not None:
+        safe = target.masked_fill(~valid, 0).to(dt.int64)
+        w = weight.index_select(0, safe.reshape(-1)).reshape(tuple(safe.shape)).masked_fill(~valid, 0.0)
+        reduced = smooth.sum() / w.sum()
+    else:
+        reduced = smooth.sum() / valid.sum()
+    return nll * (1 - label_smoothing) + reduced * (label_smoothing / n_classes)
+
+
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction, ("none", "mean", "sum", "batchmean"))
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:
+        # NOTE: xlogy semantics: a zero target contributes exactly 0 (not 0 * log 0 = nan).
+        positive = target > 0
+        safe = target.masked_fill(~positive, 1.0)
+        loss = api.where(positive, target * safe.log(), 0.0) - target * input
+    if reduction == "batchmean":
+        return loss.sum() / input.shape[0] if input.ndim else loss.sum()
+    if reduction == "mean":
+        warnings.warn("reduction: 'mean' divides the total loss by both the batch size and the support size."
+                      "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+                      "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
+                      stacklevel=2)
+    return _reduce(loss, reduction)
+
+
+_LOG_EPS = math.exp(-100.0)
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"Using a target size ({target.shape}) that is different to the input size "
+                         f"({input.shape}) is deprecated. Please ensure they have the same size.")
+    if _is_eager(input) and input.numel() and bool(((input < 0) | (input > 1)).any()):
+        raise RuntimeError("all elements of input should be between 0 and 1")
+    # NOTE: log is clamped at -100 as in torch; the argument is first floored at e^-100 so that
+    # log's gradient never divides by zero at input 0 or 1 (torch's backward clamps similarly).
+    log_x = input.clamp(min=_LOG_EPS).log().clamp(min=-100.0)
+    log_1mx = (1 - input).clamp(min=_LOG_EPS).log().clamp(min=-100.0)
+    loss = -(target * log_x + (1 - target) * log_1mx)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
+                                     reduction="mean", pos_weight=None):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(f"Target size ({target.shape}) must be the same as input size ({input.shape})")
+    # NOTE: the stable form (1 - t) x - w_t log sigmoid(x), with log sigmoid(x) = min(x, 0) - log1p(exp(-|x|)):
+    # never exp of a large positive number, never log(0).
+    log_sig = logsigmoid(input)
+    if pos_weight is not None:
+        log_sig = log_sig * ((pos_weight - 1) * target + 1)
+    loss = (1 - target) * input - log_sig
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
