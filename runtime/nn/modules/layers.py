@@ -48,9 +48,7 @@ class Linear(Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = _empty(out_features, in_features, device=device, dtype=dtype)
-        self.bias = _empty(out_features, device=device, dtype=dtype) if bias else None
-        if not bias:
-            self.register_parameter("bias", None)
+        self.register_parameter("bias", _empty(out_features, device=device, dtype=dtype) if bias else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -72,9 +70,7 @@ class LazyLinear(Linear):
         self._factory_kwargs = _factory(device, dtype)
         self.in_features, self.out_features = 0, out_features
         self.weight = UninitializedParameter()
-        self.bias = UninitializedParameter() if bias else None
-        if not bias:
-            self.register_parameter("bias", None)
+        self.register_parameter("bias", UninitializedParameter() if bias else None)
 
     def reset_parameters(self) -> None:
         if not isinstance(self.weight, UninitializedParameter):
@@ -100,9 +96,7 @@ class Bilinear(Module):
         super().__init__()
         self.in1_features, self.in2_features, self.out_features = in1_features, in2_features, out_features
         self.weight = _empty(out_features, in1_features, in2_features, device=device, dtype=dtype)
-        self.bias = _empty(out_features, device=device, dtype=dtype) if bias else None
-        if not bias:
-            self.register_parameter("bias", None)
+        self.register_parameter("bias", _empty(out_features, device=device, dtype=dtype) if bias else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -278,14 +272,10 @@ class LayerNorm(Module):
         super().__init__()
         self.normalized_shape = _ntuple(normalized_shape, 1)
         self.eps, self.elementwise_affine = eps, elementwise_affine
-        if elementwise_affine:
-            self.weight = _empty(*self.normalized_shape, device=device, dtype=dtype)
-            self.bias = _empty(*self.normalized_shape, device=device, dtype=dtype) if bias else None
-            if not bias:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        shape = self.normalized_shape
+        self.register_parameter("weight", _empty(*shape, device=device, dtype=dtype) if elementwise_affine else None)
+        has_bias = elementwise_affine and bias
+        self.register_parameter("bias", _empty(*shape, device=device, dtype=dtype) if has_bias else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -298,24 +288,21 @@ class LayerNorm(Module):
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+                f"bias={self.bias is not None}")
 
 
 class _BatchNorm(Module):
     _expected_dims: tuple = ()
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
-                 device=None, dtype=None):
+                 device=None, dtype=None, *, bias=True):
         super().__init__()
         kw = _factory(device, dtype)
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        if affine:
-            self.weight = _empty(num_features, device=device, dtype=dtype)
-            self.bias = _empty(num_features, device=device, dtype=dtype)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        self.register_parameter("weight", _empty(num_features, device=device, dtype=dtype) if affine else None)
+        self.register_parameter("bias", _empty(num_features, device=device, dtype=dtype) if affine and bias else None)
         if track_running_stats:
             self.register_buffer("running_mean", factories.zeros(num_features, **kw))
             self.register_buffer("running_var", factories.ones(num_features, **kw))
@@ -333,8 +320,9 @@ class _BatchNorm(Module):
 
     def reset_parameters(self) -> None:
         self.reset_running_stats()
-        if self.affine:
+        if self.weight is not None:
             init.ones_(self.weight)
+        if self.bias is not None:
             init.zeros_(self.bias)
 
     def forward(self, input):
@@ -354,7 +342,7 @@ class _BatchNorm(Module):
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-                f"track_running_stats={self.track_running_stats}")
+                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):
@@ -383,9 +371,7 @@ class _ConvNd(Module):
         self.padding = padding if isinstance(padding, str) else _ntuple(padding, n)
         self.output_padding, self.transposed, self.padding_mode = (0,) * n, False, padding_mode
         self.weight = _empty(out_channels, in_channels // groups, *self.kernel_size, device=device, dtype=dtype)
-        self.bias = _empty(out_channels, device=device, dtype=dtype) if bias else None
-        if not bias:
-            self.register_parameter("bias", None)
+        self.register_parameter("bias", _empty(out_channels, device=device, dtype=dtype) if bias else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -396,7 +382,7 @@ class _ConvNd(Module):
         n = self._n
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
         if self.padding != (0,) * n:
-            s += f", padding={self.padding!r}" if isinstance(self.padding, str) else f", padding={self.padding}"
+            s += f", padding={self.padding}"
         if self.dilation != (1,) * n:
             s += f", dilation={self.dilation}"
         if self.groups != 1:
@@ -485,9 +471,7 @@ class MultiheadAttention(Module):
         self.kdim = self.vdim = embed_dim
         self._qkv_same_embed_dim = True
         self.in_proj_weight = _empty(3 * embed_dim, embed_dim, device=device, dtype=dtype)
-        self.in_proj_bias = _empty(3 * embed_dim, device=device, dtype=dtype) if bias else None
-        if not bias:
-            self.register_parameter("in_proj_bias", None)
+        self.register_parameter("in_proj_bias", _empty(3 * embed_dim, device=device, dtype=dtype) if bias else None)
         self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
         self._reset_parameters()
 
