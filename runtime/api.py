@@ -196,6 +196,21 @@ def isfinite(input):
     return abs(input) < inf
 
 
+def equal(input, other) -> bool:
+    """True when both have the same shape and the same values."""
+    return tuple(input.shape) == tuple(other.shape) and bool(apply("eq", input, other).all())
+
+
+def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    close = abs(input - other) <= atol + rtol * abs(other)
+    close = close | (input == other)  # equal infinities
+    return close | (isnan(input) & isnan(other)) if equal_nan else close
+
+
+def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
+    return bool(isclose(input, other, rtol, atol, equal_nan).all())
+
+
 def eq(input, other):
     return apply("eq", input, other)
 
@@ -748,7 +763,7 @@ new_empty = new_zeros
 METHODS = {name: globals()[name] for name in """
     add sub mul div floor_divide remainder pow maximum minimum neg negative abs absolute sign floor ceil round
     exp log log1p log2 log10 sqrt rsqrt reciprocal sin cos tanh sigmoid relu erf square
-    eq ne lt le gt ge logical_and logical_or logical_xor logical_not bitwise_not bitwise_and bitwise_or bitwise_xor isnan isinf isfinite
+    eq ne lt le gt ge equal isclose allclose logical_and logical_or logical_xor logical_not bitwise_not bitwise_and bitwise_or bitwise_xor isnan isinf isfinite
     masked_fill clamp clip softmax log_softmax logsumexp addcmul addcdiv lerp
     sum mean var std max min amax amin argmax argmin prod all any sum_to_size
     matmul mm bmm reshape view view_as reshape_as flatten unflatten squeeze unsqueeze permute transpose swapaxes

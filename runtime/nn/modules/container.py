@@ -9,6 +9,10 @@ from ..parameter import Parameter
 from .module import Module
 
 
+def _indent(text: str) -> str:
+    return text.replace("\n", "\n  ")
+
+
 def _index(idx: int, size: int) -> int:
     idx = operator.index(idx)
     if not -size <= idx < size:
@@ -150,7 +154,18 @@ class ModuleList(Module):
         raise NotImplementedError("ModuleList has no forward(); iterate over it in your module's forward")
 
     def __repr__(self) -> str:
-        return super().__repr__()
+        """Like torch: runs of identical children print once, as `(0-2): 3 x ReLU()`."""
+        entries = [(int(key), repr(module)) for key, module in self._modules.items()]
+        if not entries:
+            return self._get_name() + "()"
+        lines, start = [], 0
+        for i in range(1, len(entries) + 1):
+            if i == len(entries) or entries[i][1] != entries[start][1]:
+                first, last, text = entries[start][0], entries[i - 1][0], entries[start][1]
+                label = f"({first})" if first == last else f"({first}-{last}): {last - first + 1} x"
+                lines.append(f"{label}: {_indent(text)}" if first == last else f"{label} {_indent(text)}")
+                start = i
+        return self._get_name() + "(\n  " + "\n  ".join(lines) + "\n)"
 
 
 class ModuleDict(Module):
@@ -307,7 +322,13 @@ class ParameterDict(Module):
             del self[key]
 
     def update(self, parameters) -> None:
-        pairs = parameters.items() if hasattr(parameters, "items") else parameters
+        """Plain dicts are added in sorted key order, ordered ones in their own order (as torch does)."""
+        if isinstance(parameters, (OrderedDict, ParameterDict)):
+            pairs = parameters.items()
+        elif hasattr(parameters, "items"):
+            pairs = sorted(parameters.items())
+        else:
+            pairs = parameters
         for key, value in pairs:
             self[key] = value
 
