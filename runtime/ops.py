@@ -204,6 +204,15 @@ def _matmul_rule(op, shapes, attrs, dtypes):
     return batch + (a[-2], b[-1])
 
 
+def _linear_rule(op, shapes, attrs, dtypes):
+    x, w = shapes
+    if len(w) != 2 or not x or x[-1] != w[1]:
+        rows = math.prod(x[:-1]) if len(x) > 1 else 1
+        raise ShapeError(f"mat1 and mat2 shapes cannot be multiplied ({rows}x{x[-1] if x else 0} and "
+                         f"{'x'.join(map(str, w[::-1]))}); input {_fmt(x)}, weight {_fmt(w)}")
+    return x[:-1] + (w[0],)
+
+
 def _reshape_rule(op, shapes, attrs, dtypes):
     shape, target = shapes[0], attrs["shape"]
     if math.prod(shape) != math.prod(target):
@@ -503,6 +512,10 @@ def _arg_reduce(np_fn):
     return forward
 
 
+def _np_linear(x, w):
+    return np.matmul(x, w.T)
+
+
 def _np_reshape(x, shape):
     return x.reshape(shape)
 
@@ -738,6 +751,13 @@ _register(OpDef("argmin", forward=_arg_reduce(np.argmin), **_A))
 # matmul (2-D or batched; the public matmul handles 1-D operands around it)
 _register(OpDef("matmul", Kind.MATMUL, 2, np.matmul, _matmul_rule, _same_required,
                 vjp=(lambda g, out, x, y: g @ y.mT, lambda g, out, x, y: x.mT @ g), saves=(0, 1)))
+
+# linear: x @ w^T with w stored (out, in), as torch's weights are. A primitive of its own so the weight
+# gradient comes out in the weight's own layout (no transposed copy) and a layer costs one dispatch.
+_register(OpDef("linear", Kind.MATMUL, 2, _np_linear, _linear_rule, _same_required,
+                vjp=(lambda g, out, x, w: g @ w,
+                     lambda g, out, x, w: g.reshape(-1, w.shape[0]).mT @ x.reshape(-1, w.shape[1])),
+                saves=(0, 1)))
 
 # shape and view ops
 _register(OpDef("reshape", Kind.SHAPE, 1, _np_reshape, _reshape_rule, _keep, is_view=True,

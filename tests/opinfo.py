@@ -180,6 +180,11 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample((away(2, 3, 4), away(4, 5)), torch_fn=lambda torch, x, y: torch.matmul(x, y), note="batch x 2-D"),
         Sample((away(1, 3, 4), away(2, 4, 2)), torch_fn=lambda torch, x, y: torch.matmul(x, y), note="batch bcast"),
     ],
+    "linear": [
+        Sample((away(4, 5), away(3, 5)), torch_fn=lambda torch, x, w: torch.nn.functional.linear(x, w)),
+        Sample((away(2, 4, 5), away(3, 5)), torch_fn=lambda torch, x, w: torch.nn.functional.linear(x, w)),
+        Sample((away(5), away(3, 5)), torch_fn=lambda torch, x, w: torch.nn.functional.linear(x, w), note="1-D input"),
+    ],
     "reshape": [Sample((away(3, 4),), {"shape": (2, 6)}, lambda torch, x: x.reshape(2, 6)),
                 Sample((away(2, 3, 4),), {"shape": (24,)}, lambda torch, x: x.reshape(24))],
     "permute": [Sample((away(2, 3, 4),), {"dims": (2, 0, 1)}, lambda torch, x: x.permute(2, 0, 1))],

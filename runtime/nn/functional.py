@@ -15,7 +15,7 @@ from .. import api
 from .. import dtypes as dt
 from .. import factories
 from ..autograd.grad_mode import is_grad_enabled, no_grad
-from ..ops import broadcast_shapes
+from ..ops import apply, broadcast_shapes
 from ..tensor import Tensor
 
 __all__ = [
@@ -120,7 +120,7 @@ def _same_shape(name: str, input, target, exc=ValueError) -> None:
 
 def linear(input, weight, bias=None):
     """y = x W^T + b."""
-    out = api.matmul(input, weight.t())
+    out = apply("linear", input, weight)
     return out if bias is None else out + bias
 
 
