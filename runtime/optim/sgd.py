@@ -34,7 +34,7 @@ class SGD(Optimizer):
             grad = grad + weight_decay * p._data
         if momentum != 0:
             grad = self._apply_momentum(p, grad, momentum, group)
-        p._data += -as_float(group["lr"]) * grad
+        p._data -= as_float(group["lr"]) * grad
 
     def _apply_momentum(self, p: Tensor, grad: np.ndarray, momentum: float, group: dict) -> np.ndarray:
         """Update p's momentum buffer (created from the first gradient) and return the step direction."""
@@ -45,6 +45,7 @@ class SGD(Optimizer):
         else:
             b = buf._data
             b *= momentum
-            b += (1 - group["dampening"]) * grad
+            dampening = group["dampening"]
+            b += grad if dampening == 0 else (1 - dampening) * grad
             buf._bump_version()
         return grad + momentum * buf._data if group["nesterov"] else buf._data
