@@ -467,6 +467,21 @@ def _np_sigmoid(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
+def _np_where(cond, x, y):
+    """np.where, with a fast path for where(mask, x, 0): relu's gradient and masked gradients."""
+    if type(y) in (int, float) and y == 0 and type(x) is np.ndarray and x.shape == cond.shape \
+            and x.dtype.kind == "f":
+        # NOTE: a multiply by the mask is ~3x faster than np.where on a random mask. It differs only
+        # where x is inf or nan (0 * inf = nan), so any nan falls back to np.where; adding 0.0 turns
+        # the -0.0 of negative x * False into the +0.0 that where gives.
+        with np.errstate(invalid="ignore"):
+            out = np.multiply(x, cond)
+        if not np.isnan(out).any():
+            out += 0.0
+            return out
+    return np.where(cond, x, y)
+
+
 def _np_relu(x):
     return np.maximum(x, 0)
 
@@ -721,7 +736,7 @@ E("sigmoid", _np_sigmoid, "sigmoid({0})", _to_float, vjp=(lambda g, out, x: g * 
 E("relu", _np_relu, "max({0}, 0)", _keep, vjp=(lambda g, out, x: g.where(out > 0, 0.0),), saves=("out",))
 E("erf", _np_erf, "erf({0})", _to_float,
   vjp=(lambda g, out, x: g * SQRT_2_OVER_PI * (-(x * x)).exp(),), saves=(0,))
-E("where", np.where, "({1} if {0} else {2})", _where_dtype,
+E("where", _np_where, "({1} if {0} else {2})", _where_dtype,
   vjp=(None, lambda g, out, c, x, y: g.where(c, 0.0), lambda g, out, c, x, y: g.where(~c, 0.0)), saves=(0,),
   cast_inputs=(1, 2))
 _register(OpDef("clamp", Kind.ELEMENTWISE, 1, _np_clamp, _same_shape_rule, _clamp_dtype, template="clamp({0})",
