@@ -252,6 +252,24 @@ def test_full_backward_hook_sees_and_replaces_gradients():
     np.testing.assert_allclose(x.grad.numpy(), np.full((4, 3), 42.0))
 
 
+def test_full_backward_hook_grad_input_has_one_entry_per_argument():
+    class Scale(nn.Module):
+        def forward(self, a, k, b):
+            return a * b * k
+
+    m, seen = Scale(), []
+    m.register_full_backward_hook(lambda mod, gi, go: seen.append([None if g is None else tuple(g.shape) for g in gi]))
+    a = runtime.randn(3, requires_grad=True)
+    m(a, 2.0, runtime.randn(3)).sum().backward()
+    assert seen == [[(3,), None, (3,)]]  # as torch: every tensor argument gets a gradient, the float None
+    seen.clear()
+    x = runtime.randn(3)
+    lin = Affine(3, 2)
+    lin.register_full_backward_hook(lambda mod, gi, go: seen.append((gi, tuple(go[0].shape))))
+    lin(x.double()).sum().backward()
+    assert seen == [((None,), (2,))]  # no input needs a gradient: the hook fires with None
+
+
 def test_full_backward_pre_hook_replaces_grad_output():
     m = Affine(3, 2)
     m.register_full_backward_pre_hook(lambda mod, grad_output: (grad_output[0] * 0 + 2,))

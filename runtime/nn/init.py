@@ -2,8 +2,10 @@
 history and returns it."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 import warnings
 
 import numpy as np
@@ -18,11 +20,30 @@ __all__ = [
 ]
 
 
+class _SkipState(threading.local):
+    active = False
+
+
+_skip = _SkipState()
+
+
+@contextlib.contextmanager
+def skipped():
+    """Inside this block every initialiser returns its tensor untouched (used by nn.utils.skip_init)."""
+    previous, _skip.active = _skip.active, True
+    try:
+        yield
+    finally:
+        _skip.active = previous
+
+
 def _no_grad(fn):
-    """Run an initialiser under no_grad, so filling a parameter records nothing."""
+    """Run an initialiser under no_grad, so filling a parameter records nothing (or skip it, see skipped)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if _skip.active:
+            return args[0] if args else kwargs.get("tensor")
         with no_grad():
             return fn(*args, **kwargs)
 

@@ -7,18 +7,11 @@ from ..autograd import grad_mode
 
 
 def skip_init(module_cls, *args, **kwargs):
-    """Build a module without running its parameter initialisation (values stay zero, not random)."""
-    originals = {}
-    for cls in {module_cls, *module_cls.__mro__}:
-        for name in ("reset_parameters", "_reset_parameters"):
-            if name in cls.__dict__:
-                originals[(cls, name)] = cls.__dict__[name]
-                setattr(cls, name, lambda self: None)
-    try:
+    """Build a module without running its nn.init initialisers: parameters keep their zero fill."""
+    from . import init
+
+    with init.skipped():
         return module_cls(*args, **kwargs)
-    finally:
-        for (cls, name), fn in originals.items():
-            setattr(cls, name, fn)
 
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):

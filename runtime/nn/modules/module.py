@@ -709,15 +709,16 @@ class _BackwardHooks:
         return cls(module, hooks, pre_hooks)
 
     def wrap_inputs(self, args):
-        positions = [i for i, a in enumerate(args) if isinstance(a, Tensor) and a.requires_grad]
-        self.n_inputs = sum(isinstance(a, Tensor) for a in args)
-        self.inputs_require_grad = bool(positions)
-        if not positions:
+        """Route the tensor arguments through the hook function (all of them, as torch does)."""
+        self.n_args = len(args)
+        self.tensor_positions = [i for i, a in enumerate(args) if isinstance(a, Tensor)]
+        self.inputs_require_grad = any(args[i].requires_grad for i in self.tensor_positions)
+        if not self.inputs_require_grad:
             return args
-        wrapped = _BackwardHookFunction.apply(self._on_grad_input, *(args[i] for i in positions))
+        wrapped = _BackwardHookFunction.apply(self._on_grad_input, *(args[i] for i in self.tensor_positions))
         wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
         args = list(args)
-        for i, w in zip(positions, wrapped):
+        for i, w in zip(self.tensor_positions, wrapped):
             args[i] = w
         return tuple(args)
 
@@ -740,17 +741,21 @@ class _BackwardHooks:
             if replaced is not None:
                 grads = tuple(replaced) if isinstance(replaced, (tuple, list)) else (replaced,)
         self.grad_output = grads
-        if not self.inputs_require_grad:
+        if not self.inputs_require_grad:  # torch fires the hooks here, with no input gradients
             for hook in self.hooks:
-                hook(self.module, (None,) * self.n_inputs, grads)
+                hook(self.module, (None,) * self.n_args, grads)
         return grads
 
     def _on_grad_input(self, grads):
+        """Hooks see one grad_input entry per positional argument (None for non-tensors)."""
+        full = [None] * self.n_args
+        for i, g in zip(self.tensor_positions, grads):
+            full[i] = g
         for hook in self.hooks:
-            replaced = hook(self.module, grads, self.grad_output)
+            replaced = hook(self.module, tuple(full), self.grad_output)
             if replaced is not None:
-                if len(replaced) != len(grads):
+                if len(replaced) != self.n_args:
                     raise RuntimeError(f"Backward hook returned an invalid number of grad_input, got "
-                                       f"{len(replaced)}, but expected {len(grads)}")
-                grads = tuple(replaced)
-        return grads
+                                       f"{len(replaced)}, but expected {self.n_args}")
+                full = list(replaced)
+        return tuple(full[i] for i in self.tensor_positions)
