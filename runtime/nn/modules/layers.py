@@ -238,14 +238,13 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, sparse=False, _weight=None, _freeze=False, device=None, dtype=None):
         super().__init__()
-        if max_norm is not None or scale_grad_by_freq or sparse:
-            raise NotImplementedError("Embedding: max_norm, scale_grad_by_freq and sparse are not supported")
         if padding_idx is not None:
             if not -num_embeddings <= padding_idx < num_embeddings:
                 raise AssertionError("Padding_idx must be within num_embeddings")
             padding_idx = padding_idx + num_embeddings if padding_idx < 0 else padding_idx
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
-        self.max_norm, self.norm_type, self.scale_grad_by_freq, self.sparse = None, norm_type, False, False
+        self.max_norm, self.norm_type = max_norm, norm_type
+        self.scale_grad_by_freq, self.sparse = scale_grad_by_freq, sparse
         if _weight is None:
             self.weight = _empty(num_embeddings, embedding_dim, device=device, dtype=dtype)
             self.reset_parameters()
@@ -259,11 +258,16 @@ class Embedding(Module):
                 self.weight[self.padding_idx].fill_(0)
 
     def forward(self, input):
-        return F.embedding(input, self.weight, self.padding_idx)
+        return F.embedding(input, self.weight, self.padding_idx, self.max_norm, self.norm_type,
+                           self.scale_grad_by_freq, self.sparse)
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
-        return s + (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+        if self.padding_idx is not None:
+            s += f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        return s
 
 
 class LayerNorm(Module):
@@ -409,13 +413,13 @@ class Conv2d(_ConvNd):
 class MaxPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__()
-        if return_indices or ceil_mode or dilation != 1:
-            raise NotImplementedError("MaxPool2d: return_indices, ceil_mode and dilation are not supported")
         self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
-        self.padding, self.dilation, self.return_indices, self.ceil_mode = padding, dilation, False, False
+        self.padding, self.dilation = padding, dilation
+        self.return_indices, self.ceil_mode = return_indices, ceil_mode
 
     def forward(self, input):
-        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding)
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                            ceil_mode=self.ceil_mode, return_indices=self.return_indices)
 
     def extra_repr(self) -> str:
         return (f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
@@ -426,13 +430,13 @@ class AvgPool2d(Module):
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                  divisor_override=None):
         super().__init__()
-        if ceil_mode or divisor_override is not None:
-            raise NotImplementedError("AvgPool2d: ceil_mode and divisor_override are not supported")
         self.kernel_size, self.stride = kernel_size, stride if stride is not None else kernel_size
-        self.padding, self.ceil_mode, self.count_include_pad = padding, False, count_include_pad
+        self.padding, self.ceil_mode, self.count_include_pad = padding, ceil_mode, count_include_pad
+        self.divisor_override = divisor_override
 
     def forward(self, input):
-        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, count_include_pad=self.count_include_pad)
+        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                            self.count_include_pad, self.divisor_override)
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
