@@ -129,7 +129,7 @@ def _unary(name):
     def fn(input):
         return apply(name, input)
 
-    fn.__name__ = name
+    fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Elementwise {name} (primitive op {name!r})."
     return fn
 
@@ -386,7 +386,7 @@ def _extremum(name, arg_name, elementwise):
             indices, values = indices.squeeze(d), values.squeeze(d)
         return ValuesIndices(values, indices)
 
-    fn.__name__ = name[1:]
+    fn.__name__ = fn.__qualname__ = name[1:]
     return fn
 
 

@@ -1,0 +1,11 @@
+"""nnc: trace runtime Modules into a graph IR (and, as it lands, compile them into fused kernels)."""
+from .graph import Graph, GraphError, Node  # noqa: F401
+from .graph_module import GraphModule  # noqa: F401
+from .interpreter import Interpreter  # noqa: F401
+from .prims import prims  # noqa: F401
+from .trace import Proxy, TraceError, Tracer, symbolic_trace  # noqa: F401
+
+trace = symbolic_trace
+
+__all__ = ["Graph", "GraphError", "GraphModule", "Interpreter", "Node", "Proxy", "TraceError", "Tracer", "prims",
+           "symbolic_trace", "trace"]

@@ -1,0 +1,43 @@
+"""Shape and dtype propagation: run the graph on example inputs and record each node's shape and dtype in meta."""
+from __future__ import annotations
+
+from runtime.tensor import Tensor
+
+from ..interpreter import Interpreter
+
+
+def tensor_meta(value):
+    """{'shape', 'dtype'} for a tensor, a list of them for a tuple/list of tensors, else None."""
+    if isinstance(value, Tensor):
+        return {"shape": tuple(value.shape), "dtype": value.dtype}
+    if isinstance(value, (tuple, list)) and any(isinstance(v, Tensor) for v in value):
+        return [tensor_meta(v) for v in value]
+    return None
+
+
+class ShapeProp(Interpreter):
+    """An Interpreter that stores meta['shape'] and meta['dtype'] (or meta['tensor_meta'] for tuples)."""
+
+    def run_node(self, node):
+        result = super().run_node(node)
+        found = tensor_meta(result)
+        if isinstance(found, dict):
+            node.meta.update(found)
+        elif found is not None:
+            node.meta["tensor_meta"] = found
+        elif not isinstance(result, Tensor):
+            node.meta["value"] = result if isinstance(result, (int, float, bool, tuple)) else None
+        return result
+
+    def propagate(self, *example_inputs):
+        return self.run(*example_inputs)
+
+
+def propagate_shapes(gm, *example_inputs):
+    """Fill shape/dtype meta on gm.graph from example inputs; returns gm."""
+    from runtime.autograd import no_grad
+
+    with no_grad():
+        ShapeProp(gm).propagate(*example_inputs)
+    gm.graph.meta["example_inputs"] = [tensor_meta(x) for x in example_inputs]
+    return gm

@@ -1,0 +1,356 @@
+"""FX-style symbolic tracing: run a Module's forward on Proxy objects and record a Graph of what it does."""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import inspect
+import operator
+import os
+import sys
+
+import runtime
+import runtime.nn.functional as F
+from runtime import api
+from runtime.nn import Module
+from runtime.nn.modules import container
+from runtime.tensor import Tensor
+
+from .graph import Graph
+from .prims import prims
+
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(runtime.__file__))
+_NNC_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class TraceError(RuntimeError):
+    """Tracing met something a graph cannot express (data-dependent control flow, len() of a proxy, ...)."""
+
+
+def user_frame():
+    """(filename, lineno, source line) of the innermost frame outside runtime and nnc, or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not (filename.startswith(_RUNTIME_DIR) or filename.startswith(_NNC_DIR)
+                or filename.startswith(os.path.dirname(contextlib.__file__))):
+            line = inspect.getframeinfo(frame, context=1).code_context
+            return filename, frame.f_lineno, (line[0].strip() if line else "")
+        frame = frame.f_back
+    return None
+
+
+def _where() -> str:
+    found = user_frame()
+    if found is None:
+        return "in the traced code"
+    filename, lineno, line = found
+    return f"at {filename}:{lineno}: `{line}`"
+
+
+# Dunders become call_function nodes with Python's operator functions as targets (as torch.fx does):
+# they also work on non-tensor values such as sizes. The list of dunders comes from runtime's API.
+_DUNDER_TARGETS = {
+    "__add__": operator.add, "__sub__": operator.sub, "__mul__": operator.mul, "__truediv__": operator.truediv,
+    "__floordiv__": operator.floordiv, "__mod__": operator.mod, "__pow__": operator.pow,
+    "__matmul__": operator.matmul, "__and__": operator.and_, "__or__": operator.or_, "__xor__": operator.xor,
+    "__eq__": operator.eq, "__ne__": operator.ne, "__lt__": operator.lt, "__le__": operator.le,
+    "__gt__": operator.gt, "__ge__": operator.ge, "__getitem__": operator.getitem,
+    "__neg__": operator.neg, "__abs__": operator.abs, "__invert__": operator.invert, "__pos__": operator.pos,
+}
+
+# Methods recorded as call_method: runtime's API methods plus Tensor's own (to, view, detach, ...).
+_TENSOR_METHODS = {"to", "type", "type_as", "float", "double", "half", "long", "int", "bool", "cpu", "view",
+                   "contiguous", "detach", "size", "dim", "numel", "new_tensor", "new_empty", "masked_fill_",
+                   "add_", "sub_", "mul_", "div_", "clamp_", "relu_", "zero_", "fill_", "copy_"}
+METHOD_NAMES = frozenset(api.METHODS) | _TENSOR_METHODS
+
+
+class Proxy:
+    """Stands for a value during tracing; every operation on it becomes a node."""
+
+    __slots__ = ("node", "tracer")
+
+    def __init__(self, node, tracer: "Tracer"):
+        self.node, self.tracer = node, tracer
+
+    def __repr__(self) -> str:
+        return f"Proxy({self.node.name})"
+
+    @staticmethod
+    def _apply_op(op, inputs, attrs):
+        """runtime.ops.apply lands here when a proxy is among the inputs: record the primitive itself."""
+        tracer = next(x.tracer for x in inputs if isinstance(x, Proxy))
+        return tracer.create_proxy("call_function", prims[op.name], inputs, attrs)
+
+    def __getattr__(self, name: str):
+        if name in METHOD_NAMES:
+            return _MethodRecorder(self, name)
+        return self.tracer.create_proxy("call_function", builtins.getattr, (self, name), {})
+
+    def __call__(self, *args, **kwargs):
+        return self.tracer.create_proxy("call_function", operator.call, (self,) + args, kwargs)
+
+    def __setitem__(self, key, value) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+    def __bool__(self):
+        raise TraceError(f"symbolically traced values cannot be used as inputs to control flow {_where()}. "
+                         f"Use concrete_args for Python arguments, or make the module a leaf "
+                         f"(override Tracer.is_leaf_module)")
+
+    def __len__(self):
+        raise TraceError(f"len() is not supported on a traced value {_where()}: its length is not known while "
+                         f"tracing. Use x.shape[0], concrete_args, or a leaf module")
+
+    def __iter__(self):
+        raise TraceError(f"a traced value cannot be iterated {_where()}: its length is not known while tracing. "
+                         f"Use unbind()/split() with explicit sizes, concrete_args, or a leaf module")
+
+    def __index__(self):
+        raise TraceError(f"a traced value cannot be used as a Python integer {_where()}. "
+                         f"Use concrete_args or a leaf module")
+
+    __int__ = __float__ = __index__
+
+    __hash__ = object.__hash__
+
+
+class _MethodRecorder:
+    """proxy.method(...) becomes a call_method node."""
+
+    __slots__ = ("proxy", "name")
+
+    def __init__(self, proxy: Proxy, name: str):
+        self.proxy, self.name = proxy, name
+
+    def __call__(self, *args, **kwargs):
+        return self.proxy.tracer.create_proxy("call_method", self.name, (self.proxy,) + args, kwargs)
+
+
+def _dunder(target, reflected: bool):
+    if reflected:
+        return lambda self, other: self.tracer.create_proxy("call_function", target, (other, self), {})
+    if target in (operator.neg, operator.abs, operator.invert, operator.pos):
+        return lambda self: self.tracer.create_proxy("call_function", target, (self,), {})
+    return lambda self, other: self.tracer.create_proxy("call_function", target, (self, other), {})
+
+
+def _install_dunders() -> None:
+    for name in api.DUNDERS:
+        if name.startswith("__r") and f"__{name[3:]}" in _DUNDER_TARGETS:
+            setattr(Proxy, name, _dunder(_DUNDER_TARGETS[f"__{name[3:]}"], reflected=True))
+        elif name in _DUNDER_TARGETS:
+            setattr(Proxy, name, _dunder(_DUNDER_TARGETS[name], reflected=False))
+
+
+_install_dunders()
+
+
+def _has_proxy(value) -> bool:
+    found = []
+
+    def visit(v):
+        if isinstance(v, Proxy):
+            found.append(v)
+        elif isinstance(v, (tuple, list)):
+            for x in v:
+                visit(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                visit(x)
+
+    visit(value)
+    return bool(found)
+
+
+class Tracer:
+    """Records a Module's forward. Override is_leaf_module to choose which submodules stay as calls."""
+
+    def __init__(self):
+        self.graph: Graph | None = None
+        self.root: Module | None = None
+
+    def is_leaf_module(self, module: Module, qualified_name: str) -> bool:
+        """Built-in layers (and any module with hooks, so they keep firing) are recorded as calls."""
+        if _has_hooks(module):
+            return True
+        if isinstance(module, (container.Sequential, container.ModuleList, container.ModuleDict)):
+            return False
+        return type(module).__module__.startswith("runtime.nn.modules")
+
+    def call_module(self, module: Module, forward, args, kwargs):
+        """Record a call_module node for a leaf, or trace through the module's forward."""
+        qualified_name = self.path_of(module)
+        if self.is_leaf_module(module, qualified_name):
+            return self.create_proxy("call_module", qualified_name, args, kwargs, module_path=qualified_name)
+        self._module_stack.append(qualified_name)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            self._module_stack.pop()
+
+    def path_of(self, module: Module) -> str:
+        path = self._module_paths.get(id(module))
+        if path is None:
+            raise TraceError(f"module {type(module).__name__} called {_where()} is not a submodule of the traced "
+                             f"module; register it (self.name = module) so the graph can refer to it")
+        return path
+
+    # -- recording ---------------------------------------------------------------------------------
+
+    def create_proxy(self, op: str, target, args, kwargs, module_path: str | None = None) -> Proxy:
+        node = self.graph.create_node(op, target, self._to_graph_args(args), self._to_graph_args(kwargs))
+        found = user_frame()
+        if found is not None:
+            node.meta["source"] = f"{found[0]}:{found[1]}"
+            node.meta["source_line"] = found[2]
+        node.meta["module_path"] = module_path if module_path is not None else self._module_stack[-1]
+        return Proxy(node, self)
+
+    def _to_graph_args(self, value):
+        if isinstance(value, Proxy):
+            return value.node
+        if isinstance(value, Tensor):
+            return self._tensor_node(value)
+        if isinstance(value, (tuple, list)):
+            converted = [self._to_graph_args(v) for v in value]
+            return tuple(converted) if isinstance(value, tuple) else converted
+        if isinstance(value, dict):
+            return {k: self._to_graph_args(v) for k, v in value.items()}
+        if isinstance(value, slice):
+            return slice(*(self._to_graph_args(v) for v in (value.start, value.stop, value.step)))
+        return value
+
+    def _tensor_node(self, tensor: Tensor):
+        """A parameter/buffer of the root becomes get_attr by path; other tensors become named constants."""
+        path = self._tensor_paths.get(id(tensor))
+        if path is None:
+            path = f"_tensor_constant{len(self.constants)}"
+            self.constants[path] = tensor
+            self._tensor_paths[id(tensor)] = path
+        node = self._attr_nodes.get(path)
+        if node is None:
+            node = self._attr_nodes[path] = self._create_attr_node(path)
+        return node
+
+    def _create_attr_node(self, path: str):
+        """get_attr nodes go right after the placeholders and earlier get_attrs, in order of first use."""
+        later = [n for n in self.graph.nodes if n.op not in ("placeholder", "get_attr")]
+        if later:
+            with self.graph.inserting_before(later[0]):
+                node = self.graph.get_attr(path)
+        else:
+            node = self.graph.get_attr(path)
+        node.meta["module_path"] = path.rpartition(".")[0]
+        return node
+
+    # -- the trace ---------------------------------------------------------------------------------
+
+    def trace(self, root: Module, concrete_args: dict | None = None) -> Graph:
+        if not isinstance(root, Module):
+            raise TypeError(f"nnc.trace expects a runtime.nn.Module, got {type(root).__name__}")
+        self.root, self.graph, self.constants = root, Graph(), {}
+        self._module_paths = {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
+        self._tensor_paths = {}
+        for name, t in [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]:
+            self._tensor_paths.setdefault(id(t), name)
+        self._attr_nodes, self._module_stack = {}, [""]
+        args = self._placeholders(root, concrete_args or {})
+        with self._patched():
+            result = root.forward(*args.positional, **args.keyword)
+        self.graph.output(self._to_graph_args(result))
+        self.graph.meta.update(training=root.training, constants=self.constants,
+                               concrete_args=dict(concrete_args or {}))
+        return self.graph
+
+    def _placeholders(self, root: Module, concrete_args: dict):
+        signature = inspect.signature(root.forward)
+        unknown = set(concrete_args) - set(signature.parameters)
+        if unknown:
+            raise TraceError(f"concrete_args names {sorted(unknown)}, which {type(root).__name__}.forward does "
+                             f"not take (its parameters: {list(signature.parameters)})")
+        positional, keyword = [], {}
+        for name, param in signature.parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TraceError(f"{type(root).__name__}.forward takes *{name}: tracing needs named arguments")
+            if name in concrete_args:
+                value = concrete_args[name]
+            else:
+                default = None if param.default is inspect.Parameter.empty else param.default
+                value = Proxy(self.graph.placeholder(name, default), self)
+                value.node.meta["module_path"] = ""
+            if param.kind == param.KEYWORD_ONLY:
+                keyword[name] = value
+            else:
+                positional.append(value)
+        return _Args(positional, keyword)
+
+    @contextlib.contextmanager
+    def _patched(self):
+        """While tracing: module calls, parameter reads and runtime's functions are routed to the tracer."""
+        tracer = self
+        original_call, original_getattr = Module.__call__, Module.__getattr__
+
+        def traced_call(module, *args, **kwargs):
+            return tracer.call_module(module, module.forward, args, kwargs)
+
+        def traced_getattr(module, name):
+            value = original_getattr(module, name)
+            if isinstance(value, Tensor) and id(value) in tracer._tensor_paths:
+                return Proxy(tracer._tensor_node(value), tracer)
+            return value
+
+        patches = [(Module, "__call__", traced_call), (Module, "__getattr__", traced_getattr)]
+        for namespace in (runtime, F):
+            for name, fn in list(vars(namespace).items()):
+                if _is_api_function(namespace, name, fn):
+                    patches.append((namespace, name, _recording(fn, tracer)))
+        saved = [(obj, name, obj.__dict__[name] if name in obj.__dict__ else getattr(obj, name))
+                 for obj, name, _ in patches]
+        try:
+            for obj, name, value in patches:
+                setattr(obj, name, value)
+            yield
+        finally:
+            for obj, name, value in saved:
+                setattr(obj, name, value)
+
+
+class _Args:
+    def __init__(self, positional, keyword):
+        self.positional, self.keyword = positional, keyword
+
+
+def _is_api_function(namespace, name: str, fn) -> bool:
+    if name.startswith("_") or not callable(fn) or isinstance(fn, type):
+        return False
+    module = getattr(fn, "__module__", "") or ""
+    if namespace is F:
+        return module == F.__name__
+    return module in ("runtime.api",) and name in vars(runtime)
+
+
+def _recording(fn, tracer: Tracer):
+    """A stand-in for a runtime function: recorded as call_function when any argument is a proxy."""
+
+    def recorder(*args, **kwargs):
+        if _has_proxy(args) or _has_proxy(kwargs):
+            return tracer.create_proxy("call_function", fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    recorder.__wrapped__ = fn
+    return recorder
+
+
+def _has_hooks(module: Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def symbolic_trace(module: Module, concrete_args: dict | None = None, tracer: Tracer | None = None):
+    """Trace `module` into a GraphModule (same parameters, buffers and state_dict keys)."""
+    from .graph_module import GraphModule
+
+    tracer = tracer or Tracer()
+    graph = tracer.trace(module, concrete_args)
+    return GraphModule(module, graph, class_name=type(module).__name__)
