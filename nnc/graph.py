@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import inspect
 import keyword
+import operator
 import re
 from typing import Any, Callable
 
@@ -11,6 +13,7 @@ from typing import Any, Callable
 _CODE_NAMES = {"self", "runtime", "F", "prims", "operator", "builtins", "inf", "nan", "getattr"}
 _RESERVED = _CODE_NAMES | set(dir(builtins))
 OPCODES = ("placeholder", "get_attr", "call_function", "call_method", "call_module", "output")
+NO_DEFAULT = inspect.Parameter.empty  # a placeholder without a default value (None is a default like any other)
 
 
 class GraphError(RuntimeError):
@@ -75,12 +78,14 @@ class Node:
         return nodes_in((self._args, self._kwargs))
 
     def _update_args(self, args: tuple, kwargs: dict) -> None:
+        new_inputs = nodes_in((args, kwargs))
+        for new in new_inputs:  # checked before anything changes, so a refused edit leaves the node as it was
+            if new.graph is not self.graph:
+                raise GraphError(f"node {self.name} would read {new.name}, which belongs to another graph")
         for old in self.all_input_nodes:
             old.users.pop(self, None)
         self._args, self._kwargs = args, kwargs
-        for new in self.all_input_nodes:
-            if new.graph is not self.graph:
-                raise GraphError(f"node {self.name} would read {new.name}, which belongs to another graph")
+        for new in new_inputs:
             new.users[self] = None
 
     def replace_input_with(self, old: "Node", new: "Node") -> None:
@@ -123,6 +128,8 @@ def target_name(target) -> str:
         return name
     module = getattr(target, "__module__", "") or ""
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    if module.startswith("runtime") and "<locals>" in qualname:
+        qualname = target.__name__  # NOTE: factory-made runtime functions (zeros_like) are public under their __name__
     if module.startswith("runtime.nn.functional"):
         return f"F.{qualname}"
     if module.startswith("runtime"):
@@ -176,9 +183,10 @@ class Graph:
             self.nodes.append(node)
         return node
 
-    def placeholder(self, name: str, default=None) -> Node:
+    def placeholder(self, name: str, default=NO_DEFAULT) -> Node:
+        """An input; meta['default'] holds its default value (None included) when it has one."""
         node = self.create_node("placeholder", name, name=name)
-        if default is not None:
+        if default is not NO_DEFAULT:
             node.meta["default"] = default
         return node
 
@@ -251,10 +259,11 @@ class Graph:
         return [n for n in self.nodes if n.op == op and (target is None or n.target == target)]
 
     def eliminate_dead_code(self, is_impure: Callable[[Node], bool] = lambda n: False) -> bool:
-        """Erase nodes whose values nobody reads (placeholders, output and impure nodes stay)."""
+        """Erase nodes whose values nobody reads (placeholders, output, side effects and is_impure nodes stay)."""
         changed = False
         for node in reversed(list(self.nodes)):
-            if node.op not in ("placeholder", "output") and not node.users and not is_impure(node):
+            kept = node.op in ("placeholder", "output") or has_side_effect(node) or is_impure(node)
+            if not node.users and not kept:
                 self.erase_node(node)
                 changed = True
         return changed
@@ -307,9 +316,21 @@ class Graph:
         return format_graph(self, "text")
 
 
+def has_side_effect(node: Node) -> bool:
+    """Writes whose result nobody reads but which must run: x[i] = v, in-place methods, buffer assignment."""
+    if node.op == "call_method":
+        return node.target.endswith("_") and not node.target.endswith("__")
+    return node.op == "call_function" and node.target in (operator.setitem, builtins.setattr)
+
+
+def attr_path(target: str) -> list[str]:
+    """The attribute names along a dotted get_attr/call_module target; "" is the root module itself."""
+    return target.split(".") if target else []
+
+
 def _check_target_exists(root, node: Node) -> None:
     obj = root
-    for part in node.target.split("."):
+    for part in attr_path(node.target):
         if not hasattr(obj, part):
             raise GraphError(f"{node.op} node {node.name} refers to {node.target!r}, which the module does not have")
         obj = getattr(obj, part)

@@ -4,13 +4,14 @@ from __future__ import annotations
 import builtins
 import linecache
 import operator
+import re
 
 import runtime
 import runtime.nn.functional as F
 from runtime import dtypes as dt
 from runtime.nn import Module
 
-from .graph import Graph, Node, target_name
+from .graph import Graph, Node, attr_path, target_name
 from .prims import prims
 
 _INFIX = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
@@ -18,8 +19,11 @@ _INFIX = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.true
           operator.and_: "&", operator.or_: "|", operator.xor: "^", operator.eq: "==", operator.ne: "!=",
           operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">="}
 _PREFIX = {operator.neg: "-", operator.invert: "~", operator.pos: "+"}
-_BASE_GLOBALS = {"getattr": builtins.getattr, "runtime": runtime, "F": F, "prims": prims, "operator": operator, "builtins": builtins,
-                 "inf": float("inf"), "nan": float("nan")}
+# The hook registries of a module call (forward and full backward hooks), as runtime's Module names them.
+_CALL_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks", "_forward_hooks_with_kwargs",
+               "_forward_hooks_always_called", "_backward_pre_hooks", "_backward_hooks")
+_BASE_GLOBALS = {"getattr": builtins.getattr, "setattr": builtins.setattr, "runtime": runtime, "F": F, "prims": prims,
+                 "operator": operator, "builtins": builtins, "inf": float("inf"), "nan": float("nan")}
 
 
 class PythonCode:
@@ -33,8 +37,9 @@ class PythonCode:
         self.src = f"def forward({params}):\n" + "\n".join(f"    {line}" for line in body if line) + "\n"
 
     def _placeholder(self, node: Node) -> str:
-        default = node.meta.get("default")
-        return node.name if default is None else f"{node.name}={self._value(default)}"
+        if "default" not in node.meta:
+            return node.name
+        return f"{node.name}={self._value(node.meta['default'])}"
 
     def _line(self, node: Node) -> str:
         if node.op == "output":
@@ -53,7 +58,9 @@ class PythonCode:
         target = node.target
         if not kwargs:
             if target in _INFIX and len(args) == 2:
-                return f"{args[0]} {_INFIX[target]} {args[1]}"
+                # NOTE: ** binds tighter than unary minus: (-2.0) ** x must not print as -2.0 ** x
+                left = f"({args[0]})" if target is operator.pow and args[0].startswith("-") else args[0]
+                return f"{left} {_INFIX[target]} {args[1]}"
             if target in _PREFIX and len(args) == 1:
                 return f"{_PREFIX[target]}{args[0]}"
             if target is operator.getitem:
@@ -65,11 +72,12 @@ class PythonCode:
     def _function(self, fn) -> str:
         """A name that refers to fn in the generated globals (its qualified name when that resolves)."""
         name = target_name(fn)
-        if _resolve(name, self.globals) is fn or _resolve(name, self.globals) is getattr(fn, "__wrapped__", None):
+        resolved = _resolve(name, self.globals)
+        if resolved is not None and (resolved is fn or resolved is getattr(fn, "__wrapped__", None)):
             return name
         key = id(fn)
         if key not in self._names:
-            self._names[key] = f"_fn_{len(self._names)}_{getattr(fn, '__name__', 'f')}".replace(".", "_")
+            self._names[key] = re.sub(r"\W", "_", f"_fn_{len(self._names)}_{getattr(fn, '__name__', 'f')}")
             self.globals[self._names[key]] = fn
         return self._names[key]
 
@@ -101,6 +109,8 @@ class PythonCode:
 
 
 def _index_text(code: PythonCode, key) -> str:
+    if isinstance(key, tuple) and not key:
+        return "()"
     items = key if isinstance(key, tuple) else (key,)
     parts = []
     for item in items:
@@ -117,7 +127,7 @@ def _index_text(code: PythonCode, key) -> str:
 
 def _attribute_path(base: str, path: str) -> str:
     out = base
-    for part in path.split("."):
+    for part in attr_path(path):
         out = f"{out}.{part}" if part.isidentifier() else f"getattr({out}, {part!r})"
     return out
 
@@ -143,6 +153,10 @@ class GraphModule(Module):
             self.add_module(name, module)
         for name, tensor in graph.meta.get("constants", {}).items():
             object.__setattr__(self, name, tensor)  # constants are not part of the state_dict, as in torch.fx
+        # NOTE: the root's own hooks wrap the call of the whole graph, so the GraphModule shares (not copies) its
+        # registries: hooks fire as on the original, and ones registered or removed later on either apply to both.
+        for name in _CALL_HOOKS:
+            object.__setattr__(self, name, getattr(root, name))
         self.training = root.training
         object.__setattr__(self, "_class_name", class_name)
         self.graph = graph

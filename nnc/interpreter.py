@@ -1,7 +1,7 @@
 """Interpreter: runs a Graph node by node (the executable specification, the oracle for every backend)."""
 from __future__ import annotations
 
-from .graph import Graph, Node, map_arg
+from .graph import Graph, Node, attr_path, map_arg
 
 
 class Interpreter:
@@ -32,7 +32,7 @@ class Interpreter:
 
     def fetch_attr(self, target: str):
         obj = self.module
-        for part in target.split("."):
+        for part in attr_path(target):
             obj = getattr(obj, part)
         return obj
 

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dis
 import inspect
 import operator
 import os
 import sys
+import sysconfig
 
 import runtime
 import runtime.nn.functional as F
@@ -18,8 +20,21 @@ from runtime.tensor import Tensor
 from .graph import Graph
 from .prims import prims
 
-_RUNTIME_DIR = os.path.dirname(os.path.abspath(runtime.__file__))
-_NNC_DIR = os.path.dirname(os.path.abspath(__file__))
+
+def _folder(path: str) -> str:
+    return os.path.join(os.path.abspath(path), "")  # the trailing separator keeps /x/runtime from matching /x/runtime2
+
+
+_OWN_DIRS = (_folder(os.path.dirname(runtime.__file__)), _folder(os.path.dirname(__file__)))
+_STDLIB_DIR = _folder(sysconfig.get_paths()["stdlib"])
+_SITE_DIRS = tuple({_folder(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")})
+
+
+def _is_library_file(filename: str) -> bool:
+    """runtime, nnc and the standard library (contextlib, functools, ...); installed packages are user code."""
+    if filename.startswith(_OWN_DIRS):
+        return True
+    return filename.startswith(_STDLIB_DIR) and not filename.startswith(_SITE_DIRS)
 
 
 class TraceError(RuntimeError):
@@ -27,12 +42,11 @@ class TraceError(RuntimeError):
 
 
 def user_frame():
-    """(filename, lineno, source line) of the innermost frame outside runtime and nnc, or None."""
+    """(filename, lineno, source line) of the innermost frame of user code (see _is_library_file), or None."""
     frame = sys._getframe(1)
     while frame is not None:
         filename = os.path.abspath(frame.f_code.co_filename)
-        if not (filename.startswith(_RUNTIME_DIR) or filename.startswith(_NNC_DIR)
-                or filename.startswith(os.path.dirname(contextlib.__file__))):
+        if not _is_library_file(filename):
             line = inspect.getframeinfo(frame, context=1).code_context
             return filename, frame.f_lineno, (line[0].strip() if line else "")
         frame = frame.f_back
@@ -103,8 +117,11 @@ class Proxy:
                          f"tracing. Use x.shape[0], concrete_args, or a leaf module")
 
     def __iter__(self):
-        raise TraceError(f"a traced value cannot be iterated {_where()}: its length is not known while tracing. "
-                         f"Use unbind()/split() with explicit sizes, concrete_args, or a leaf module")
+        count = _unpack_count(sys._getframe(1))
+        if count is None:
+            raise TraceError(f"a traced value cannot be iterated {_where()}: its length is not known while tracing. "
+                             f"Use unbind()/split() with explicit sizes, concrete_args, or a leaf module")
+        return iter([self[i] for i in range(count)])
 
     def __index__(self):
         raise TraceError(f"a traced value cannot be used as a Python integer {_where()}. "
@@ -113,6 +130,15 @@ class Proxy:
     __int__ = __float__ = __index__
 
     __hash__ = object.__hash__
+
+
+def _unpack_count(frame) -> int | None:
+    """n when the frame is executing `a, b, ... = value` (n names), else None: the one iteration with a known length."""
+    # NOTE: as torch.fx does, read the caller's bytecode: UNPACK_SEQUENCE is what calls __iter__ for `a, b = proxy`.
+    for instruction in dis.get_instructions(frame.f_code):
+        if instruction.offset == frame.f_lasti:
+            return instruction.argval if instruction.opname == "UNPACK_SEQUENCE" else None
+    return None
 
 
 class _MethodRecorder:
@@ -233,16 +259,22 @@ class Tracer:
             node = self._attr_nodes[path] = self._create_attr_node(path)
         return node
 
-    def _create_attr_node(self, path: str):
+    def _create_attr_node(self, path: str, name: str | None = None):
         """get_attr nodes go right after the placeholders and earlier get_attrs, in order of first use."""
         later = [n for n in self.graph.nodes if n.op not in ("placeholder", "get_attr")]
-        if later:
-            with self.graph.inserting_before(later[0]):
-                node = self.graph.get_attr(path)
-        else:
-            node = self.graph.get_attr(path)
+        with self.graph.inserting_before(later[0]) if later else contextlib.nullcontext():
+            node = self.graph.create_node("get_attr", path, name=name or path)
         node.meta["module_path"] = path.rpartition(".")[0]
         return node
+
+    def assign_buffer(self, module: Module, name: str, value) -> None:
+        """`module.name = value` on a buffer: recorded as setattr on the module, read back by the rest of the trace."""
+        path = self.path_of(module)
+        owner = self._attr_nodes.get(path)
+        if owner is None:
+            owner = self._attr_nodes[path] = self._create_attr_node(path, name=path.replace(".", "_") or "root")
+        self.create_proxy("call_function", builtins.setattr, (Proxy(owner, self), name, value), {})
+        self._assigned[(id(module), name)] = value
 
     # -- the trace ---------------------------------------------------------------------------------
 
@@ -254,7 +286,7 @@ class Tracer:
         self._tensor_paths = {}
         for name, t in [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]:
             self._tensor_paths.setdefault(id(t), name)
-        self._attr_nodes, self._module_stack = {}, [""]
+        self._attr_nodes, self._module_stack, self._assigned = {}, [""], {}
         args = self._placeholders(root, concrete_args or {})
         with self._patched():
             result = root.forward(*args.positional, **args.keyword)
@@ -276,8 +308,7 @@ class Tracer:
             if name in concrete_args:
                 value = concrete_args[name]
             else:
-                default = None if param.default is inspect.Parameter.empty else param.default
-                value = Proxy(self.graph.placeholder(name, default), self)
+                value = Proxy(self.graph.placeholder(name, param.default), self)  # Parameter.empty is NO_DEFAULT
                 value.node.meta["module_path"] = ""
             if param.kind == param.KEYWORD_ONLY:
                 keyword[name] = value
@@ -289,18 +320,28 @@ class Tracer:
     def _patched(self):
         """While tracing: module calls, parameter reads and runtime's functions are routed to the tracer."""
         tracer = self
-        original_call, original_getattr = Module.__call__, Module.__getattr__
+        original_getattr, original_setattr = Module.__getattr__, Module.__setattr__
 
         def traced_call(module, *args, **kwargs):
             return tracer.call_module(module, module.forward, args, kwargs)
 
         def traced_getattr(module, name):
+            if (id(module), name) in tracer._assigned:
+                return tracer._assigned[id(module), name]
             value = original_getattr(module, name)
             if isinstance(value, Tensor) and id(value) in tracer._tensor_paths:
                 return Proxy(tracer._tensor_node(value), tracer)
             return value
 
-        patches = [(Module, "__call__", traced_call), (Module, "__getattr__", traced_getattr)]
+        def traced_setattr(module, name, value):
+            # NOTE: a buffer assigned in forward (RunningMean's `self.mean = ...`) is recorded, never set while tracing
+            if name in module._buffers and (value is None or isinstance(value, (Proxy, Tensor))):
+                tracer.assign_buffer(module, name, value)
+            else:
+                original_setattr(module, name, value)
+
+        patches = [(Module, "__call__", traced_call), (Module, "__getattr__", traced_getattr),
+                   (Module, "__setattr__", traced_setattr)]
         for namespace in (runtime, F):
             for name, fn in list(vars(namespace).items()):
                 if _is_api_function(namespace, name, fn):
@@ -327,7 +368,7 @@ def _is_api_function(namespace, name: str, fn) -> bool:
     module = getattr(fn, "__module__", "") or ""
     if namespace is F:
         return module == F.__name__
-    return module in ("runtime.api",) and name in vars(runtime)
+    return module in ("runtime.api", "runtime.factories") and name in vars(runtime)
 
 
 def _recording(fn, tracer: Tracer):

@@ -1,6 +1,8 @@
 """Shape and dtype propagation: run the graph on example inputs and record each node's shape and dtype in meta."""
 from __future__ import annotations
 
+import contextlib
+
 from runtime.tensor import Tensor
 
 from ..interpreter import Interpreter
@@ -34,10 +36,27 @@ class ShapeProp(Interpreter):
 
 
 def propagate_shapes(gm, *example_inputs):
-    """Fill shape/dtype meta on gm.graph from example inputs; returns gm."""
+    """Fill shape/dtype meta on gm.graph from example inputs; returns gm (its state left as it was)."""
     from runtime.autograd import no_grad
 
-    with no_grad():
+    with no_grad(), _buffers_kept(gm):
         ShapeProp(gm).propagate(*example_inputs)
     gm.graph.meta["example_inputs"] = [tensor_meta(x) for x in example_inputs]
     return gm
+
+
+@contextlib.contextmanager
+def _buffers_kept(root):
+    """Undo what running the graph does to buffers (BatchNorm's running stats, a buffer assigned in forward):
+    shape propagation is an analysis, so it must not advance the model's state."""
+    saved = [(m, dict(m._buffers), [b.clone() if b is not None else None for b in m._buffers.values()])
+             for m in root.modules()]
+    try:
+        yield
+    finally:
+        for module, registry, values in saved:
+            module._buffers.clear()
+            module._buffers.update(registry)
+            for buffer, value in zip(registry.values(), values):
+                if buffer is not None:
+                    buffer.copy_(value)
