@@ -1,0 +1,487 @@
+"""The `nnc` command: look inside what the compiler makes of a Module (`nnc dump FILE.py:ATTR ...`)."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.machinery
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import traceback
+
+PROG = "nnc"
+FORMATS = ("text", "table", "python", "dot", "json")
+AVAILABLE_STAGES = ("traced", "shapes")
+PLANNED_STAGES = ("decomposed", "fused", "backward", "kernels")
+STAGES = AVAILABLE_STAGES + PLANNED_STAGES
+DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+SEED = 0
+
+INPUT_GRAMMAR = ("an input spec is DTYPE[DIMS]: DTYPE is one of " + ", ".join(DTYPES)
+                 + "; DIMS is a comma-separated list of non-negative integers, empty for a scalar "
+                   "(e.g. 'float32[8,784]', 'int64[4]', 'float32[]')")
+
+_DESCRIPTION = """\
+nnc traces runtime Modules (`import runtime as torch` code) into a graph IR and, as the compiler
+work lands, lowers them to fused kernels. `nnc dump` shows the graph at a chosen stage."""
+
+_EPILOG = """\
+examples:
+  nnc dump examples/models.py:mlp --input 'float32[8,784]' --stage shapes
+  nnc dump examples/models.py:cnn --input 'float32[2,1,28,28]' --format dot --out cnn.dot
+  nnc dump --help
+
+`python -m nnc.cli` runs the same command."""
+
+_DUMP_DESCRIPTION = """\
+Load FILE.py as a module, take its attribute ATTR, trace it with nnc.symbolic_trace and print the
+graph at the chosen --stage in the chosen --format.
+
+ATTR names a runtime.nn.Module instance, a Module subclass, or a zero-argument callable that returns
+a Module (classes and callables are instantiated/called with no arguments); it may be dotted
+(e.g. 'zoo.resnet'). The file's directory is on sys.path while it loads, so it can import its
+neighbours.
+
+Each --input gives one positional argument of forward(), in order, as DTYPE[DIMS] with DTYPE one of
+float16, float32, float64, int32, int64, bool ('float32[]' is a scalar). Floating inputs are drawn
+from a standard normal distribution with a fixed seed, integer and bool inputs are zeros.
+
+Stages:
+  traced      the graph symbolic_trace records (inputs are not needed)
+  shapes      traced, then run on the --input tensors to record each node's shape and dtype
+  decomposed, fused, backward, kernels
+              not available yet: they land with the compiler work"""
+
+_DUMP_EPILOG = """\
+examples:
+  # the traced graph of a module-level instance
+  nnc dump examples/models.py:mlp
+
+  # with shapes and dtypes, as a table
+  nnc dump examples/models.py:mlp --input 'float32[8,784]' --stage shapes --format table
+
+  # a CNN as a Graphviz file (render with: dot -Tsvg cnn.dot -o cnn.svg)
+  nnc dump examples/models.py:cnn --input 'float32[2,1,28,28]' --stage shapes --format dot --out cnn.dot
+
+  # a transformer block, as JSON for other tools
+  nnc dump examples/models.py:block --input 'float32[2,5,32]' --stage shapes --format json
+
+  # a class is instantiated with no arguments; add --verbose for full tracebacks on errors
+  nnc dump examples/models.py:TransformerBlock --input 'float32[2,5,32]' --verbose"""
+
+
+class CliError(Exception):
+    """A user-facing error: its message is printed as one paragraph, with no traceback unless --verbose."""
+
+    def __init__(self, message: str, cause: BaseException | None = None):
+        super().__init__(message)
+        self.message, self.cause = message, cause
+
+
+# -- argument parsing ------------------------------------------------------------------------------
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog):
+        super().__init__(prog, max_help_position=30)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG, formatter_class=_Formatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    sub.required = True
+    dump = sub.add_parser("dump", help="print a module's graph at a compiler stage",
+                          description=_DUMP_DESCRIPTION, epilog=_DUMP_EPILOG, formatter_class=_Formatter)
+    dump.add_argument("target", metavar="FILE.py:ATTR",
+                      help="the Python file and the attribute in it that holds the module")
+    dump.add_argument("--input", "-i", action="append", default=[], metavar="SPEC", dest="inputs",
+                      help="one forward() argument as DTYPE[DIMS], e.g. 'float32[8,784]'; repeat for each "
+                           "argument, in order")
+    dump.add_argument("--stage", "-s", choices=STAGES, default=None, metavar="STAGE",
+                      help=f"which graph to show: {', '.join(STAGES)} (default: shapes when --input is given, "
+                           f"else traced)")
+    dump.add_argument("--format", "-f", choices=FORMATS, default="text", dest="fmt", metavar="FORMAT",
+                      help=f"output format: {', '.join(FORMATS)} (default: text)")
+    dump.add_argument("--out", "-o", metavar="FILE", default=None,
+                      help="write the output to FILE instead of standard output")
+    dump.add_argument("--verbose", "-v", action="store_true",
+                      help="show full Python tracebacks for errors, and progress on standard error")
+    dump.set_defaults(run=cmd_dump)
+    return parser
+
+
+# -- input specs ------------------------------------------------------------------------------------
+
+_SPEC = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*\[\s*([^\]]*?)\s*\]\s*$")
+
+
+def parse_input_spec(spec: str) -> tuple[str, tuple[int, ...]]:
+    """'float32[8,784]' -> ('float32', (8, 784)); raises CliError naming the grammar."""
+    match = _SPEC.match(spec)
+    if match is None:
+        raise CliError(f"bad --input {spec!r}: {INPUT_GRAMMAR}.")
+    dtype, dims_text = match.groups()
+    if dtype not in DTYPES:
+        close = difflib.get_close_matches(dtype, DTYPES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise CliError(f"bad --input {spec!r}: unknown dtype {dtype!r}{hint}; {INPUT_GRAMMAR}.")
+    dims: list[int] = []
+    if dims_text:
+        for part in dims_text.split(","):
+            part = part.strip()
+            if not part.isdigit():
+                raise CliError(f"bad --input {spec!r}: dimension {part!r} is not a non-negative integer; "
+                               f"{INPUT_GRAMMAR}.")
+            dims.append(int(part))
+    return dtype, tuple(dims)
+
+
+def format_spec(dtype: str, dims: tuple[int, ...]) -> str:
+    return f"{dtype}[{','.join(str(d) for d in dims)}]"
+
+
+def make_inputs(specs: list[tuple[str, tuple[int, ...]]], seed: int = SEED) -> list:
+    """Example tensors for the specs: standard normal floats (seeded), zeros for ints and bools."""
+    import runtime
+
+    generator = runtime.Generator()
+    generator.manual_seed(seed)
+    tensors = []
+    for dtype_name, dims in specs:
+        dtype = getattr(runtime, dtype_name)
+        if dtype_name.startswith("float"):
+            tensors.append(runtime.randn(*dims, generator=generator, dtype=dtype))
+        else:
+            tensors.append(runtime.zeros(*dims, dtype=dtype))
+    return tensors
+
+
+# -- loading the module -----------------------------------------------------------------------------
+
+
+def split_target(target: str) -> tuple[str, str]:
+    path, sep, attr = target.rpartition(":")
+    attr = attr.strip()
+    if not sep or not path or not attr or not all(p.isidentifier() for p in attr.split(".")):
+        raise CliError(f"bad target {target!r}: expected FILE.py:ATTR, a Python file and the (possibly dotted) "
+                       f"name of the module in it, e.g. 'examples/models.py:mlp' or 'net.py:Net'.")
+    return path, attr
+
+
+def load_file(path: str):
+    """Import the file at `path` as a fresh module, with its directory on sys.path while it runs."""
+    if not os.path.exists(path):
+        raise CliError(f"file not found: {path!r} (looked in {os.getcwd()}). Give the path to a Python file that "
+                       f"defines the module, e.g. 'examples/models.py:mlp'.")
+    if os.path.isdir(path):
+        raise CliError(f"{path!r} is a directory: give the path to a Python file, "
+                       f"e.g. '{path.rstrip('/')}/model.py:net'.")
+    path = os.path.abspath(path)
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+    name = f"_nnc_user_{stem}"
+    loader = importlib.machinery.SourceFileLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    directory = os.path.dirname(path)
+    added = directory not in sys.path
+    if added:
+        sys.path.insert(0, directory)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file failed at import (SystemExit too)
+        sys.modules.pop(name, None)
+        raise CliError(f"could not load {_rel(path)}: {_describe(exc)}{_user_location(exc, path)}.", exc) from exc
+    finally:
+        if added:
+            try:
+                sys.path.remove(directory)
+            except ValueError:
+                pass
+    return module
+
+
+def _module_attributes(module) -> list[str]:
+    """Names in the file that `nnc dump` can use: Module instances, and Module subclasses defined there."""
+    from runtime.nn import Module
+
+    names = []
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, Module):
+            names.append(name)
+        elif isinstance(value, type) and issubclass(value, Module) and value.__module__ == module.__name__:
+            names.append(f"{name} (class)")
+    return names
+
+
+def resolve_module(module, attr: str, path: str):
+    """The runtime Module that `attr` names in the loaded file (instantiating a class or calling a factory)."""
+    from runtime.nn import Module
+
+    where = f"{path}:{attr}"
+    obj = module
+    parts = attr.split(".")
+    for i, part in enumerate(parts):
+        if not hasattr(obj, part):
+            if i == 0:
+                available = _module_attributes(module)
+                close = difflib.get_close_matches(part, [a.split(" ")[0] for a in available] or list(vars(module)), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                listing = (f"Module attributes in {path}: {', '.join(available)}." if available
+                           else f"{path} defines no runtime.nn.Module instances or subclasses.")
+                raise CliError(f"{path} has no attribute {part!r}.{hint} {listing}")
+            raise CliError(f"{path}: {'.'.join(parts[:i])} ({type(obj).__name__} object) has no attribute {part!r}.")
+        obj = getattr(obj, part)
+
+    if isinstance(obj, Module):
+        return obj
+    if isinstance(obj, type):
+        if not issubclass(obj, Module):
+            raise CliError(f"{where} is the class {obj.__name__}, which is not a runtime.nn.Module subclass; "
+                           f"nnc dump needs a Module (an instance, a Module subclass, or a zero-argument factory).")
+        return _construct(obj, where, f"class {obj.__name__}", path)
+    if callable(obj):
+        made = _construct(obj, where, f"{getattr(obj, '__name__', type(obj).__name__)}()", path)
+        if not isinstance(made, Module):
+            raise CliError(f"{where} is a callable that returned {_type_name(made)}, not a runtime.nn.Module; "
+                           f"nnc dump needs a Module (an instance, a Module subclass, or a zero-argument factory).")
+        return made
+    hint = ""
+    if type(obj).__module__.split(".")[0] == "torch":
+        hint = " (it is a real torch object: build the module with `import runtime as torch` instead)"
+    raise CliError(f"{where} is {_type_name(obj)}, not a runtime.nn.Module{hint}; nnc dump needs a Module "
+                   f"(an instance, a Module subclass, or a zero-argument callable that returns one).")
+
+
+def _construct(factory, where: str, what: str, path: str):
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        required = [p.name for p in signature.parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        if required:
+            raise CliError(f"{where}: {what} needs arguments ({', '.join(required)}), but nnc dump can only call it "
+                           f"with none. Add a module-level instance or a zero-argument factory to {path} and "
+                           f"name that instead.")
+    try:
+        return factory()
+    except Exception as exc:  # noqa: BLE001 - the user's constructor
+        raise CliError(f"{where}: calling {what} failed: {_describe(exc)}{_user_location(exc, path)}.", exc) from exc
+
+
+# -- stages -----------------------------------------------------------------------------------------
+
+
+def _trace(module, where: str, path: str):
+    from . import symbolic_trace
+    from .trace import TraceError
+
+    try:
+        return symbolic_trace(module)
+    except TraceError as exc:
+        raise CliError(f"could not trace {where}: {exc}", exc) from exc
+    except Exception as exc:  # noqa: BLE001 - user code raising under tracing
+        raise CliError(f"tracing {where} failed: {_describe(exc)}{_user_location(exc, path)}. "
+                       f"Tracing runs forward() on symbolic values, so code that needs real tensor values "
+                       f"cannot be traced.", exc) from exc
+
+
+def _check_arity(gm, specs, where: str) -> None:
+    placeholders = gm.graph.placeholders
+    names = [p.target for p in placeholders]
+    required = [p.target for p in placeholders if "default" not in p.meta]
+    if len(specs) > len(names) or len(specs) < len(required):
+        wanted = (f"{len(required)}" if len(required) == len(names)
+                  else f"{len(required)} to {len(names)}")
+        raise CliError(f"{where}: forward() takes {wanted} input{'s' if len(names) != 1 else ''} "
+                       f"({', '.join(names) or 'none'}), but {len(specs)} --input "
+                       f"{'was' if len(specs) == 1 else 'were'} given. Give one --input DTYPE[DIMS] per argument, "
+                       f"in order.")
+
+
+def _propagate(gm, specs, where: str) -> None:
+    from .passes.shapes import propagate_shapes
+
+    inputs = make_inputs(specs)
+    try:
+        propagate_shapes(gm, *inputs)
+    except Exception as exc:  # noqa: BLE001 - the user's model on the user's shapes
+        names = [p.target for p in gm.graph.placeholders]
+        given = ", ".join(f"{n}: {format_spec(*s)}" for n, s in zip(names, specs))
+        node = _failing_node(exc)
+        at = ""
+        if node is not None:
+            at = f" It failed at node {node.name} ({node.op} {_target_text(node)})"
+            source = _node_source(node)
+            if source:
+                at += f", from {source}"
+                if node.meta.get("source_line"):
+                    at += f": `{node.meta['source_line']}`"
+            at += "."
+        raise CliError(f"{where} failed to run on the given inputs ({given}): {_describe(exc)}.{at} "
+                       f"Check that the --input shapes and dtypes match what forward() expects.", exc) from exc
+
+
+def _failing_node(exc: BaseException):
+    """The graph node the Interpreter was running when `exc` was raised (innermost run_node frame)."""
+    from .graph import Node
+
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "run_node" and isinstance(frame.f_locals.get("node"), Node):
+            found = frame.f_locals["node"]
+        tb = tb.tb_next
+    return found
+
+
+def _node_source(node) -> str | None:
+    """node.meta['source'] when it names the user's code. A node recorded inside runtime itself (the traced root
+    is a built-in layer) gets the first frame outside runtime/nnc, which is whoever ran nnc: drop that."""
+    source = node.meta.get("source")
+    if not source:
+        return None
+    filename, _, line = source.rpartition(":")
+    ours = {(os.path.abspath(f.filename), f.lineno) for f in traceback.extract_stack()}
+    if not line.isdigit() or not os.path.isfile(filename) or (os.path.abspath(filename), int(line)) in ours:
+        return None
+    return source
+
+
+def _target_text(node) -> str:
+    if isinstance(node.target, str):
+        return node.target
+    from .graph import target_name
+
+    return target_name(node.target)
+
+
+def _planned_stage(stage: str) -> CliError:
+    return CliError(f"stage {stage!r} is not available yet: it lands with the compiler work "
+                    f"(decomposition, fusion, autograd and kernel generation). Stages available today: "
+                    f"{', '.join(AVAILABLE_STAGES)}.")
+
+
+# -- the dump command -------------------------------------------------------------------------------
+
+
+def cmd_dump(args) -> int:
+    stage = args.stage or ("shapes" if args.inputs else "traced")
+    if stage in PLANNED_STAGES:
+        raise _planned_stage(stage)
+    specs = [parse_input_spec(s) for s in args.inputs]
+    if stage == "shapes" and not specs:
+        raise CliError("--stage shapes needs example inputs: give one --input DTYPE[DIMS] per forward() argument, "
+                       "e.g. --input 'float32[8,784]'. Or use --stage traced, which needs none.")
+    path, attr = split_target(args.target)
+    where = f"{path}:{attr}"
+    _progress(args, f"loading {path}")
+    module = resolve_module(load_file(path), attr, path)
+    _progress(args, f"tracing {where} ({type(module).__name__})")
+    gm = _trace(module, where, path)
+    if specs:
+        _check_arity(gm, specs, where)
+    if stage == "shapes":
+        _progress(args, f"propagating shapes for {', '.join(format_spec(*s) for s in specs)}")
+        _propagate(gm, specs, where)
+
+    from .printer import format_graph  # imported here: the printer may land after this module
+
+    text = format_graph(gm.graph, args.fmt, module=gm)
+    if not text.endswith("\n"):
+        text += "\n"
+    if args.out:
+        try:
+            with open(args.out, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as exc:
+            raise CliError(f"could not write {args.out!r}: {exc.strerror or exc}.", exc) from exc
+        _progress(args, f"wrote {args.out} ({args.fmt}, stage {stage})")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def _progress(args, message: str) -> None:
+    if getattr(args, "verbose", False):
+        print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _type_name(obj) -> str:
+    if obj is None:
+        return "None"
+    name = type(obj).__name__
+    return f"an {name}" if name[:1].lower() in "aeiou" else f"a {name}"
+
+
+def _rel(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def _user_location(exc: BaseException, path: str) -> str:
+    """' (at FILE:LINE: `source`)' for the innermost traceback frame in the user's file, or ''."""
+    path = os.path.abspath(path)
+    found = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if os.path.abspath(frame.filename) == path:
+            found = frame
+    if found is None and isinstance(exc, SyntaxError) and exc.filename and os.path.abspath(exc.filename) == path:
+        return f" (at {_rel(path)}:{exc.lineno})"
+    if found is None:
+        return ""
+    line = f": `{found.line.strip()}`" if found.line else ""
+    return f" (at {_rel(path)}:{found.lineno}{line})"
+
+
+def _paragraph(message: str) -> str:
+    """The message on one line (one paragraph; the terminal wraps it)."""
+    return " ".join(message.split())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `nnc` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    verbose = getattr(args, "verbose", False)
+    try:
+        return args.run(args)
+    except CliError as exc:
+        if verbose:
+            if exc.cause is not None:
+                traceback.print_exception(type(exc.cause), exc.cause, exc.cause.__traceback__, file=sys.stderr)
+            else:
+                traceback.print_exc(file=sys.stderr)
+        print(_paragraph(f"{PROG} {args.command}: error: {exc.message}"), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug in nnc itself: say so, briefly
+        if verbose:
+            traceback.print_exc(file=sys.stderr)
+        print(_paragraph(f"{PROG} {args.command}: internal error: {_describe(exc)}. This is a bug in nnc; "
+                         f"re-run with --verbose for the full traceback."), file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
