@@ -1,4 +1,5 @@
 """nnc: trace runtime Modules into a graph IR (and, as it lands, compile them into fused kernels)."""
+from . import passes  # noqa: F401
 from .graph import Graph, GraphError, Node  # noqa: F401
 from .graph_module import GraphModule  # noqa: F401
 from .interpreter import Interpreter  # noqa: F401

@@ -45,7 +45,8 @@ def user_frame():
     """(filename, lineno, source line) of the innermost frame of user code (see _is_library_file), or None."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
+        raw = frame.f_code.co_filename
+        filename = raw if raw.startswith("<") else os.path.abspath(raw)  # keep pseudo-files like <string>
         if not _is_library_file(filename):
             line = inspect.getframeinfo(frame, context=1).code_context
             return filename, frame.f_lineno, (line[0].strip() if line else "")
@@ -120,7 +121,7 @@ class Proxy:
         count = _unpack_count(sys._getframe(1))
         if count is None:
             raise TraceError(f"a traced value cannot be iterated {_where()}: its length is not known while tracing. "
-                             f"Use unbind()/split() with explicit sizes, concrete_args, or a leaf module")
+                             f"Unpack it into names (a, b = x.chunk(2)) or index it (parts[0]), or use concrete_args or a leaf module")
         return iter([self[i] for i in range(count)])
 
     def __index__(self):

@@ -176,20 +176,20 @@ def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False
                 requires_grad=requires_grad)
 
 
-def _shape_like(factory):
+def _shape_like(factory, name: str):
     def like(input, *, dtype=None, device=None, requires_grad=False, **kwargs):
         return factory(tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
                        requires_grad=requires_grad, **kwargs)
 
-    like.__name__ = factory.__name__ + "_like"
+    like.__name__ = like.__qualname__ = name
     return like
 
 
-zeros_like = _shape_like(zeros)
-ones_like = _shape_like(ones)
-empty_like = _shape_like(empty)
-rand_like = _shape_like(rand)
-randn_like = _shape_like(randn)
+zeros_like = _shape_like(zeros, "zeros_like")
+ones_like = _shape_like(ones, "ones_like")
+empty_like = _shape_like(empty, "empty_like")
+rand_like = _shape_like(rand, "rand_like")
+randn_like = _shape_like(randn, "randn_like")
 
 
 def randint_like(input, *bounds, dtype=None, device=None, requires_grad=False) -> Tensor:
