@@ -1,0 +1,397 @@
+"""decompose: rewrite a traced, shape-propagated graph into primitive ops (prims.*) from the op table.
+
+Every node is replayed on MetaValues: tensor-likes that know their shape and dtype and record each primitive
+that runtime's API reaches through ops.apply. Modules with hooks stay `call_module` nodes, so their hooks fire
+with real values at run time. A node whose replay fails (it reads tensor values, draws random numbers, or
+mutates real state) stays as it was: an opaque node, run by the interpreter, with the reason in its meta.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import runtime
+import runtime.factories as factories
+from runtime import api, dtypes as dt
+from runtime.nn import Module
+from runtime.ops import OPS
+from runtime.tensor import Tensor
+
+from ..graph import Graph, Node, map_arg
+from ..graph_module import GraphModule
+from ..prims import prims
+from .shapes import propagate_shapes
+
+
+class DecomposeError(RuntimeError):
+    """A node cannot be expressed with primitives (why is in the message); it stays opaque."""
+
+
+_RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like")
+
+
+class MetaValue:
+    """A tensor in the graph being built: its node, shape and dtype. Operations on it record primitives."""
+
+    __slots__ = ("node", "builder")
+
+    def __init__(self, node: Node, builder: "_Builder"):
+        self.node, self.builder = node, builder
+
+    @staticmethod
+    def _apply_op(op, inputs, attrs):
+        builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or _Builder.current
+        return builder.emit(op, inputs, attrs)
+
+    shape = property(lambda self: self.node.meta["shape"])
+    dtype = property(lambda self: self.node.meta["dtype"])
+    ndim = property(lambda self: len(self.node.meta["shape"]))
+    T = property(lambda self: self.permute(tuple(range(self.ndim - 1, -1, -1))))
+    mT = property(lambda self: self.transpose(-2, -1))
+
+    def size(self, dim=None):
+        return tuple(self.shape) if dim is None else self.shape[api.wrap_dim(dim, self.ndim)]
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_floating_point
+
+    requires_grad = False
+
+    def is_contiguous(self) -> bool:
+        return True
+
+    def contiguous(self):
+        return self
+
+    def view(self, *shape):
+        return api.reshape(self, *shape)
+
+    def to(self, *args, **kwargs):
+        dtype = kwargs.get("dtype")
+        for a in args:
+            if isinstance(a, dt.dtype):
+                dtype = a
+            elif isinstance(a, (Tensor, MetaValue)):
+                dtype = a.dtype
+        return self if dtype is None else api.to_dtype(self, dtype)
+
+    def float(self):
+        return self.to(dt.float32)
+
+    def double(self):
+        return self.to(dt.float64)
+
+    def half(self):
+        return self.to(dt.float16)
+
+    def long(self):
+        return self.to(dt.int64)
+
+    def int(self):
+        return self.to(dt.int32)
+
+    def bool(self):
+        return self.to(dt.bool_)
+
+    def type_as(self, other):
+        return self.to(other.dtype)
+
+    def detach(self):
+        return api.detach(self)
+
+    def new_tensor(self, data, dtype=None, **kwargs):
+        return factories.tensor(data, dtype=dtype if dtype is not None else self.dtype)
+
+    def __bool__(self):
+        raise DecomposeError("the code reads a tensor's value (bool)")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(api.unbind(self, 0))
+
+    def __index__(self):
+        raise DecomposeError("the code reads a tensor's value (int)")
+
+    __int__ = __float__ = __index__
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return f"MetaValue({self.node.name}: {self.dtype.name}{list(self.shape)})"
+
+
+def _install_api_methods() -> None:
+    for name, fn in {**api.METHODS, **api.DUNDERS}.items():
+        if name not in MetaValue.__dict__:
+            setattr(MetaValue, name, fn)
+
+
+_install_api_methods()
+
+
+class _Builder:
+    """Builds the decomposed graph: emits primitives with shape/dtype meta and explicit casts."""
+
+    current: "_Builder | None" = None
+
+    def __init__(self, gm: GraphModule):
+        self.gm = gm
+        self.graph = Graph()
+        self.graph.meta = dict(gm.graph.meta)
+        self.origin: Node | None = None
+        self._attr_nodes: dict[str, Node] = {}
+        self._tensor_paths = {id(t): name for name, t in
+                              [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]}
+        for name, value in gm.graph.meta.get("constants", {}).items():
+            self._tensor_paths.setdefault(id(value), name)
+        self.constants = dict(gm.graph.meta.get("constants", {}))
+
+    # -- nodes ---------------------------------------------------------------------------------------
+
+    def node(self, op: str, target, args=(), kwargs=None, *, shape=None, dtype=None, name=None) -> Node:
+        node = self.graph.create_node(op, target, args, kwargs or {}, name=name)
+        if shape is not None:
+            node.meta["shape"], node.meta["dtype"] = tuple(shape), dtype
+        if self.origin is not None:
+            for key in ("source", "source_line", "module_path"):
+                if key in self.origin.meta:
+                    node.meta[key] = self.origin.meta[key]
+            node.meta["from_node"] = self.origin.name
+        return node
+
+    def emit(self, op, inputs, attrs) -> MetaValue:
+        compute, out_dtype = op.dtype_rule(op, inputs, attrs)
+        args = [self.graph_arg(x) for x in inputs]
+        if compute is not None:
+            args = [self._cast(a, compute) if (op.cast_inputs is None or i in op.cast_inputs) else a
+                    for i, a in enumerate(args)]
+        shape, _ = op.infer(*[self._meta_of(a) for a in args], **attrs)
+        node = self.node("call_function", prims[op.name], tuple(args), dict(attrs), shape=shape, dtype=out_dtype)
+        return MetaValue(node, self)
+
+    def _cast(self, arg, dtype):
+        if isinstance(arg, Node) and arg.meta.get("dtype") is not dtype:
+            return self.node("call_function", prims.cast, (arg,), {"dtype": dtype}, shape=arg.meta["shape"],
+                             dtype=dtype)
+        return arg
+
+    def _meta_of(self, arg):
+        return _ShapeOnly(arg.meta["shape"], arg.meta["dtype"]) if isinstance(arg, Node) else arg
+
+    def graph_arg(self, value):
+        """A MetaValue becomes its node; a real tensor becomes a get_attr (parameter, buffer or constant)."""
+        if isinstance(value, (MetaValue, _OpaqueValue)):
+            return value.node
+        if isinstance(value, Tensor):
+            return self.attr_node(self._path_for(value), value)
+        if isinstance(value, (tuple, list)):
+            items = [self.graph_arg(v) for v in value]
+            return tuple(items) if isinstance(value, tuple) else items
+        return value
+
+    def _path_for(self, tensor: Tensor) -> str:
+        path = self._tensor_paths.get(id(tensor))
+        if path is None:
+            path = f"_tensor_constant{len(self.constants)}"
+            while path in self.constants:
+                path += "_"
+            self.constants[path] = tensor
+            self._tensor_paths[id(tensor)] = path
+        return path
+
+    def attr_node(self, path: str, tensor: Tensor) -> Node:
+        node = self._attr_nodes.get(path)
+        if node is None:
+            first = next((n for n in self.graph.nodes if n.op not in ("placeholder", "get_attr")), None)
+            context = self.graph.inserting_before(first) if first is not None else contextlib.nullcontext()
+            with context:
+                node = self._attr_nodes[path] = self.graph.get_attr(path)
+            node.meta.update(shape=tuple(tensor.shape), dtype=tensor.dtype, module_path=path.rpartition(".")[0])
+        return node
+
+    def value_of_attr(self, path: str, obj):
+        return MetaValue(self.attr_node(path, obj), self) if isinstance(obj, Tensor) else obj
+
+
+class _ShapeOnly:
+    """What op.infer needs of an operand: shape, dtype and ndim."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @staticmethod
+    def _apply_op(op, inputs, attrs):  # marks it tensor-like for the op table's rules; never called
+        raise AssertionError("shape-only operands are not executed")
+
+
+def _has_hooks(module: Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+@contextlib.contextmanager
+def _random_forbidden():
+    """Random draws inside a decomposed node would be frozen into the graph: refuse them instead."""
+
+    def refuse(*args, **kwargs):
+        raise DecomposeError("the code draws random numbers (kept as a call so each run draws anew)")
+
+    saved = [(ns, name, getattr(ns, name)) for ns in (factories, runtime) for name in _RANDOM_FACTORIES
+             if hasattr(ns, name)]
+    try:
+        for ns, name, _ in saved:
+            setattr(ns, name, refuse)
+        yield
+    finally:
+        for ns, name, fn in saved:
+            setattr(ns, name, fn)
+
+
+def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
+    """A new GraphModule over primitive ops (sharing gm's state); shapes come from example inputs."""
+    if example_inputs:
+        propagate_shapes(gm, *example_inputs)
+    builder = _Builder(gm)
+    env: dict[Node, object] = {}
+    previous, _Builder.current = _Builder.current, builder
+    try:
+        with _random_forbidden():
+            for node in gm.graph.nodes:
+                builder.origin = node
+                env[node] = _replay(builder, gm, node, env)
+    finally:
+        _Builder.current = previous
+    builder.graph.meta["constants"] = builder.constants
+    builder.graph.eliminate_dead_code(is_impure=_is_impure)
+    result = GraphModule(gm, builder.graph, class_name=gm._get_name())
+    result.graph.lint(result)
+    return result
+
+
+def _is_impure(node: Node) -> bool:
+    return node.op in ("call_module",) or node.meta.get("opaque_reason") is not None and node.op != "get_attr"
+
+
+def _replay(builder: _Builder, gm: GraphModule, node: Node, env: dict):
+    if node.op == "placeholder":
+        new = builder.node("placeholder", node.target, name=node.name)
+        new.meta.update(node.meta)
+        return MetaValue(new, builder) if "shape" in node.meta else _OpaqueValue(new)
+    if node.op == "get_attr":
+        obj = gm if node.target == "" else _fetch(gm, node.target)
+        return builder.value_of_attr(node.target, obj) if node.target else obj
+    if node.op == "output":
+        builder.node("output", "output", (map_arg(node.args[0], lambda n: builder.graph_arg(env[n])),))
+        return None
+    args = map_arg(node.args, env.__getitem__)
+    kwargs = map_arg(node.kwargs, env.__getitem__)
+    if node.op == "call_module" and _has_hooks(_fetch(gm, node.target)):
+        return _opaque(builder, node, args, kwargs, "the module has hooks, which must see real values")
+    module = _fetch(gm, node.target) if node.op == "call_module" else None
+    snapshot = _StateSnapshot(module)
+    existing = set(builder.graph.nodes)
+    try:
+        result = _run_symbolically(node, module, args, kwargs)
+        if snapshot.changed():
+            raise DecomposeError("the module changes its own state (buffers) in forward")
+        return result
+    except Exception as error:  # any failure: keep the node as it was, with real state untouched
+        snapshot.restore()
+        _erase_new_nodes(builder, existing)
+        return _opaque(builder, node, args, kwargs, f"{type(error).__name__}: {error}")
+
+
+class _StateSnapshot:
+    """A module's buffers before a symbolic replay, to detect and undo real mutations."""
+
+    def __init__(self, module):
+        buffers = list(module.buffers()) if module is not None else []
+        self.saved = [(t, t._vc()[0], t._data.copy()) for t in buffers]
+
+    def changed(self) -> bool:
+        return any(t._vc()[0] != version for t, version, _ in self.saved)
+
+    def restore(self) -> None:
+        for t, version, data in self.saved:
+            if t._vc()[0] != version:
+                t._data[...] = data
+
+
+def _erase_new_nodes(builder: _Builder, existing: set) -> None:
+    """Remove the nodes a failed replay created (get_attr nodes stay cached; dead-code removal drops them)."""
+    for new in reversed([n for n in builder.graph.nodes if n not in existing and n.op != "get_attr"]):
+        builder.graph.erase_node(new)
+
+
+def _run_symbolically(node: Node, module, args, kwargs):
+    if node.op == "call_module":
+        result = module.forward(*args, **kwargs)
+    elif node.op == "call_method":
+        result = getattr(args[0], node.target)(*args[1:], **kwargs)
+    else:
+        result = node.target(*args, **kwargs)
+    _check_no_real_tensors_from(result, args)
+    return result
+
+
+def _check_no_real_tensors_from(result, args) -> None:
+    """A real tensor computed from graph values means a value was read eagerly: not expressible."""
+    if isinstance(result, Tensor) and any(isinstance(a, MetaValue) for a in args):
+        raise DecomposeError("the result was computed outside the graph")
+
+
+class _OpaqueValue:
+    """A non-tensor value produced by an opaque node."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node):
+        self.node = node
+
+
+def _opaque(builder: _Builder, node: Node, args, kwargs, reason: str):
+    """Keep `node` as a call in the new graph; its result is a MetaValue (or a tuple of them)."""
+    new = builder.node(node.op, node.target, builder.graph_arg(tuple(args)),
+                       {k: builder.graph_arg(v) for k, v in kwargs.items()}, name=node.name)
+    new.meta.update(node.meta)
+    new.meta["opaque_reason"] = reason
+    if "shape" in node.meta:
+        return MetaValue(new, builder)
+    items = node.meta.get("tensor_meta")
+    if isinstance(items, list):
+        import operator
+
+        values = []
+        for i, item in enumerate(items):
+            part = builder.node("call_function", operator.getitem, (new, i))
+            if isinstance(item, dict):
+                part.meta.update(shape=item["shape"], dtype=item["dtype"])
+                values.append(MetaValue(part, builder))
+            else:
+                values.append(_OpaqueValue(part))
+        return tuple(values)
+    return _OpaqueValue(new)
+
+
+def _fetch(gm: GraphModule, path: str):
+    obj = gm
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def primitive_ops() -> set[str]:
+    return set(OPS)
