@@ -141,17 +141,19 @@ class _Builder:
 
     current: "_Builder | None" = None
 
-    def __init__(self, gm: GraphModule):
+    def __init__(self, gm: GraphModule | None):
         self.gm = gm
         self.graph = Graph()
-        self.graph.meta = dict(gm.graph.meta)
+        self.graph.meta = dict(gm.graph.meta) if gm is not None else {}
         self.origin: Node | None = None
         self._attr_nodes: dict[str, Node] = {}
-        self._tensor_paths = {id(t): name for name, t in
-                              [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]}
-        for name, value in gm.graph.meta.get("constants", {}).items():
-            self._tensor_paths.setdefault(id(value), name)
-        self.constants = dict(gm.graph.meta.get("constants", {}))
+        self._tensor_paths, self.constants = {}, {}
+        if gm is not None:
+            named = [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
+            self._tensor_paths = {id(t): name for name, t in named}
+            for name, value in gm.graph.meta.get("constants", {}).items():
+                self._tensor_paths.setdefault(id(value), name)
+            self.constants = dict(gm.graph.meta.get("constants", {}))
 
     # -- nodes ---------------------------------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""Cleanup passes on decomposed graphs: common-subexpression elimination, dead-code elimination, constant folding."""
+from __future__ import annotations
+
+from runtime.autograd import no_grad
+from runtime.tensor import Tensor
+
+from ..graph import Node, map_arg
+from ..prims import Prim
+
+
+def _is_pure_prim(node: Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, Prim) and "opaque_reason" not in node.meta
+
+
+def _key(value):
+    """A hashable identity for an argument structure (nodes by identity)."""
+    if isinstance(value, Node):
+        return ("node", id(value))
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__,) + tuple(_key(v) for v in value)
+    if isinstance(value, dict):
+        return ("dict",) + tuple(sorted((k, _key(v)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return ("slice", _key(value.start), _key(value.stop), _key(value.step))
+    try:
+        hash(value)
+    except TypeError:
+        return ("id", id(value))
+    return (type(value).__name__, value)
+
+
+def cse(gm):
+    """Merge primitive nodes that compute the same op on the same inputs (random ops never reach here)."""
+    seen: dict = {}
+    for node in list(gm.graph.nodes):
+        if not _is_pure_prim(node):
+            continue
+        key = (node.target.op.name, _key(node.args), _key(node.kwargs))
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+        else:
+            node.replace_all_uses_with(first)
+            gm.graph.erase_node(node)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def dce(gm):
+    """Erase nodes nobody reads (side-effecting and opaque nodes stay)."""
+    gm.graph.eliminate_dead_code(is_impure=lambda n: "opaque_reason" in n.meta)
+    gm.recompile()
+    return gm
+
+
+def _foldable(node: Node, constants: set) -> bool:
+    """A pure primitive whose tensor inputs are all constants (not parameters or buffers, which change)."""
+    if not _is_pure_prim(node):
+        return False
+    inputs = node.all_input_nodes
+    return all(n in constants for n in inputs)
+
+
+def fold_constants(gm):
+    """Evaluate primitives whose inputs are all constants once, at compile time."""
+    graph = gm.graph
+    constant_attrs = set(graph.meta.get("constants", {}))
+    constants = {n for n in graph.nodes if n.op == "get_attr" and n.target in constant_attrs}
+    values = {n: getattr(gm, n.target) for n in constants}
+    folded = 0
+    for node in list(graph.nodes):
+        if not _foldable(node, constants):
+            continue
+        with no_grad():
+            result = node.target(*map_arg(node.args, values.__getitem__), **map_arg(node.kwargs, values.__getitem__))
+        if not isinstance(result, Tensor):
+            continue
+        name = f"_folded_constant{folded}"
+        folded += 1
+        object.__setattr__(gm, name, result)
+        graph.meta.setdefault("constants", {})[name] = result
+        with graph.inserting_before(node):
+            replacement = graph.get_attr(name)
+        replacement.meta.update(shape=tuple(result.shape), dtype=result.dtype, folded_from=node.name)
+        node.replace_all_uses_with(replacement)
+        graph.erase_node(node)
+        constants.add(replacement)
+        values[replacement] = result
+    graph.eliminate_dead_code(is_impure=lambda n: "opaque_reason" in n.meta)
+    gm.recompile()
+    return gm
