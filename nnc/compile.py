@@ -12,7 +12,7 @@ from runtime.nn import Module
 from runtime.nn.modules import module as module_mod
 from runtime.tensor import Tensor
 
-from .graph_module import GraphModule
+from .graph_module import GraphModule, share_state
 from .passes.autodiff import AutodiffError, build_backward
 from .passes.decompose import decompose
 from .passes.simplify import cse, dce, fold_constants
@@ -111,7 +111,7 @@ class _CompiledFunction(Function):
     @staticmethod
     def forward(ctx, artifact, structure, n_inputs, *tensors):
         inputs = tensors[:n_inputs]
-        user, saved = artifact.training_forward(*inputs)
+        user, saved = artifact.training_forward.forward(*inputs)  # .forward: the root's hooks fire once, outside
         ctx.artifact = artifact
         ctx.save_for_backward(*saved)
         flat = _flatten_tensors(user)
@@ -126,7 +126,7 @@ class _CompiledFunction(Function):
         saved = ctx.saved_tensors
         seeds = [_sum_for(n, artifact.output_leaves, grads) for n in backward.grad_outputs]
         with no_grad():
-            results = backward.gm(*saved, *seeds)
+            results = backward.gm.forward(*saved, *seeds)
         by_node = dict(zip(backward.wrt, results))
         input_grads = [by_node.get(n) for n in artifact.placeholders if "shape" in n.meta]
         param_grads = [by_node.get(n) for n in artifact.param_nodes]
@@ -178,12 +178,7 @@ class CompiledModule(Module):
         super().__init__()
         if target != "cpu":
             raise ValueError(f"nnc.compile: target {target!r} is not available (only 'cpu')")
-        for name, param in module._parameters.items():
-            self.register_parameter(name, param)
-        for name, buf in module._buffers.items():
-            self.register_buffer(name, buf, persistent=name not in module._non_persistent_buffers_set)
-        for name, child in module._modules.items():
-            self.add_module(name, child)
+        share_state(self, module)
         for name in ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                      "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
                      "_backward_pre_hooks"):
@@ -291,9 +286,10 @@ class CompiledModule(Module):
                                                       or any(p.requires_grad for p in self._module.parameters()))
         if not wants_grad:
             with no_grad():
-                return artifact.forward(*tensors)
+                return artifact.forward.forward(*tensors)
         if artifact.backward is None or artifact.opaque:
-            return artifact.forward(*tensors)  # eager autograd through the decomposed graph: correct, hooks fire
+            # eager autograd through the decomposed graph: correct, and hooked modules see real values
+            return artifact.forward.forward(*tensors)
         structure: list = []
         flat = _CompiledFunction.apply(artifact, structure, len(tensors), *tensors, *artifact.params)
         flat = flat if isinstance(flat, tuple) else (flat,)

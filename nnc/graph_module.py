@@ -140,17 +140,22 @@ def _resolve(dotted: str, namespace: dict):
     return obj
 
 
+def share_state(module: Module, root: Module) -> None:
+    """Make `module` a view of root's state: the same registries (not copies), hence the same state_dict.
+
+    NOTE: sharing the dicts (rather than registering the same tensors again) keeps a buffer rebound in forward
+    (`self.mean = ...`) visible through every view, as it is on the original module.
+    """
+    for name in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+        object.__setattr__(module, name, getattr(root, name))
+
+
 class GraphModule(Module):
     """Runs `graph`; holds the traced module's children, parameters and buffers under the same names."""
 
     def __init__(self, root: Module, graph: Graph, class_name: str = "GraphModule"):
         super().__init__()
-        for name, param in root._parameters.items():
-            self.register_parameter(name, param)
-        for name, buf in root._buffers.items():
-            self.register_buffer(name, buf, persistent=name not in root._non_persistent_buffers_set)
-        for name, module in root._modules.items():
-            self.add_module(name, module)
+        share_state(self, root)
         for name, tensor in graph.meta.get("constants", {}).items():
             object.__setattr__(self, name, tensor)  # constants are not part of the state_dict, as in torch.fx
         # NOTE: the root's own hooks wrap the call of the whole graph, so the GraphModule shares (not copies) its

@@ -270,7 +270,7 @@ def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
     env: dict[Node, object] = {}
     previous, _Builder.current = _Builder.current, builder
     try:
-        with _random_forbidden():
+        with _random_forbidden(), _state_as_graph_values(builder):
             for node in gm.graph.nodes:
                 builder.origin = node
                 env[node] = _replay(builder, gm, node, env)
@@ -283,6 +283,23 @@ def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
     return result
 
 
+@contextlib.contextmanager
+def _state_as_graph_values(builder: _Builder):
+    """Inside layers' forwards, parameters and buffers read as graph values (get_attr), not real tensors."""
+    original = Module.__getattr__
+
+    def getattr_as_graph_value(module, name):
+        value = original(module, name)
+        path = builder._tensor_paths.get(id(value)) if isinstance(value, Tensor) else None
+        return builder.value_of_attr(path, value) if path is not None else value
+
+    Module.__getattr__ = getattr_as_graph_value
+    try:
+        yield
+    finally:
+        Module.__getattr__ = original
+
+
 def _is_impure(node: Node) -> bool:
     return node.op in ("call_module",) or node.meta.get("opaque_reason") is not None and node.op != "get_attr"
 
@@ -293,8 +310,9 @@ def _replay(builder: _Builder, gm: GraphModule, node: Node, env: dict):
         new.meta.update(node.meta)
         return MetaValue(new, builder) if "shape" in node.meta else _OpaqueValue(new)
     if node.op == "get_attr":
-        obj = gm if node.target == "" else _fetch(gm, node.target)
-        return builder.value_of_attr(node.target, obj) if node.target else obj
+        if node.target == "":  # the module itself (for a buffer rebound in forward): a node, so it runs on `self`
+            return _OpaqueValue(builder.node("get_attr", ""))
+        return builder.value_of_attr(node.target, _fetch(gm, node.target))
     if node.op == "output":
         builder.node("output", "output", (map_arg(node.args[0], lambda n: builder.graph_arg(env[n])),))
         return None

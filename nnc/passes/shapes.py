@@ -31,6 +31,11 @@ class ShapeProp(Interpreter):
             node.meta["value"] = result if isinstance(result, (int, float, bool, tuple)) else None
         return result
 
+    def call_module(self, target, args, kwargs):
+        # NOTE: an analysis must not fire user hooks (they may record or print); a hooked module's output
+        # shape is taken from its forward alone.
+        return self.fetch_attr(target).forward(*args, **kwargs)
+
     def propagate(self, *example_inputs):
         return self.run(*example_inputs)
 

@@ -1,0 +1,263 @@
+"""nnc.compile: compiled == eager (forward, gradients, buffers), hooks, guards, fallbacks, and training curves."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import nnc
+import runtime
+from runtime import nn
+import runtime.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import models  # noqa: E402
+
+
+def pair(module):
+    """The module and an independent compiled copy of it (same initial weights)."""
+    return module, nnc.compile(copy.deepcopy(module))
+
+
+def assert_same_forward_and_grads(eager, compiled, *inputs, atol=1e-6):
+    e_in = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    c_in = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    e_out, c_out = eager(*e_in), compiled(*c_in)
+    e_out = e_out[0] if isinstance(e_out, tuple) else e_out
+    c_out = c_out[0] if isinstance(c_out, tuple) else c_out
+    np.testing.assert_allclose(c_out.detach().numpy(), e_out.detach().numpy(), atol=atol, rtol=1e-5)
+    seed = runtime.randn(*e_out.shape, dtype=e_out.dtype)
+    e_out.backward(seed)
+    c_out.backward(seed)
+    for a, b in zip(c_in, e_in):
+        if b.grad is not None:
+            np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), atol=atol, rtol=1e-5)
+    for (name, p), q in zip(eager.named_parameters(), compiled.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), atol=atol, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("name,shape", [("mlp", (8, 784)), ("cnn", (2, 1, 28, 28)), ("block", (2, 5, 32))])
+def test_example_models_compile_to_the_same_results(name, shape):
+    runtime.manual_seed(0)
+    eager, compiled = pair(getattr(models, name))
+    assert_same_forward_and_grads(eager, compiled, runtime.randn(*shape))
+
+
+def test_state_dict_keys_and_tensors_are_the_originals():
+    model = models.MLP()
+    compiled = nnc.compile(model)
+    assert list(compiled.state_dict()) == list(model.state_dict())
+    assert all(a is b for a, b in zip(compiled.parameters(), model.parameters()))
+    opt = runtime.optim.SGD(compiled.parameters(), lr=0.1)
+    before = model.fc1.weight.detach().clone()
+    loss = compiled(runtime.randn(4, 784)).sum()
+    loss.backward()
+    opt.step()
+    assert not runtime.equal(model.fc1.weight, before)  # the optimizer on the compiled module moved the original
+
+
+def test_training_curve_matches_eager_over_50_steps():
+    runtime.manual_seed(1)
+    eager = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+    compiled = nnc.compile(copy.deepcopy(eager))
+    data = runtime.randn(64, 20)
+    target = runtime.randint(0, 4, (64,))
+    curves = []
+    for model in (eager, compiled):
+        opt = runtime.optim.Adam(model.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(50):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(data), target)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        curves.append(np.array(losses))
+    np.testing.assert_allclose(curves[1], curves[0], rtol=1e-4)
+    assert curves[0][-1] < 0.5 * curves[0][0]
+
+
+class RunningMean(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("mean", runtime.zeros(n))
+        self.momentum = 0.1
+
+    def forward(self, x):
+        self.mean = self.momentum * x.mean(0) + (1 - self.momentum) * self.mean
+        return x - self.mean
+
+
+def test_buffer_mutation_matches_eager():
+    eager = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU())
+    compiled = nnc.compile(copy.deepcopy(eager))
+    for _ in range(3):
+        x = runtime.randn(6, 3)
+        np.testing.assert_allclose(compiled(x).detach().numpy(), eager(x).detach().numpy(), atol=1e-6)
+    bn = compiled.get_submodule("1")
+    np.testing.assert_allclose(bn.running_mean.numpy(), eager[1].running_mean.numpy(), atol=1e-6)
+    assert int(bn.num_batches_tracked) == 3
+
+
+def test_running_mean_buffer_rebinding_like_eager():
+    eager, compiled = RunningMean(3), nnc.compile(RunningMean(3))
+    for _ in range(3):
+        x = runtime.randn(5, 3)
+        np.testing.assert_allclose(compiled(x).numpy(), eager(x).numpy(), atol=1e-6)
+
+
+def test_hooks_fire_with_real_values_including_ones_added_after_compiling():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    compiled = nnc.compile(model)
+    x = runtime.randn(2, 3)
+    compiled(x)
+    seen = []
+    model[1].register_forward_hook(lambda m, args, out: seen.append(out.detach().clone()))
+    out = compiled(x)
+    assert len(seen) == 1 and tuple(seen[0].shape) == (2, 4)
+    expected = model[1](model[0](x))
+    np.testing.assert_allclose(seen[0].numpy(), expected.detach().numpy(), atol=1e-6)
+    np.testing.assert_allclose(out.detach().numpy(), model(x).detach().numpy(), atol=1e-6)
+
+
+def test_full_backward_hook_on_a_submodule_replaces_gradients():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    compiled = nnc.compile(model)
+    model[1].register_full_backward_hook(lambda m, gi, go: tuple(runtime.ones_like(g) * 42.0 for g in gi))
+    x = runtime.randn(2, 3, requires_grad=True)
+    compiled(x).sum().backward()
+    expected = np.full((2, 4), 42.0, dtype=np.float32) @ model[0].weight.detach().numpy()
+    np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-5)
+
+
+def test_root_hooks_fire_on_the_compiled_module():
+    model = nn.Linear(3, 2)
+    compiled = nnc.compile(model)
+    model.register_forward_hook(lambda m, args, out: out * 0)
+    assert float(compiled(runtime.randn(4, 3)).abs().sum()) == 0
+
+
+def test_guards_recompile_on_shape_dtype_training_and_python_args():
+    class Scale(nn.Module):
+        def forward(self, x, factor=2.0):
+            return x * factor if self.training else x
+
+    compiled = nnc.compile(Scale())
+    compiled(runtime.ones(2))
+    compiled(runtime.ones(2))
+    assert len(compiled._cache) == 1
+    compiled(runtime.ones(3))
+    compiled(runtime.ones(3, dtype=runtime.float64))
+    np.testing.assert_allclose(compiled(runtime.ones(3), 5.0).numpy(), np.full(3, 5.0))
+    compiled.eval()
+    np.testing.assert_allclose(compiled(runtime.ones(3), 5.0).numpy(), np.ones(3))
+    assert len(compiled._cache) == 5
+
+
+def test_recompile_limit_falls_back_to_eager_with_a_warning():
+    compiled = nnc.compile(nn.Linear(2, 2), recompile_limit=2)
+    compiled(runtime.ones(1, 2))
+    compiled(runtime.ones(2, 2))
+    with pytest.warns(RuntimeWarning, match="recompile limit"):
+        out = compiled(runtime.ones(3, 2))
+    assert tuple(out.shape) == (3, 2)
+
+
+def test_untraceable_code_falls_back_to_eager_with_a_warning():
+    class DataDependent(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.sum() > 0 else x * 3
+
+    compiled = nnc.compile(DataDependent())
+    with pytest.warns(RuntimeWarning, match="could not compile"):
+        out = compiled(runtime.ones(3))
+    np.testing.assert_allclose(out.numpy(), np.full(3, 2.0))
+    np.testing.assert_allclose(compiled(-runtime.ones(3)).numpy(), np.full(3, -3.0))
+
+
+def test_dropout_in_training_stays_random_and_eval_is_identity():
+    model = nn.Sequential(nn.Linear(50, 50), nn.Dropout(0.5))
+    compiled = nnc.compile(model)
+    x = runtime.randn(4, 50)
+    a, b = compiled(x), compiled(x)
+    assert not runtime.equal(a, b)
+    model.eval()
+    np.testing.assert_allclose(compiled(x).detach().numpy(), model(x).detach().numpy(), atol=1e-6)
+
+
+def test_inference_under_no_grad_records_nothing():
+    compiled = nnc.compile(models.MLP())
+    with runtime.no_grad():
+        out = compiled(runtime.randn(2, 784))
+    assert out.grad_fn is None and not out.requires_grad
+
+
+# -- differential testing on random programs -----------------------------------------------------------
+
+UNARY = ["relu", "tanh", "sigmoid", "exp", "neg", "abs"]
+BINARY = ["add", "sub", "mul", "maximum"]
+REDUCE = ["sum", "mean", "amax", "logsumexp", "softmax"]
+
+
+@st.composite
+def programs(draw):
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul"]))
+        if kind == "unary":
+            steps.append(("unary", draw(st.sampled_from(UNARY))))
+        elif kind == "binary":
+            steps.append(("binary", draw(st.sampled_from(BINARY)), draw(st.booleans())))
+        elif kind == "reduce":
+            steps.append(("reduce", draw(st.sampled_from(REDUCE))))
+        else:
+            steps.append(("matmul",))
+    return steps
+
+
+class Program(nn.Module):
+    """A random chain over a [4, 6] input: elementwise ops, broadcasts, reductions and matmuls."""
+
+    def __init__(self, steps):
+        super().__init__()
+        self.steps = steps
+        self.w = nn.Parameter(runtime.randn(6, 6) * 0.3)
+        self.b = nn.Parameter(runtime.randn(6) * 0.3)
+
+    def forward(self, x):
+        h = x
+        for step in self.steps:
+            if step[0] == "unary":
+                h = getattr(h, step[1])() if step[1] != "exp" else (h * 0.3).exp()
+            elif step[0] == "binary":
+                other = self.b if step[2] else x
+                h = getattr(runtime, step[1])(h, other)
+            elif step[0] == "reduce":
+                name = step[1]
+                if name == "softmax":
+                    h = h.softmax(-1)
+                elif name == "logsumexp":
+                    h = h + h.logsumexp(-1, keepdim=True)
+                else:
+                    h = h - getattr(h, name)(-1, keepdim=True)
+            else:
+                h = h @ self.w
+        return h
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=programs())
+def test_random_programs_compile_to_eager_results(steps):
+    runtime.manual_seed(0)
+    eager = Program(steps)
+    compiled = nnc.compile(copy.deepcopy(eager))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a silent fallback would hide a compiler bug here
+        assert_same_forward_and_grads(eager, compiled, runtime.randn(4, 6), atol=1e-5)
