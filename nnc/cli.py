@@ -13,8 +13,8 @@ import traceback
 
 PROG = "nnc"
 FORMATS = ("text", "table", "python", "dot", "json")
-AVAILABLE_STAGES = ("traced", "shapes")
-PLANNED_STAGES = ("decomposed", "fused", "backward", "kernels")
+AVAILABLE_STAGES = ("traced", "shapes", "decomposed", "backward")
+PLANNED_STAGES = ("fused", "kernels")
 STAGES = AVAILABLE_STAGES + PLANNED_STAGES
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
 SEED = 0
@@ -51,8 +51,10 @@ from a standard normal distribution with a fixed seed, integer and bool inputs a
 Stages:
   traced      the graph symbolic_trace records (inputs are not needed)
   shapes      traced, then run on the --input tensors to record each node's shape and dtype
-  decomposed, fused, backward, kernels
-              not available yet: they land with the compiler work"""
+  decomposed  primitive ops from runtime's op table, after CSE, constant folding and dead-code removal
+  backward    the backward graph the autodiff pass derives (gradients of inputs and parameters)
+  fused, kernels
+              not available yet: they land with fusion and code generation"""
 
 _DUMP_EPILOG = """\
 examples:
@@ -355,6 +357,26 @@ def _node_source(node) -> str | None:
     return source
 
 
+def _compiler_stage(gm, stage: str, where: str):
+    """The forward graph after decomposition and cleanup, or the backward graph derived from it."""
+    from .compile import FORWARD_PIPELINE, run_pipeline
+    from .passes.autodiff import AutodiffError, build_backward
+    from .passes.decompose import decompose
+
+    forward = run_pipeline(decompose(gm), FORWARD_PIPELINE, "forward")
+    if stage == "decomposed":
+        return forward
+    graph = forward.graph
+    params = {name for name, p in gm.named_parameters() if p.requires_grad}
+    wrt = [n for n in graph.placeholders if "shape" in n.meta and n.meta["dtype"].is_floating_point]
+    wrt += [n for n in graph.nodes if n.op == "get_attr" and n.target in params]
+    try:
+        return build_backward(forward, wrt).gm
+    except AutodiffError as exc:
+        raise CliError(f"{where} has no compiled backward: {exc}. Its gradients run through eager autograd.",
+                       exc) from exc
+
+
 def _target_text(node) -> str:
     if isinstance(node.target, str):
         return node.target
@@ -365,7 +387,7 @@ def _target_text(node) -> str:
 
 def _planned_stage(stage: str) -> CliError:
     return CliError(f"stage {stage!r} is not available yet: it lands with the compiler work "
-                    f"(decomposition, fusion, autograd and kernel generation). Stages available today: "
+                    f"(fusion and kernel generation). Stages available today: "
                     f"{', '.join(AVAILABLE_STAGES)}.")
 
 
@@ -377,8 +399,8 @@ def cmd_dump(args) -> int:
     if stage in PLANNED_STAGES:
         raise _planned_stage(stage)
     specs = [parse_input_spec(s) for s in args.inputs]
-    if stage == "shapes" and not specs:
-        raise CliError("--stage shapes needs example inputs: give one --input DTYPE[DIMS] per forward() argument, "
+    if stage != "traced" and not specs:
+        raise CliError(f"--stage {stage} needs example inputs: give one --input DTYPE[DIMS] per forward() argument, "
                        "e.g. --input 'float32[8,784]'. Or use --stage traced, which needs none.")
     path, attr = split_target(args.target)
     where = f"{path}:{attr}"
@@ -388,9 +410,12 @@ def cmd_dump(args) -> int:
     gm = _trace(module, where, path)
     if specs:
         _check_arity(gm, specs, where)
-    if stage == "shapes":
+    if stage != "traced":
         _progress(args, f"propagating shapes for {', '.join(format_spec(*s) for s in specs)}")
         _propagate(gm, specs, where)
+    if stage in ("decomposed", "backward"):
+        _progress(args, f"running the compiler's passes up to {stage}")
+        gm = _compiler_stage(gm, stage, where)
 
     from .printer import format_graph  # imported here: the printer may land after this module
 

@@ -15,7 +15,7 @@ from runtime.tensor import Tensor
 from .graph_module import GraphModule, share_state
 from .passes.autodiff import AutodiffError, build_backward
 from .passes.decompose import decompose
-from .passes.simplify import cse, dce, fold_constants
+from .passes.simplify import cse, dce, fold_constants, remove_noops
 from .trace import symbolic_trace
 
 
@@ -32,8 +32,8 @@ def debug(level: int, message: str) -> None:
         print(f"[nnc] {message}", file=sys.stderr)
 
 
-FORWARD_PIPELINE = [("cse", cse), ("fold_constants", fold_constants), ("dce", dce)]
-BACKWARD_PIPELINE = [("cse", cse), ("dce", dce)]
+FORWARD_PIPELINE = [("remove_noops", remove_noops), ("cse", cse), ("fold_constants", fold_constants), ("dce", dce)]
+BACKWARD_PIPELINE = [("remove_noops", remove_noops), ("cse", cse), ("dce", dce)]
 
 
 def run_pipeline(gm: GraphModule, pipeline, label: str) -> GraphModule:
@@ -53,7 +53,8 @@ class CompileError(RuntimeError):
 class Artifact:
     """What one guard key compiles to: the forward graph, and the backward pieces when gradients are needed."""
 
-    def __init__(self, module: Module, concrete: dict, example_inputs: list, needs_grad: bool):
+    def __init__(self, module: Module, concrete: dict, example_inputs: list, needs_grad: bool,
+                 inputs_requiring_grad: tuple = ()):
         start = time.perf_counter()
         traced = symbolic_trace(module, concrete_args=concrete or None)
         self.forward = run_pipeline(decompose(traced, *example_inputs), FORWARD_PIPELINE, "forward")
@@ -63,6 +64,7 @@ class Artifact:
         self.output_leaves = _leaves(graph.output_node.args[0])  # tensor outputs in structure order
         self.backward = None
         self.backward_error = None
+        self.inputs_requiring_grad = inputs_requiring_grad
         if needs_grad:
             self._build_backward(module)
         self.compile_seconds = time.perf_counter() - start
@@ -73,7 +75,9 @@ class Artifact:
         self.param_nodes = [n for n in graph.nodes if n.op == "get_attr" and n.target in params
                             and params[n.target].requires_grad]
         self.params = [params[n.target] for n in self.param_nodes]
-        wrt = [n for n in self.placeholders if "shape" in n.meta] + self.param_nodes
+        tensor_inputs = [n for n in self.placeholders if "shape" in n.meta]
+        self.input_nodes = [n for n, wants in zip(tensor_inputs, self.inputs_requiring_grad) if wants]
+        wrt = self.input_nodes + self.param_nodes
         try:
             backward = build_backward(self.forward, wrt)
         except AutodiffError as error:
@@ -128,7 +132,8 @@ class _CompiledFunction(Function):
         with no_grad():
             results = backward.gm.forward(*saved, *seeds)
         by_node = dict(zip(backward.wrt, results))
-        input_grads = [by_node.get(n) for n in artifact.placeholders if "shape" in n.meta]
+        tensor_inputs = [n for n in artifact.placeholders if "shape" in n.meta]
+        input_grads = [by_node.get(n) for n in tensor_inputs]
         param_grads = [by_node.get(n) for n in artifact.param_nodes]
         return (None, None, None, *input_grads, *param_grads)
 
@@ -263,7 +268,8 @@ class CompiledModule(Module):
                                  or any(p.requires_grad for p in self._module.parameters()))
         try:
             with no_grad():
-                artifact = Artifact(self._module, concrete, [t.detach() for t in examples], needs_grad)
+                artifact = Artifact(self._module, concrete, [t.detach() for t in examples], needs_grad,
+                                    tuple(t.requires_grad for t in examples))
         except Exception as error:  # never a wrong answer: run eagerly, and say why
             warnings.warn(f"nnc.compile: could not compile {self._module._get_name()} "
                           f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=3)

@@ -192,7 +192,22 @@ def test_console_module_error_in_subprocess(tmp_path):
 # -- stages that land with the compiler ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", ["decomposed", "fused", "backward", "kernels"])
+@pytest.mark.parametrize("stage", ["decomposed", "backward"])
+def test_compiler_stages_show_primitive_graphs(capsys, stage):
+    assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--stage", stage, "--format", "python") == 0
+    out, _ = capsys.readouterr()
+    assert "prims." in out and "self.fc1(" not in out  # modules are decomposed into primitives
+    if stage == "backward":
+        assert "saved_" in out and "grad_" in out
+
+
+@pytest.mark.parametrize("stage", ["decomposed", "backward"])
+def test_compiler_stages_need_inputs(capsys, stage):
+    assert dump(f"{MODELS}:mlp", "--stage", stage) == 1
+    assert "needs example inputs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stage", ["fused", "kernels"])
 def test_planned_stages_say_so(capsys, stage):
     assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--stage", stage) == 1
     out, err = capsys.readouterr()

@@ -1,4 +1,4 @@
-"""Cleanup passes on decomposed graphs: common-subexpression elimination, dead-code elimination, constant folding."""
+"""Cleanup passes on decomposed graphs: no-op removal, common-subexpression and dead-code elimination, folding."""
 from __future__ import annotations
 
 from runtime.autograd import no_grad
@@ -27,6 +27,32 @@ def _key(value):
     except TypeError:
         return ("id", id(value))
     return (type(value).__name__, value)
+
+
+def _is_noop(node: Node) -> bool:
+    """A view or cast that returns its input unchanged (same shape, same dtype, identity permutation)."""
+    if not _is_pure_prim(node) or not node.args or not isinstance(node.args[0], Node):
+        return False
+    source, name = node.args[0], node.target.op.name
+    same_shape = tuple(source.meta.get("shape", ())) == tuple(node.meta.get("shape", ()))
+    same_dtype = source.meta.get("dtype") is node.meta.get("dtype")
+    if name in ("reshape", "expand"):
+        return same_shape and same_dtype
+    if name == "permute":
+        return tuple(node.kwargs["dims"]) == tuple(range(len(node.kwargs["dims"])))
+    if name == "cast":
+        return same_dtype
+    return False
+
+
+def remove_noops(gm):
+    """Drop reshapes/expands to the same shape, identity permutes and casts to the same dtype."""
+    for node in list(gm.graph.nodes):
+        if _is_noop(node):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
 
 
 def cse(gm):

@@ -1,0 +1,567 @@
+"""Fusion: group a decomposed graph's primitive nodes into Kernels (elementwise chains, reduction prologues and
+epilogues, matmul epilogues), deciding by op kinds on a TVM-style lattice, never by op names.
+
+`fuse(graph) -> list[Kernel]` needs a decomposed graph (prims.* call_function nodes, plus placeholders, get_attrs,
+the output and the odd opaque node) with shape meta (`propagate_shapes`). Every node other than placeholders,
+get_attrs and the output lands in exactly one kernel; kernels come in a valid execution order.
+
+The lattice (nnc.kernel): elementwise < broadcast < injective < reduction < opaque. A node's rank comes from its
+OpDef's kind and its shapes:
+
+  ELEMENTWISE  an elementwise prim whose inputs all have its output shape
+  BROADCAST    an elementwise prim with an input of another (smaller) shape: that input is read with broadcasting
+  INJECTIVE    a shape/view prim (`kind == "shape"` and `is_view`: reshape, permute, expand, getitem)
+  REDUCTION    a reduction prim codegen can fuse (sum, amax, amin, prod: the one place names are read, to tell
+               codegen which accumulator to use; argmax/argmin/all/any are OPAQUE)
+  OPAQUE       everything else: matmul/linear (an *anchor* that takes epilogues), gather, scatter_add, index_put,
+               cat (a shape op that copies), full, and nodes that are not prims at all
+
+Rules, applied in this order (each step only ever assigns *whole nodes* to *one* group):
+
+  1. Anchors. Each fusable reduction and each matmul/linear starts a group. INJECTIVE and OPAQUE nodes are groups
+     of their own that never grow (kind "opaque", run as is: no code generation for indexing).
+  2. Reduction prologues (post-dominator rule). An elementwise/broadcast producer p joins the group of reduction
+     r as a prologue node when (a) p's output shape is r's input shape, (b) r post-dominates p: every path from p
+     to the graph's output passes through r (immediate post-dominators, computed with
+     `networkx.immediate_dominators` on the reversed graph from a virtual exit node), and (c) every node on those
+     paths is already in the group: all users of p are prologue nodes or r itself. So p's value never leaves the
+     kernel (it is not written out) and the kernel has a single exit, r. Candidates are visited consumers-first
+     (reverse graph order), so a multi-consumer producer is decided after all of its consumers: it joins exactly
+     when all of them did. ((c) implies (b) as the prologue grows; (b) is checked as well, as the stated rule.)
+  3. Epilogues. An elementwise/broadcast consumer c joins the group of a reduction or matmul when c's output shape
+     is the anchor's output shape and everything c reads from the group is the anchor or earlier epilogue nodes
+     (never a prologue value); c's other inputs (a bias) are kernel inputs read with broadcasting. Prologues are
+     grown first, so a node that could be a later reduction's prologue or an epilogue becomes the prologue (which
+     saves writing a full-size value).
+  4. Elementwise chains. The remaining elementwise/broadcast nodes are merged along producer -> consumer edges
+     whose two ends have identical output shapes ("elementwise" kernels). An input of another shape stays a kernel
+     input (read with broadcasting); a node of a group read outside it becomes a kernel output, so multi-consumer
+     nodes are fine.
+  5. No cycles. Every merge or join is refused if some path leaves the group and comes back into it (the kernel
+     DAG would get a cycle). After grouping, the kernel DAG is built with networkx and checked to be acyclic, and
+     kernels are ordered topologically (ties by graph position).
+
+No work is ever duplicated: a node belongs to exactly one kernel and no kernel recomputes another's node, so
+transcendental or otherwise expensive nodes (exp, erf, ...) are computed once by construction; `verify` checks it.
+
+Every kernel records why it ends in `Kernel.reason` (the boundary reasons of the edges leaving it, or why an opaque
+node runs alone), and in meta: `ops` (op names), `ranks`, `bytes_moved` (bytes of inputs + outputs from shape and
+dtype meta), `boundaries` ((producer, consumer, reason) per edge leaving it), `broadcast_inputs` (inputs some node
+of the kernel reads at a larger shape than their own), and for reduction kernels `reduction`
+({"op", "node", "dims", "keepdim", "out_shape"}), `prologue` and `epilogue` node lists (matmul kernels: `anchor`,
+`epilogue`).
+"""
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+
+from runtime.ops import Kind
+
+from ..graph import Graph, Node, target_name
+from ..kernel import BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel
+from ..prims import Prim
+
+# NOTE: the only names fusion reads: which reductions codegen has an accumulator for (the rest are OPAQUE).
+FUSABLE_REDUCTIONS = ("sum", "amax", "amin", "prod")
+_NON_COMPUTE = ("placeholder", "get_attr", "output")
+
+
+class FusionError(RuntimeError):
+    """The graph cannot be fused (missing shape meta), or a grouping broke an invariant (a bug)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Classification
+# ---------------------------------------------------------------------------------------------------------------
+
+def op_of(node: Node):
+    """The OpDef of a prims.* call_function node, else None (an opaque node)."""
+    if node.op == "call_function" and isinstance(node.target, Prim):
+        return node.target.op
+    return None
+
+
+def op_name(node: Node) -> str:
+    op = op_of(node)
+    return op.name if op is not None else target_name(node.target)
+
+
+def rank(node: Node) -> int:
+    """The node's place on the fusion lattice (see the module docstring)."""
+    op = op_of(node)
+    if op is None:
+        return OPAQUE
+    if op.kind == Kind.ELEMENTWISE:
+        out = node.meta.get("shape")
+        for arg in node.all_input_nodes:
+            shape = arg.meta.get("shape")
+            if shape is not None and out is not None and tuple(shape) != tuple(out):
+                return BROADCAST
+        return ELEMENTWISE
+    if op.kind == Kind.SHAPE:
+        return INJECTIVE if op.is_view else OPAQUE  # cat copies: it is not an indexing view
+    if op.kind == Kind.REDUCTION:
+        return REDUCTION if op.name in FUSABLE_REDUCTIONS else OPAQUE
+    return OPAQUE  # matmul (an anchor that takes epilogues, see is_matmul) and other
+
+
+def is_pointwise(node: Node) -> bool:
+    """Elementwise or broadcast: may sit in an elementwise kernel, a prologue or an epilogue."""
+    return node.op not in _NON_COMPUTE and rank(node) <= BROADCAST and _shape(node) is not None
+
+
+def is_matmul(node: Node) -> bool:
+    op = op_of(node)
+    return op is not None and op.kind == Kind.MATMUL and _shape(node) is not None
+
+
+def is_reduction(node: Node) -> bool:
+    return node.op not in _NON_COMPUTE and rank(node) == REDUCTION and _shape(node) is not None \
+        and _shape(node.args[0]) is not None
+
+
+def _shape(value):
+    if isinstance(value, Node):
+        shape = value.meta.get("shape")
+        return tuple(shape) if shape is not None else None
+    return None
+
+
+def nbytes(node: Node) -> int:
+    """Bytes of a node's value from shape/dtype meta (a tuple of tensors: their sum; not a tensor: 0)."""
+    metas = [node.meta] if "shape" in node.meta else node.meta.get("tensor_meta") or []
+    total = 0
+    for meta in metas:
+        if isinstance(meta, dict) and meta.get("shape") is not None and meta.get("dtype") is not None:
+            total += math.prod(meta["shape"]) * meta["dtype"].itemsize
+    return total
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Groups
+# ---------------------------------------------------------------------------------------------------------------
+
+class _PrefixMax:
+    """A Fenwick tree over node positions: raise(i, v) sets value[i] = max(value[i], v); query(i) is the max of
+    value[0..i]. Used to bound the cycle search (see _Fuser.search_bound)."""
+
+    def __init__(self, size: int):
+        self.tree = [-1] * (size + 1)
+
+    def raise_(self, i: int, value: int) -> None:
+        i += 1
+        while i < len(self.tree):
+            if self.tree[i] < value:
+                self.tree[i] = value
+            i += i & -i
+
+    def query(self, i: int) -> int:
+        i += 1
+        best = -1
+        while i > 0:
+            best = max(best, self.tree[i])
+            i -= i & -i
+        return best
+
+
+class _Group:
+    """A set of nodes being grown into a kernel."""
+
+    def __init__(self, kind: str, nodes, anchor: Node | None = None):
+        self.kind = kind  # elementwise | reduction | matmul | opaque
+        self.nodes: set[Node] = set(nodes)
+        self.anchor = anchor
+        self.lo = self.hi = -1  # first and last graph positions of its nodes (kept by _Fuser._move)
+        self.prologue: set[Node] = set()
+        self.epilogue: set[Node] = set()
+
+
+class _Fuser:
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.position = {n: i for i, n in enumerate(graph.nodes)}
+        self.compute = [n for n in graph.nodes if n.op not in _NON_COMPUTE]
+        for node in self.compute:
+            if node.op == "call_function" and isinstance(node.target, Prim) and "shape" not in node.meta \
+                    and "tensor_meta" not in node.meta:
+                raise FusionError(f"node {node.name} has no shape meta: run nnc.passes.propagate_shapes first")
+        self.group_of: dict[Node, _Group] = {}
+        self.spans = _PrefixMax(len(graph.nodes))  # at each group's first position: its last position
+        self.refused: dict[tuple[Node, Node], str] = {}  # (producer, consumer) -> why they were not merged
+        self.ipdom = self._post_dominators()
+
+    # -- analyses ---------------------------------------------------------------------------------------------
+
+    def _post_dominators(self) -> dict:
+        """Immediate post-dominators: immediate dominators of the reversed graph from a virtual exit node."""
+        reverse = self.graph.to_networkx().reverse(copy=True)
+        exit_node = ("<exit>",)
+        reverse.add_node(exit_node)
+        for node in self.graph.nodes:
+            if not node.users:  # the output node, and dead nodes
+                reverse.add_edge(exit_node, node)
+        ipdom = nx.immediate_dominators(reverse, exit_node)
+        ipdom.pop(exit_node, None)
+        return ipdom
+
+    def post_dominates(self, d: Node, n: Node) -> bool:
+        """Whether every path from n to the graph's exit passes through d."""
+        while n in self.ipdom:
+            parent = self.ipdom[n]
+            if parent is d:
+                return True
+            if parent is n or not isinstance(parent, Node):
+                return False
+            n = parent
+        return False
+
+    def creates_cycle(self, members: set, extra: set) -> bool:
+        """Whether merging the groups `members` and `extra` would close a cycle in the kernel DAG: some path leaves
+        the merged set and comes back into it. Groups run as units, so the walk is over groups: reaching one node
+        of another group continues from the users of all of that group's nodes (two nodes of one kernel need not
+        be connected by a path of their own, yet the kernel still runs after every input of either)."""
+        union = members | extra
+        bound = self.search_bound(max(self.position[n] for n in union))
+        position = self.position
+        frontier = [u for n in union for u in n.users if u not in union and u.op != "output" and position[u] <= bound]
+        seen_groups: set[int] = set()
+        while frontier:
+            node = frontier.pop()
+            group = self.group_of.get(node)
+            if group is None or id(group) in seen_groups:
+                continue
+            seen_groups.add(id(group))
+            for member in group.nodes:
+                for user in member.users:
+                    if user in union:
+                        return True
+                    if user.op != "output" and position[user] <= bound \
+                            and id(self.group_of.get(user)) not in seen_groups:
+                        frontier.append(user)
+        return False
+
+    def search_bound(self, last: int) -> int:
+        """A position B >= last such that no group has nodes on both sides of B: then nothing past B reaches back
+        to a position <= last (edges go forward, and a jump inside a group past B stays past B), so the cycle
+        search may skip nodes past B. The least fixed point of B = max(B, last position of groups starting <= B)."""
+        bound = last
+        while True:
+            wider = self.spans.query(bound)
+            if wider <= bound:
+                return bound
+            bound = wider
+
+    # -- grouping ---------------------------------------------------------------------------------------------
+
+    def run(self) -> list[_Group]:
+        # 1. anchors and singletons
+        for node in self.compute:
+            if is_reduction(node):
+                self.group_of[node] = _Group("reduction", [node], anchor=node)
+            elif is_matmul(node):
+                self.group_of[node] = _Group("matmul", [node], anchor=node)
+            elif is_pointwise(node):
+                self.group_of[node] = _Group("elementwise", [node])
+            else:
+                self.group_of[node] = _Group("opaque", [node])
+            self.group_of[node].lo = self.group_of[node].hi = self.position[node]
+        # 2. reduction prologues, 3. epilogues, 4. elementwise chains
+        for node in self.compute:
+            if self.group_of[node].kind == "reduction":
+                self._grow_prologue(self.group_of[node])
+        for node in self.compute:
+            group = self.group_of[node]
+            if group.anchor is node:
+                self._grow_epilogue(group)
+        for node in self.compute:
+            self._merge_elementwise(node)
+        groups = list({id(g): g for g in self.group_of.values()}.values())
+        return groups
+
+    def _free_pointwise(self, node: Node) -> bool:
+        """An elementwise node still alone in its own group (free to join another)."""
+        group = self.group_of.get(node)
+        return group is not None and group.kind == "elementwise" and len(group.nodes) == 1 and is_pointwise(node)
+
+    def _grow_prologue(self, group: _Group) -> None:
+        reduction = group.anchor
+        in_shape = _shape(reduction.args[0])
+        candidates = {a for a in reduction.all_input_nodes}
+        while candidates:
+            p = max(candidates, key=self.position.__getitem__)  # consumers first: users are decided before p
+            candidates.discard(p)
+            if p.op in _NON_COMPUTE:
+                continue
+            if not self._free_pointwise(p):
+                continue  # an anchor, an opaque node, or already in a group: _edge_reason says why
+            if _shape(p) != in_shape:
+                continue  # (cannot happen for a direct input of a pointwise prologue; kept for safety)
+            outside = [u for u in p.users if u not in group.nodes]
+            if outside or not self.post_dominates(reduction, p):
+                readers = ", ".join("the graph output" if x.op == "output" else x.name for x in outside)
+                for u in p.users:
+                    if u in group.nodes:
+                        self.refused[(p, u)] = (f"{p.name} is also read outside the reduction ({readers}), "
+                                                f"so it cannot be a prologue of {reduction.name}")
+                continue
+            if self.creates_cycle(group.nodes, {p}):
+                self.refused[(p, _first_user_in(p, group))] = (
+                    f"{p.name} joining {reduction.name}'s kernel as a prologue would create a cycle between kernels")
+                continue
+            self._move(p, group)
+            group.prologue.add(p)
+            candidates.update(a for a in p.all_input_nodes if a.op not in _NON_COMPUTE)
+
+    def _grow_epilogue(self, group: _Group) -> None:
+        anchor = group.anchor
+        out_shape = _shape(anchor)
+        producers = {anchor}
+        candidates = set(anchor.users)
+        while candidates:
+            c = min(candidates, key=self.position.__getitem__)  # producers first
+            candidates.discard(c)
+            if c.op == "output" or c in group.nodes:
+                continue
+            inside = [a for a in c.all_input_nodes if a in group.nodes]
+            p = inside[0]
+            if not self._free_pointwise(c):
+                continue  # an anchor, an opaque node, or already in a group: _edge_reason says why
+            if _shape(c) != out_shape:
+                self.refused[(p, c)] = (f"{c.name} {list(_shape(c))} reads the {group.kind} output shape "
+                                        f"{list(out_shape)} with broadcasting, so it cannot be an epilogue")
+                continue
+            bad = [a for a in inside if a not in producers]
+            if bad:
+                self.refused[(p, c)] = (f"{c.name} reads the prologue value {bad[0].name}; an epilogue may read only "
+                                        f"the {group.kind} result and earlier epilogue nodes")
+                continue
+            if self.creates_cycle(group.nodes, {c}):
+                for a in inside:
+                    self.refused[(a, c)] = (f"{c.name} joining {anchor.name}'s kernel as an epilogue would create a "
+                                            f"cycle between kernels (it also reads a value computed from that kernel)")
+                continue
+            self._move(c, group)
+            group.epilogue.add(c)
+            producers.add(c)
+            candidates.update(c.users)
+
+    def _merge_elementwise(self, consumer: Node) -> None:
+        group = self.group_of[consumer]
+        if group.kind != "elementwise":
+            return
+        for p in consumer.all_input_nodes:
+            if p.op in _NON_COMPUTE or self.group_of[p] is self.group_of[consumer]:
+                continue
+            other, mine = self.group_of[p], self.group_of[consumer]
+            if other.kind != "elementwise":
+                continue  # boundary reasons for anchored or opaque producers are worked out afterwards
+            if _shape(p) != _shape(consumer):
+                self.refused[(p, consumer)] = (f"{p.name} {list(_shape(p))} is read with broadcasting by "
+                                               f"{consumer.name} {list(_shape(consumer))}")
+                continue
+            if self.creates_cycle(mine.nodes, other.nodes):
+                self.refused[(p, consumer)] = (f"merging {p.name} and {consumer.name} would create a cycle between "
+                                               f"kernels (a path from one to the other leaves both groups)")
+                continue
+            for node in list(other.nodes):
+                self._move(node, mine)
+
+    def _move(self, node: Node, group: _Group) -> None:
+        old = self.group_of[node]
+        old.nodes.discard(node)
+        group.nodes.add(node)
+        self.group_of[node] = group
+        # NOTE: a group only grows, so its span only widens; the entry left by a group that empties is stale but
+        # larger than needed, which keeps search_bound an upper bound.
+        at = self.position[node]
+        group.lo, group.hi = min(group.lo, at), max(group.hi, at)
+        self.spans.raise_(group.lo, group.hi)
+
+
+def _first_user_in(p: Node, group: _Group) -> Node:
+    for u in p.users:
+        if u in group.nodes:
+            return u
+    return group.anchor
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Boundary reasons
+# ---------------------------------------------------------------------------------------------------------------
+
+def _edge_reason(p: Node, c: Node, fuser: _Fuser) -> str:
+    """Why producer p and consumer c ended up in different kernels (c reads p across a kernel boundary)."""
+    if c.op == "output":
+        return f"{p.name} is a graph output"
+    pg, cg = fuser.group_of[p], fuser.group_of[c]
+    if pg.kind == "opaque":
+        return f"{p.name} is {RANK_NAMES[rank(p)]} and runs alone"
+    if op_of(c) is None:
+        return f"{p.name} is read by {c.name}, which is not a primitive (opaque)"
+    if is_matmul(c):
+        return f"{p.name} feeds the matmul {c.name} (a matmul fuses epilogues, not prologues)"
+    if cg.kind == "opaque":
+        return f"{p.name} feeds the {RANK_NAMES[rank(c)]} op {c.name}, which runs alone"
+    if (p, c) in fuser.refused:
+        return fuser.refused[(p, c)]
+    anchored = pg.anchor is not None and (p is pg.anchor or p in pg.epilogue)
+    if cg.anchor is c:  # c is a reduction
+        if anchored:
+            return f"{pg.kind} result {p.name} feeds the reduction {c.name} (one reduction or matmul per kernel)"
+        return f"{p.name} feeds the reduction {c.name} but is not one of its prologue nodes"
+    if _shape(p) != _shape(c):
+        return f"{p.name} {list(_shape(p) or ())} is read with broadcasting by {c.name} {list(_shape(c) or ())}"
+    if anchored and cg.anchor is not None:
+        return (f"{pg.kind} result {p.name} feeds {c.name} in the {cg.kind} kernel of {cg.anchor.name} "
+                f"(one reduction or matmul per kernel)")
+    if cg.anchor is not None and c in cg.prologue:
+        return f"{p.name} is also read outside {cg.anchor.name}'s reduction, so it cannot be a prologue"
+    if cg.anchor is not None:
+        return f"{c.name} is an epilogue of {cg.anchor.name} and reads {p.name} from another kernel"
+    if anchored:
+        return f"{c.name} already belongs to another kernel"
+    return f"{p.name} and {c.name} were not merged"
+
+
+def _opaque_reason(node: Node) -> str:
+    r = rank(node)
+    op = op_of(node)
+    if op is None:
+        return f"opaque: {node.op} {target_name(node.target)} is not a primitive; run as is"
+    if r == INJECTIVE:
+        return f"injective: view/shape op {op.name} runs as is (no code generation)"
+    if op.kind == Kind.REDUCTION:
+        return f"opaque: reduction {op.name} has no fusable accumulator; run as is"
+    return f"opaque: {op.kind} op {op.name} runs as is"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Kernels
+# ---------------------------------------------------------------------------------------------------------------
+
+def fuse(graph: Graph) -> list[Kernel]:
+    """Group a decomposed, shape-annotated graph's nodes into kernels, in a valid execution order."""
+    graph = getattr(graph, "graph", graph)  # a GraphModule is accepted too
+    fuser = _Fuser(graph)
+    groups = fuser.run()
+    position = fuser.position
+    graph_outputs = set(graph.output_node.all_input_nodes)
+
+    # the kernel DAG: it must stay acyclic
+    dag = nx.DiGraph()
+    for i, group in enumerate(groups):
+        dag.add_node(i)
+    index = {id(g): i for i, g in enumerate(groups)}
+    for i, group in enumerate(groups):
+        for node in group.nodes:
+            for arg in node.all_input_nodes:
+                if arg.op not in _NON_COMPUTE and fuser.group_of[arg] is not group:
+                    dag.add_edge(index[id(fuser.group_of[arg])], i)
+    if not nx.is_directed_acyclic_graph(dag):
+        cycle = nx.find_cycle(dag)
+        raise FusionError(f"fusion produced a cycle between kernels: {cycle}")  # a bug in the rules
+    first = {i: min(position[n] for n in g.nodes) for i, g in enumerate(groups)}
+    order = list(nx.lexicographical_topological_sort(dag, key=first.__getitem__))
+
+    kernels = []
+    for k, i in enumerate(order):
+        group = groups[i]
+        nodes = sorted(group.nodes, key=position.__getitem__)
+        inputs: dict[Node, None] = {}
+        for node in nodes:
+            for arg in node.all_input_nodes:
+                if arg not in group.nodes:
+                    inputs.setdefault(arg, None)
+        outputs = [n for n in nodes if n in graph_outputs or any(u not in group.nodes for u in n.users)]
+        boundaries = [(n, u, _edge_reason(n, u, fuser)) for n in outputs for u in n.users if u not in group.nodes]
+        if group.kind == "opaque":
+            reason = _opaque_reason(nodes[0])
+        elif boundaries:
+            reason = "; ".join(dict.fromkeys(r for _, _, r in boundaries))
+        else:
+            reason = "its result is never read (dead code)"
+        if group.kind == "elementwise":
+            shape = _shape(nodes[0])
+        elif group.kind == "reduction":
+            shape = _shape(group.anchor.args[0])
+        else:
+            shape = _shape(nodes[0]) if _shape(nodes[0]) is not None else ()
+        kind = group.kind
+        name = f"k{k}_{kind}"
+        meta = {
+            "ops": [op_name(n) for n in nodes],
+            "ranks": [RANK_NAMES[rank(n)] for n in nodes],
+            "bytes_moved": sum(nbytes(n) for n in inputs) + sum(nbytes(n) for n in outputs),
+            "boundaries": [(p.name, c.name, r) for p, c, r in boundaries],
+            "broadcast_inputs": [n for n in inputs if kind != "opaque" and _read_with_broadcasting(group, n)],
+        }
+        if kind in ("reduction", "matmul"):
+            meta["anchor"] = group.anchor
+            meta["prologue"] = [n for n in nodes if n in group.prologue]
+            meta["epilogue"] = [n for n in nodes if n in group.epilogue]
+        if kind == "reduction":
+            r = group.anchor
+            meta["reduction"] = {"op": op_of(r).name, "node": r, "dims": tuple(r.kwargs.get("dims", ())),
+                                 "keepdim": bool(r.kwargs.get("keepdim", False)), "out_shape": _shape(r)}
+        kernels.append(Kernel(name, kind, nodes, list(inputs), outputs, tuple(shape), reason, meta))
+    return kernels
+
+
+def _read_with_broadcasting(group: _Group, value: Node) -> bool:
+    """Whether some pointwise node of the group reads `value` at a shape other than its own (the anchor of a
+    reduction or matmul reads its inputs whole)."""
+    shape = _shape(value)
+    return shape is not None and any(
+        node is not group.anchor and value in node.all_input_nodes and _shape(node) != shape for node in group.nodes)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checks (used by tests and by nnc.explain)
+# ---------------------------------------------------------------------------------------------------------------
+
+def kernel_dag(kernels: list[Kernel]) -> nx.DiGraph:
+    """The kernels as a networkx DiGraph (kernel index -> kernel index, along values read across kernels)."""
+    owner = {n: i for i, k in enumerate(kernels) for n in k.nodes}
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(kernels)))
+    for i, k in enumerate(kernels):
+        for node in k.inputs:
+            if node in owner:
+                dag.add_edge(owner[node], i)
+    return dag
+
+
+def verify(kernels: list[Kernel], graph: Graph) -> None:
+    """Raise FusionError unless the kernels cover every compute node exactly once, run in a valid order (each
+    kernel's inputs come from earlier kernels, placeholders or get_attrs), form an acyclic DAG, and list the right
+    inputs and outputs."""
+    graph = getattr(graph, "graph", graph)
+    compute = [n for n in graph.nodes if n.op not in _NON_COMPUTE]
+    seen: dict[Node, str] = {}
+    for k in kernels:
+        for n in k.nodes:
+            if n in seen:
+                raise FusionError(f"{n.name} is in two kernels: {seen[n]} and {k.name} (duplicated work)")
+            seen[n] = k.name
+    missing = [n.name for n in compute if n not in seen]
+    extra = [n.name for n in seen if n not in set(compute)]
+    if missing or extra:
+        raise FusionError(f"kernels miss nodes {missing} / hold non-compute nodes {extra}")
+    available = {n for n in graph.nodes if n.op in ("placeholder", "get_attr")}
+    outputs = set(graph.output_node.all_input_nodes)
+    for k in kernels:
+        members = set(k.nodes)
+        reads = {a for n in k.nodes for a in n.all_input_nodes if a not in members}
+        if set(k.inputs) != reads or len(k.inputs) != len(reads):
+            raise FusionError(f"{k.name}: inputs {k.inputs} should be {sorted(reads, key=str)}")
+        late = [a.name for a in k.inputs if a not in available]
+        if late:
+            raise FusionError(f"{k.name} reads {late} before a kernel produces them (invalid order)")
+        expected = [n for n in k.nodes if n in outputs or any(u not in members for u in n.users)]
+        if k.outputs != expected:
+            raise FusionError(f"{k.name}: outputs {k.outputs} should be {expected}")
+        available |= members
+    if not nx.is_directed_acyclic_graph(kernel_dag(kernels)):
+        raise FusionError("the kernel DAG has a cycle")
