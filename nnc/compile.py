@@ -12,6 +12,7 @@ from runtime.nn import Module
 from runtime.nn.modules import module as module_mod
 from runtime.tensor import Tensor
 
+from .executor import Plan
 from .graph_module import GraphModule, share_state
 from .passes.autodiff import AutodiffError, build_backward
 from .passes.decompose import decompose
@@ -54,7 +55,7 @@ class Artifact:
     """What one guard key compiles to: the forward graph, and the backward pieces when gradients are needed."""
 
     def __init__(self, module: Module, concrete: dict, example_inputs: list, needs_grad: bool,
-                 inputs_requiring_grad: tuple = ()):
+                 inputs_requiring_grad: tuple = (), codegen: bool = True):
         start = time.perf_counter()
         traced = symbolic_trace(module, concrete_args=concrete or None)
         self.forward = run_pipeline(decompose(traced, *example_inputs), FORWARD_PIPELINE, "forward")
@@ -65,9 +66,19 @@ class Artifact:
         self.backward = None
         self.backward_error = None
         self.inputs_requiring_grad = inputs_requiring_grad
+        self.forward_plan = self.training_plan = self.backward_plan = None
         if needs_grad:
             self._build_backward(module)
+        if self.backward is not None and not self.opaque:
+            self.training_plan = Plan(self.training_forward, use_codegen=codegen)
+            self.backward_plan = Plan(self.backward.gm, use_codegen=codegen)
+        else:
+            self.forward_plan = Plan(self.forward, use_codegen=codegen)
         self.compile_seconds = time.perf_counter() - start
+
+    @property
+    def plans(self) -> list:
+        return [p for p in (self.forward_plan, self.training_plan, self.backward_plan) if p is not None]
 
     def _build_backward(self, module: Module) -> None:
         graph = self.forward.graph
@@ -115,7 +126,7 @@ class _CompiledFunction(Function):
     @staticmethod
     def forward(ctx, artifact, structure, n_inputs, *tensors):
         inputs = tensors[:n_inputs]
-        user, saved = artifact.training_forward.forward(*inputs)  # .forward: the root's hooks fire once, outside
+        user, saved = artifact.training_plan.run(*inputs)
         ctx.artifact = artifact
         ctx.save_for_backward(*saved)
         flat = _flatten_tensors(user)
@@ -130,7 +141,7 @@ class _CompiledFunction(Function):
         saved = ctx.saved_tensors
         seeds = [_sum_for(n, artifact.output_leaves, grads) for n in backward.grad_outputs]
         with no_grad():
-            results = backward.gm.forward(*saved, *seeds)
+            results = artifact.backward_plan.run(*saved, *seeds)
         by_node = dict(zip(backward.wrt, results))
         tensor_inputs = [n for n in artifact.placeholders if "shape" in n.meta]
         input_grads = [by_node.get(n) for n in tensor_inputs]
@@ -179,7 +190,7 @@ def _rebuild(template, flat_iter):
 class CompiledModule(Module):
     """Runs `module` compiled; shares its parameters, buffers, submodules and hooks (same state_dict)."""
 
-    def __init__(self, module: Module, target: str = "cpu", recompile_limit: int = 8):
+    def __init__(self, module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True):
         super().__init__()
         if target != "cpu":
             raise ValueError(f"nnc.compile: target {target!r} is not available (only 'cpu')")
@@ -194,6 +205,7 @@ class CompiledModule(Module):
         object.__setattr__(self, "_signature", inspect.signature(module.forward))
         self.recompile_limit = recompile_limit
         self.target = target
+        self.codegen = codegen
 
     @property
     def training(self) -> bool:
@@ -269,7 +281,7 @@ class CompiledModule(Module):
         try:
             with no_grad():
                 artifact = Artifact(self._module, concrete, [t.detach() for t in examples], needs_grad,
-                                    tuple(t.requires_grad for t in examples))
+                                    tuple(t.requires_grad for t in examples), codegen=self.codegen)
         except Exception as error:  # never a wrong answer: run eagerly, and say why
             warnings.warn(f"nnc.compile: could not compile {self._module._get_name()} "
                           f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=3)
@@ -292,8 +304,10 @@ class CompiledModule(Module):
                                                       or any(p.requires_grad for p in self._module.parameters()))
         if not wants_grad:
             with no_grad():
-                return artifact.forward.forward(*tensors)
-        if artifact.backward is None or artifact.opaque:
+                plan = artifact.forward_plan or artifact.training_plan
+                result = plan.run(*tensors)
+                return result if plan is artifact.forward_plan else result[0]
+        if artifact.training_plan is None:
             # eager autograd through the decomposed graph: correct, and hooked modules see real values
             return artifact.forward.forward(*tensors)
         structure: list = []
@@ -313,8 +327,8 @@ def _hashable(value):
         return repr(value)
 
 
-def compile(module: Module, target: str = "cpu", recompile_limit: int = 8) -> CompiledModule:
+def compile(module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True) -> CompiledModule:
     """Compile `module`: same parameters and state_dict, same results, faster (see docs/architecture.md)."""
     if not isinstance(module, Module):
         raise TypeError(f"nnc.compile expects a runtime.nn.Module, got {type(module).__name__}")
-    return CompiledModule(module, target=target, recompile_limit=recompile_limit)
+    return CompiledModule(module, target=target, recompile_limit=recompile_limit, codegen=codegen)

@@ -1,0 +1,84 @@
+"""Executor: runs a decomposed graph as a sequence of steps: generated kernels, or nodes through the interpreter."""
+from __future__ import annotations
+
+import time
+import warnings
+
+from runtime.tensor import Tensor
+
+from .graph import Node, map_arg
+from .graph_module import GraphModule
+from .interpreter import Interpreter
+from .kernel import Kernel
+from .passes.fusion import fuse
+
+
+class KernelStep:
+    """One fused kernel compiled to numba; reads its inputs' arrays and produces its outputs' tensors."""
+
+    def __init__(self, kernel: Kernel, compiled):
+        self.kernel, self.compiled = kernel, compiled
+        self.inputs, self.outputs = kernel.inputs, kernel.outputs
+
+    def run(self, env: dict) -> None:
+        arrays = self.compiled.run([env[n]._data for n in self.inputs])
+        for node, array in zip(self.outputs, arrays):
+            env[node] = Tensor._from_array(array)
+
+
+class InterpretedStep:
+    """Nodes run one by one with the op table's numpy forwards (opaque kernels, and the fallback)."""
+
+    def __init__(self, nodes: list[Node], interpreter: Interpreter, reason: str):
+        self.nodes, self.interpreter, self.reason = nodes, interpreter, reason
+
+    def run(self, env: dict) -> None:
+        interpreter = self.interpreter
+        for node in self.nodes:
+            args, kwargs = map_arg(node.args, env.__getitem__), map_arg(node.kwargs, env.__getitem__)
+            env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
+
+
+class Plan:
+    """The steps for one graph; `run(*inputs)` returns what the graph returns."""
+
+    def __init__(self, gm: GraphModule, use_codegen: bool = True):
+        start = time.perf_counter()
+        self.gm = gm
+        self.interpreter = Interpreter(gm)
+        # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect
+        self.kernels = [k for k in fuse(gm.graph) if k.outputs or k.kind == "opaque"]
+        self.steps, self.fallbacks, self.cache_hits = [], [], 0
+        for kernel in self.kernels:
+            self.steps.append(self._step_for(kernel, use_codegen))
+        self.placeholders = gm.graph.placeholders
+        self.attrs = [n for n in gm.graph.nodes if n.op == "get_attr"]
+        self.output = gm.graph.output_node.args[0]
+        self.compile_seconds = time.perf_counter() - start
+
+    def _step_for(self, kernel: Kernel, use_codegen: bool):
+        if kernel.kind == "opaque" or not use_codegen:
+            return InterpretedStep(kernel.nodes, self.interpreter, "opaque" if use_codegen else "codegen off")
+        from .codegen.cpu import compile_kernel
+
+        try:
+            compiled = compile_kernel(kernel)
+        except Exception as error:  # never a wrong answer: interpret this group instead
+            reason = f"{type(error).__name__}: {error}"
+            self.fallbacks.append((kernel.name, reason))
+            warnings.warn(f"nnc: kernel {kernel.name} failed to compile ({reason}); running it with the "
+                          f"interpreter", RuntimeWarning, stacklevel=4)
+            return InterpretedStep(kernel.nodes, self.interpreter, reason)
+        self.cache_hits += bool(getattr(compiled, "cache_hit", False))
+        kernel.meta["source"] = getattr(compiled, "source", "")
+        return KernelStep(kernel, compiled)
+
+    def run(self, *inputs):
+        env: dict = {}
+        for node, value in zip(self.placeholders, inputs):
+            env[node] = value
+        for node in self.attrs:
+            env[node] = self.interpreter.fetch_attr(node.target) if node.target else self.gm
+        for step in self.steps:
+            step.run(env)
+        return map_arg(self.output, env.__getitem__)
