@@ -697,8 +697,8 @@ E("maximum", np.maximum, "max({0}, {1})",
   vjp=(lambda g, out, x, y: _maximum_vjp(g, x, y), lambda g, out, x, y: _maximum_vjp(g, y, x)), saves=(0, 1))
 E("minimum", np.minimum, "min({0}, {1})",
   vjp=(lambda g, out, x, y: _maximum_vjp(g, y, x), lambda g, out, x, y: _maximum_vjp(g, x, y)), saves=(0, 1))
-E("floordiv", _quiet(np.floor_divide), "floor({0} / {1})")
-E("remainder", _quiet(np.remainder), "({0} - floor({0} / {1}) * {1})",
+E("floordiv", _quiet(np.floor_divide), "({0} // {1})")
+E("remainder", _quiet(np.remainder), "({0} % {1})",
   vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g * (x // y)), saves=(0, 1))
 # comparisons and logic
 E("eq", np.equal, "({0} == {1})", _compare)

@@ -1,0 +1,524 @@
+"""Vectorizable approximations of exp, log, log1p, tanh, sigmoid and erf for generated numba kernels.
+
+The PyPI llvmlite has no vector math library (SVML), so `math.exp` & co. inside a numba loop stay scalar libm
+calls and the whole loop stays scalar. The functions here are branch-free float arithmetic plus integer bit
+tricks, which LLVM inlines into the caller's loop and vectorizes (8 or 16 float32 lanes per instruction).
+
+One function per (name, dtype): `exp_f32`, `exp_f64`, ..., `erf_f64`. The code generator picks one with
+`approx_function(name, dtype)` (or `APPROX[name][dtype]`); `NAMESPACE` maps every function's name to it for
+generated source. Each function casts its argument to its own dtype first and computes in that dtype.
+
+Stated maximum errors, measured against float64 numpy / `math.erf` (float32) and against numpy / `math.erf` in
+float64 (float64 functions) by tests/test_approx.py, which asserts them. "rel" is |got - want| / |want| over
+outputs that are normal numbers; subnormal outputs are within one subnormal step (2**-149, 2**-1074) of the
+correctly rounded result. 1 float32 ulp is 6e-8 to 1.2e-7 relative; 1 float64 ulp 1.1e-16 to 2.2e-16.
+
+    function   float32 (stated bound)          float64 (stated bound)
+    exp        rel <= 2.5e-7                   rel <= 5e-16
+    log        rel <= 2.5e-7                   rel <= 5e-16
+    log1p      rel <= 3e-7                     rel <= 5e-16
+    tanh       rel <= 3e-7  (abs <= 2e-7)      rel <= 5e-16
+    sigmoid    rel <= 3.5e-7                   rel <= 6e-16
+    erf        abs <= 1.5e-7, rel <= 1.5e-7    rel <= 1e-15  (Cody's rational approximations)
+               for |x| < 0.875
+
+Special values follow numpy: exp(-inf) = 0, exp(inf) = inf, overflow to inf / underflow through subnormals to
+0 at numpy's thresholds; log(0) = -inf, log(x < 0) = nan, log(inf) = inf; log1p(-1) = -inf, log1p(x < -1) = nan;
+tanh(+-inf) = +-1, sigmoid(+inf) = 1, sigmoid(-inf) = 0, erf(+-inf) = +-1; nan propagates everywhere; the sign
+of zero is kept where numpy keeps it (exp/log excepted, which have no signed-zero results).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+__all__ = ["APPROX", "NAMESPACE", "approx_function", "approx_name", "DTYPE_SUFFIX",
+           "exp_f32", "log_f32", "log1p_f32", "tanh_f32", "sigmoid_f32", "erf_f32",
+           "exp_f64", "log_f64", "log1p_f64", "tanh_f64", "sigmoid_f64", "erf_f64"]
+
+# NOTE: how vectorization was verified, and what blocks it. tests/test_approx.py compiles a
+# `numba.njit(parallel=True)` prange loop over each float32 function and checks its LLVM IR
+# (`dispatcher.inspect_llvm(sig)`) has float vector types (`<8 x float>`, `<16 x float>` on this
+# AVX-512 machine; the asm has `vfmadd213ps %zmm...`, `vrndscaleps`-free magic-number rounding)
+# and no call left to the helper or to libm. Things that were measured to break it or slow it:
+#   - Python float literals: numba types `x * 0.5` with float32 x as float64, so a float32 function
+#     silently computes in float64 (half the lanes, extra conversions). Every constant below is a
+#     module-level np.float32/np.float64, which numba freezes as a constant of that type.
+#   - math.floor/int(): they return int64 from float32 (fcvt to i64), again widening; rounding uses the
+#     1.5*2**23 (2**52) magic-number trick instead, which also yields k's bits for 2**k directly.
+#   - error_model='python' (numba's njit default): every float division gets a zero check that raises
+#     ZeroDivisionError, a branch out of the loop. Hence error_model='numpy' here; the caller's own
+#     error model does not matter, because these functions are compiled on their own and LLVM inlines
+#     the result (with its instruction flags) into the caller.
+#   - `inline='always'` (numba-IR inlining) re-types the body inside the caller with the caller's
+#     fastmath flags; under fastmath=True (nnan/ninf/reassoc) the magic-number rounding and the
+#     inf/nan selects are folded away (measured: wrong results and a 13x slower loop). So these stay
+#     ordinary njit functions and the LLVM inliner (always run on numba's linked module) inlines them.
+#   - Python `if` statements with a return per branch: kept as branchy control flow more often than
+#     conditional expressions, which SimplifyCFG turns into `select` (vblendmps / masked moves). All
+#     range splits below compute every piece and select; nan handling relies on comparisons with nan
+#     being false.
+# Scalar float<->int reinterpretation uses `np.float32(x).view(np.int32)`, which numba supports on
+# scalars and lowers to a bitcast. numba widens int32 arithmetic to int64; wrapping the result in
+# np.int32(...) before `.view` lets LLVM narrow it back to 32-bit lanes.
+_FLAGS = dict(fastmath={"contract"}, error_model="numpy", forceinline=True, nogil=True)
+# NOTE: 'contract' (fused multiply-add) is the only fast-math flag: it never breaks the Cody-Waite
+# reductions or magic-number rounding below (fma only removes a rounding), and the stated error bounds
+# hold with and without FMA hardware (both were measured). nnan/ninf/reassoc would break them.
+
+
+def _approx(fn):
+    return numba.njit(**_FLAGS)(fn)
+
+
+_F = np.float32
+_D = np.float64
+_I32 = np.int32
+_I64 = np.int64
+
+# ---------------------------------------------------------------------------------------------------------------
+# float32
+# ---------------------------------------------------------------------------------------------------------------
+
+_ONE_F = _F(1.0)
+_TWO_F = _F(2.0)
+_HALF_F = _F(0.5)
+_ZERO_F = _F(0.0)
+_INF_F = _F(np.inf)
+_NAN_F = _F(np.nan)
+
+# exp: x = k*ln2 + r, |r| <= ln2/2, exp(r) = 1 + r + r^2*P(r) (Cephes expf's minimax P), 2^k built in two
+# halves so that k in [-150, 128] (all of float32's range, subnormals included) never leaves the exponent field.
+_EXP_LO_F = _F(-104.0)     # exp(-104) < 2**-150: rounds to 0, as for every x below it
+_EXP_HI_F = _F(89.0)       # exp(89) > FLT_MAX: inf, as for every x above it
+_LOG2E_F = _F(1.44269504088896341)
+_RND_F = _F(12582912.0)    # 1.5 * 2**23: x + _RND_F rounds x to an integer, held in the low mantissa bits
+_RND_BITS_F = 0x4B400000   # the bits of _RND_F
+_LN2_HI_F = _F(0.693359375)          # 9 significant bits: k * _LN2_HI_F is exact for |k| < 2**15
+_LN2_LO_F = _F(-2.12194440e-4)       # ln2 - _LN2_HI_F
+_EXP_P0_F = _F(1.9875691500e-4)
+_EXP_P1_F = _F(1.3981999507e-3)
+_EXP_P2_F = _F(8.3334519073e-3)
+_EXP_P3_F = _F(4.1665795894e-2)
+_EXP_P4_F = _F(1.6666665459e-1)
+_EXP_P5_F = _F(5.0000001201e-1)
+
+
+@_approx
+def _exp_core_f32(x):
+    """exp(x) for float32 x in [-104, 89] (nan gives nan); no clamping."""
+    t = x * _LOG2E_F + _RND_F
+    k = t - _RND_F
+    r = x - k * _LN2_HI_F
+    r = r - k * _LN2_LO_F
+    z = r * r
+    p = (((((_EXP_P0_F * r + _EXP_P1_F) * r + _EXP_P2_F) * r + _EXP_P3_F) * r + _EXP_P4_F) * r
+         + _EXP_P5_F) * z + r + _ONE_F
+    ki = np.float32(t).view(np.int32) - _RND_BITS_F
+    k1 = ki >> 1
+    k2 = ki - k1
+    s1 = np.int32((k1 + 127) << 23).view(np.float32)
+    s2 = np.int32((k2 + 127) << 23).view(np.float32)
+    # NOTE: p * s1 is exact (a normal number); the one rounding is in * s2, also into subnormals.
+    return p * s1 * s2
+
+
+@_approx
+def exp_f32(x):
+    """e**x in float32; max relative error 2.5e-7 (measured over every float32 input)."""
+    x = _F(x)
+    xc = _EXP_LO_F if x < _EXP_LO_F else x
+    xc = _EXP_HI_F if xc > _EXP_HI_F else xc
+    return _exp_core_f32(xc)
+
+
+# log: x = 2^e * m, m in [sqrt(1/2), sqrt(2)), log(x) = e*ln2 + log1p(f), f = m - 1, with Cephes logf's
+# minimax polynomial log1p(f) = f - f^2/2 + f^3*P(f).
+_FLT_MIN_F = _F(1.17549435e-38)
+_TWO23_F = _F(8388608.0)
+_SUBNORMAL_E_F = _F(23.0)
+_SQRT_HALF_BITS_F = 0x3F3504F3    # bits of sqrt(1/2): subtracting them puts m in [sqrt(1/2), sqrt(2))
+_LOG_P0_F = _F(7.0376836292e-2)
+_LOG_P1_F = _F(-1.1514610310e-1)
+_LOG_P2_F = _F(1.1676998740e-1)
+_LOG_P3_F = _F(-1.2420140846e-1)
+_LOG_P4_F = _F(1.4249322787e-1)
+_LOG_P5_F = _F(-1.6668057665e-1)
+_LOG_P6_F = _F(2.0000714765e-1)
+_LOG_P7_F = _F(-2.4999993993e-1)
+_LOG_P8_F = _F(3.3333331174e-1)
+_TINY_LOG1P_F = _F(2.0 ** -24)    # |x| below it: log1p(x) rounds to x
+
+
+@_approx
+def _log_core_f32(x, c, e0):
+    """log(x * 2**e0) + c for positive normal finite float32 x, a small correction c, an integral e0."""
+    i = np.float32(x).view(np.int32)
+    ix = i - _SQRT_HALF_BITS_F
+    e = _F(ix >> 23) + e0
+    m = np.int32(i - (ix & -8388608)).view(np.float32)    # -8388608 == ~0x7FFFFF: clear the mantissa bits of ix
+    f = m - _ONE_F
+    z = f * f
+    y = ((((((((_LOG_P0_F * f + _LOG_P1_F) * f + _LOG_P2_F) * f + _LOG_P3_F) * f + _LOG_P4_F) * f
+              + _LOG_P5_F) * f + _LOG_P6_F) * f + _LOG_P7_F) * f + _LOG_P8_F) * f * z
+    y = y + e * _LN2_LO_F + c
+    y = y - _HALF_F * z
+    return (f + y) + e * _LN2_HI_F
+
+
+@_approx
+def log_f32(x):
+    """Natural log in float32; max relative error 2.5e-7 (measured over every float32 input)."""
+    x = _F(x)
+    sub = x < _FLT_MIN_F
+    xs = x * _TWO23_F if sub else x    # subnormals: scale into the normal range first
+    r = _log_core_f32(xs, _ZERO_F, -_SUBNORMAL_E_F if sub else _ZERO_F)
+    r = r if x < _INF_F else x         # inf -> inf, nan -> nan
+    r = -_INF_F if x == _ZERO_F else r
+    return _NAN_F if x < _ZERO_F else r
+
+
+@_approx
+def log1p_f32(x):
+    """log(1 + x) in float32; max relative error 3e-7 (measured over every float32 input)."""
+    x = _F(x)
+    u = x + _ONE_F
+    # NOTE: c = (1 + x - u) / u corrects for the rounding of u (fdlibm's log1p); u - 1 is exact for u < 2.
+    c = _ONE_F - (u - x) if u >= _TWO_F else x - (u - _ONE_F)
+    r = _log_core_f32(u, c / u, _ZERO_F)
+    r = r if x < _INF_F else x         # inf -> inf, nan -> nan
+    r = -_INF_F if x == -_ONE_F else r
+    r = _NAN_F if x < -_ONE_F else r
+    return x if abs(x) < _TINY_LOG1P_F else r    # keeps -0.0
+
+
+# tanh: |x| < 0.625: Cephes tanhf's odd minimax polynomial; above: 1 - 2/(exp(2|x|) + 1), sign restored.
+_TANH_SPLIT_F = _F(0.625)
+_TANH_CLAMP_F = _F(20.0)    # tanh(10) rounds to 1 in float32
+_TANH_P0_F = _F(-5.70498872745e-3)
+_TANH_P1_F = _F(2.06390887954e-2)
+_TANH_P2_F = _F(-5.37397155531e-2)
+_TANH_P3_F = _F(1.33314422036e-1)
+_TANH_P4_F = _F(-3.33332819422e-1)
+
+
+@_approx
+def tanh_f32(x):
+    """tanh in float32; max relative error 3e-7 (measured over every float32 input)."""
+    x = _F(x)
+    ax = abs(x)
+    z = x * x
+    small = ((((_TANH_P0_F * z + _TANH_P1_F) * z + _TANH_P2_F) * z + _TANH_P3_F) * z + _TANH_P4_F) * z * x + x
+    t = ax + ax
+    t = _TANH_CLAMP_F if t > _TANH_CLAMP_F else t
+    big = _ONE_F - _TWO_F / (_exp_core_f32(t) + _ONE_F)
+    big = -big if x < _ZERO_F else big
+    small = x if x == _ZERO_F else small    # tanh(-0.0) = -0.0 (the polynomial gives +0.0)
+    return big if ax >= _TANH_SPLIT_F else small    # nan: comparison false, small is nan
+
+
+@_approx
+def sigmoid_f32(x):
+    """1 / (1 + e**-x) in float32; max relative error 3.5e-7 (measured over every float32 input)."""
+    x = _F(x)
+    # NOTE: e = exp(-|x|) <= 1 never overflows; e/(1+e) for x < 0 keeps the tiny results accurate.
+    t = -abs(x)
+    t = _EXP_LO_F if t < _EXP_LO_F else t
+    e = _exp_core_f32(t)
+    num = e if x < _ZERO_F else _ONE_F
+    return num / (_ONE_F + e)
+
+
+# erf: |x| < 0.875: x + x*P(x^2); above: 1 - exp(L(|x|) - x^2) with L(x) = log(erfc(x)) + x^2 fitted on
+# [0.875, 3.92] (a polynomial in |x| - 2.3975); erf rounds to 1 in float32 from 3.84 on. Both fits are
+# minimax fits made for this file with float32 coefficients (least squares + Lawson iterations).
+_ERF_SPLIT_F = _F(0.875)
+_ERF_CLAMP_F = _F(3.92)
+_ERF_CENTER_F = _F(2.3975)
+_ERF_S0_F = _F(0.12837915122509003)
+_ERF_S1_F = _F(-0.3761255145072937)
+_ERF_S2_F = _F(0.11282455176115036)
+_ERF_S3_F = _F(-0.026791462674736977)
+_ERF_S4_F = _F(0.005032180808484554)
+_ERF_S5_F = _F(-0.0006203252705745399)
+_ERF_L0_F = _F(-1.520064115524292)
+_ERF_L1_F = _F(-0.36453428864479065)
+_ERF_L2_F = _F(0.05958646163344383)
+_ERF_L3_F = _F(-0.011792074888944626)
+_ERF_L4_F = _F(0.0023932575713843107)
+_ERF_L5_F = _F(-0.0004708045453298837)
+_ERF_L6_F = _F(8.738309406908229e-05)
+_ERF_L7_F = _F(-1.4623458810092416e-05)
+_ERF_L8_F = _F(1.6201469179577543e-06)
+
+
+@_approx
+def erf_f32(x):
+    """The error function in float32; max absolute error 1.5e-7, relative 1.5e-7 below |x| = 0.875."""
+    x = _F(x)
+    ax = abs(x)
+    z = x * x
+    small = x + x * (((((_ERF_S5_F * z + _ERF_S4_F) * z + _ERF_S3_F) * z + _ERF_S2_F) * z + _ERF_S1_F) * z
+                     + _ERF_S0_F)
+    a = _ERF_CLAMP_F if ax > _ERF_CLAMP_F else ax
+    u = a - _ERF_CENTER_F
+    q = (((((((_ERF_L8_F * u + _ERF_L7_F) * u + _ERF_L6_F) * u + _ERF_L5_F) * u + _ERF_L4_F) * u + _ERF_L3_F) * u
+          + _ERF_L2_F) * u + _ERF_L1_F) * u + _ERF_L0_F
+    big = _ONE_F - _exp_core_f32(q - a * a)
+    big = -big if x < _ZERO_F else big
+    return big if ax >= _ERF_SPLIT_F else small    # nan: comparison false, small is nan
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# float64: the same algorithms with float64 polynomials (vectorizable, 4 or 8 lanes)
+# ---------------------------------------------------------------------------------------------------------------
+
+_ONE_D = _D(1.0)
+_TWO_D = _D(2.0)
+_HALF_D = _D(0.5)
+_ZERO_D = _D(0.0)
+_INF_D = _D(np.inf)
+_NAN_D = _D(np.nan)
+
+_EXP_LO_D = _D(-746.0)    # exp(-746) < 2**-1075: rounds to 0
+_EXP_HI_D = _D(710.0)     # exp(710) > DBL_MAX: inf
+_LOG2E_D = _D(1.4426950408889634)
+_RND_D = _D(6755399441055744.0)    # 1.5 * 2**52
+_RND_BITS_D = 0x4338000000000000
+_LN2_HI_D = _D(6.93147180369123816490e-01)    # fdlibm's split of ln2: the high part has 32 significant bits
+_LN2_LO_D = _D(1.90821492927058770002e-10)
+# exp(r) = 1 + r + r^2 * (1/2! + r/3! + ... + r^11/13!): the Taylor tail is below 3e-18 relative for |r| <= ln2/2.
+_EXP_C2_D = _D(1.0 / 2)
+_EXP_C3_D = _D(1.0 / 6)
+_EXP_C4_D = _D(1.0 / 24)
+_EXP_C5_D = _D(1.0 / 120)
+_EXP_C6_D = _D(1.0 / 720)
+_EXP_C7_D = _D(1.0 / 5040)
+_EXP_C8_D = _D(1.0 / 40320)
+_EXP_C9_D = _D(1.0 / 362880)
+_EXP_C10_D = _D(1.0 / 3628800)
+_EXP_C11_D = _D(1.0 / 39916800)
+_EXP_C12_D = _D(1.0 / 479001600)
+_EXP_C13_D = _D(1.0 / 6227020800)
+
+
+@_approx
+def _exp_core_f64(x):
+    """exp(x) for float64 x in [-746, 710] (nan gives nan); no clamping."""
+    t = x * _LOG2E_D + _RND_D
+    k = t - _RND_D
+    r = x - k * _LN2_HI_D
+    r = r - k * _LN2_LO_D
+    q = ((((((((((_EXP_C13_D * r + _EXP_C12_D) * r + _EXP_C11_D) * r + _EXP_C10_D) * r + _EXP_C9_D) * r
+               + _EXP_C8_D) * r + _EXP_C7_D) * r + _EXP_C6_D) * r + _EXP_C5_D) * r + _EXP_C4_D) * r
+         + _EXP_C3_D) * r + _EXP_C2_D
+    p = _ONE_D + (r + r * r * q)
+    ki = np.float64(t).view(np.int64) - _RND_BITS_D
+    k1 = ki >> 1
+    k2 = ki - k1
+    s1 = np.int64((k1 + 1023) << 52).view(np.float64)
+    s2 = np.int64((k2 + 1023) << 52).view(np.float64)
+    return p * s1 * s2
+
+
+@_approx
+def exp_f64(x):
+    """e**x in float64; max relative error 5e-16."""
+    x = _D(x)
+    xc = _EXP_LO_D if x < _EXP_LO_D else x
+    xc = _EXP_HI_D if xc > _EXP_HI_D else xc
+    return _exp_core_f64(xc)
+
+
+# log: fdlibm's e_log.c / s_log1p.c: f = m - 1, s = f/(2+f), log1p(f) = f - f^2/2 + s*(f^2/2 + R(s^2)).
+_DBL_MIN_D = _D(2.2250738585072014e-308)
+_TWO54_D = _D(18014398509481984.0)
+_SUBNORMAL_E_D = _D(54.0)
+_SQRT_HALF_BITS_D = 0x3FE6A09E667F3BCD    # bits of sqrt(1/2)
+_LG1_D = _D(6.666666666666735130e-01)
+_LG2_D = _D(3.999999999940941908e-01)
+_LG3_D = _D(2.857142874366239149e-01)
+_LG4_D = _D(2.222219843214978396e-01)
+_LG5_D = _D(1.818357216161805012e-01)
+_LG6_D = _D(1.531383769920937332e-01)
+_LG7_D = _D(1.479819860511658591e-01)
+_TINY_LOG1P_D = _D(2.0 ** -54)
+
+
+@_approx
+def _log_core_f64(x, c, e0):
+    """log(x * 2**e0) + c for positive normal finite float64 x, a small correction c, an integral e0."""
+    i = np.float64(x).view(np.int64)
+    ix = i - _SQRT_HALF_BITS_D
+    e = _D(ix >> 52) + e0
+    m = np.int64(i - (ix & -4503599627370496)).view(np.float64)    # -4503599627370496 == ~(2**52 - 1)
+    f = m - _ONE_D
+    hfsq = _HALF_D * f * f
+    s = f / (_TWO_D + f)
+    z = s * s
+    w = z * z
+    t1 = w * (_LG2_D + w * (_LG4_D + w * _LG6_D))
+    t2 = z * (_LG1_D + w * (_LG3_D + w * (_LG5_D + w * _LG7_D)))
+    r = t2 + t1
+    return e * _LN2_HI_D - ((hfsq - (s * (hfsq + r) + (e * _LN2_LO_D + c))) - f)
+
+
+@_approx
+def log_f64(x):
+    """Natural log in float64; max relative error 5e-16."""
+    x = _D(x)
+    sub = x < _DBL_MIN_D
+    xs = x * _TWO54_D if sub else x
+    r = _log_core_f64(xs, _ZERO_D, -_SUBNORMAL_E_D if sub else _ZERO_D)
+    r = r if x < _INF_D else x
+    r = -_INF_D if x == _ZERO_D else r
+    return _NAN_D if x < _ZERO_D else r
+
+
+@_approx
+def log1p_f64(x):
+    """log(1 + x) in float64; max relative error 5e-16."""
+    x = _D(x)
+    u = x + _ONE_D
+    c = _ONE_D - (u - x) if u >= _TWO_D else x - (u - _ONE_D)
+    r = _log_core_f64(u, c / u, _ZERO_D)
+    r = r if x < _INF_D else x
+    r = -_INF_D if x == -_ONE_D else r
+    r = _NAN_D if x < -_ONE_D else r
+    return x if abs(x) < _TINY_LOG1P_D else r
+
+
+# tanh: |x| < 0.625: Cephes tanh's x + x^3 * P(x^2)/Q(x^2); above: 1 - 2/(exp(2|x|) + 1).
+_TANH_SPLIT_D = _D(0.625)
+_TANH_CLAMP_D = _D(40.0)    # tanh(20) rounds to 1 in float64
+_TANH_P0_D = _D(-9.64399179425052238628e-1)
+_TANH_P1_D = _D(-9.92877231001918586564e1)
+_TANH_P2_D = _D(-1.61468768441708447952e3)
+_TANH_Q1_D = _D(1.12811678491632931402e2)
+_TANH_Q2_D = _D(2.23548839060100448583e3)
+_TANH_Q3_D = _D(4.84406305325125486048e3)
+
+
+@_approx
+def tanh_f64(x):
+    """tanh in float64; max relative error 5e-16."""
+    x = _D(x)
+    ax = abs(x)
+    z = x * x
+    small = x + x * z * (((_TANH_P0_D * z + _TANH_P1_D) * z + _TANH_P2_D)
+                         / (((z + _TANH_Q1_D) * z + _TANH_Q2_D) * z + _TANH_Q3_D))
+    t = ax + ax
+    t = _TANH_CLAMP_D if t > _TANH_CLAMP_D else t
+    big = _ONE_D - _TWO_D / (_exp_core_f64(t) + _ONE_D)
+    big = -big if x < _ZERO_D else big
+    small = x if x == _ZERO_D else small    # tanh(-0.0) = -0.0
+    return big if ax >= _TANH_SPLIT_D else small
+
+
+@_approx
+def sigmoid_f64(x):
+    """1 / (1 + e**-x) in float64; max relative error 6e-16."""
+    x = _D(x)
+    t = -abs(x)
+    t = _EXP_LO_D if t < _EXP_LO_D else t
+    e = _exp_core_f64(t)
+    num = e if x < _ZERO_D else _ONE_D
+    return num / (_ONE_D + e)
+
+
+# erf: W. J. Cody's rational approximations (the coefficients of runtime/_special.py, SPECFUN's CALERF):
+# |x| <= 0.46875: x*R(x^2); <= 4: 1 - exp(-x^2)*R(|x|); < 6: 1 - exp(-x^2)/|x|*(1/sqrt(pi) - R(1/x^2)/x^2);
+# erf rounds to +-1 beyond. All three are computed and the right one selected.
+_ERF_SMALL_END_D = _D(0.46875)
+_ERF_MID_END_D = _D(4.0)
+_ERF_CLAMP_D = _D(6.0)
+_INV_SQRT_PI_D = _D(5.6418958354775628695e-1)
+_ERF_A0_D = _D(1.85777706184603153e-1)
+_ERF_A1_D = _D(3.16112374387056560e00)
+_ERF_A2_D = _D(1.13864154151050156e02)
+_ERF_A3_D = _D(3.77485237685302021e02)
+_ERF_A4_D = _D(3.20937758913846947e03)
+_ERF_B1_D = _D(2.36012909523441209e01)
+_ERF_B2_D = _D(2.44024637934444173e02)
+_ERF_B3_D = _D(1.28261652607737228e03)
+_ERF_B4_D = _D(2.84423683343917062e03)
+_ERF_C0_D = _D(2.15311535474403846e-8)
+_ERF_C1_D = _D(5.64188496988670089e-1)
+_ERF_C2_D = _D(8.88314979438837594e00)
+_ERF_C3_D = _D(6.61191906371416295e01)
+_ERF_C4_D = _D(2.98635138197400131e02)
+_ERF_C5_D = _D(8.81952221241769090e02)
+_ERF_C6_D = _D(1.71204761263407058e03)
+_ERF_C7_D = _D(2.05107837782607147e03)
+_ERF_C8_D = _D(1.23033935479799725e03)
+_ERF_D1_D = _D(1.57449261107098347e01)
+_ERF_D2_D = _D(1.17693950891312499e02)
+_ERF_D3_D = _D(5.37181101862009858e02)
+_ERF_D4_D = _D(1.62138957456669019e03)
+_ERF_D5_D = _D(3.29079923573345963e03)
+_ERF_D6_D = _D(4.36261909014324716e03)
+_ERF_D7_D = _D(3.43936767414372164e03)
+_ERF_D8_D = _D(1.23033935480374942e03)
+_ERF_P0_D = _D(1.63153871373020978e-2)
+_ERF_P1_D = _D(3.05326634961232344e-1)
+_ERF_P2_D = _D(3.60344899949804439e-1)
+_ERF_P3_D = _D(1.25781726111229246e-1)
+_ERF_P4_D = _D(1.60837851487422766e-2)
+_ERF_P5_D = _D(6.58749161529837803e-4)
+_ERF_Q1_D = _D(2.56852019228982242e00)
+_ERF_Q2_D = _D(1.87295284992346047e00)
+_ERF_Q3_D = _D(5.27905102951428412e-1)
+_ERF_Q4_D = _D(6.05183413124413191e-2)
+_ERF_Q5_D = _D(2.33520497626869185e-3)
+
+
+@_approx
+def erf_f64(x):
+    """The error function in float64; max relative error 1e-15."""
+    x = _D(x)
+    ax = abs(x)
+    z = x * x
+    small = x * ((((_ERF_A0_D * z + _ERF_A1_D) * z + _ERF_A2_D) * z + _ERF_A3_D) * z + _ERF_A4_D) \
+        / ((((z + _ERF_B1_D) * z + _ERF_B2_D) * z + _ERF_B3_D) * z + _ERF_B4_D)
+    y = _ERF_CLAMP_D if ax > _ERF_CLAMP_D else ax
+    mid = (((((((_ERF_C0_D * y + _ERF_C1_D) * y + _ERF_C2_D) * y + _ERF_C3_D) * y + _ERF_C4_D) * y + _ERF_C5_D) * y
+            + _ERF_C6_D) * y + _ERF_C7_D) * y + _ERF_C8_D
+    mid = mid / (((((((((y + _ERF_D1_D) * y + _ERF_D2_D) * y + _ERF_D3_D) * y + _ERF_D4_D) * y + _ERF_D5_D) * y
+                    + _ERF_D6_D) * y + _ERF_D7_D) * y + _ERF_D8_D))
+    w = _ONE_D / (y * y)
+    tail = ((((_ERF_P0_D * w + _ERF_P1_D) * w + _ERF_P2_D) * w + _ERF_P3_D) * w + _ERF_P4_D) * w + _ERF_P5_D
+    tail = tail / (((((w + _ERF_Q1_D) * w + _ERF_Q2_D) * w + _ERF_Q3_D) * w + _ERF_Q4_D) * w + _ERF_Q5_D)
+    tail = (_INV_SQRT_PI_D - tail * w) / y
+    ratio = mid if y <= _ERF_MID_END_D else tail
+    big = _ONE_D - _exp_core_f64(-(y * y)) * ratio
+    big = -big if x < _ZERO_D else big
+    return small if ax <= _ERF_SMALL_END_D else big    # nan: comparison false, big is nan
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# lookup for the code generator
+# ---------------------------------------------------------------------------------------------------------------
+
+DTYPE_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
+
+NAMESPACE = {f.__name__: f for f in (exp_f32, log_f32, log1p_f32, tanh_f32, sigmoid_f32, erf_f32,
+                                     exp_f64, log_f64, log1p_f64, tanh_f64, sigmoid_f64, erf_f64)}
+
+APPROX = {name: {dtype: NAMESPACE[f"{name}_{suffix}"] for dtype, suffix in DTYPE_SUFFIX.items()}
+          for name in ("exp", "log", "log1p", "tanh", "sigmoid", "erf")}
+
+
+def approx_name(name: str, dtype) -> str:
+    """The NAMESPACE key of the approximation of `name` computing in `dtype` (float32 or float64)."""
+    if name not in APPROX:
+        raise KeyError(f"no approximation for {name!r}; have {sorted(APPROX)}")
+    try:
+        suffix = DTYPE_SUFFIX[np.dtype(dtype)]
+    except (KeyError, TypeError):
+        raise TypeError(f"{name}: approximations compute in float32 or float64, not {dtype!r}") from None
+    return f"{name}_{suffix}"
+
+
+def approx_function(name: str, dtype):
+    """The numba function computing `name` ("exp", "log", ...) in `dtype` (float32 or float64)."""
+    return NAMESPACE[approx_name(name, dtype)]

@@ -1,0 +1,546 @@
+"""nnc.codegen.cpu: compiled kernels agree with the interpreter (every templated elementwise op in float32/float64 at
+serial and parallel sizes, broadcasting, reductions with prologues/epilogues, matmul epilogues), reuse out= buffers,
+raise KernelCompileError clearly, and load from the on-disk cache in a second process.
+
+Kernels are built by hand (no fusion pass). Compiling costs ~0.3-1 s per kernel, so the op sweep compiles one kernel
+holding every op per (dtype, size) and each parametrized case checks its own output of it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import nnc
+import runtime as torch
+from nnc.codegen import cache
+from nnc.codegen.cpu import PARALLEL_MIN_ELEMENTS, KernelCompileError, compile_kernel
+from nnc.graph import Graph
+from nnc.kernel import Kernel
+from nnc.passes import propagate_shapes
+from nnc.prims import prims
+from runtime import nn
+from runtime.ops import OPS, Kind, apply
+
+ELEMENTWISE_OPS = sorted(name for name, op in OPS.items() if op.kind == Kind.ELEMENTWISE)
+SMALL, LARGE = (5, 7), (256, 260)
+assert math.prod(SMALL) < PARALLEL_MIN_ELEMENTS <= math.prod(LARGE)
+FLOAT = {"float32": torch.float32, "float64": torch.float64}
+INT_FOR = {"float32": torch.int32, "float64": torch.int64}
+# Tolerances: exp/log/log1p/tanh/sigmoid/erf use nnc/codegen/approx.py, whose stated bounds are <= 3.5e-7 relative
+# in float32 and <= 1e-15 in float64 (erf also <= 1.5e-7 absolute in float32); numpy's own result is off by up to
+# half an ulp more. The other ops differ by an ulp at most (libm's sin/cos/pow vs numpy's loops).
+TOL = {"float32": dict(rtol=1e-6, atol=1e-7), "float64": dict(rtol=4e-15, atol=1e-15)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache_dir(tmp_path_factory):
+    """A fresh kernel cache for this module (so it tests compilation, not a cache left by an earlier run)."""
+    old = os.environ.get(cache.ENV_VAR)
+    os.environ[cache.ENV_VAR] = str(tmp_path_factory.mktemp("nnc_kernels"))
+    yield os.environ[cache.ENV_VAR]
+    if old is None:
+        os.environ.pop(cache.ENV_VAR, None)
+    else:
+        os.environ[cache.ENV_VAR] = old
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers: hand-built graphs and kernels
+# ---------------------------------------------------------------------------------------------------------------
+
+class Case:
+    """A hand-built decomposed graph with shape meta, a Kernel over its compute nodes, and its example inputs."""
+
+    def __init__(self, inputs: dict, build, kind="elementwise", shape=None, name="k"):
+        self.graph = g = Graph()
+        self.placeholders = {n: g.placeholder(n) for n in inputs}
+        self.outputs = list(build(g, **self.placeholders))
+        g.output(tuple(self.outputs))
+        self.gm = nnc.GraphModule(nn.Module(), g)
+        self.tensors = list(inputs.values())
+        propagate_shapes(self.gm, *self.tensors)
+        nodes = [n for n in g.nodes if n.op == "call_function"]
+        used = [p for p in self.placeholders.values() if p.users]
+        if shape is None:
+            shape = self.outputs[-1].meta["shape"] if kind != "reduction" else None
+        self.kernel = Kernel(name, kind, nodes, used, self.outputs, tuple(shape))
+        self.inputs = [t.numpy() for t, p in zip(self.tensors, self.placeholders.values()) if p.users]
+
+    def expected(self, tensors=None):
+        result = nnc.Interpreter(self.gm).run(*(tensors or self.tensors))
+        return [r.numpy() for r in result]
+
+
+def call(g, name, *args, **attrs):
+    return g.call_function(prims[name], args, attrs)
+
+
+def assert_close(got, want, tol, what=""):
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    if got.dtype.kind == "f":
+        np.testing.assert_allclose(got, want, equal_nan=True, err_msg=what, **tol)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+_compiled: dict = {}
+
+
+def compiled(key, make):
+    """Compile once per key for the whole module: (case, compiled kernel or the KernelCompileError)."""
+    if key not in _compiled:
+        case = make()
+        try:
+            _compiled[key] = (case, compile_kernel(case.kernel))
+        except KernelCompileError as e:
+            _compiled[key] = (case, e)
+    case, result = _compiled[key]
+    if isinstance(result, KernelCompileError):
+        raise result
+    return case, result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every elementwise op of the op table
+# ---------------------------------------------------------------------------------------------------------------
+
+# Example attribute values, by attribute name (an op with a new attribute fails below until one is added here).
+EXAMPLE_ATTRS = {"min": -0.5, "max": 0.75, "dtype": torch.int32}
+
+
+def operand_shapes(shape):
+    """Operand shapes by position: the first is the full shape, the others broadcast into it ([N], [B, 1])."""
+    return [shape, shape[-1:], (shape[0], 1)]
+
+
+def _data(kind: str, dtype, shape, position, rng):
+    if kind == "bool":
+        return torch.from_numpy(rng.random(shape) < 0.5)
+    if kind == "int":
+        low, high = (-20, 21) if position == 0 else (1, 8)  # nonzero, non-negative divisors and exponents
+        return torch.from_numpy(rng.integers(low, high, size=shape).astype(dtype.np))
+    return torch.from_numpy((rng.standard_normal(shape) * 2).astype(dtype.np))
+
+
+def operand_kinds(name: str, float_name: str):
+    """The first operand recipe eager accepts for op `name`: all float, all int, or a bool condition + floats."""
+    op = OPS[name]
+    attrs = {a: EXAMPLE_ATTRS[a] for a in op.attr_names}
+    for kinds in (["float"] * op.arity, ["int"] * op.arity, ["bool"] + ["float"] * (op.arity - 1)):
+        dtypes = [FLOAT[float_name] if k == "float" else INT_FOR[float_name] for k in kinds]
+        tensors = [_data(k, d, (2, 3), 1, np.random.default_rng(0)) for k, d in zip(kinds, dtypes)]
+        try:
+            apply(name, *tensors, **attrs)
+        except (TypeError, RuntimeError):
+            continue
+        return kinds, dtypes, attrs
+    raise AssertionError(f"no operand recipe fits op {name}; teach operand_kinds about it")
+
+
+def sweep_case(float_name: str, shape, names=None) -> Case:
+    """One kernel applying every op (or `names`) to broadcast operands: one output per op."""
+    rng = np.random.default_rng(1)
+    names = ELEMENTWISE_OPS if names is None else names
+    recipes = {name: operand_kinds(name, float_name) for name in names}
+    inputs = {}
+    for kinds, dtypes, _ in recipes.values():
+        for k, (kind, d) in enumerate(zip(kinds, dtypes)):
+            key = f"{kind}{k}"
+            if key not in inputs:
+                inputs[key] = _data(kind, d, operand_shapes(shape)[k], k, rng)
+
+    def build(g, **ph):
+        out = []
+        for name in names:
+            kinds, _, attrs = recipes[name]
+            out.append(call(g, name, *[ph[f"{kind}{k}"] for k, kind in enumerate(kinds)], **attrs))
+        return out
+
+    return Case(inputs, build, shape=shape, name=f"sweep_{float_name}_{math.prod(shape)}")
+
+
+def test_every_elementwise_op_has_a_template():
+    missing = [name for name in ELEMENTWISE_OPS if OPS[name].template is None]
+    assert not missing, f"elementwise ops without a scalar template cannot be compiled: {missing}"
+
+
+@pytest.mark.parametrize("size", ["small", "large"])
+@pytest.mark.parametrize("float_name", ["float32", "float64"])
+@pytest.mark.parametrize("name", ELEMENTWISE_OPS)
+def test_elementwise_op_matches_interpreter(name, float_name, size):
+    shape = SMALL if size == "small" else LARGE
+    try:
+        case, kernel = compiled(("sweep", float_name, shape), lambda: sweep_case(float_name, shape))
+        position = ELEMENTWISE_OPS.index(name)
+    except KernelCompileError:
+        # the shared kernel failed: compile this op alone, so the failure names the op that broke it
+        case, kernel = compiled(("sweep", float_name, shape, name), lambda: sweep_case(float_name, shape, [name]))
+        position = 0
+    assert kernel.parallel == (size == "large")
+    if not hasattr(case, "results"):  # run the kernel and the interpreter once per shared kernel
+        case.results = kernel.run(case.inputs), case.expected()
+    got, want = case.results[0][position], case.results[1][position]
+    assert_close(got, want, TOL[float_name], f"{name} {float_name} {shape}")
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool])
+def test_int_and_bool_operands(dtype):
+    """Every op eager accepts on int32 (or bool) operands, in one kernel: integer wraparound, bool arithmetic."""
+    rng = np.random.default_rng(2)
+    accepted = []
+    kind = "int" if dtype is torch.int32 else "bool"
+    for name in ELEMENTWISE_OPS:
+        op = OPS[name]
+        attrs = {a: EXAMPLE_ATTRS[a] for a in op.attr_names}
+        for kinds in ([kind] * op.arity, ["bool"] + [kind] * (op.arity - 1)):  # all of dtype, or a bool condition
+            try:
+                apply(name, *[_data(k, dtype, (2, 3), i, rng) for i, k in enumerate(kinds)], **attrs)
+            except (TypeError, RuntimeError):
+                continue
+            accepted.append((name, kinds, attrs))
+            break
+    assert len(accepted) > 10
+    inputs = {f"{kind}{k}": _data(kind, dtype, operand_shapes(SMALL)[k], k, rng)
+              for _, kinds, _ in accepted for k, kind in enumerate(kinds)}
+
+    def build(g, **ph):
+        return [call(g, name, *[ph[f"{kind}{k}"] for k, kind in enumerate(kinds)], **attrs)
+                for name, kinds, attrs in accepted]
+
+    case, kernel = compiled(("ints", dtype.name), lambda: Case(inputs, build, shape=SMALL, name=f"ints_{dtype.name}"))
+    for (name, _, _), got, want in zip(accepted, kernel.run(case.inputs), case.expected()):
+        assert_close(got, want, TOL["float32"], f"{name} on {dtype}")
+
+
+def test_cast_between_every_dtype():
+    """cast (template "{dtype}({0})") from and to bool, int32, int64, float32, float64: numpy's astype."""
+    dtypes = [torch.bool, torch.int32, torch.int64, torch.float32, torch.float64]
+    values = np.array([0.0, -0.0, 0.3, -1.7, 2.5, 7.0, -128.9, 1e3], np.float64)
+    inputs = {f"x_{d.name}": torch.from_numpy(values.astype(d.np)) for d in dtypes}
+
+    def build(g, **ph):
+        return [call(g, "cast", ph[f"x_{a.name}"], dtype=b) for a in dtypes for b in dtypes]
+
+    case, kernel = compiled("casts", lambda: Case(inputs, build, name="casts"))
+    for k, (got, want) in enumerate(zip(kernel.run(case.inputs), case.expected())):
+        assert_close(got, want, TOL["float64"], f"cast {dtypes[k // 5]} -> {dtypes[k % 5]}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An elementwise chain with broadcasting, Python scalars, casts; out= buffers; the source
+# ---------------------------------------------------------------------------------------------------------------
+
+def chain_case(float_name, shape):
+    d = FLOAT[float_name]
+    rng = np.random.default_rng(3)
+    inputs = {"x": torch.from_numpy(rng.standard_normal(shape).astype(d.np)),
+              "bias": torch.from_numpy(rng.standard_normal(shape[-1:]).astype(d.np)),
+              "scale": torch.from_numpy(rng.standard_normal((shape[0], 1)).astype(d.np)),
+              "zero_dim": torch.tensor(1.5, dtype=d)}
+
+    def build(g, x, bias, scale, zero_dim):
+        h = call(g, "add", x, bias)                        # bias [N] into [B, N]
+        h = call(g, "mul", h, scale)                       # [B, 1] into [B, N]
+        h = call(g, "sub", h, zero_dim)                    # a zero-dim tensor
+        h = call(g, "mul", h, 0.5)                         # a Python float stays float32
+        t = call(g, "tanh", h)
+        r = call(g, "relu", call(g, "add", t, 0.25))
+        c = call(g, "clamp", h, min=None, max=1.0)
+        i = call(g, "cast", call(g, "mul", h, 10), dtype=torch.int32)
+        m = call(g, "where", call(g, "gt", i, 2), r, call(g, "neg", c))
+        return [r, i, m]
+
+    return Case(inputs, build, name=f"chain_{float_name}_{math.prod(shape)}")
+
+
+@pytest.mark.parametrize("float_name", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [SMALL, LARGE], ids=["small", "large"])
+def test_elementwise_chain_with_broadcasting(float_name, shape):
+    case, kernel = compiled(("chain", float_name, shape), lambda: chain_case(float_name, shape))
+    assert kernel.parallel == (math.prod(shape) >= PARALLEL_MIN_ELEMENTS)
+    for got, want in zip(kernel.run(case.inputs), case.expected()):
+        assert_close(got, want, TOL[float_name], kernel.name)
+
+
+def test_float32_stays_float32_in_the_source():
+    case, kernel = compiled(("chain", "float32", SMALL), lambda: chain_case("float32", SMALL))
+    src = kernel.source
+    assert "np.float64" not in src, src  # no literal or operand silently promoted to float64
+    assert "np.float32(0.5)" in src
+    # broadcasting: a loop over rows, an inner loop along the last dim reading x at row base + j, the bias at j,
+    # the [B, 1] scale at the row index, the zero-dim tensor at 0
+    assert "for o in range(5):" in src and "for j in range(7):" in src
+    assert "row_in0 = in0[b0:b0 + 7]" in src and "v_x = row_in0[j]" in src and "v_bias = in1[j]" in src
+    assert "v_scale = in2[o]" in src and "v_zero_dim = in3[0]" in src
+    _, large = compiled(("chain", "float32", LARGE), lambda: chain_case("float32", LARGE))
+    assert f"for o in prange({LARGE[0]}):" in large.source
+    compile(src, "<kernel>", "exec")
+    assert kernel.path.read_text() == src and kernel.path.parent == cache.cache_dir()
+    again = compile_kernel(case.kernel)  # same source in the same process: nothing to compile
+    assert again.cache_hit and again.source == src and again.compile_seconds < kernel.compile_seconds
+
+
+@pytest.mark.parametrize("x_shape,y_shape,loop", [
+    ((6, 5), (6, 5), "for i in range(30):"),            # nothing broadcasts: one flat loop at the flat index
+    ((2, 40000), (40000,), "for i in prange(80000):"),  # parallel with too few rows: flat, offsets by division
+    ((3, 1, 30000), (4, 1), "for i in prange(360000):"),
+])
+def test_flat_loops(x_shape, y_shape, loop):
+    rng = np.random.default_rng(8)
+    inputs = {"x": torch.from_numpy(rng.standard_normal(x_shape).astype(np.float32)),
+              "y": torch.from_numpy(rng.standard_normal(y_shape).astype(np.float32))}
+    case, kernel = compiled(("flat", x_shape, y_shape), lambda: Case(
+        inputs, lambda g, x, y: [call(g, "sigmoid", call(g, "sub", x, y))], name="flat"))
+    assert loop in kernel.source
+    for got, want in zip(kernel.run(case.inputs), case.expected()):
+        assert_close(got, want, TOL["float32"])
+
+
+def test_out_buffers_are_written_and_returned():
+    case, kernel = compiled(("chain", "float32", SMALL), lambda: chain_case("float32", SMALL))
+    want = case.expected()
+    bufs = [np.full(w.shape, 7, w.dtype) for w in want]
+    bufs[2] = np.empty(want[2].shape[::-1], want[2].dtype).T  # not C-contiguous: still written
+    result = kernel.run(case.inputs, out=bufs)
+    assert all(r is b for r, b in zip(result, bufs))
+    for b, w in zip(bufs, want):
+        assert_close(b, w, TOL["float32"])
+    with pytest.raises(ValueError, match="out buffer 0 must be"):
+        kernel.run(case.inputs, out=[np.empty((1, 1), np.float32)] + bufs[1:])
+    with pytest.raises(ValueError, match="input 0 must be"):
+        kernel.run([case.inputs[0].astype(np.float64)] + case.inputs[1:])
+    # non-contiguous inputs are accepted too
+    x = np.asfortranarray(case.inputs[0])
+    for got, w in zip(kernel.run([x] + case.inputs[1:]), want):
+        assert_close(got, w, TOL["float32"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reductions: prologue, accumulator, epilogue
+# ---------------------------------------------------------------------------------------------------------------
+
+REDUCTIONS = [
+    # op, shape, dims, keepdim, skeleton: serial (small; rows, columns, non-adjacent dims), then parallel: rows
+    # (the prologue in vectorized blocks), columns (a tile of accumulators), few rows (chunked two-pass), full
+    ("sum", (6, 7, 9), (2,), False, "row"),
+    ("sum", (6, 7, 9), (0,), True, "column"),
+    ("amax", (6, 7, 9), (0, 2), False, "row"),
+    ("amin", (6, 7, 9), (1,), True, "column"),
+    ("prod", (6, 7, 9), (2,), True, "row"),
+    ("sum", (256, 300), (1,), False, "blocked"),
+    ("amax", (300, 256), (0,), True, "column"),
+    ("sum", (2, 40000), (0, 1), False, "chunked"),
+    ("amin", (3, 30000), (1,), False, "chunked"),
+    ("prod", (128, 600), (1,), False, "blocked"),
+    ("amax", (64, 2500), (1,), False, "blocked"),  # blocks of 1024, 1024, 452
+]
+SKELETON_MARKS = {"row": ["for r in range("], "column": ["for tile in "], "blocked": ["buf = np.empty("],
+                  "chunked": ["partial = np.empty(", "buf = np.empty("]}
+
+
+def reduction_case(op, shape, dims, keepdim, dtype=torch.float32):
+    rng = np.random.default_rng(4)
+    out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape)) if keepdim else \
+        tuple(s for i, s in enumerate(shape) if i not in dims)
+    inputs = {"x": torch.from_numpy(rng.standard_normal(shape).astype(dtype.np)),
+              "w": torch.from_numpy(rng.uniform(0.9, 1.1, shape[-1:]).astype(dtype.np)),
+              "c": torch.from_numpy(rng.standard_normal(out_shape[-1:]).astype(dtype.np))}
+
+    def build(g, x, w, c):
+        p = call(g, "mul", call(g, "add", call(g, "mul", x, 0.01), 1.0), w)  # prologue, w broadcast along x
+        r = call(g, op, p, dims=dims, keepdim=keepdim)
+        e = call(g, "sqrt", call(g, "abs", call(g, "sub", r, c)))           # epilogue, c broadcast along r
+        return [r, e]
+
+    return Case(inputs, build, kind="reduction", shape=shape, name=f"{op}_{'x'.join(map(str, shape))}")
+
+
+@pytest.mark.parametrize("op,shape,dims,keepdim,skeleton", REDUCTIONS)
+def test_reduction_with_prologue_and_epilogue(op, shape, dims, keepdim, skeleton):
+    case, kernel = compiled(("red", op, shape, dims, keepdim), lambda: reduction_case(op, shape, dims, keepdim))
+    assert kernel.parallel == (math.prod(shape) >= PARALLEL_MIN_ELEMENTS)
+    assert kernel.parallel == ("in prange(" in kernel.source)
+    for mark in SKELETON_MARKS[skeleton]:
+        assert mark in kernel.source, f"{skeleton} skeleton expected:\n{kernel.source}"
+    for got, want in zip(kernel.run(case.inputs), case.expected()):
+        assert_close(got, want, dict(rtol=2e-6, atol=1e-6), kernel.name)
+
+
+@pytest.mark.parametrize("op,shape,dims,keepdim", [REDUCTIONS[i][:4] for i in (2, 3, 6, 8, 10)])
+def test_amax_amin_propagate_nan_like_numpy(op, shape, dims, keepdim):
+    case, kernel = compiled(("red", op, shape, dims, keepdim), lambda: reduction_case(op, shape, dims, keepdim))
+    x = case.inputs[0].copy()
+    x.reshape(-1)[[0, x.size // 2, x.size - 1]] = np.nan
+    x.reshape(-1)[5] = -np.inf
+    tensors = [torch.from_numpy(x)] + case.tensors[1:]
+    want = case.expected(tensors)
+    got = kernel.run([x] + case.inputs[1:])
+    assert np.isnan(want[0]).any()
+    for g, w in zip(got, want):
+        assert_close(g, w, dict(rtol=2e-6, atol=1e-6))
+
+
+@pytest.mark.parametrize("op", ["all", "any"])
+def test_all_any_reductions(op):
+    """all/any (fusion leaves them opaque today; the generator still has their accumulators)."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((5, 6, 70)).astype(np.float32)
+    x[1] = 1.0  # a row all True, and one all False, for both ops
+    x[2] = -1.0
+    inputs = {"x": torch.from_numpy(x)}
+
+    def build(g, x):
+        return [call(g, "logical_not", call(g, op, call(g, "gt", x, 0.0), dims=(2,), keepdim=False))]
+
+    case, kernel = compiled(("bool_red", op), lambda: Case(inputs, build, kind="reduction", shape=x.shape, name=op))
+    (got,), (want,) = kernel.run(case.inputs), case.expected()
+    assert got.dtype == np.bool_ and want.any() and not want.all()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_integer_sum_and_full_reduction_with_keepdim():
+    rng = np.random.default_rng(5)
+    inputs = {"x": torch.from_numpy(rng.integers(-100, 100, (4, 5, 6)).astype(np.int32))}
+
+    def build(g, x):
+        return [call(g, "sum", call(g, "mul", x, 3), dims=(0, 1, 2), keepdim=True)]
+
+    case, kernel = compiled("int_sum", lambda: Case(inputs, build, kind="reduction", shape=(4, 5, 6), name="isum"))
+    (got,), (want,) = kernel.run(case.inputs), case.expected()
+    assert got.dtype == np.int64 and got.shape == (1, 1, 1)
+    np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Matmul + epilogue
+# ---------------------------------------------------------------------------------------------------------------
+
+def linear_case(dtype, m, k, n):
+    rng = np.random.default_rng(6)
+    inputs = {"x": torch.from_numpy(rng.standard_normal((m, k)).astype(dtype.np)),
+              "weight": torch.from_numpy(rng.standard_normal((n, k)).astype(dtype.np)),
+              "bias": torch.from_numpy(rng.standard_normal(n).astype(dtype.np))}
+
+    def build(g, x, weight, bias):
+        return [call(g, "relu", call(g, "add", call(g, "linear", x, weight), bias))]
+
+    return Case(inputs, build, kind="matmul", name=f"linear_{m}x{k}x{n}")
+
+
+@pytest.mark.parametrize("dtype,m,k,n", [(torch.float32, 512, 64, 128), (torch.float64, 9, 5, 3)])
+def test_linear_bias_relu(dtype, m, k, n):
+    case, kernel = compiled(("linear", dtype.name, m), lambda: linear_case(dtype, m, k, n))
+    assert kernel.parallel == (m * n >= PARALLEL_MIN_ELEMENTS)
+    assert "np.dot(" in kernel.source
+    (got,), (want,) = kernel.run(case.inputs), case.expected()
+    assert_close(got, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
+    buf = np.empty_like(want)
+    assert kernel.run(case.inputs, out=[buf])[0] is buf
+    assert_close(buf, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
+
+
+def test_batched_matmul_is_an_output_and_feeds_an_epilogue():
+    rng = np.random.default_rng(7)
+    inputs = {"a": torch.from_numpy(rng.standard_normal((2, 8, 12)).astype(np.float32)),
+              "b": torch.from_numpy(rng.standard_normal((12, 10)).astype(np.float32)),
+              "c": torch.from_numpy(rng.standard_normal((2, 12, 10)).astype(np.float32))}
+
+    def build(g, a, b, c):
+        mm = call(g, "matmul", a, b)
+        mm3 = call(g, "matmul", a, c)
+        return [mm, call(g, "sigmoid", call(g, "mul", mm, 2.0)), call(g, "sub", mm3, mm)]
+
+    def make():
+        case = Case(inputs, build, kind="matmul", name="bmm")
+        # two kernels: mm (+ its epilogue), and the batched a @ c with an epilogue reading mm as an input
+        mm, mm3, mul, sig, sub = case.kernel.nodes
+        ph = case.placeholders
+        k1 = Kernel("bmm_a", "matmul", [mm, mul, sig], [ph["a"], ph["b"]], [mm, sig], (2, 8, 10))
+        k2 = Kernel("bmm_b", "matmul", [mm3, sub], [ph["a"], ph["c"], mm], [sub], (2, 8, 10))
+        return case, compile_kernel(k1), compile_kernel(k2)
+
+    if "bmm" not in _compiled:
+        _compiled["bmm"] = make()
+    case, k1, k2 = _compiled["bmm"]
+    a, b, c = case.inputs
+    want = case.expected()
+    mm, sig = k1.run([a, b])
+    assert_close(mm, want[0], dict(rtol=1e-5, atol=1e-5))
+    assert_close(sig, want[1], dict(rtol=1e-5, atol=1e-5))
+    (diff,) = k2.run([a, c, mm])
+    assert_close(diff, want[2], dict(rtol=1e-5, atol=1e-5))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Errors and the disk cache
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_unsupported_kernels_raise_kernel_compile_error():
+    x = torch.randn(3, 4).to(torch.float16)
+    case = Case({"x": x}, lambda g, x: [call(g, "exp", x)], name="half_exp")
+    with pytest.raises(KernelCompileError, match="half_exp.*float16"):
+        compile_kernel(case.kernel)
+    case = Case({"x": torch.randn(3, 4)}, lambda g, x: [call(g, "cat", x, x, dim=0)], name="cat_kernel")
+    with pytest.raises(KernelCompileError, match="cat_kernel.*cat"):
+        compile_kernel(case.kernel)
+    case.kernel.kind = "opaque"
+    with pytest.raises(KernelCompileError, match="cat_kernel.*opaque"):
+        compile_kernel(case.kernel)
+
+
+_CACHE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import nnc, runtime as torch
+    from nnc.graph import Graph
+    from nnc.kernel import Kernel
+    from nnc.passes import propagate_shapes
+    from nnc.prims import prims
+    from nnc.codegen.cpu import compile_kernel
+
+    def kernel(name, rows, op):
+        g = Graph()
+        x, b = g.placeholder("x"), g.placeholder("b")
+        h = g.call_function(prims.add, (x, b))
+        y = g.call_function(prims.mul, (g.call_function(prims[op], (h,)), 3.0))
+        g.output((y,))
+        gm = nnc.GraphModule(torch.nn.Module(), g)
+        X, B = torch.randn(rows, 300), torch.randn(300)
+        propagate_shapes(gm, X, B)
+        compiled = compile_kernel(Kernel(name, "elementwise", [n for n in g.nodes if n.op == "call_function"],
+                                         [x, b], [y], (rows, 300)))
+        want = nnc.Interpreter(gm).run(X, B)[0].numpy()
+        ok = bool(np.allclose(compiled.run([X.numpy(), B.numpy()])[0], want, rtol=1e-6, atol=1e-7))
+        return {"cache_hit": compiled.cache_hit, "seconds": compiled.compile_seconds, "ok": ok,
+                "path": str(compiled.path)}
+
+    # the first kernel of a process also pays numba's one-time start-up (~0.5 s: its typing registries, scipy)
+    warm_up = kernel("warm_up", 4, "relu")
+    print(json.dumps(dict(kernel("cached", 300, "tanh"), warm_up=warm_up)))
+""")
+
+
+def test_second_process_loads_the_kernel_from_the_disk_cache(tmp_path):
+    env = dict(os.environ, NNC_CACHE_DIR=str(tmp_path / "kernels"))
+    runs = []
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], env=env, capture_output=True, text=True,
+                              timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["ok"] and second["ok"] and first["warm_up"]["ok"] and second["warm_up"]["ok"]
+    assert first["cache_hit"] is False and first["warm_up"]["cache_hit"] is False, runs
+    assert second["cache_hit"] is True and second["warm_up"]["cache_hit"] is True, runs
+    assert first["path"] == second["path"] and first["path"].startswith(str(tmp_path / "kernels"))
+    assert any((tmp_path / "kernels" / "__pycache__").glob("*.nbi"))  # numba's index next to the source
+    print(f"\ncompile_kernel: first process {first['seconds']:.3f} s (+{first['warm_up']['seconds']:.3f} s for its "
+          f"first kernel), second process {second['seconds']:.3f} s (+{second['warm_up']['seconds']:.3f} s)")
