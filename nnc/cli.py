@@ -13,9 +13,7 @@ import traceback
 
 PROG = "nnc"
 FORMATS = ("text", "table", "python", "dot", "json")
-AVAILABLE_STAGES = ("traced", "shapes", "decomposed", "backward")
-PLANNED_STAGES = ("fused", "kernels")
-STAGES = AVAILABLE_STAGES + PLANNED_STAGES
+STAGES = ("traced", "shapes", "decomposed", "backward", "fused", "kernels")
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
 SEED = 0
 
@@ -53,8 +51,9 @@ Stages:
   shapes      traced, then run on the --input tensors to record each node's shape and dtype
   decomposed  primitive ops from runtime's op table, after CSE, constant folding and dead-code removal
   backward    the backward graph the autodiff pass derives (gradients of inputs and parameters)
-  fused, kernels
-              not available yet: they land with fusion and code generation"""
+  fused       the kernels fusion makes (forward and backward): ops, why each boundary exists, bytes moved
+              (formats text or json)
+  kernels     the generated numba source of every kernel (format text)"""
 
 _DUMP_EPILOG = """\
 examples:
@@ -377,6 +376,29 @@ def _compiler_stage(gm, stage: str, where: str):
                        exc) from exc
 
 
+def _kernel_stage(module, specs, stage: str, fmt: str, where: str) -> str:
+    """The fused kernels (a table or JSON), or their generated source."""
+    import dataclasses
+    import json
+
+    from .explain import explain
+
+    allowed = ("text", "json") if stage == "fused" else ("text",)
+    if fmt not in allowed:
+        raise CliError(f"--stage {stage} prints as {' or '.join(allowed)}, not {fmt!r}.")
+    report = explain(module, *make_inputs(specs), backward=True)
+    if stage == "kernels":
+        kernels = report.kernels + report.backward_kernels
+        return "\n\n".join(k.source or f"# {k.name} ({k.kind}): runs in the interpreter" for k in kernels)
+    if fmt == "json":
+        strip = lambda k: {key: v for key, v in dataclasses.asdict(k).items() if key != "source"}  # noqa: E731
+        return json.dumps({"forward": [strip(k) for k in report.kernels],
+                           "backward": [strip(k) for k in report.backward_kernels],
+                           "compile_seconds": report.compile_seconds, "cache_hits": report.cache_hits,
+                           "opaque_nodes": report.opaque_nodes}, indent=1)
+    return str(report)
+
+
 def _target_text(node) -> str:
     if isinstance(node.target, str):
         return node.target
@@ -385,19 +407,11 @@ def _target_text(node) -> str:
     return target_name(node.target)
 
 
-def _planned_stage(stage: str) -> CliError:
-    return CliError(f"stage {stage!r} is not available yet: it lands with the compiler work "
-                    f"(fusion and kernel generation). Stages available today: "
-                    f"{', '.join(AVAILABLE_STAGES)}.")
-
-
 # -- the dump command -------------------------------------------------------------------------------
 
 
 def cmd_dump(args) -> int:
     stage = args.stage or ("shapes" if args.inputs else "traced")
-    if stage in PLANNED_STAGES:
-        raise _planned_stage(stage)
     specs = [parse_input_spec(s) for s in args.inputs]
     if stage != "traced" and not specs:
         raise CliError(f"--stage {stage} needs example inputs: give one --input DTYPE[DIMS] per forward() argument, "
@@ -413,13 +427,19 @@ def cmd_dump(args) -> int:
     if stage != "traced":
         _progress(args, f"propagating shapes for {', '.join(format_spec(*s) for s in specs)}")
         _propagate(gm, specs, where)
+    if stage in ("fused", "kernels"):
+        _progress(args, f"compiling {where} to show its {stage} stage")
+        return _write(args, _kernel_stage(module, specs, stage, args.fmt, where), stage)
     if stage in ("decomposed", "backward"):
         _progress(args, f"running the compiler's passes up to {stage}")
         gm = _compiler_stage(gm, stage, where)
 
     from .printer import format_graph  # imported here: the printer may land after this module
 
-    text = format_graph(gm.graph, args.fmt, module=gm)
+    return _write(args, format_graph(gm.graph, args.fmt, module=gm), stage)
+
+
+def _write(args, text: str, stage: str) -> int:
     if not text.endswith("\n"):
         text += "\n"
     if args.out:

@@ -207,13 +207,24 @@ def test_compiler_stages_need_inputs(capsys, stage):
     assert "needs example inputs" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("stage", ["fused", "kernels"])
-def test_planned_stages_say_so(capsys, stage):
-    assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--stage", stage) == 1
-    out, err = capsys.readouterr()
-    assert out == ""
-    assert f"stage {stage!r} is not available yet" in err and "compiler work" in err
-    assert "Traceback" not in err
+def test_fused_stage_lists_kernels_with_their_boundaries(capsys):
+    assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--stage", "fused") == 0
+    out = capsys.readouterr().out
+    assert "forward kernels" in out and "[linear, add, relu]" in out and "boundary:" in out
+    assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--stage", "fused", "--format", "json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["forward"][0]["ops"] == ["linear", "add", "relu"] and report["backward"]
+
+
+def test_kernels_stage_shows_generated_source(capsys):
+    assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--stage", "kernels") == 0
+    out = capsys.readouterr().out
+    assert "@njit(cache=True" in out and "def launch" in out
+
+
+def test_kernel_stages_refuse_graph_formats(capsys):
+    assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--stage", "kernels", "--format", "dot") == 1
+    assert "prints as text" in capsys.readouterr().err
 
 
 # -- errors: one clear paragraph, exit status 1, no traceback -------------------------------------------
