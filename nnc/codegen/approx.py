@@ -8,19 +8,21 @@ One function per (name, dtype): `exp_f32`, `exp_f64`, ..., `erf_f64`. The code g
 `approx_function(name, dtype)` (or `APPROX[name][dtype]`); `NAMESPACE` maps every function's name to it for
 generated source. Each function casts its argument to its own dtype first and computes in that dtype.
 
-Stated maximum errors, measured against float64 numpy / `math.erf` (float32) and against numpy / `math.erf` in
-float64 (float64 functions) by tests/test_approx.py, which asserts them. "rel" is |got - want| / |want| over
-outputs that are normal numbers; subnormal outputs are within one subnormal step (2**-149, 2**-1074) of the
-correctly rounded result. 1 float32 ulp is 6e-8 to 1.2e-7 relative; 1 float64 ulp 1.1e-16 to 2.2e-16.
+Stated maximum errors, asserted by tests/test_approx.py on dense samples: max relative error |got - want| / |want|
+over results that are normal numbers, against float64 numpy (and math.erf). Subnormal results are within one
+subnormal step (2**-149, 2**-1074) of the correctly rounded result. The float32 bounds are slightly above the
+maxima of exhaustive runs over all 2**32 float32 inputs, compiled with FMA and without (in parentheses: with /
+without); the float64 ones above the maxima of 35M-45M samples per function. 1 ulp is 6e-8..1.2e-7 relative
+in float32 and 1.1e-16..2.2e-16 in float64.
 
-    function   float32 (stated bound)          float64 (stated bound)
-    exp        rel <= 2.5e-7                   rel <= 5e-16
-    log        rel <= 2.5e-7                   rel <= 5e-16
-    log1p      rel <= 3e-7                     rel <= 5e-16
-    tanh       rel <= 3e-7  (abs <= 2e-7)      rel <= 5e-16
-    sigmoid    rel <= 3.5e-7                   rel <= 6e-16
-    erf        abs <= 1.5e-7, rel <= 1.5e-7    rel <= 1e-15  (Cody's rational approximations)
-               for |x| < 0.875
+    function   float32 stated  (exhaustive max)        float64 stated  (sampled max)
+    exp        1.0e-7          (8.5e-8 / 8.2e-8)       4e-16           (2.2e-16)
+    log        1.0e-7          (8.2e-8 / 8.1e-8)       4e-16           (2.2e-16)
+    log1p      1.0e-7          (8.2e-8 / 8.2e-8)       4e-16           (2.2e-16)
+    tanh       1.5e-7          (1.4e-7 / 1.4e-7)       6e-16           (4.2e-16)
+    sigmoid    2.0e-7          (1.8e-7 / 1.8e-7)       5e-16           (3.3e-16)
+    erf        1.1e-7          (8.9e-8 / 1.0e-7)       1e-15           (6.7e-16)
+               (absolute error of erf float32: 7.0e-8 / 7.8e-8, stated 1e-7)
 
 Special values follow numpy: exp(-inf) = 0, exp(inf) = inf, overflow to inf / underflow through subnormals to
 0 at numpy's thresholds; log(0) = -inf, log(x < 0) = nan, log(inf) = inf; log1p(-1) = -inf, log1p(x < -1) = nan;
@@ -37,34 +39,40 @@ __all__ = ["APPROX", "NAMESPACE", "approx_function", "approx_name", "DTYPE_SUFFI
            "exp_f64", "log_f64", "log1p_f64", "tanh_f64", "sigmoid_f64", "erf_f64"]
 
 # NOTE: how vectorization was verified, and what blocks it. tests/test_approx.py compiles a
-# `numba.njit(parallel=True)` prange loop over each float32 function and checks its LLVM IR
-# (`dispatcher.inspect_llvm(sig)`) has float vector types (`<8 x float>`, `<16 x float>` on this
-# AVX-512 machine; the asm has `vfmadd213ps %zmm...`, `vrndscaleps`-free magic-number rounding)
-# and no call left to the helper or to libm. Things that were measured to break it or slow it:
+# `numba.njit(parallel=True)` prange loop over each function and checks its LLVM IR
+# (`dispatcher.inspect_llvm(sig)`): vector types (`<16 x float>`, `<8 x double>` on this AVX-512
+# machine; its asm for exp_f32 is vfmadd213ps/vpslld/vpaddd on %zmm registers), no call left to the
+# function, and no libm call or libm-backed intrinsic. The last part matters: a loop over math.exp
+# also shows `<16 x float>` in the IR, as a call to `llvm.exp.v16f32`, which the backend splits into
+# 16 scalar expf calls because there is no SVML. Measured causes of scalar or slower code:
 #   - Python float literals: numba types `x * 0.5` with float32 x as float64, so a float32 function
-#     silently computes in float64 (half the lanes, extra conversions). Every constant below is a
-#     module-level np.float32/np.float64, which numba freezes as a constant of that type.
-#   - math.floor/int(): they return int64 from float32 (fcvt to i64), again widening; rounding uses the
-#     1.5*2**23 (2**52) magic-number trick instead, which also yields k's bits for 2**k directly.
-#   - error_model='python' (numba's njit default): every float division gets a zero check that raises
-#     ZeroDivisionError, a branch out of the loop. Hence error_model='numpy' here; the caller's own
-#     error model does not matter, because these functions are compiled on their own and LLVM inlines
-#     the result (with its instruction flags) into the caller.
-#   - `inline='always'` (numba-IR inlining) re-types the body inside the caller with the caller's
-#     fastmath flags; under fastmath=True (nnan/ninf/reassoc) the magic-number rounding and the
-#     inf/nan selects are folded away (measured: wrong results and a 13x slower loop). So these stay
-#     ordinary njit functions and the LLVM inliner (always run on numba's linked module) inlines them.
-#   - Python `if` statements with a return per branch: kept as branchy control flow more often than
-#     conditional expressions, which SimplifyCFG turns into `select` (vblendmps / masked moves). All
-#     range splits below compute every piece and select; nan handling relies on comparisons with nan
-#     being false.
-# Scalar float<->int reinterpretation uses `np.float32(x).view(np.int32)`, which numba supports on
-# scalars and lowers to a bitcast. numba widens int32 arithmetic to int64; wrapping the result in
-# np.int32(...) before `.view` lets LLVM narrow it back to 32-bit lanes.
+#     silently computes in float64 (half the lanes, conversions). Every constant here is a module-level
+#     np.float32/np.float64, which numba freezes as a constant of that type.
+#   - math.floor()/int(): they give int64, and `k * ln2` then promotes to float64 (seen as vcvtps2pd
+#     in the asm). Rounding uses the 1.5*2**23 (1.5*2**52) magic-number trick instead, which also
+#     leaves k in the low bits for building 2**k.
+#   - error_model='python' (njit's default) adds a zero check raising ZeroDivisionError to every float
+#     division: a branch out of the loop. Hence error_model='numpy' here.
+#   - The LLVM inliner's size threshold: erf_f64 stayed an out-of-line call (so its loop stayed scalar)
+#     until `forceinline=True`, which gives every function here LLVM's `alwaysinline` attribute.
+#   - numba's own `inline='always'` inlines the numba IR instead, which then gets the caller's flags: a
+#     copy of exp_f32 inlined that way into a fastmath=True loop lost its nan results and gave wrong
+#     values (max relative error inf). forceinline keeps each function compiled
+#     with its own flags (fastmath and error_model are set explicitly, so they are not inherited from
+#     the caller) and LLVM inlines the result with its instruction flags; a fastmath=True caller is
+#     covered by a test.
+#   - Branches: each range split computes every piece and picks one with a conditional expression
+#     (-> `select`, vblendmps); nan falls through because comparisons with nan are false. (An
+#     early-return `if` version of exp_f32 was if-converted and vectorized too; the conditional
+#     expressions just leave LLVM nothing to prove.)
+# Scalar float<->int reinterpretation is `np.float32(x).view(np.int32)`: numba accepts `.view` only on
+# an explicit np.<dtype>(...) wrapper and lowers it to a bitcast. numba widens int32 arithmetic to
+# int64; the np.int32(...) around the result lets LLVM narrow it back to 32-bit lanes (vpslld above).
 _FLAGS = dict(fastmath={"contract"}, error_model="numpy", forceinline=True, nogil=True)
-# NOTE: 'contract' (fused multiply-add) is the only fast-math flag: it never breaks the Cody-Waite
-# reductions or magic-number rounding below (fma only removes a rounding), and the stated error bounds
-# hold with and without FMA hardware (both were measured). nnan/ninf/reassoc would break them.
+# NOTE: 'contract' (fused multiply-add) is the only fast-math flag: FMA only removes roundings, which
+# neither the Cody-Waite reductions nor the magic-number rounding depend on. The float32 bounds were
+# measured exhaustively both with it and with fastmath=False (no FMA hardware behaves like the latter).
+# nnan/ninf/reassoc would break the special values and the rounding trick.
 
 
 def _approx(fn):
@@ -125,7 +133,7 @@ def _exp_core_f32(x):
 
 @_approx
 def exp_f32(x):
-    """e**x in float32; max relative error 2.5e-7 (measured over every float32 input)."""
+    """e**x in float32; max relative error 1e-7."""
     x = _F(x)
     xc = _EXP_LO_F if x < _EXP_LO_F else x
     xc = _EXP_HI_F if xc > _EXP_HI_F else xc
@@ -168,7 +176,7 @@ def _log_core_f32(x, c, e0):
 
 @_approx
 def log_f32(x):
-    """Natural log in float32; max relative error 2.5e-7 (measured over every float32 input)."""
+    """Natural log in float32; max relative error 1e-7."""
     x = _F(x)
     sub = x < _FLT_MIN_F
     xs = x * _TWO23_F if sub else x    # subnormals: scale into the normal range first
@@ -180,7 +188,7 @@ def log_f32(x):
 
 @_approx
 def log1p_f32(x):
-    """log(1 + x) in float32; max relative error 3e-7 (measured over every float32 input)."""
+    """log(1 + x) in float32; max relative error 1e-7."""
     x = _F(x)
     u = x + _ONE_F
     # NOTE: c = (1 + x - u) / u corrects for the rounding of u (fdlibm's log1p); u - 1 is exact for u < 2.
@@ -204,7 +212,7 @@ _TANH_P4_F = _F(-3.33332819422e-1)
 
 @_approx
 def tanh_f32(x):
-    """tanh in float32; max relative error 3e-7 (measured over every float32 input)."""
+    """tanh in float32; max relative error 1.5e-7 (near zero the polynomial is relative-accurate too)."""
     x = _F(x)
     ax = abs(x)
     z = x * x
@@ -219,7 +227,7 @@ def tanh_f32(x):
 
 @_approx
 def sigmoid_f32(x):
-    """1 / (1 + e**-x) in float32; max relative error 3.5e-7 (measured over every float32 input)."""
+    """1 / (1 + e**-x) in float32; max relative error 2e-7."""
     x = _F(x)
     # NOTE: e = exp(-|x|) <= 1 never overflows; e/(1+e) for x < 0 keeps the tiny results accurate.
     t = -abs(x)
@@ -254,7 +262,7 @@ _ERF_L8_F = _F(1.6201469179577543e-06)
 
 @_approx
 def erf_f32(x):
-    """The error function in float32; max absolute error 1.5e-7, relative 1.5e-7 below |x| = 0.875."""
+    """The error function in float32; max relative error 1.1e-7, max absolute error 1e-7."""
     x = _F(x)
     ax = abs(x)
     z = x * x
@@ -323,7 +331,7 @@ def _exp_core_f64(x):
 
 @_approx
 def exp_f64(x):
-    """e**x in float64; max relative error 5e-16."""
+    """e**x in float64; max relative error 4e-16."""
     x = _D(x)
     xc = _EXP_LO_D if x < _EXP_LO_D else x
     xc = _EXP_HI_D if xc > _EXP_HI_D else xc
@@ -365,7 +373,7 @@ def _log_core_f64(x, c, e0):
 
 @_approx
 def log_f64(x):
-    """Natural log in float64; max relative error 5e-16."""
+    """Natural log in float64; max relative error 4e-16."""
     x = _D(x)
     sub = x < _DBL_MIN_D
     xs = x * _TWO54_D if sub else x
@@ -377,7 +385,7 @@ def log_f64(x):
 
 @_approx
 def log1p_f64(x):
-    """log(1 + x) in float64; max relative error 5e-16."""
+    """log(1 + x) in float64; max relative error 4e-16."""
     x = _D(x)
     u = x + _ONE_D
     c = _ONE_D - (u - x) if u >= _TWO_D else x - (u - _ONE_D)
@@ -401,7 +409,7 @@ _TANH_Q3_D = _D(4.84406305325125486048e3)
 
 @_approx
 def tanh_f64(x):
-    """tanh in float64; max relative error 5e-16."""
+    """tanh in float64; max relative error 6e-16."""
     x = _D(x)
     ax = abs(x)
     z = x * x
@@ -417,7 +425,7 @@ def tanh_f64(x):
 
 @_approx
 def sigmoid_f64(x):
-    """1 / (1 + e**-x) in float64; max relative error 6e-16."""
+    """1 / (1 + e**-x) in float64; max relative error 5e-16."""
     x = _D(x)
     t = -abs(x)
     t = _EXP_LO_D if t < _EXP_LO_D else t
@@ -499,11 +507,15 @@ def erf_f64(x):
 # lookup for the code generator
 # ---------------------------------------------------------------------------------------------------------------
 
+# The dtypes with approximations and the suffix of their function names (float16 etc. are not supported:
+# compute in float32 and cast).
 DTYPE_SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
+# Every function by its name, for exec'ing generated source that calls e.g. `exp_f32(t0)`.
 NAMESPACE = {f.__name__: f for f in (exp_f32, log_f32, log1p_f32, tanh_f32, sigmoid_f32, erf_f32,
                                      exp_f64, log_f64, log1p_f64, tanh_f64, sigmoid_f64, erf_f64)}
 
+# APPROX[template function name][np.dtype] -> the function.
 APPROX = {name: {dtype: NAMESPACE[f"{name}_{suffix}"] for dtype, suffix in DTYPE_SUFFIX.items()}
           for name in ("exp", "log", "log1p", "tanh", "sigmoid", "erf")}
 
