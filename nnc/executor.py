@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 import warnings
 
+import numpy as np
+
 from runtime.tensor import Tensor
 
 from .graph import Node, map_arg
@@ -11,17 +13,30 @@ from .graph_module import GraphModule
 from .interpreter import Interpreter
 from .kernel import Kernel
 from .passes.fusion import fuse
+from .passes.memory import plan_memory
 
 
 class KernelStep:
-    """One fused kernel compiled to numba; reads its inputs' arrays and produces its outputs' tensors."""
+    """One fused kernel compiled to numba; reads its inputs' arrays and produces its outputs' tensors.
 
-    def __init__(self, kernel: Kernel, compiled):
+    Outputs with a planned buffer are written into it (the same memory on every call); the others, graph
+    outputs among them, get fresh arrays, since the caller keeps them.
+    """
+
+    def __init__(self, kernel: Kernel, compiled, planned: list):
         self.kernel, self.compiled = kernel, compiled
         self.inputs, self.outputs = kernel.inputs, kernel.outputs
+        self.planned = planned if any(p is not None for p in planned) else None
+        self.out_specs = [(tuple(n.meta["shape"]), n.meta["dtype"].np) for n in kernel.outputs]
+
+    def _out_buffers(self):
+        if self.planned is None:
+            return None
+        return [p if p is not None else np.empty(shape, dtype) for p, (shape, dtype) in zip(self.planned,
+                                                                                             self.out_specs)]
 
     def run(self, env: dict) -> None:
-        arrays = self.compiled.run([env[n]._data for n in self.inputs])
+        arrays = self.compiled.run([env[n]._data for n in self.inputs], out=self._out_buffers())
         for node, array in zip(self.outputs, arrays):
             env[node] = Tensor._from_array(array)
 
@@ -48,6 +63,8 @@ class Plan:
         self.interpreter = Interpreter(gm)
         # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect
         self.kernels = [k for k in fuse(gm.graph) if k.outputs or k.kind == "opaque"]
+        self.memory = plan_memory(self.kernels, gm.graph)
+        self._arenas = self.memory.allocate()
         self.steps, self.fallbacks, self.cache_hits = [], [], 0
         for kernel in self.kernels:
             self.steps.append(self._step_for(kernel, use_codegen))
@@ -71,7 +88,8 @@ class Plan:
             return InterpretedStep(kernel.nodes, self.interpreter, reason)
         self.cache_hits += bool(getattr(compiled, "cache_hit", False))
         kernel.meta["source"] = getattr(compiled, "source", "")
-        return KernelStep(kernel, compiled)
+        planned = [self.memory.view(self._arenas, n) if n in self.memory.slots else None for n in kernel.outputs]
+        return KernelStep(kernel, compiled, planned)
 
     def run(self, *inputs):
         env: dict = {}
