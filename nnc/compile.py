@@ -203,6 +203,12 @@ class CompiledModule(Module):
         object.__setattr__(self, "_cache", {})
         object.__setattr__(self, "_keys", [])
         object.__setattr__(self, "_signature", inspect.signature(module.forward))
+        positional = [p.name for p in self._signature.parameters.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        object.__setattr__(self, "_positional", positional)
+        # NOTE: the module tree is fixed at compile time (its hooks and parameters are not): walking a cached
+        # list of modules keeps the guards cheap on every call.
+        object.__setattr__(self, "_module_list", [(path, m) for path, m in module.named_modules()])
         self.recompile_limit = recompile_limit
         self.target = target
         self.codegen = codegen
@@ -229,6 +235,8 @@ class CompiledModule(Module):
     # -- guards ----------------------------------------------------------------------------------------
 
     def _bind(self, args, kwargs):
+        if not kwargs and len(args) == len(self._positional) == len(self._signature.parameters):
+            return dict(zip(self._positional, args))
         bound = self._signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return bound.arguments
@@ -240,16 +248,16 @@ class CompiledModule(Module):
                 parts.append((name, "tensor", tuple(value.shape), value.dtype.name, value.requires_grad))
             else:
                 parts.append((name, "python", _hashable(value)))
-        params = tuple(p.requires_grad for p in self._module.parameters())
+        params = tuple(p.requires_grad for _, m in self._module_list for p in m._parameters.values()
+                       if p is not None)
         return (tuple(parts), self._module.training, grad_mode.is_grad_enabled(), params, self._hook_signature())
 
     def _hook_signature(self):
         hooked = []
-        for path, m in self._module.named_modules():
-            ids = (tuple(m._forward_pre_hooks), tuple(m._forward_hooks), tuple(m._backward_hooks),
-                   tuple(m._backward_pre_hooks))
-            if path and any(ids):
-                hooked.append((path, ids))
+        for path, m in self._module_list:
+            if path and (m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks):
+                hooked.append((path, tuple(m._forward_pre_hooks), tuple(m._forward_hooks), tuple(m._backward_hooks),
+                               tuple(m._backward_pre_hooks)))
         globals_ = (tuple(module_mod._global_forward_pre_hooks), tuple(module_mod._global_forward_hooks),
                     tuple(module_mod._global_backward_hooks))
         return tuple(hooked), globals_

@@ -54,6 +54,20 @@ class InterpretedStep:
             env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
 
 
+def _attr_reader(gm: GraphModule, path: str):
+    """A cheap reader for a get_attr target: its owner is resolved once, the registry is read on every call
+    (so a parameter or buffer rebound later, e.g. by load_state_dict(assign=True), is still seen)."""
+    if not path:
+        return lambda: gm
+    owner_path, _, name = path.rpartition(".")
+    owner = gm.get_submodule(owner_path) if owner_path else gm
+    for registry in ("_parameters", "_buffers"):
+        table = owner.__dict__.get(registry)
+        if table is not None and name in table:
+            return lambda: table[name]
+    return lambda: getattr(owner, name)
+
+
 class Plan:
     """The steps for one graph; `run(*inputs)` returns what the graph returns."""
 
@@ -69,7 +83,7 @@ class Plan:
         for kernel in self.kernels:
             self.steps.append(self._step_for(kernel, use_codegen))
         self.placeholders = gm.graph.placeholders
-        self.attrs = [n for n in gm.graph.nodes if n.op == "get_attr"]
+        self.attrs = [(n, _attr_reader(gm, n.target)) for n in gm.graph.nodes if n.op == "get_attr"]
         self.output = gm.graph.output_node.args[0]
         self.compile_seconds = time.perf_counter() - start
 
@@ -95,8 +109,8 @@ class Plan:
         env: dict = {}
         for node, value in zip(self.placeholders, inputs):
             env[node] = value
-        for node in self.attrs:
-            env[node] = self.interpreter.fetch_attr(node.target) if node.target else self.gm
+        for node, read in self.attrs:
+            env[node] = read()
         for step in self.steps:
             step.run(env)
         return map_arg(self.output, env.__getitem__)

@@ -29,7 +29,7 @@ from runtime import nn
 from runtime.ops import OPS, Kind, apply
 
 ELEMENTWISE_OPS = sorted(name for name, op in OPS.items() if op.kind == Kind.ELEMENTWISE)
-SMALL, LARGE = (5, 7), (256, 260)
+SMALL, LARGE = (5, 7), (512, 520)
 assert math.prod(SMALL) < PARALLEL_MIN_ELEMENTS <= math.prod(LARGE)
 FLOAT = {"float32": torch.float32, "float64": torch.float64}
 INT_FOR = {"float32": torch.int32, "float64": torch.int64}
@@ -290,7 +290,7 @@ def test_float32_stays_float32_in_the_source():
 
 @pytest.mark.parametrize("x_shape,y_shape,loop", [
     ((6, 5), (6, 5), "for i in range(30):"),            # nothing broadcasts: one flat loop at the flat index
-    ((2, 40000), (40000,), "for i in prange(80000):"),  # parallel with too few rows: flat, offsets by division
+    ((2, 160000), (160000,), "for i in prange(320000):"),  # parallel with too few rows: flat, offsets by division
     ((3, 1, 30000), (4, 1), "for i in prange(360000):"),
 ])
 def test_flat_loops(x_shape, y_shape, loop):
@@ -337,8 +337,8 @@ REDUCTIONS = [
     ("prod", (6, 7, 9), (2,), True, "row"),
     ("sum", (256, 300), (1,), False, "blocked"),
     ("amax", (300, 256), (0,), True, "column"),
-    ("sum", (2, 40000), (0, 1), False, "chunked"),
-    ("amin", (3, 30000), (1,), False, "chunked"),
+    ("sum", (2, 160000), (0, 1), False, "chunked"),
+    ("amin", (3, 120000), (1,), False, "chunked"),
     ("prod", (128, 600), (1,), False, "blocked"),
     ("amax", (64, 2500), (1,), False, "blocked"),  # blocks of 1024, 1024, 452
 ]

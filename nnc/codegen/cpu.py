@@ -11,7 +11,7 @@ Layers (the first two are target-neutral so a CUDA skeleton can reuse them):
                 constants).
   skeletons     elementwise: one flat loop when nothing broadcasts, else a loop over rows with an inner loop along
                 the last (collapsed) dim through per-row slices, so it vectorizes; prange over the outer loop when the
-                element count >= PARALLEL_MIN_ELEMENTS (2**16), else range (decided from the static shape).
+                element count >= PARALLEL_MIN_ELEMENTS (2**18), else range (decided from the static shape).
                 reduction: prologue, accumulate, epilogue, in one of four forms: rows (one task per kept position,
                 an inner loop over reduced positions; >= 64 of them: the prologue fills 1024-value blocks that a
                 vectorized helper reduces), columns (the last dim kept: a tile of accumulators swept row by row),
@@ -48,7 +48,10 @@ from . import cache
 GENERATOR_VERSION = 1
 # NOTE: measured crossover on this machine: a warm parallel kernel costs ~1.6 us of overhead, a cold thread pool
 # 40-150 us; below 2**16 elements a serial loop wins.
-PARALLEL_MIN_ELEMENTS = 2 ** 16
+# NOTE: a warm parallel kernel costs ~1.6 µs, which alone would put the crossover near 2**16 elements; but between
+# BLAS calls numba's and OpenBLAS's spinning thread pools contend on a 2-core machine (a 10 µs kernel took 2-4 ms
+# in an MLP training step), so parallel loops start at 2**18 elements (tools/bench_compile.py, case 4a).
+PARALLEL_MIN_ELEMENTS = 2 ** 18
 # Reductions with fewer kept positions than this split the reduced range into chunks (a parallel two-pass form).
 _REDUCTION_TASKS = 64
 _MIN_CHUNK = 4096

@@ -1,0 +1,907 @@
+"""Benchmark nnc.compile'd runtime Modules against torch eager, hand-fused numba kernels and the memory bandwidth.
+
+Cases (all float32; every figure is a median measured in this run, every ratio is between figures of this run):
+
+  1 chain_fwd      gelu_tanh(x*w+b)*sigmoid(x)+0.5*x, x [4096,1024], w and b [1024] (no_grad forward):
+                   nnc.compile vs torch eager vs a hand-fused numba prange kernel using nnc.codegen.approx.
+                   Target: compiled <= 1.25x the hand-fused kernel.
+  2 membound       relu(x*w+b)+0.5*x at 2**24 elements ([16384,1024]) (no_grad forward): compiled vs the memory
+                   bandwidth limit, measured as a numba prange copy `out[i] = x[i]` of the same bytes (read x once,
+                   write once). Target: compiled reaches >= 80% of the copy's speed.
+  3 chain_fwd_bwd  forward+backward of case 1's chain (gradients for x, w, b): compiled vs torch eager vs hand-fused
+                   numba (a forward kernel plus a backward kernel that recomputes from x). Target: >= 2.5x faster
+                   than torch.compile (measured only with --torch-compile, which takes long here).
+  4 mlp_train_*    MLP 784-512-512-10 (ReLU) training step (zero_grad, forward, CrossEntropyLoss, backward,
+                   SGD momentum) at batch 128 and 8: nnc.compile(model) vs torch eager. Target: <= 1.0x torch eager.
+  5 mlp_infer_b1   batch-1 inference of that MLP under no_grad. Target: compiled <= 45 us.
+  6 compile_time   compile time of that MLP's forward+backward, cold (a fresh NNC_CACHE_DIR, in a subprocess) and
+                   from the disk cache (a second subprocess with the same directory). Targets: < 3 s cold,
+                   < 0.5 s from the cache.
+
+The same Module code runs on runtime and on torch (the library is passed as `lib`). Compiled modules are warmed up
+before timing (the first call compiles). Variants of a case are timed interleaved (one repeat of each in turn, with
+an untimed pause before each, as tools/bench_mlp.py does) so that load from other processes hits every side of a
+ratio alike; the spread column is (max - min) / median of the repeats, the min column the fastest repeat. Each case
+runs in a fresh process of this script (--in-process: all in this one), because the thread pools of numpy's
+OpenBLAS, numba and torch leave state behind that slows later cases. Asserts nothing.
+
+    python tools/bench_compile.py [--quick] [--cases chain_fwd,membound,...] [--torch-compile] [--threads N]
+                                  [--steps] [--in-process]
+
+--steps adds, for every nnc.compile variant, the time spent in each executor step (kernel or interpreted group)
+and the rest of the call (guards, autograd glue, the eager loss and optimizer), from a short extra run.
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+def _threads_from_argv(argv):
+    """The N of `--threads N` / `--threads=N` in argv, or None."""
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return None
+
+
+if __name__ == "__main__" and _threads_from_argv(sys.argv[1:]):
+    # BLAS libraries and numba read their thread counts when they load, so this must run before they import.
+    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ[_var] = _threads_from_argv(sys.argv[1:])
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+try:
+    import runtime
+    from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead
+    from tools.bench_mlp import LR, MOMENTUM, SIZES, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
+except ImportError:  # run as `python tools/bench_compile.py`: put the repo root on sys.path
+    sys.path.insert(0, _ROOT)
+    import runtime
+    from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead
+    from tools.bench_mlp import LR, MOMENTUM, SIZES, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+import nnc
+from nnc.codegen.approx import sigmoid_f32, tanh_f32
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The models (one code path for runtime and torch: `lib` is the library)
+# ---------------------------------------------------------------------------------------------------------------
+
+CHAIN_SHAPE = (4096, 1024)
+MEM_SHAPE = (16384, 1024)  # 2**24 elements
+
+
+def _chain_module(lib, w, b):
+    """gelu_tanh(x*w+b)*sigmoid(x)+0.5*x as a lib.nn.Module with w and b as parameters."""
+
+    class TransChain(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = lib.nn.Parameter(lib.tensor(w))
+            self.b = lib.nn.Parameter(lib.tensor(b))
+
+        def forward(self, x):
+            u = x * self.w + self.b
+            return lib.nn.functional.gelu(u, approximate="tanh") * lib.sigmoid(x) + 0.5 * x
+
+    return TransChain()
+
+
+def _mem_module(lib, w, b):
+    """relu(x*w+b)+0.5*x as a lib.nn.Module with w and b as parameters."""
+
+    class MemChain(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = lib.nn.Parameter(lib.tensor(w))
+            self.b = lib.nn.Parameter(lib.tensor(b))
+
+        def forward(self, x):
+            return lib.relu(x * self.w + self.b) + 0.5 * x
+
+    return MemChain()
+
+
+def _data(shape, seed=0):
+    """x [rows, cols] and per-column w, b as float32 numpy arrays (x ~ 3 * N(0, 1) exercises both tanh ranges)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    b = rng.standard_normal(shape[-1]).astype(np.float32)
+    gy = rng.standard_normal(shape).astype(np.float32)  # the upstream gradient for the backward cases
+    return x, w, b, gy
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-fused numba kernels (the baselines)
+# ---------------------------------------------------------------------------------------------------------------
+
+# NOTE: float32 constants as globals: a Python float literal would make numba compute in float64.
+_HALF = np.float32(0.5)
+_ONE = np.float32(1.0)
+_ZERO = np.float32(0.0)
+_K0 = np.float32(math.sqrt(2.0 / math.pi))
+_K1 = np.float32(0.044715)
+_K3 = np.float32(3 * 0.044715)
+
+
+@njit(parallel=True, error_model="numpy")
+def chain_fwd_kernel(x, w, b, out):
+    """gelu_tanh(x*w+b)*sigmoid(x)+0.5*x: one pass, approx.py's tanh/sigmoid inlined and vectorized."""
+    rows, cols = x.shape
+    for i in prange(rows):
+        xr, outr = x[i], out[i]
+        for j in range(cols):
+            xv = xr[j]
+            u = xv * w[j] + b[j]
+            g = _HALF * u * (_ONE + tanh_f32(_K0 * (u + _K1 * u * u * u)))
+            outr[j] = g * sigmoid_f32(xv) + _HALF * xv
+
+
+@njit(parallel=True, error_model="numpy")
+def chain_bwd_kernel(x, w, b, gy, gx, gw_part, gb_part):
+    """The chain's backward, recomputing the forward from x: gx in full, gw/gb as per-chunk partial column sums.
+
+    Chunk c of the rows accumulates into gw_part[c] / gb_part[c]; the caller sums the partials (a [chunks, cols]
+    array, tiny)."""
+    rows, cols = x.shape
+    chunks = gw_part.shape[0]
+    per = (rows + chunks - 1) // chunks
+    for c in prange(chunks):
+        accw, accb = gw_part[c], gb_part[c]
+        for j in range(cols):
+            accw[j] = _ZERO
+            accb[j] = _ZERO
+        for i in range(c * per, min(rows, (c + 1) * per)):
+            xr, gyr, gxr = x[i], gy[i], gx[i]
+            for j in range(cols):
+                xv = xr[j]
+                wv = w[j]
+                u = xv * wv + b[j]
+                t = tanh_f32(_K0 * (u + _K1 * u * u * u))
+                g = _HALF * u * (_ONE + t)
+                s = sigmoid_f32(xv)
+                dg = _HALF * (_ONE + t) + _HALF * u * (_ONE - t * t) * _K0 * (_ONE + _K3 * u * u)
+                gv = gyr[j]
+                du = gv * s * dg
+                gxr[j] = du * wv + gv * (g * s * (_ONE - s) + _HALF)
+                accw[j] += du * xv
+                accb[j] += du
+
+
+@njit(parallel=True, error_model="numpy")
+def mem_fwd_kernel(x, w, b, out):
+    """relu(x*w+b)+0.5*x, hand-fused."""
+    rows, cols = x.shape
+    for i in prange(rows):
+        xr, outr = x[i], out[i]
+        for j in range(cols):
+            xv = xr[j]
+            u = xv * w[j] + b[j]
+            outr[j] = (u if u > _ZERO else _ZERO) + _HALF * xv
+
+
+@njit(parallel=True, error_model="numpy")
+def copy_kernel(x, out):
+    """out[i] = x[i] over flat arrays: read every byte once, write every byte once (the bandwidth limit)."""
+    for i in prange(x.shape[0]):
+        out[i] = x[i]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Measurement: variants of one case, interleaved per repeat
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Variant:
+    """One way to run a case: `setup()` builds the state once (untimed), `step(state)` is the timed call.
+
+    `ctx()` is the context every call runs in (no_grad for inference); `result(state)` returns numpy arrays to
+    compare across variants; `compiled(state)` returns the nnc CompiledModule (for --steps)."""
+
+    label: str
+    setup: Callable
+    step: Callable
+    ctx: Callable = contextlib.nullcontext
+    result: Callable = None
+    compiled: Callable = None
+    note: str = ""
+
+
+@dataclass
+class Measured:
+    label: str
+    median: float = None
+    low: float = None
+    high: float = None
+    error: str = None
+    state: object = field(default=None, repr=False)
+    setup_s: float = 0.0
+
+    @property
+    def ok(self):
+        return self.error is None and self.median is not None
+
+    def spread(self):
+        return _spread((self.median, self.low, self.high)) if self.ok else f"{'-':>6}"
+
+
+def _warm(step, state, count, limit_s):
+    """At least two calls (the first compiles), at most `count`, stopping once limit_s has passed."""
+    start = time.perf_counter()
+    for k in range(max(2, count)):
+        step(state)
+        if k >= 1 and time.perf_counter() - start > limit_s:
+            break
+
+
+def measure_variants(variants, *, target_s=0.25, repeats=9, warmup=20, settle_s=0.2, warm_s=2.0):
+    """{label: Measured} for each variant; repeats interleaved across variants, each after a settle_s pause.
+
+    A variant whose setup or step raises is reported with its error (report, don't fix)."""
+    out, loops = {}, {}
+    for v in variants:
+        m = Measured(v.label)
+        out[v.label] = m
+        try:
+            t0 = time.perf_counter()
+            m.state = v.setup()
+            with v.ctx():
+                _warm(v.step, m.state, warmup, warm_s)
+                m.setup_s = time.perf_counter() - t0
+                loops[v.label] = _calibrate(v.step, m.state, target_s)
+        except Exception as e:  # noqa: BLE001
+            m.error = f"{type(e).__name__}: {e}"
+    times = {v.label: [] for v in variants if out[v.label].error is None}
+    for _ in range(repeats):
+        for v in variants:
+            m = out[v.label]
+            if m.error is not None:
+                continue
+            time.sleep(settle_s)
+            try:
+                with v.ctx():
+                    n = loops[v.label]
+                    times[v.label].append(_time_loop(v.step, m.state, n) / n)
+            except Exception as e:  # noqa: BLE001
+                m.error = f"{type(e).__name__}: {e}"
+    for label, ts in times.items():
+        m = out[label]
+        if m.error is None and ts:
+            m.median, m.low, m.high = statistics.median(ts), min(ts), max(ts)
+    return out
+
+
+def _max_dev(a, b):
+    """max |a - b| / max(|b|, 1e-3) over all elements (relative deviation with a floor)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-3)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-step timing of compiled modules (--steps)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _plans_of(compiled):
+    """[(plan label, Plan)] of every artifact a CompiledModule has compiled."""
+    plans = []
+    for k, artifact in enumerate(compiled._cache.values()):
+        for label in ("forward_plan", "training_plan", "backward_plan"):
+            plan = getattr(artifact, label, None)
+            if plan is not None:
+                plans.append((f"v{k}.{label[:-5]}", plan))
+    return plans
+
+
+def _step_label(step):
+    kernel = getattr(step, "kernel", None)
+    if kernel is not None:
+        ops = kernel.meta.get("ops") or []
+        return f"{kernel.name} ({len(ops)} ops: {', '.join(ops[:6])}{', ...' if len(ops) > 6 else ''})"
+    names = [getattr(n.target, "__name__", str(n.target)) for n in getattr(step, "nodes", [])]
+    return f"interpreted [{', '.join(names)}]"
+
+
+def step_profile(variant, state, calls):
+    """Run `calls` steps with every executor step (and Plan.run) timed; returns (total per call, rows).
+
+    Timing wrappers are set as instance attributes on the plan and step objects of this run only, and removed
+    afterwards."""
+    compiled = variant.compiled(state)
+    plans = _plans_of(compiled)
+    acc = {}
+
+    def timed(key, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[key] = acc.get(key, 0.0) + time.perf_counter() - t0
+        return wrapper
+
+    patched = []
+    for plabel, plan in plans:
+        plan.run = timed((plabel, None), plan.run)
+        patched.append(plan)
+        for k, st in enumerate(plan.steps):
+            st.run = timed((plabel, k), st.run)
+            patched.append(st)
+    try:
+        with variant.ctx():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                variant.step(state)
+            total = (time.perf_counter() - t0) / calls
+    finally:
+        for obj in patched:
+            obj.__dict__.pop("run", None)
+    rows = []
+    for plabel, plan in plans:
+        plan_s = acc.get((plabel, None), 0.0) / calls
+        if not plan_s:
+            continue
+        step_sum = 0.0
+        for k, st in enumerate(plan.steps):
+            s = acc.get((plabel, k), 0.0) / calls
+            step_sum += s
+            rows.append((f"{plabel} step {k}: {_step_label(st)}", s))
+        rows.append((f"{plabel} Plan.run outside its steps (env dict, attrs, output)", plan_s - step_sum))
+    plan_total = sum(acc.get((p, None), 0.0) for p, _ in plans) / calls
+    rows.append(("outside Plan.run (guards, autograd glue, eager loss/optimizer, harness)", total - plan_total))
+    return total, rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Target:
+    text: str         # what is asked, e.g. "compiled <= 1.25x hand-fused"
+    measured: str     # the measured figure, e.g. "1.12x"
+    met: object       # True / False / None (not measured)
+
+
+def _nograd(lib):
+    return lambda: lib.no_grad()
+
+
+def _grads_to_none(params):
+    for p in params:
+        p.grad = None
+
+
+def _torch_threads_note():
+    return f"torch {torch.get_num_threads()} threads" if torch is not None else "torch missing"
+
+
+def case_chain_fwd(opts, args):
+    x, w, b, _ = _data(CHAIN_SHAPE)
+    variants = []
+
+    def nnc_setup():
+        cm = nnc.compile(_chain_module(runtime, w, b))
+        return cm, runtime.tensor(x)
+    variants.append(Variant("nnc.compile", nnc_setup, lambda s: s[0](s[1]), _nograd(runtime),
+                            result=lambda s: [s[0](s[1]).numpy()], compiled=lambda s: s[0]))
+
+    def hand_setup():
+        return x, w, b, np.empty_like(x)
+    variants.append(Variant("hand-fused numba", hand_setup, lambda s: chain_fwd_kernel(*s),
+                            result=lambda s: [(chain_fwd_kernel(*s), s[3])[1].copy()],
+                            note="preallocated output"))
+    variants.append(Variant("hand-fused numba + np.empty", lambda: (x, w, b),
+                            lambda s: chain_fwd_kernel(*s, np.empty_like(s[0])),
+                            note="a fresh output array per call, as compiled and eager calls return one"))
+    if torch is not None:
+        def torch_setup():
+            return _chain_module(torch, w, b), torch.from_numpy(x)
+        variants.append(Variant("torch eager", torch_setup, lambda s: s[0](s[1]), _nograd(torch),
+                                result=lambda s: [s[0](s[1]).numpy()]))
+        if args.torch_compile:
+            def tc_setup():
+                return torch.compile(_chain_module(torch, w, b)), torch.from_numpy(x)
+            variants.append(Variant("torch.compile", tc_setup, lambda s: s[0](s[1]), _nograd(torch),
+                                    result=lambda s: [s[0](s[1]).numpy()]))
+    res = measure_variants(variants, **opts)
+    ratios = [("nnc.compile", "hand-fused numba"), ("nnc.compile", "hand-fused numba + np.empty"),
+              ("nnc.compile", "torch eager"), ("nnc.compile", "torch.compile"), ("hand-fused numba", "torch eager")]
+    r = _ratio(res, "nnc.compile", "hand-fused numba")
+    targets = [Target("compiled <= 1.25x hand-fused numba", _x(r), None if r is None else r <= 1.25)]
+    return variants, res, ratios, targets, "torch eager"
+
+
+def case_membound(opts, args):
+    x, w, b, _ = _data(MEM_SHAPE, seed=2)
+    variants = []
+
+    def nnc_setup():
+        return nnc.compile(_mem_module(runtime, w, b)), runtime.tensor(x)
+    variants.append(Variant("nnc.compile", nnc_setup, lambda s: s[0](s[1]), _nograd(runtime),
+                            result=lambda s: [s[0](s[1]).numpy()], compiled=lambda s: s[0]))
+    flat = x.reshape(-1)
+    variants.append(Variant("numba copy (bandwidth)", lambda: (flat, np.empty_like(flat)),
+                            lambda s: copy_kernel(*s), note="out[i] = x[i] prange, preallocated out"))
+    variants.append(Variant("numba copy + np.empty", lambda: (flat,),
+                            lambda s: copy_kernel(s[0], np.empty_like(s[0])),
+                            note="the same copy into a fresh array per call (page faults included)"))
+    variants.append(Variant("hand-fused numba", lambda: (x, w, b, np.empty_like(x)),
+                            lambda s: mem_fwd_kernel(*s), result=lambda s: [(mem_fwd_kernel(*s), s[3])[1].copy()],
+                            note="preallocated output"))
+    if torch is not None:
+        variants.append(Variant("torch eager", lambda: (_mem_module(torch, w, b), torch.from_numpy(x)),
+                                lambda s: s[0](s[1]), _nograd(torch), result=lambda s: [s[0](s[1]).numpy()]))
+    res = measure_variants(variants, **opts)
+    ratios = [("nnc.compile", "numba copy (bandwidth)"), ("nnc.compile", "numba copy + np.empty"),
+              ("nnc.compile", "hand-fused numba"), ("nnc.compile", "torch eager")]
+    r = _ratio(res, "numba copy (bandwidth)", "nnc.compile")  # achieved fraction of the copy's speed
+    extra = ""
+    if res["numba copy (bandwidth)"].ok:
+        gbs = 2 * x.nbytes / res["numba copy (bandwidth)"].median / 1e9
+        extra = f" (copy moves {2 * x.nbytes / 2**20:.0f} MiB at {gbs:.1f} GB/s)"
+    targets = [Target("compiled >= 80% of the copy bandwidth" + extra,
+                      "-" if r is None else f"{r * 100:.0f}%", None if r is None else r >= 0.8)]
+    return variants, res, ratios, targets, "torch eager"
+
+
+def case_chain_fwd_bwd(opts, args):
+    x, w, b, gy = _data(CHAIN_SHAPE)
+    variants = []
+
+    def lib_setup(lib, compile_fn):
+        def setup():
+            model = compile_fn(_chain_module(lib, w, b))
+            xt = lib.tensor(x).requires_grad_() if lib is runtime else torch.from_numpy(x.copy()).requires_grad_()
+            gyt = lib.tensor(gy) if lib is runtime else torch.from_numpy(gy)
+            params = [xt] + list(model.parameters())
+            return model, xt, gyt, params
+        return setup
+
+    def fwd_bwd(s):
+        model, xt, gyt, params = s
+        _grads_to_none(params)
+        model(xt).backward(gyt)
+
+    def grads(s):
+        fwd_bwd(s)
+        return [p.grad.numpy() for p in s[3]]
+
+    variants.append(Variant("nnc.compile", lib_setup(runtime, nnc.compile), fwd_bwd, result=grads,
+                            compiled=lambda s: s[0]))
+    chunks = 4 * numba.get_num_threads()
+
+    def hand_setup():
+        return (x, w, b, gy, np.empty_like(x), np.empty_like(x), np.empty((chunks, x.shape[1]), np.float32),
+                np.empty((chunks, x.shape[1]), np.float32))
+
+    def hand_step(s):
+        x_, w_, b_, gy_, out, gx, gwp, gbp = s
+        chain_fwd_kernel(x_, w_, b_, out)
+        chain_bwd_kernel(x_, w_, b_, gy_, gx, gwp, gbp)
+        return gx, gwp.sum(0), gbp.sum(0)
+
+    variants.append(Variant("hand-fused numba", hand_setup, hand_step, result=lambda s: list(hand_step(s)),
+                            note=f"forward kernel + backward kernel (recomputes from x), preallocated outputs, "
+                                 f"{chunks} row chunks for the column sums"))
+    variants.append(Variant("hand-fused numba (forward only)", lambda: hand_setup()[:3] + (np.empty_like(x),),
+                            lambda s: chain_fwd_kernel(*s)))
+    if torch is not None:
+        variants.append(Variant("torch eager", lib_setup(torch, lambda m: m), fwd_bwd, result=grads))
+        if args.torch_compile:
+            variants.append(Variant("torch.compile", lib_setup(torch, torch.compile), fwd_bwd, result=grads))
+    res = measure_variants(variants, **opts)
+    ratios = [("nnc.compile", "hand-fused numba"), ("nnc.compile", "torch eager"), ("nnc.compile", "torch.compile"),
+              ("hand-fused numba", "torch eager")]
+    r = _ratio(res, "torch.compile", "nnc.compile")  # speedup over torch.compile
+    targets = [Target("compiled >= 2.5x faster than torch.compile",
+                      "-" if r is None else f"{r:.2f}x faster",
+                      None if r is None else r >= 2.5)]
+    if r is None and not args.torch_compile:
+        targets[0].measured = "needs --torch-compile"
+    return variants, res, ratios, targets, "torch eager"
+
+
+def _mlp_train_setup(lib, batch, compiled):
+    def setup():
+        model = _mlp(lib)
+        run = nnc.compile(model) if compiled else model
+        opt = lib.optim.SGD(run.parameters(), lr=LR, momentum=MOMENTUM)
+        xb, yb = _batch(lib, batch)
+        return run, opt, lib.nn.CrossEntropyLoss(), xb, yb
+    return setup
+
+
+class _WithLoss(runtime.nn.Module):
+    """The MLP and its CrossEntropyLoss as one module, so that nnc compiles the loss and its backward too."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.loss = runtime.nn.CrossEntropyLoss()
+
+    def forward(self, x, y):
+        return self.loss(self.model(x), y)
+
+
+def _mlp_train_with_loss_setup(batch):
+    def setup():
+        model = _mlp(runtime)
+        opt = runtime.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        xb, yb = _batch(runtime, batch)
+        return nnc.compile(_WithLoss(model)), opt, xb, yb
+    return setup
+
+
+def _train_step_with_loss(state):
+    """zero_grad, compiled forward+loss, compiled backward, optimizer step."""
+    run, opt, xb, yb = state
+    opt.zero_grad()
+    run(xb, yb).backward()
+    opt.step()
+
+
+def _mlp_case(batch):
+    def case(opts, args):
+        variants = [Variant("nnc.compile", _mlp_train_setup(runtime, batch, True), train_step,
+                            compiled=lambda s: s[0], note="model compiled; loss and SGD step eager runtime"),
+                    Variant("nnc.compile (model+loss)", _mlp_train_with_loss_setup(batch), _train_step_with_loss,
+                            compiled=lambda s: s[0], note="diagnostic: the loss compiled too; SGD step eager"),
+                    Variant("runtime eager", _mlp_train_setup(runtime, batch, False), train_step)]
+        if torch is not None:
+            variants.append(Variant("torch eager", _mlp_train_setup(torch, batch, False), train_step))
+        res = measure_variants(variants, **opts)
+        ratios = [("nnc.compile", "torch eager"), ("nnc.compile (model+loss)", "torch eager"),
+                  ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
+        r = _ratio(res, "nnc.compile", "torch eager")
+        targets = [Target(f"compiled <= 1.0x torch eager (batch {batch})", _x(r), None if r is None else r <= 1.0)]
+        return variants, res, ratios, targets, "torch eager"
+    return case
+
+
+def case_mlp_infer_b1(opts, args):
+    def setup(lib, compiled):
+        def s():
+            model = _mlp(lib)
+            model.eval()
+            run = nnc.compile(model) if compiled else model
+            xb, _ = _batch(lib, 1)
+            return run, xb
+        return s
+
+    variants = [Variant("nnc.compile", setup(runtime, True), infer_step, _nograd(runtime), compiled=lambda s: s[0]),
+                Variant("runtime eager", setup(runtime, False), infer_step, _nograd(runtime))]
+    if torch is not None:
+        variants.append(Variant("torch eager", setup(torch, False), infer_step, _nograd(torch)))
+    res = measure_variants(variants, **opts)
+    ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "runtime eager")]
+    m = res["nnc.compile"]
+    targets = [Target("compiled <= 45 us per batch-1 forward", _fmt(m.median).strip() if m.ok else "-",
+                      m.median <= 45e-6 if m.ok else None)]
+    return variants, res, ratios, targets, "torch eager"
+
+
+# The child process of case 6: imports only runtime and nnc (no torch), compiles the MLP's forward+backward.
+_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import runtime
+import nnc
+import_s = time.perf_counter() - t0
+batch = int(sys.argv[2])
+sizes = (784, 512, 512, 10)
+layers = []
+for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+    if i:
+        layers.append(runtime.nn.ReLU())
+    layers.append(runtime.nn.Linear(a, b))
+model = runtime.nn.Sequential(*layers)
+rng = np.random.default_rng(1)
+x = runtime.tensor(rng.standard_normal((batch, 784)).astype(np.float32))
+y = runtime.tensor(rng.integers(0, 10, batch).astype(np.int64))
+loss_fn = runtime.nn.CrossEntropyLoss()
+def step(m):
+    for p in m.parameters():
+        p.grad = None
+    loss_fn(m(x), y).backward()
+step(model)  # eager warm-up: one-time costs of eager runtime are not compile time
+cm = nnc.compile(model)
+t = time.perf_counter()
+step(cm)
+first_s = time.perf_counter() - t
+warm = []
+for _ in range(5):
+    t = time.perf_counter()
+    step(cm)
+    warm.append(time.perf_counter() - t)
+arts = [a for a in cm._cache.values() if hasattr(a, "plans")]
+print(json.dumps({
+    "import_s": import_s, "first_call_s": first_s, "warm_call_s": min(warm),
+    "artifact_compile_s": sum(a.compile_seconds for a in arts),
+    "plan_compile_s": sum(p.compile_seconds for a in arts for p in a.plans),
+    "kernels": sum(len(p.kernels) for a in arts for p in a.plans),
+    "generated": sum(hasattr(s, "compiled") for a in arts for p in a.plans for s in p.steps),
+    "cache_hits": sum(p.cache_hits for a in arts for p in a.plans),
+    "training_plan": all(a.training_plan is not None for a in arts),
+}))
+"""
+
+
+def _child_run(cache_dir, batch=128, timeout=600):
+    env = dict(os.environ, NNC_CACHE_DIR=cache_dir)
+    proc = subprocess.run([sys.executable, "-c", _CHILD, _ROOT, str(batch)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"child exited {proc.returncode}: {proc.stderr.strip()[-800:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_compile_time(args):
+    """Case 6: returns (rows, targets)."""
+    rows, targets = [], []
+    with tempfile.TemporaryDirectory(prefix="nnc_bench_cache_") as d:
+        try:
+            cold = _child_run(d)
+            warm = _child_run(d)
+        except Exception as e:  # noqa: BLE001
+            print(f"  compile_time: {type(e).__name__}: {e}")
+            return [Target("cold compile < 3 s", "error", None), Target("from the disk cache < 0.5 s", "error", None)]
+    print(f"  {'run':<22} {'compile (first call - warm call)':>32} {'Artifact.compile_seconds':>25} "
+          f"{'first call':>11} {'warm call':>10} {'import':>8} {'kernels':>8} {'cache hits':>10}")
+    for label, r in (("cold (fresh cache dir)", cold), ("from the disk cache", warm)):
+        r["compile_s"] = r["first_call_s"] - r["warm_call_s"]
+        print(f"  {label:<22} {r['compile_s']:>30.3f} s {r['artifact_compile_s']:>23.3f} s "
+              f"{r['first_call_s']:>9.3f} s {_fmt(r['warm_call_s']):>10} {r['import_s']:>6.2f} s "
+              f"{r['generated']:>3}/{r['kernels']:<4} {r['cache_hits']:>10}")
+    if not cold["training_plan"]:
+        print("  note: no compiled training plan (the backward ran through eager autograd)")
+    print("  (compile = wall time of the first forward+backward call minus a warm one: tracing, passes, code "
+          "generation, numba compile or cache load, first launches; import of runtime+nnc+numba not included)")
+    targets.append(Target("cold compile of MLP fwd+bwd < 3 s", f"{cold['compile_s']:.2f} s", cold["compile_s"] < 3.0))
+    targets.append(Target("compile from the disk cache (new process) < 0.5 s", f"{warm['compile_s']:.2f} s",
+                          warm["compile_s"] < 0.5))
+    return targets
+
+
+CASES = {
+    "chain_fwd": ("1", "gelu_tanh(x*w+b)*sigmoid(x)+0.5*x, no_grad forward", "[4096,1024]", case_chain_fwd),
+    "membound": ("2", "relu(x*w+b)+0.5*x, no_grad forward", "[16384,1024]", case_membound),
+    "chain_fwd_bwd": ("3", "chain forward+backward (grads of x, w, b)", "[4096,1024]", case_chain_fwd_bwd),
+    "mlp_train_b128": ("4a", "MLP 784-512-512-10 SGD step: zero_grad+fwd+CE+bwd+step", "[128,784]", _mlp_case(128)),
+    "mlp_train_b8": ("4b", "MLP 784-512-512-10 SGD step: zero_grad+fwd+CE+bwd+step", "[8,784]", _mlp_case(8)),
+    "mlp_infer_b1": ("5", "MLP 784-512-512-10 no_grad forward", "[1,784]", case_mlp_infer_b1),
+    "compile_time": ("6", "MLP fwd+bwd compile time, cold and from the disk cache (subprocesses)", "[128,784]",
+                     None),
+}
+
+
+def _ratio(res, a, b, stat="median"):
+    ma, mb = res.get(a), res.get(b)
+    if ma is None or mb is None or not ma.ok or not mb.ok:
+        return None
+    return getattr(ma, stat) / getattr(mb, stat)
+
+
+def _x(r):
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def _verdict(met):
+    return "n/a" if met is None else ("met" if met else "NOT met")
+
+
+def _print_case(variants, res, ratios, reference, args):
+    width = max(len(v.label) for v in variants)
+    ref = res.get(reference)
+    print(f"  {'variant':<{width}} {'median':>10} {'min':>10} {'spread':>7} {'vs ' + reference:>16}  note")
+    for v in variants:
+        m = res[v.label]
+        if not m.ok:
+            print(f"  {v.label:<{width}} {'error':>10}          {m.error[:200]}")
+            continue
+        vs = f"{m.median / ref.median:.2f}x" if ref is not None and ref.ok else "-"
+        print(f"  {v.label:<{width}} {_fmt(m.median)} {_fmt(m.low)} {m.spread():>7} {vs:>16}  {v.note}")
+    parts = [f"{a} / {b} = {_x(_ratio(res, a, b))} ({_x(_ratio(res, a, b, 'low'))})" for a, b in ratios
+             if _ratio(res, a, b) is not None]
+    if parts:
+        print("  ratios of medians (of minimums): " + "; ".join(parts))
+    # correctness sanity check (once, after timing): every variant with a result against the reference
+    want = None
+    with contextlib.suppress(Exception):
+        rv = next(v for v in variants if v.label == reference)
+        if rv.result is not None and res[reference].ok:
+            with rv.ctx():
+                want = rv.result(res[reference].state)
+    if want is not None:
+        devs = []
+        for v in variants:
+            m = res[v.label]
+            if v.result is None or v.label == reference or not m.ok:
+                continue
+            try:
+                with v.ctx():
+                    got = v.result(m.state)
+                devs.append(f"{v.label} {max(_max_dev(g, w_) for g, w_ in zip(got, want)):.1e}")
+            except Exception as e:  # noqa: BLE001
+                devs.append(f"{v.label} raised {type(e).__name__}: {e}")
+        if devs:
+            print(f"  max rel deviation from {reference} (outputs/grads): " + "; ".join(devs))
+    if args.steps:
+        for v in variants:
+            m = res[v.label]
+            if v.compiled is None or not m.ok:
+                continue
+            calls = max(3, min(200, int(0.5 / max(m.median, 1e-6))))
+            total, rows = step_profile(v, m.state, calls)
+            print(f"  steps of {v.label} ({calls} calls, {_fmt(total).strip()} per call while timed step by step):")
+            for label, s in rows:
+                print(f"    {_fmt(s)} {s / total * 100:5.1f}%  {label}")
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="short run (smoke test): ~20 ms x 3 repeats")
+    p.add_argument("--cases", default=None, help="comma-separated subset of: " + ",".join(CASES))
+    p.add_argument("--torch-compile", action="store_true",
+                   help="also time torch.compile (cases 1 and 3; compiling takes long on this machine)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="thread count for numba, numpy's BLAS and torch (set before they load); default: all cores")
+    p.add_argument("--steps", action="store_true",
+                   help="per-step timing of every nnc.compile variant (kernels, interpreted steps, glue)")
+    p.add_argument("--in-process", dest="isolate", action="store_false",
+                   help="run every case in this process (default: each case in a fresh process of this script)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        p.error("--threads must be at least 1")
+    if args.cases:
+        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = [c for c in wanted if c not in CASES]
+        if unknown:
+            p.error(f"unknown case(s) {unknown}; choose from {list(CASES)}")
+        args.selected = [c for c in CASES if c in wanted]
+    else:
+        args.selected = list(CASES)
+    return args
+
+
+def _loadavg():
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def _numba_line():
+    copy_kernel(np.zeros(4, np.float32), np.empty(4, np.float32))  # starts numba's thread pool
+    try:
+        layer = numba.threading_layer()
+    except Exception:  # noqa: BLE001
+        layer = "?"
+    return (f"numba {numba.__version__}: {numba.get_num_threads()} threads, threading layer {layer}; "
+            f"NNC_CACHE_DIR={os.environ.get('NNC_CACHE_DIR', '(unset: ~/.cache/nnc/kernels)')}")
+
+
+def _opts(args):
+    if args.quick:
+        return dict(target_s=0.02, repeats=3, warmup=3, settle_s=0.2, warm_s=0.5)
+    return dict(target_s=0.25, repeats=9, warmup=20, settle_s=0.2, warm_s=2.0)
+
+
+def main(argv=None):
+    """Run the selected cases and print each case's table, its targets and a summary."""
+    args = _parse(argv)
+    if args.child:
+        return _child_main(args)
+    if args.threads is not None and torch is not None:
+        torch.set_num_threads(args.threads)
+    opts = _opts(args)
+    for line in _header():
+        print(line)
+    print(_numba_line())
+    print(_blas_line())
+    print(f"load average at start: {_loadavg()} (other processes on a machine with few cores skew every figure; "
+          f"the spread and min columns show it)")
+    print(f"mode: {'quick' if args.quick else 'full'}  (~{opts['target_s'] * 1e3:.0f} ms per repeat, median of "
+          f"{opts['repeats']}, up to {opts['warmup']} warm-up calls, variants alternate per repeat after a "
+          f"{opts['settle_s']:.2f} s untimed pause); harness overhead "
+          f"{harness_overhead(target_s=0.005, repeats=3) * 1e6:.3f} us/call is included in every figure; "
+          f"torch.compile {'on' if args.torch_compile else 'off (--torch-compile)'}; "
+          f"{'each case in a fresh process' if args.isolate else 'all cases in this process (--in-process)'}")
+    if torch is None:
+        print("note: torch is not importable; no torch baselines")
+    print()
+    summary = []
+    for name in args.selected:
+        number = CASES[name][0]
+        targets = _run_case_isolated(name, args) if args.isolate else _run_case(name, args, opts)
+        summary.extend((number, name, t) for t in targets)
+    print("summary of targets:")
+    for number, name, t in summary:
+        print(f"  [{number:>2}] {name:<15} {_verdict(t.met):<8} {t.measured:<22} {t.text}")
+    return 0
+
+
+_MARK = "@@bench_compile targets@@ "
+
+
+def _run_case(name, args, opts):
+    """Run one case in this process, print its table and targets; returns its Targets."""
+    number, what, shape, fn = CASES[name]
+    print(f"[{number}] {name}: {what}  float32 {shape}", flush=True)
+    t0 = time.perf_counter()
+    if fn is None:
+        targets = run_compile_time(args)
+    else:
+        variants, res, ratios, targets, reference = fn(opts, args)
+        _print_case(variants, res, ratios, reference, args)
+    for t in targets:
+        print(f"  target: {t.text}: measured {t.measured} -> {_verdict(t.met)}")
+    print(f"  (case took {time.perf_counter() - t0:.1f} s; load average now {_loadavg()})")
+    print(flush=True)
+    return targets
+
+
+def _run_case_isolated(name, args):
+    """Run one case in a fresh process of this script (its output streamed through); returns its Targets.
+
+    NOTE: one process per case because the thread pools of numpy's OpenBLAS, numba and torch leave state behind
+    on a machine with few cores: after a case with large multi-threaded GEMMs, the batch-8 training step of every
+    library measured up to 2x slower in the same process (0.96 -> 1.66 ms for torch eager)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases", name]
+    cmd += [flag for flag, on in (("--quick", args.quick), ("--torch-compile", args.torch_compile),
+                                  ("--steps", args.steps)) if on]
+    if args.threads is not None:
+        cmd += ["--threads", str(args.threads)]
+    targets = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=_ROOT) as proc:
+        for line in proc.stdout:
+            if line.startswith(_MARK):
+                targets = [Target(**t) for t in json.loads(line[len(_MARK):])]
+            else:
+                print(line, end="", flush=True)
+    if proc.returncode != 0:
+        print(f"  case {name}: its process exited with status {proc.returncode}\n", flush=True)
+        if not targets:
+            targets = [Target(f"case {name}", "process failed", None)]
+    return targets
+
+
+def _child_main(args):
+    """--child: run the selected cases in this process (no header) and report their targets to the parent."""
+    if args.threads is not None and torch is not None:
+        torch.set_num_threads(args.threads)
+    opts = _opts(args)
+    targets = []
+    for name in args.selected:
+        targets += _run_case(name, args, opts)
+    print(_MARK + json.dumps([vars(t) for t in targets]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
