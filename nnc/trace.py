@@ -199,7 +199,7 @@ class Tracer:
 
     def is_leaf_module(self, module: Module, qualified_name: str) -> bool:
         """Built-in layers (and any module with hooks, so they keep firing) are recorded as calls."""
-        if _has_hooks(module):
+        if has_hooks(module):
             return True
         if isinstance(module, (container.Sequential, container.ModuleList, container.ModuleDict)):
             return False
@@ -384,7 +384,8 @@ def _recording(fn, tracer: Tracer):
     return recorder
 
 
-def _has_hooks(module: Module) -> bool:
+def has_hooks(module: Module) -> bool:
+    """Whether any forward or backward hook is registered on the module itself."""
     return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
                 or module._backward_pre_hooks)
 

@@ -19,7 +19,9 @@ from . import autograd, cuda, nn, ops  # noqa: F401
 half, float, double, long, int = float16, float32, float64, int64, int32
 
 # Every public API function is also a module-level function: runtime.exp(x), runtime.cat([...]).
-_MODULE_FUNCTIONS = {name: fn for name, fn in _api.METHODS.items() if not name.startswith("new_")}
+_METHOD_ONLY = {"float", "double", "half", "long", "int", "bool", "type_as"}  # runtime.float etc. are dtypes
+_MODULE_FUNCTIONS = {name: fn for name, fn in _api.METHODS.items()
+                     if not name.startswith("new_") and name not in _METHOD_ONLY}
 _MODULE_FUNCTIONS.update(where=_api.where, cat=_api.cat, concat=_api.cat, concatenate=_api.cat, stack=_api.stack,
                          result_type=_api.result_type, is_tensor=lambda obj: isinstance(obj, Tensor),
                          numel=lambda input: input.numel(), is_floating_point=lambda input: input.is_floating_point())

@@ -324,33 +324,12 @@ class Tensor:
             return f"runtime.{self.dtype.name}"
         return self.to(dtype)
 
-    def type_as(self, other: "Tensor") -> "Tensor":
-        return self.to(other.dtype)
-
     def cpu(self) -> "Tensor":
         return self
 
     def cuda(self, device=None, non_blocking=False) -> "Tensor":
         check_device(device if device is not None else "cuda")
         return self
-
-    def float(self):
-        return self.to(dt.float32)
-
-    def double(self):
-        return self.to(dt.float64)
-
-    def half(self):
-        return self.to(dt.float16)
-
-    def long(self):
-        return self.to(dt.int64)
-
-    def int(self):
-        return self.to(dt.int32)
-
-    def bool(self):
-        return self.to(dt.bool_)
 
     def detach(self) -> "Tensor":
         out = Tensor._from_array(self._data)

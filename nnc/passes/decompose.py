@@ -20,6 +20,7 @@ from runtime.tensor import Tensor
 from ..graph import Graph, Node, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
+from ..trace import has_hooks
 from .shapes import propagate_shapes
 
 
@@ -80,27 +81,6 @@ class MetaValue:
             elif isinstance(a, (Tensor, MetaValue)):
                 dtype = a.dtype
         return self if dtype is None else api.to_dtype(self, dtype)
-
-    def float(self):
-        return self.to(dt.float32)
-
-    def double(self):
-        return self.to(dt.float64)
-
-    def half(self):
-        return self.to(dt.float16)
-
-    def long(self):
-        return self.to(dt.int64)
-
-    def int(self):
-        return self.to(dt.int32)
-
-    def bool(self):
-        return self.to(dt.bool_)
-
-    def type_as(self, other):
-        return self.to(other.dtype)
 
     def detach(self):
         return api.detach(self)
@@ -239,11 +219,6 @@ class _ShapeOnly:
         raise AssertionError("shape-only operands are not executed")
 
 
-def _has_hooks(module: Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
-
-
 @contextlib.contextmanager
 def _random_forbidden():
     """Random draws inside a decomposed node would be frozen into the graph: refuse them instead."""
@@ -318,7 +293,7 @@ def _replay(builder: _Builder, gm: GraphModule, node: Node, env: dict):
         return None
     args = map_arg(node.args, env.__getitem__)
     kwargs = map_arg(node.kwargs, env.__getitem__)
-    if node.op == "call_module" and _has_hooks(_fetch(gm, node.target)):
+    if node.op == "call_module" and has_hooks(_fetch(gm, node.target)):
         return _opaque(builder, node, args, kwargs, "the module has hooks, which must see real values")
     module = _fetch(gm, node.target) if node.op == "call_module" else None
     snapshot = _StateSnapshot(module)
