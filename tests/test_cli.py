@@ -78,18 +78,6 @@ def dump(*args):
 # -- success: every example model, format and available stage ---------------------------------------
 
 
-def _printer_available():
-    try:
-        import nnc.printer  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-needs_printer = pytest.mark.skipif(not _printer_available(), reason="nnc/printer.py has not landed yet")
-
-
-@needs_printer
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("stage", ["traced", "shapes"])
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
@@ -104,7 +92,6 @@ def test_dump_examples(capsys, name, stage, fmt):
         json.loads(out)
 
 
-@needs_printer
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_dump_matches_format_graph(capsys, name):
     """The command prints exactly what format_graph gives for the traced, shape-propagated module."""
@@ -123,20 +110,17 @@ def test_dump_matches_format_graph(capsys, name):
     assert out.rstrip("\n") == format_graph(gm.graph, "text", module=gm).rstrip("\n")
 
 
-@needs_printer
 def test_dump_traced_needs_no_inputs(capsys):
     assert dump(f"{MODELS}:mlp") == 0            # the default stage without --input is 'traced'
     assert "fc1" in capsys.readouterr().out
 
 
-@needs_printer
 def test_dump_shapes_records_shapes(capsys):
     assert dump(f"{MODELS}:mlp", "-i", "float32[8,784]", "--format", "json") == 0   # default stage: shapes
     out = capsys.readouterr().out
     assert "784" in out and "512" in out
 
 
-@needs_printer
 def test_dump_class_factory_and_dotted_attribute(capsys, bad_file):
     assert dump(f"{MODELS}:TransformerBlock", "--input", "float32[2,5,32]") == 0     # a class, instantiated
     assert dump(f"{bad_file}:make_linear", "--input", "float32[2,3]") == 0          # a zero-argument factory
@@ -145,7 +129,6 @@ def test_dump_class_factory_and_dotted_attribute(capsys, bad_file):
     capsys.readouterr()
 
 
-@needs_printer
 def test_dump_imports_neighbours(capsys, tmp_path):
     """The file's directory is on sys.path while it loads, so it can import the files beside it."""
     (tmp_path / "widths_for_nnc_cli_test.py").write_text("WIDTH = 6\n")
@@ -160,7 +143,6 @@ def test_dump_imports_neighbours(capsys, tmp_path):
     capsys.readouterr()
 
 
-@needs_printer
 def test_out_writes_file(capsys, tmp_path):
     target = tmp_path / "mlp.dot"
     assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--format", "dot", "--out", str(target)) == 0
@@ -169,7 +151,6 @@ def test_out_writes_file(capsys, tmp_path):
     assert target.read_text().strip()
 
 
-@needs_printer
 def test_console_module_in_subprocess(tmp_path):
     """`python -m nnc.cli` (the same main as the installed `nnc` script) runs from any directory."""
     target = tmp_path / "cnn.json"
@@ -338,8 +319,6 @@ def test_run_error_in_builtin_root_names_no_bogus_source(capsys, bad_file):
 
 
 def test_out_to_missing_directory(capsys, tmp_path):
-    if not _printer_available():
-        pytest.skip("nnc/printer.py has not landed yet")
     err = _error(capsys, f"{MODELS}:mlp", "--out", str(tmp_path / "no" / "such" / "dir.txt"))
     assert "could not write" in err
 
@@ -413,7 +392,6 @@ def test_make_inputs_dtypes_shapes_and_seed():
 # -- the README's example is real output -------------------------------------------------------------------
 
 
-@needs_printer
 def test_readme_dump_example_is_current(capsys):
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme = f.read()
