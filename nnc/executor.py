@@ -1,6 +1,7 @@
 """Executor: runs a decomposed graph as a sequence of steps: generated kernels, or nodes through the interpreter."""
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 
@@ -26,18 +27,31 @@ class KernelStep:
     def __init__(self, kernel: Kernel, compiled, planned: list):
         self.kernel, self.compiled = kernel, compiled
         self.inputs, self.outputs = kernel.inputs, kernel.outputs
-        self.planned = planned if any(p is not None for p in planned) else None
+        self.planned = planned
         self.out_specs = [(tuple(n.meta["shape"]), n.meta["dtype"].np) for n in kernel.outputs]
+        self.previous = [None] * len(kernel.outputs)  # the last unplanned outputs handed out
 
-    def _out_buffers(self):
-        if self.planned is None:
-            return None
-        return [p if p is not None else np.empty(shape, dtype) for p, (shape, dtype) in zip(self.planned,
-                                                                                             self.out_specs)]
+    def _out_buffers(self) -> list:
+        return [p if p is not None else self._unplanned(i) for i, p in enumerate(self.planned)]
+
+    def _unplanned(self, i: int) -> np.ndarray:
+        """A graph output: the previous call's array if nobody holds it any more, else a fresh one."""
+        # NOTE: references counted here: self.previous[i], the local `last` and getrefcount's argument. Any other
+        # holder (the caller's tensor, a view, autograd's saved values) makes it 4 or more: then no reuse.
+        # Reuse saves the page faults of a fresh output (1.7 ms for 64 MiB), as AccumulateGrad does for grads.
+        last = self.previous[i]
+        if last is not None and sys.getrefcount(last) <= 3:
+            return last
+        shape, dtype = self.out_specs[i]
+        return np.empty(shape, dtype)
 
     def run(self, env: dict) -> None:
-        arrays = self.compiled.run([env[n]._data for n in self.inputs], out=self._out_buffers())
-        for node, array in zip(self.outputs, arrays):
+        buffers = self._out_buffers()
+        arrays = self.compiled.run([env[n]._data for n in self.inputs], out=buffers)
+        del buffers
+        for i, (node, array) in enumerate(zip(self.outputs, arrays)):
+            if self.planned[i] is None:
+                self.previous[i] = array
             env[node] = Tensor._from_array(array)
 
 
