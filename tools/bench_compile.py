@@ -65,12 +65,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
     import runtime
     from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead
-    from tools.bench_mlp import LR, MOMENTUM, SIZES, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
+    from tools.bench_mlp import LR, MOMENTUM, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
 except ImportError:  # run as `python tools/bench_compile.py`: put the repo root on sys.path
     sys.path.insert(0, _ROOT)
     import runtime
     from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead
-    from tools.bench_mlp import LR, MOMENTUM, SIZES, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
+    from tools.bench_mlp import LR, MOMENTUM, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
 
 import numba
 import numpy as np
@@ -661,8 +661,8 @@ def _child_run(cache_dir, batch=128, timeout=600):
 
 
 def run_compile_time(args):
-    """Case 6: returns (rows, targets)."""
-    rows, targets = [], []
+    """Case 6: returns the targets (its table is printed as it runs)."""
+    targets = []
     with tempfile.TemporaryDirectory(prefix="nnc_bench_cache_") as d:
         try:
             cold = _child_run(d)

@@ -271,7 +271,7 @@ def _file_digest(path) -> str:
 def _fallback_helper(helper: str, fn: str, dtype: str) -> list[str]:
     one = f"np.{dtype}(1.0)"
     if fn == "sigmoid":
-        body = [f"    e = np.exp(-np.abs(x))", f"    return {one} / ({one} + e) if x >= 0 else e / ({one} + e)"]
+        body = ["    e = np.exp(-np.abs(x))", f"    return {one} / ({one} + e) if x >= 0 else e / ({one} + e)"]
     elif fn == "erf":
         body = [f"    return np.{dtype}(math.erf(x))"]
     else:

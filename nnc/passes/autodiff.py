@@ -96,7 +96,7 @@ class _Differentiator:
 
     def input_gradients(self, node: Node, grad: MetaValue) -> list:
         """[(input node, gradient)] for the differentiable inputs of one primitive node."""
-        op, out = node.target.op, None
+        op = node.target.op
         results = []
         for i, arg in enumerate(node.args):
             if not (isinstance(arg, Node) and arg in self.requires and op.vjp_rule(i) is not None):

@@ -589,7 +589,7 @@ def pad(input, pad, mode="constant", value=None):
     if value not in (None, 0, 0.0):
         raise ValueError(f"Padding mode \"{mode}\" doesn't take in value argument.")
     if any(p < 0 for p in pad) and mode != "circular":
-        raise RuntimeError(f"pad: negative padding is only supported in 'constant' and 'circular' modes")
+        raise RuntimeError("pad: negative padding is only supported in 'constant' and 'circular' modes")
     x = input
     for i in range(len(pad) // 2):
         d = input.ndim - 1 - i
