@@ -20,100 +20,15 @@ import runtime.nn.functional as F
 from runtime import nn
 from runtime.tensor import Tensor
 
+from modules_note import (BigNet, DynamicNet, ModalModule, MyLinear, Net, RunningMean,  # noqa: E402
+                          backward_hook, forward_hook, forward_pre_hook)
+
 THIS_FILE = os.path.abspath(__file__)
+NOTE_FILE = os.path.abspath(inspect.getsourcefile(MyLinear))  # the note's modules live in tests/modules_note.py
 
 # ---------------------------------------------------------------------------------------------------------------
 # The note's modules, as the note writes them.
 # ---------------------------------------------------------------------------------------------------------------
-
-
-class MyLinear(nn.Module):
-    def __init__(self, in_features, out_features):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(in_features, out_features))
-        self.bias = nn.Parameter(torch.randn(out_features))
-
-    def forward(self, input):
-        return (input @ self.weight) + self.bias
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l0 = MyLinear(4, 3)
-        self.l1 = MyLinear(3, 1)
-
-    def forward(self, x):
-        x = self.l0(x)
-        x = F.relu(x)
-        x = self.l1(x)
-        return x
-
-
-class BigNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1 = MyLinear(5, 4)
-        self.net = Net()
-
-    def forward(self, x):
-        return self.net(self.l1(x))
-
-
-class DynamicNet(nn.Module):
-    def __init__(self, num_layers):
-        super().__init__()
-        self.linears = nn.ModuleList(
-            [MyLinear(4, 4) for _ in range(num_layers)])
-        self.activations = nn.ModuleDict({
-            'relu': nn.ReLU(),
-            'lrelu': nn.LeakyReLU()
-        })
-        self.final = MyLinear(4, 1)
-
-    def forward(self, x, act):
-        for linear in self.linears:
-            x = linear(x)
-        x = self.activations[act](x)
-        x = self.final(x)
-        return x
-
-
-class ModalModule(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, x):
-        if self.training:
-            # Add a constant only in training mode.
-            return x + 1.
-        else:
-            return x
-
-
-class RunningMean(nn.Module):
-    def __init__(self, num_features, momentum=0.9):
-        super().__init__()
-        self.momentum = momentum
-        self.register_buffer('mean', torch.zeros(num_features))
-
-    def forward(self, x):
-        self.mean = self.momentum * self.mean + (1.0 - self.momentum) * x
-        return self.mean
-
-
-def forward_pre_hook(m, inputs):
-    input = inputs[0]
-    return input + 1.
-
-
-def forward_hook(m, inputs, output):
-    return output + inputs[0]
-
-
-def backward_hook(m, grad_inputs, grad_outputs):
-    new_grad_inputs = [torch.ones_like(gi) * 42. for gi in grad_inputs]
-    return new_grad_inputs
 
 
 def hooks_demo(m, x):
@@ -264,7 +179,7 @@ def calls(gm, op: str) -> list:
 
 
 def line_of(obj, marker: str) -> int:
-    """The line of this file, inside obj's source, that contains marker."""
+    """The line of obj's file, inside obj's source, that contains marker."""
     lines, start = inspect.getsourcelines(obj)
     found = [start + i for i, line in enumerate(lines) if marker in line]
     assert len(found) == 1, (marker, found)
@@ -619,7 +534,7 @@ def test_source_is_the_users_file_and_line():
     gm = nnc.symbolic_trace(Model())
     assert node(gm, "call_module", "encoder.fc1").meta["source"] == f"{THIS_FILE}:{line_of(Encoder, 'F.relu')}"
     assert node(gm, "call_function", F.relu).meta["source"] == f"{THIS_FILE}:{line_of(Encoder, 'F.relu')}"
-    assert node(gm, "call_function", operator.matmul).meta["source"] == f"{THIS_FILE}:{line_of(MyLinear, '@')}"
+    assert node(gm, "call_function", operator.matmul).meta["source"] == f"{NOTE_FILE}:{line_of(MyLinear, '@')}"
     assert node(gm, "call_function", torch.tanh).meta["source"] == f"{THIS_FILE}:{line_of(Model, 'tanh')}"
     assert node(gm, "call_function", F.relu).meta["source_line"] == "h = F.relu(self.fc1(x))"
 

@@ -21,20 +21,11 @@ import sys
 import time
 
 
-def _threads_from_argv(argv):
-    """The N of `--threads N` / `--threads=N` in argv, or None."""
-    for i, a in enumerate(argv):
-        if a == "--threads" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--threads="):
-            return a.split("=", 1)[1]
-    return None
+if __name__ == "__main__":  # before numpy/torch/numba load: they read thread counts once
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from thread_flag import apply_threads_flag
 
-
-if __name__ == "__main__" and _threads_from_argv(sys.argv[1:]):
-    # BLAS libraries read their thread count when they load, so this must run before numpy/torch import.
-    for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[_var] = _threads_from_argv(sys.argv[1:])
+    apply_threads_flag(sys.argv[1:], ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"))
 
 try:
     import runtime
