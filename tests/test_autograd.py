@@ -375,3 +375,40 @@ def test_mixed_expression_gradients_match_torch():
     f(torch, *theirs).backward()
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def _address(array) -> int:
+    return array.__array_interface__["data"][0]
+
+
+def test_an_unshared_gradient_becomes_grad_without_a_copy():
+    made = []
+
+    class Double(runtime.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx, g):
+            out = g * 2.0
+            made.append(_address(out.numpy()))  # the address only: holding the array would make it shared
+            return out
+
+    x = runtime.randn(1000, requires_grad=True)
+    Double.apply(x).sum().backward()
+    assert _address(x.grad.numpy()) == made[-1]
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(1000, 2.0, np.float32))
+
+
+def test_a_gradient_someone_else_holds_is_copied():
+    a, b = runtime.randn(4, requires_grad=True), runtime.randn(4, requires_grad=True)
+    (a + b).backward(runtime.ones(4))  # one gradient tensor reaches both leaves
+    assert not np.shares_memory(a.grad.numpy(), b.grad.numpy())
+    a.grad.numpy()[:] = 7.0
+    np.testing.assert_array_equal(b.grad.numpy(), np.ones(4, np.float32))
+    x = runtime.randn(4, requires_grad=True)
+    seed = runtime.ones(4)
+    x.backward(seed)  # the caller keeps `seed`
+    seed.mul_(5.0)
+    np.testing.assert_array_equal(x.grad.numpy(), np.ones(4, np.float32))

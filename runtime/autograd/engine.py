@@ -59,15 +59,22 @@ def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None) -> N
             in_grads = _run_node(node, grads, capture, needed)
             if not retain_graph:
                 node.release()
-            for edge, grad in zip(node.next_edges, in_grads):
-                if edge is None:
-                    continue
-                child = edge[0]
-                if grad is not None:
-                    _add_to_buffer(buffers, child, edge[1], grad)
-                deps[child] -= 1
-                if deps[child] == 0:
-                    heapq.heappush(ready, (-child.seq, child.seq, child))
+            _pass_on(node, in_grads, buffers, deps, ready)
+            # NOTE: no local may keep a gradient alive: AccumulateGrad stores an unshared one without a copy
+            del grads, in_grads
+
+
+def _pass_on(node, in_grads, buffers, deps, ready) -> None:
+    """Add a node's input gradients to its children's buffers; queue the children that are now ready."""
+    for edge, grad in zip(node.next_edges, in_grads):
+        if edge is None:
+            continue
+        child = edge[0]
+        if grad is not None:
+            _add_to_buffer(buffers, child, edge[1], grad)
+        deps[child] -= 1
+        if deps[child] == 0:
+            heapq.heappush(ready, (-child.seq, child.seq, child))
 
 
 def _run_node(node, grads, capture, needed):

@@ -189,11 +189,12 @@ def _accumulate_into(tensor, g, create_graph: bool, stealable: bool = False) -> 
 def _owned_detached(g, stealable: bool):
     """A detached gradient that no one else holds: reuse g's buffer when provably unshared."""
     # NOTE: like torch's AccumulateGrad, steal the incoming buffer when nothing else references
-    # it (a copy per parameter per step is measurable); refcounts here are: the caller's list,
-    # the local, getrefcount's argument, and for the array, g's own slot plus the argument.
+    # it (a copy per parameter per step is measurable: 1 ms for 16 MiB). The references counted:
+    # for g, AccumulateGrad's list, _accumulate_into's and this function's parameters and
+    # getrefcount's argument; for the array, g's own slot, the local `data` and the argument.
     data = g._data
     if (stealable and g._grad_fn is None and data.flags.owndata and data.flags.writeable
-            and sys.getrefcount(g) <= 4 and sys.getrefcount(data) <= 2):
+            and sys.getrefcount(g) <= 4 and sys.getrefcount(data) <= 3):
         return g
     return _tensor_mod.Tensor._from_array(data.copy())
 
