@@ -17,8 +17,12 @@ class Kernel:
 
     kind:
       - "elementwise": every node is elementwise with the same output shape `shape`; inputs broadcast to it.
-      - "reduction": elementwise prologue nodes, then exactly one reduction node (sum/amax/amin/prod), then
-        elementwise epilogue nodes on the reduced shape; `shape` is the reduction's input shape.
+      - "reduction": one pass over `shape` (the reductions' input shape) computes the elementwise prologue nodes
+        and accumulates one or more reduction nodes (sum/amax/amin/prod), all siblings: the same input shape, the
+        same reduced dims and the same output shape, none reading another's result. Then elementwise epilogue
+        nodes run on the reduced shape (they may read every reduction of the kernel, never a prologue value).
+        Prologue nodes read outside the kernel are outputs, written by the pass (e.g. an input gradient written
+        while the bias and weight gradients are summed).
       - "matmul": one matmul/linear node (run by BLAS) followed by elementwise epilogue nodes on its output
         shape (`shape`), e.g. bias add + activation.
       - "opaque": a single node run as is (views, gathers, cat, ...): no code generation.

@@ -341,9 +341,12 @@ REDUCTIONS = [
     ("amin", (3, 120000), (1,), False, "chunked"),
     ("prod", (128, 600), (1,), False, "blocked"),
     ("amax", (64, 2500), (1,), False, "blocked"),  # blocks of 1024, 1024, 452
+    ("sum", (600, 520), (0,), True, "column_chunked"),  # row chunks of one 520-column tile: partial sums
+    ("amax", (130, 2100), (0,), False, "column_chunked"),  # three tiles x four row chunks
 ]
-SKELETON_MARKS = {"row": ["for r in range("], "column": ["for tile in "], "blocked": ["buf = np.empty("],
-                  "chunked": ["partial = np.empty(", "buf = np.empty("]}
+SKELETON_MARKS = {"row": ["for r in range("], "column": ["for task in ", "for oo in range(nt):"],
+                  "blocked": ["buf = np.empty("], "chunked": ["partial = np.empty(", "buf = np.empty("],
+                  "column_chunked": ["for task in prange(", "partial = np.empty(", "for oo in range(nt):"]}
 
 
 def reduction_case(op, shape, dims, keepdim, dtype=torch.float32):
@@ -386,6 +389,71 @@ def test_amax_amin_propagate_nan_like_numpy(op, shape, dims, keepdim):
     assert np.isnan(want[0]).any()
     for g, w in zip(got, want):
         assert_close(g, w, dict(rtol=2e-6, atol=1e-6))
+
+
+SIBLINGS = [
+    # shape, dims, keepdim, skeleton (as REDUCTIONS): two reductions sharing one pass over the input
+    ((6, 7, 9), (2,), False, "row"),
+    ((6, 7, 9), (0,), True, "column"),
+    ((6, 7, 9), (1,), True, "column"),  # kept dims 0 and 2 are not one contiguous run
+    ((256, 300), (1,), False, "blocked"),
+    ((64, 5000), (1,), True, "blocked"),
+    ((600, 520), (0,), True, "column_chunked"),
+    ((130, 2100), (0,), False, "column_chunked"),
+    ((2, 160000), (0, 1), False, "chunked"),
+]
+
+
+def siblings_case(ops, shape, dims, keepdim, dtype):
+    """p = (x * 0.01 + 1) * w (a prologue value the kernel also writes out), reductions ops[0](p) and ops[1](p * x)
+    over the same dims, and an epilogue reading both results."""
+    rng = np.random.default_rng(8)
+    out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape)) if keepdim else \
+        tuple(s for i, s in enumerate(shape) if i not in dims)
+    inputs = {"x": torch.from_numpy(rng.standard_normal(shape).astype(dtype.np)),
+              "w": torch.from_numpy(rng.uniform(0.9, 1.1, shape[-1:]).astype(dtype.np)),
+              "c": torch.from_numpy(rng.standard_normal(out_shape[-1:]).astype(dtype.np))}
+
+    def build(g, x, w, c):
+        p = call(g, "mul", call(g, "add", call(g, "mul", x, 0.01), 1.0), w)
+        r1 = call(g, ops[0], p, dims=dims, keepdim=keepdim)
+        r2 = call(g, ops[1], call(g, "mul", p, x), dims=dims, keepdim=keepdim)
+        e = call(g, "add", call(g, "mul", r1, c), r2)
+        return [p, r1, r2, e]
+
+    name = f"siblings_{'_'.join(ops)}_{dtype.name}_{'x'.join(map(str, shape))}"
+    return Case(inputs, build, kind="reduction", shape=shape, name=name)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape,dims,keepdim,skeleton", SIBLINGS)
+def test_sibling_reductions_share_one_pass(shape, dims, keepdim, skeleton, dtype):
+    """Two reductions (a float64-accumulated sum and an amax in the reduced dtype) in one kernel, with a prologue
+    output and an epilogue reading both results, in every skeleton."""
+    ops = ("sum", "amax")
+    case, kernel = compiled(("siblings", shape, dims, keepdim, dtype),
+                            lambda: siblings_case(ops, shape, dims, keepdim, FLOAT[dtype]))
+    assert kernel.parallel == (math.prod(shape) >= PARALLEL_MIN_ELEMENTS)
+    for mark in SKELETON_MARKS[skeleton]:
+        assert mark.replace("partial =", "partial0 =").replace("buf =", "buf0 =") in kernel.source, \
+            f"{skeleton} skeleton expected:\n{kernel.source}"
+    assert "acc0" in kernel.source and "acc1" in kernel.source
+    tol = dict(rtol=2e-6, atol=1e-5) if dtype == "float32" else dict(rtol=1e-12, atol=1e-12)
+    for got, want, what in zip(kernel.run(case.inputs), case.expected(), ["p", "sum", "amax", "epilogue"]):
+        assert_close(got, want, tol, f"{kernel.name} {what}")
+
+
+def test_a_reduction_reading_another_of_its_kernel_is_refused():
+    rng = np.random.default_rng(3)
+    inputs = {"x": torch.from_numpy(rng.standard_normal((4, 8)).astype(np.float32))}
+
+    def build(g, x):
+        m = call(g, "amax", x, dims=(1,), keepdim=True)
+        return [m, call(g, "sum", call(g, "sub", x, m), dims=(1,), keepdim=True)]
+
+    case = Case(inputs, build, kind="reduction", shape=(4, 8))
+    with pytest.raises(KernelCompileError, match="depends on a reduction of the same kernel"):
+        compile_kernel(case.kernel)
 
 
 @pytest.mark.parametrize("op", ["all", "any"])

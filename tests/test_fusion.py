@@ -230,17 +230,18 @@ def test_softmax_kernels_and_reasons():
     gm, kernels = fused(softmax_body, X48())
     assert [(k.kind, ops(k)) for k in kernels] == [
         ("reduction", ["amax", "detach"]),    # the detach is an epilogue on the [4, 1] result
-        ("elementwise", ["sub", "exp"]),      # exp is read by div too, so it cannot be sum's prologue
-        ("reduction", ["sum"]),
+        ("reduction", ["sub", "exp", "sum"]),  # exp is read by div too: the pass that sums it also writes it
         ("elementwise", ["div"]),
     ]
-    amax, shifted, total, div = kernels
+    amax, shifted, div = kernels
     assert amax.meta["reduction"]["op"] == "amax" and amax.meta["reduction"]["out_shape"] == (4, 1)
     assert [n.name for n in amax.meta["epilogue"]] == ["detach"] and amax.shape == (4, 8)
     assert "reads the reduction output shape [4, 1] with broadcasting" in amax.reason
-    assert "exp is also read outside the reduction (div), so it cannot be a prologue of sum_1" in shifted.reason
-    assert "cycle" in shifted.reason  # exp and div have the same shape, but sum sits between them
-    assert "with broadcasting" in total.reason
+    assert [n.name for n in shifted.outputs] == ["exp", "sum_1"]
+    assert [n.name for n in shifted.meta["prologue"]] == ["sub", "exp"]
+    # exp and div have the same shape, but div also reads the sum, which is ready only after the pass
+    assert "div cannot run in the pass of sum_1's kernel: it reads the reduction result sum_1" in shifted.reason
+    assert "div [4, 8] reads the reduction output shape [4, 1] with broadcasting" in shifted.reason
     assert div.reason == "div is a graph output"
     assert all(k.reason for k in kernels)
 
@@ -279,18 +280,86 @@ def test_multi_consumer_producer_joins_the_reduction_that_post_dominates_it():
     assert k.meta["reduction"]["out_shape"] == ()
 
 
-def test_node_read_by_two_reductions_is_not_duplicated():
+def test_node_read_by_two_sibling_reductions_is_computed_once_in_their_shared_pass():
     def body(g, x):
         a = call(g, "exp", call(g, "mul", x, 2.0))
         return call(g, "sum", a, **SUM1), call(g, "amax", a, **SUM1)
 
     gm, kernels = fused(body, X48())
-    assert [(k.kind, ops(k)) for k in kernels] == [("elementwise", ["mul", "exp"]), ("reduction", ["sum"]),
-                                                   ("reduction", ["amax"])]
-    exp = next(n for n in gm.graph.nodes if n.name == "exp")
-    assert sum(exp in k.nodes for k in kernels) == 1
-    assert kernels[1].inputs == [exp] and kernels[2].inputs == [exp]
-    assert "cannot be a prologue" in kernels[0].reason
+    [k] = kernels
+    assert (k.kind, ops(k)) == ("reduction", ["mul", "exp", "sum", "amax"])
+    assert [(r["op"], r["dims"], r["out_shape"]) for r in k.meta["reductions"]] == [("sum", (1,), (4, 1)),
+                                                                                   ("amax", (1,), (4, 1))]
+    assert k.meta["reduction"] == k.meta["reductions"][0] and k.meta["anchor"].name == "sum_1"
+    assert [n.name for n in k.meta["prologue"]] == ["mul", "exp"] and k.meta["epilogue"] == []
+    assert [n.name for n in k.outputs] == ["sum_1", "amax"]  # exp stays inside: it is never written
+
+
+def test_chain_backward_is_one_kernel_with_two_column_sums():
+    """The shape of an elementwise layer's backward: gx (elementwise, a graph output), gw = sum(g * x) and
+    gb = sum(g) over the batch, each reshaped. One pass over [4, 8] writes gx and accumulates both sums."""
+    def body(g, x, gy):
+        w = g.get_attr("v")
+        u = call(g, "add", call(g, "mul", x, w), 1.0)
+        gu = call(g, "mul", gy, call(g, "tanh", u))  # the shared prologue
+        gx = call(g, "add", call(g, "mul", gu, w), gy)
+        gb = call(g, "sum", gu, dims=(0,), keepdim=True)
+        gw = call(g, "sum", call(g, "mul", gu, x), dims=(0,), keepdim=True)
+        return gx, call(g, "reshape", gw, shape=(8,)), call(g, "reshape", gb, shape=(8,))
+
+    gm, kernels = fused(body, X48(), X48())
+    assert [(k.kind, ops(k)) for k in kernels] == [
+        ("reduction", ["mul", "add", "tanh", "mul", "mul", "add", "sum", "mul", "sum"]),
+        ("opaque", ["reshape"]), ("opaque", ["reshape"])]
+    k = kernels[0]
+    assert [r["op"] for r in k.meta["reductions"]] == ["sum", "sum"] and k.shape == (4, 8)
+    assert [n.name for n in k.outputs] == ["add_1", "sum_1", "sum_2"]
+    assert "add_1 is a graph output" in k.reason and "feeds the injective op reshape" in k.reason
+
+
+def test_reductions_over_other_dims_keep_their_own_kernels():
+    def body(g, x):
+        a = call(g, "exp", x)
+        return call(g, "sum", a, dims=(0,), keepdim=True), call(g, "sum", a, **SUM1), call(g, "amax", a, **SUM1)
+
+    gm, kernels = fused(body, X48())
+    assert [(k.kind, ops(k)) for k in kernels] == [("reduction", ["exp", "sum"]), ("reduction", ["sum", "amax"])]
+    assert [n.name for n in kernels[0].outputs] == ["exp", "sum_1"]
+    assert "exp is also read outside the reduction (sum_1, amax), so it cannot be a prologue of sum_2" \
+        in kernels[0].reason
+
+
+def test_a_reduction_that_reads_a_sibling_result_gets_its_own_pass():
+    """amax and the sum have the same signature and both read x, but the sum's prologue reads amax's result."""
+    def body(g, x):
+        m = call(g, "amax", x, **SUM1)
+        s = call(g, "sum", call(g, "exp", call(g, "sub", x, m)), **SUM1)
+        t = call(g, "sum", call(g, "mul", x, 2.0), **SUM1)  # a true sibling of amax
+        return s, t
+
+    gm, kernels = fused(body, X48())
+    assert [(k.kind, ops(k)) for k in kernels] == [("reduction", ["amax", "mul", "sum"]),
+                                                   ("reduction", ["sub", "exp", "sum"])]
+    assert [r["node"].name for r in kernels[0].meta["reductions"]] == ["amax", "sum_2"]
+    assert "amax [4, 1] is read with broadcasting by sub [4, 8]" in kernels[0].reason
+
+
+def test_an_epilogue_never_reads_a_value_of_the_shared_pass():
+    """Summing over a size-1 dim keeps the shape. The siblings s1 and s2 share a pass and add (s1's epilogue)
+    reads q, which s2's prologue reads too: q may not join the pass (the epilogue runs after it), so q keeps its
+    own kernel and the reduction kernel reads it as an input."""
+    def body(g, x):
+        q = call(g, "tanh", x)
+        s1 = call(g, "sum", call(g, "exp", x), dims=(1,), keepdim=True)
+        s2 = call(g, "sum", call(g, "mul", q, x), dims=(1,), keepdim=True)
+        return call(g, "add", s1, q), s2
+
+    gm, kernels = fused(body, torch.randn(4, 1))
+    assert [(k.kind, ops(k)) for k in kernels] == [("elementwise", ["tanh"]),
+                                                   ("reduction", ["exp", "sum", "mul", "sum", "add"])]
+    tanh, k = kernels
+    assert [n.name for n in k.meta["epilogue"]] == ["add"] and [n.name for n in k.inputs] == ["x0", "tanh"]
+    assert "the epilogue node add would read the prologue value tanh" in tanh.reason
 
 
 def test_epilogue_never_reads_a_prologue_value():
@@ -536,10 +605,16 @@ def test_random_graphs_keep_the_invariants(seed):
         if k.kind == "elementwise":
             assert {n.meta["shape"] for n in k.nodes} == {k.shape}
         if k.kind == "reduction":
-            r = k.meta["anchor"]
-            assert all(n.meta["shape"] == k.shape for n in k.meta["prologue"])
-            assert all(n.meta["shape"] == r.meta["shape"] for n in k.meta["epilogue"])
-            assert all(set(n.users) <= set(k.nodes) for n in k.meta["prologue"])
+            reductions = [r["node"] for r in k.meta["reductions"]]
+            prologue, epilogue = set(k.meta["prologue"]), set(k.meta["epilogue"])
+            assert set(k.nodes) == prologue | epilogue | set(reductions)
+            assert len({(r.args[0].meta["shape"], m["dims"], r.meta["shape"])
+                        for r, m in zip(reductions, k.meta["reductions"])}) == 1  # siblings
+            assert all(n.meta["shape"] == k.shape for n in prologue)
+            assert all(n.meta["shape"] == reductions[0].meta["shape"] for n in epilogue)
+            # one pass: nothing in it reads a reduction result, and the epilogue reads no prologue value
+            assert not {a for n in prologue | set(reductions) for a in n.all_input_nodes} & (set(reductions) | epilogue)
+            assert not {a for n in epilogue for a in n.all_input_nodes} & prologue
 
 
 def test_cycle_search_bound_changes_nothing(monkeypatch):
@@ -599,8 +674,7 @@ def test_decomposed_mlp():
         ("matmul", ["linear", "add", "relu"]),
         ("matmul", ["linear", "add"]),
         ("reduction", ["amax", "detach"]),
-        ("elementwise", ["sub", "exp"]),
-        ("reduction", ["sum"]),
+        ("reduction", ["sub", "exp", "sum"]),
         ("elementwise", ["div"]),
     ]
     result, expected = run_kernels(gm, kernels, (x,))

@@ -12,11 +12,14 @@ Layers (the first two are target-neutral so a CUDA skeleton can reuse them):
   skeletons     elementwise: one flat loop when nothing broadcasts, else a loop over rows with an inner loop along
                 the last (collapsed) dim through per-row slices, so it vectorizes; prange over the outer loop when the
                 element count >= PARALLEL_MIN_ELEMENTS (2**18), else range (decided from the static shape).
-                reduction: prologue, accumulate, epilogue, in one of four forms: rows (one task per kept position,
+                reduction: one pass computes the prologue (storing the prologue values the kernel outputs) and
+                accumulates every reduction of the kernel (siblings over the same dims, one accumulator each), then
+                the epilogue runs per kept position; in one of four forms: rows (one task per kept position,
                 an inner loop over reduced positions; >= 64 of them: the prologue fills 1024-value blocks that a
-                vectorized helper reduces), columns (the last dim kept: a tile of accumulators swept row by row),
-                chunked (too few kept positions to go parallel: partial results per chunk, then a serial combine).
-                Accumulators: float32 sums/products in float64; amax/amin propagate nan like numpy.
+                vectorized helper reduces), columns (the last dim kept: tasks of a tile of up to 1024 accumulators
+                x a chunk of rows, swept row by row; with several row chunks, partial results are combined at the
+                end), chunked (too few kept positions to go parallel: partial results per chunk, then a serial
+                combine). Accumulators: float32 sums/products in float64; amax/amin propagate nan like numpy.
                 matmul: numpy BLAS (`np.dot`/`np.matmul`) into the output buffer, then the elementwise skeleton runs
                 the epilogue in place over it.
 
@@ -58,8 +61,16 @@ _MIN_CHUNK = 4096
 # Reductions over at least _MIN_BLOCKED positions run their prologue block by block (_BLOCK values at a time).
 _BLOCK = 1024
 _MIN_BLOCKED = 64
-# Column reductions (last dim kept) keep tiles of at least this many accumulators per parallel task.
+# Column reductions (last dim kept) take the column skeleton when a parallel kernel keeps >= 4 * _COLUMN_TILE_MIN
+# positions. A task sweeps a tile of up to _COLUMN_TILE kept positions (an accumulator each, per reduction) over a
+# chunk of the reduced positions; chunks (of >= _MIN_COLUMN_CHUNK positions) are added until there are
+# _COLUMN_TASKS tasks. NOTE: measured on the chain backward (tools/bench_compile.py, case 3): tiles of 128 columns ran
+# 1.7x slower than tiles of 1024 (per-row loop overhead), and row chunks give the parallelism that the tiles no
+# longer give.
 _COLUMN_TILE_MIN = 32
+_COLUMN_TILE = 1024
+_COLUMN_TASKS = 16
+_MIN_COLUMN_CHUNK = 32
 # A parallel elementwise kernel with broadcasting runs prange over rows when it has at least this many.
 _MIN_PARALLEL_ROWS = 64
 
@@ -686,33 +697,17 @@ class _Generator:
     # -- reduction ----------------------------------------------------------------------------------------------
 
     def gen_reduction(self):
+        """The reduction skeleton: one pass over the input shape computes the prologue (storing the prologue values
+        the kernel outputs) and accumulates every reduction of the kernel (siblings: same input shape, same reduced
+        dims, same output shape), then the epilogue runs per kept position on the reduced shape."""
         k = self.kernel
-        reductions = [n for n in k.nodes if isinstance(n.target, Prim) and n.target.op.kind == Kind.REDUCTION]
-        if len(reductions) != 1:
-            raise _Unsupported(f"a reduction kernel needs exactly one reduction node, found {len(reductions)}")
-        red = reductions[0]
-        op, args, attrs = _op_and_attrs(red)
-        if op.name not in _REDUCERS:
-            raise _Unsupported(f"reduction {op.name} has no accumulator in the CPU code generator")
-        if len(args) != 1 or not isinstance(args[0], Node):
-            raise _Unsupported(f"reduction {red.name} must read one tensor")
-        source = args[0]
-        shape = _node_shape(source)
-        if tuple(k.shape) != shape:
-            raise _Unsupported(f"kernel shape {list(k.shape)} is not the reduction input shape {list(shape)}")
+        accs = self._accumulators()
+        red_nodes = [a.node for a in accs]
+        shape = tuple(k.shape)
         ndim = len(shape)
-        dims = sorted({d % ndim if ndim else 0 for d in attrs.get("dims", ())} & set(range(ndim)))
-        out_shape = _node_shape(red)
-        # prologue: the nodes the reduction depends on; epilogue: the rest (on the reduced shape)
-        members = set(k.nodes)
-        prologue_set, stack = set(), [source]
-        while stack:
-            n = stack.pop()
-            if n in members and n not in prologue_set:
-                prologue_set.add(n)
-                stack.extend(n.all_input_nodes)
-        prologue = [n for n in k.nodes if n in prologue_set]
-        epilogue = [n for n in k.nodes if n not in prologue_set and n is not red]
+        dims, out_shape = accs[0].dims, accs[0].out_shape
+        prologue, epilogue = _split_reduction_kernel(k.nodes, red_nodes)
+        prologue_set = set(prologue)
         for n in prologue:
             broadcast_strides(_node_shape(n), shape)
         for n in epilogue:
@@ -721,7 +716,7 @@ class _Generator:
                                    f"shape {list(out_shape)}")
             if any(a in prologue_set for a in n.all_input_nodes):
                 raise _Unsupported(f"epilogue node {n.name} reads a prologue value")
-        pro_ins = [a for a in self.ins if any(a.node in n.all_input_nodes for n in prologue + [red])]
+        pro_ins = [a for a in self.ins if any(a.node in n.all_input_nodes for n in prologue + red_nodes)]
         epi_ins = [a for a in self.ins if any(a.node in n.all_input_nodes for n in epilogue)]
         for a in epi_ins:
             broadcast_strides(a.shape, out_shape)
@@ -747,17 +742,12 @@ class _Generator:
             chunk = -(-chunk // _BLOCK) * _BLOCK  # whole blocks per chunk
             chunks = -(-n_red // chunk)
 
-        reducer = _REDUCERS[op.name]
-        in_dtype = _node_dtype(source)
-        out_dtype = _node_dtype(red)
-        acc_dtype = reducer.acc_dtype(in_dtype, out_dtype)
-        identity = self.dialect.literal(reducer.identity(acc_dtype), acc_dtype)
-
         # Offsets of prologue arrays: base(o) over the kept dims + an offset over the reduced dims. When the reduced
         # dims collapse to one (the usual case) every array is read through a per-task slice at r * step (r >= 0 is
         # provable there, so no negative-index wraparound and the prologue loop vectorizes); otherwise from the
         # digits of the absolute reduced index.
-        blocked = reducer.block is not None and acc_dtype.kind != "b" and n_red >= _MIN_BLOCKED
+        blocked = not column and n_red >= _MIN_BLOCKED \
+            and all(a.reducer.block is not None and a.acc_dtype.kind != "b" for a in accs)
         block = min(_BLOCK, chunk)
         pro_arrays = pro_ins + pro_outs
         full_strides = [broadcast_strides(a.shape, shape) for a in pro_arrays]
@@ -806,30 +796,36 @@ class _Generator:
             (task_lines if k in hoisted else loads).append(f"v_{a.node.name} = {ref}")
         pro_body = self.body.emit(prologue, env)
         pro_stores = [f"{ref} = {env[a.node].name}" for a, ref in zip(pro_outs, refs[len(pro_ins):])]
-        value = env[source]
+        values = [env[a.source] for a in accs]
         per_element = digit_lines + loads + pro_body + pro_stores
         if blocked:
-            # NOTE: the prologue fills a block buffer in a loop with no loop-carried dependence (it vectorizes,
-            # approx.py's exp included), then a helper reduces the block with the reassociation a serial
-            # accumulator forbids (measured 10x faster for a row sum).
-            helper = self.block_helper(op.name, reducer, in_dtype, acc_dtype)
-            reduce_lines = [f"acc = {identity}", f"buf = np.empty({block}, dtype={ctor(in_dtype)})",
-                            f"for r0 in range(0, {length}, {block}):"]
+            # NOTE: the prologue fills a block buffer per reduction in a loop with no loop-carried dependence (it
+            # vectorizes, approx.py's exp included), then a helper reduces each block with the reassociation a
+            # serial accumulator forbids (measured 10x faster for a row sum).
+            reduce_lines = [f"{a.acc} = {a.identity}" for a in accs]
+            reduce_lines += [f"{a.buf} = np.empty({block}, dtype={ctor(a.in_dtype)})" for a in accs]
+            reduce_lines += [f"for r0 in range(0, {length}, {block}):"]
             reduce_lines += _indent([f"n = min({block}, {length} - r0)", "for q in range(n):"])
-            reduce_lines += _indent(["r = r0 + q"] + per_element + [f"buf[q] = {value.name}"], 2)
-            reduce_lines += _indent([f"acc = {reducer.combine('acc', f'{helper}(buf, n)')}"])
+            fills = [f"{a.buf}[q] = {v.name}" for a, v in zip(accs, values)]
+            reduce_lines += _indent(["r = r0 + q"] + per_element + fills, 2)
+            combines = [f"{a.acc} = {a.reducer.combine(a.acc, f'{self._block_helper_of(a)}({a.buf}, n)')}"
+                        for a in accs]
+            reduce_lines += _indent(combines)
         else:
-            term = value.name if value.dtype == acc_dtype else self.dialect.cast(value.name, acc_dtype)
-            reduce_lines = [f"acc = {identity}", f"for r in range({length}):"]
-            reduce_lines += _indent(per_element + [f"acc = {reducer.combine('acc', term)}"])
+            combines = [f"{a.acc} = {a.reducer.combine(a.acc, self._acc_term(v, a))}" for a, v in zip(accs, values)]
+            reduce_lines = [f"{a.acc} = {a.identity}" for a in accs] + [f"for r in range({length}):"]
+            reduce_lines += _indent(per_element + combines)
 
         # epilogue over the reduced shape at flat index o
         e_lines, e_offs = emit_offsets(out_shape, [broadcast_strides(a.shape, out_shape) for a in epi_ins + epi_outs],
                                        "o", "e_")
 
-        def finish_lines(acc: str) -> list[str]:
-            env[red] = Value(f"v_{red.name}", out_dtype)
-            lines = [f"v_{red.name} = {self.dialect.cast(acc, out_dtype)}"]
+        def finish_lines(results: list[str]) -> list[str]:
+            """The reductions' values from their accumulator expressions, then the epilogue and the stores."""
+            lines = []
+            for a, result in zip(accs, results):
+                env[a.node] = Value(f"v_{a.node.name}", a.out_dtype)
+                lines.append(f"v_{a.node.name} = {self.dialect.cast(result, a.out_dtype)}")
             lines += e_lines + [f"v_{a.node.name} = {a.arg}[{off}]" for a, off in zip(epi_ins, e_offs)]
             for a in epi_ins:
                 env[a.node] = Value(f"v_{a.node.name}", a.dtype)
@@ -839,31 +835,72 @@ class _Generator:
 
         if column:
             lines = self.column_reduction(shape, kept, dims, n_outer, n_red, parallel, pro_ins, pro_outs, prologue,
-                                          source, reducer, identity, acc_dtype, finish_lines)
+                                          accs, finish_lines)
         elif chunks == 1:
             loop = "prange" if parallel else "range"
             lines = [f"for o in {loop}({n_outer}):"]
-            lines += _indent(o_lines + task_lines + reduce_lines + finish_lines("acc"))
+            lines += _indent(o_lines + task_lines + reduce_lines + finish_lines([a.acc for a in accs]))
         else:
             tasks = n_outer * chunks
-            lines = [f"partial = np.empty({tasks}, dtype={ctor(acc_dtype)})", f"for t in prange({tasks}):"]
+            lines = [f"{a.partial} = np.empty({tasks}, dtype={ctor(a.acc_dtype)})" for a in accs]
+            lines += [f"for t in prange({tasks}):"]
             lines += _indent([f"o = t // {chunks}", f"c = t - o * {chunks}"] + o_lines + task_lines + reduce_lines
-                             + ["partial[t] = acc"])
+                             + [f"{a.partial}[t] = {a.acc}" for a in accs])
             lines += [f"for o in range({n_outer}):"]
-            lines += _indent([f"acc = partial[o * {chunks}]", f"for c in range(1, {chunks}):"])
-            lines += _indent([f"acc = {reducer.combine('acc', f'partial[o * {chunks} + c]')}"], 2)
-            lines += _indent(finish_lines("acc"))
+            lines += _indent([f"{a.acc} = {a.partial}[o * {chunks}]" for a in accs] + [f"for c in range(1, {chunks}):"])
+            lines += _indent([f"{a.acc} = {a.reducer.combine(a.acc, f'{a.partial}[o * {chunks} + c]')}" for a in accs],
+                             2)
+            lines += _indent(finish_lines([a.acc for a in accs]))
         f = _Function(self.name, self.ins + self.outs, lines, parallel)
         self.functions.append(f)
         self.launch = [f"{f.name}({', '.join(self._flat(a) for a in f.args)})"]
 
-    def column_reduction(self, shape, kept, dims, n_outer, n_red, parallel, pro_ins, pro_outs, prologue, source,
-                         reducer, identity, acc_dtype, finish_lines) -> list[str]:
-        """The column skeleton: a tile of kept positions (accumulators) per task; for each reduced position r, one
-        vectorizable sweep over the tile."""
-        tile = min(256, n_outer) if not parallel else max(_COLUMN_TILE_MIN, min(256, -(-n_outer // 8)))
-        tile = -(-tile // 16) * 16 if parallel else tile
-        n_tiles = -(-n_outer // tile)
+    def _accumulators(self) -> list[_Accumulator]:
+        """One accumulator per reduction node of the kernel, after checking they can share one pass: each reads one
+        tensor of the kernel's shape, and all reduce the same dims to the same output shape."""
+        k = self.kernel
+        reductions = [n for n in k.nodes if isinstance(n.target, Prim) and n.target.op.kind == Kind.REDUCTION]
+        if not reductions:
+            raise _Unsupported("a reduction kernel needs at least one reduction node, found none")
+        accs = []
+        for i, red in enumerate(reductions):
+            op, args, attrs = _op_and_attrs(red)
+            if op.name not in _REDUCERS:
+                raise _Unsupported(f"reduction {op.name} has no accumulator in the CPU code generator")
+            if len(args) != 1 or not isinstance(args[0], Node):
+                raise _Unsupported(f"reduction {red.name} must read one tensor")
+            shape = _node_shape(args[0])
+            if tuple(k.shape) != shape:
+                raise _Unsupported(f"kernel shape {list(k.shape)} is not the input shape {list(shape)} of "
+                                   f"reduction {red.name}")
+            ndim = len(shape)
+            dims = sorted({d % ndim if ndim else 0 for d in attrs.get("dims", ())} & set(range(ndim)))
+            reducer = _REDUCERS[op.name]
+            in_dtype, out_dtype = _node_dtype(args[0]), _node_dtype(red)
+            acc_dtype = reducer.acc_dtype(in_dtype, out_dtype)
+            suffix = "" if len(reductions) == 1 else str(i)
+            accs.append(_Accumulator(red, op.name, reducer, args[0], dims, _node_shape(red), in_dtype, out_dtype,
+                                     acc_dtype, self.dialect.literal(reducer.identity(acc_dtype), acc_dtype), suffix))
+        first = accs[0]
+        for a in accs[1:]:
+            if (a.dims, a.out_shape) != (first.dims, first.out_shape):
+                raise _Unsupported(f"reductions {first.node.name} and {a.node.name} reduce different dims or to "
+                                   f"different shapes, so they cannot share one pass")
+        return accs
+
+    def _acc_term(self, value: Value, acc: _Accumulator) -> str:
+        """A prologue value as the accumulator's dtype."""
+        return value.name if value.dtype == acc.acc_dtype else self.dialect.cast(value.name, acc.acc_dtype)
+
+    def _block_helper_of(self, acc: _Accumulator) -> str:
+        return self.block_helper(acc.op_name, acc.reducer, acc.in_dtype, acc.acc_dtype)
+
+    def column_reduction(self, shape, kept, dims, n_outer, n_red, parallel, pro_ins, pro_outs, prologue, accs,
+                         finish_lines) -> list[str]:
+        """The column skeleton: tasks of a tile of kept positions x a chunk of reduced positions, each with a tile of
+        accumulators per reduction; for each reduced position r, one vectorizable sweep over the tile. With several
+        chunks, tasks leave partial results that a last loop combines per kept position before the epilogue."""
+        tile, n_tiles, chunk, chunks = _column_tasks(n_outer, n_red, parallel)
         arrays = pro_ins + pro_outs
         strides = [broadcast_strides(a.shape, shape) for a in arrays]
         r_lines, r_offs = emit_offsets([shape[d] for d in dims], [[s[d] for d in dims] for s in strides], "r", "r_")
@@ -895,17 +932,41 @@ class _Generator:
             (per_r if k in hoisted else loads).append(f"v_{a.node.name} = {ref}")
         body = self.body.emit(prologue, env)
         stores = [f"{ref} = {env[a.node].name}" for a, ref in zip(pro_outs, refs[len(pro_ins):])]
-        value = env[source]
-        term = value.name if value.dtype == acc_dtype else self.dialect.cast(value.name, acc_dtype)
+        sweep = ["for oo in range(nt):"] + _indent(inner + loads + body + stores)
+        # NOTE: accumulating float32 values into float64 inside the sweep makes LLVM vectorize the whole sweep at
+        # float64's width (half as many lanes): the sweep stores the values to a tile buffer and a second loop
+        # accumulates them (measured 1.5x faster on the chain backward).
+        def accumulate(a: _Accumulator, value: Value) -> str:
+            return f"{a.acc}[oo] = {a.reducer.combine(f'{a.acc}[oo]', self._acc_term(value, a))}"
+
+        widened = [a for a in accs if env[a.source].dtype != a.acc_dtype]
+        sweep += _indent([f"{a.vals}[oo] = {env[a.source].name}" for a in widened])
+        sweep += _indent([accumulate(a, env[a.source]) for a in accs if a not in widened])
+        if widened:
+            sweep += ["for oo in range(nt):"]
+            sweep += _indent([accumulate(a, Value(f"{a.vals}[oo]", env[a.source].dtype)) for a in widened])
+        task = ([f"o0 = task * {tile}"] if chunks == 1 else
+                [f"c = task % {chunks}", f"o0 = (task // {chunks}) * {tile}"])
+        task += [f"nt = min({tile}, {n_outer} - o0)"]
+        task += [f"{a.acc} = np.empty({tile}, dtype={ctor(a.acc_dtype)})" for a in accs]
+        task += [f"{a.vals} = np.empty({tile}, dtype={ctor(env[a.source].dtype)})" for a in widened]
+        task += ["for oo in range(nt):"] + _indent([f"{a.acc}[oo] = {a.identity}" for a in accs])
+        rows = f"range({n_red})" if chunks == 1 else f"range(c * {chunk}, min({n_red}, (c + 1) * {chunk}))"
+        task += [f"for r in {rows}:"] + _indent(per_r + sweep)
         loop = "prange" if parallel else "range"
-        lines = [f"for tile in {loop}({n_tiles}):"]
-        task = [f"o0 = tile * {tile}", f"nt = min({tile}, {n_outer} - o0)",
-                f"acc = np.empty({tile}, dtype={ctor(acc_dtype)})", "for oo in range(nt):", f"    acc[oo] = {identity}",
-                f"for r in range({n_red}):"]
-        task += _indent(per_r + ["for oo in range(nt):"])
-        task += _indent(inner + loads + body + stores + [f"acc[oo] = {reducer.combine('acc[oo]', term)}"], 2)
-        task += ["for oo in range(nt):"] + _indent(["o = o0 + oo"] + finish_lines("acc[oo]"))
-        return lines + _indent(task)
+        lines = [f"{a.partial} = np.empty({chunks * n_outer}, dtype={ctor(a.acc_dtype)})" for a in accs
+                 if chunks > 1]
+        lines += [f"for task in {loop}({n_tiles * chunks}):"]
+        if chunks == 1:
+            task += ["for oo in range(nt):"] + _indent(["o = o0 + oo"] + finish_lines([f"{a.acc}[oo]" for a in accs]))
+            return lines + _indent(task)
+        task += ["for oo in range(nt):"] + _indent([f"{a.partial}[c * {n_outer} + o0 + oo] = {a.acc}[oo]"
+                                                    for a in accs])
+        lines += _indent(task) + [f"for o in range({n_outer}):"]
+        lines += _indent([f"{a.total} = {a.partial}[o]" for a in accs] + [f"for c in range(1, {chunks}):"])
+        lines += _indent([f"{a.total} = {a.reducer.combine(a.total, f'{a.partial}[c * {n_outer} + o]')}"
+                          for a in accs], 2)
+        return lines + _indent(finish_lines([a.total for a in accs]))
 
     def block_helper(self, op_name: str, reducer, in_dtype: np.dtype, acc_dtype: np.dtype) -> str:
         """The name of a module-level helper reducing buf[:n] (buf of in_dtype) into acc_dtype; defines it once."""
@@ -1040,6 +1101,59 @@ class _Reducer:
     identity: Callable[[np.dtype], object]
     acc_dtype: Callable[[np.dtype, np.dtype], np.dtype]
     block: str | None = None  # the block helper's kind: "fold" (sum/prod) or "extreme" (amax/amin); None: none
+
+
+@dataclass
+class _Accumulator:
+    """One reduction of a reduction kernel: what it reads and accumulates, and its variables in generated code
+    (acc, buf, partial for a kernel's only reduction; acc0, acc1, ... when several share the pass)."""
+
+    node: Node
+    op_name: str
+    reducer: _Reducer
+    source: Node
+    dims: list
+    out_shape: tuple
+    in_dtype: np.dtype
+    out_dtype: np.dtype
+    acc_dtype: np.dtype
+    identity: str  # the reducer's identity as a literal of acc_dtype
+    suffix: str
+
+    acc = property(lambda self: f"acc{self.suffix}")
+    buf = property(lambda self: f"buf{self.suffix}")
+    partial = property(lambda self: f"partial{self.suffix}")
+    vals = property(lambda self: f"vals{self.suffix}")
+    total = property(lambda self: f"total{self.suffix}")
+
+
+def _column_tasks(n_outer: int, n_red: int, parallel: bool) -> tuple[int, int, int, int]:
+    """(tile, tiles, chunk, chunks) of the column skeleton: balanced tiles of at most _COLUMN_TILE kept positions
+    (a multiple of 16, whole vectors), and when parallel, reduced positions split into chunks until there are
+    _COLUMN_TASKS tasks (chunks of at least _MIN_COLUMN_CHUNK positions)."""
+    n_tiles = -(-n_outer // _COLUMN_TILE)
+    balanced = -(-n_outer // n_tiles)
+    tile = min(n_outer, -(-balanced // 16) * 16)
+    chunks = 1
+    if parallel and n_tiles < _COLUMN_TASKS:
+        chunks = max(1, min(-(-_COLUMN_TASKS // n_tiles), n_red // _MIN_COLUMN_CHUNK))
+    chunk = -(-n_red // chunks)
+    return tile, n_tiles, chunk, -(-n_red // chunk)
+
+
+def _split_reduction_kernel(nodes: list[Node], reductions: list[Node]) -> tuple[list[Node], list[Node]]:
+    """(prologue, epilogue) of a reduction kernel's nodes (in order): the epilogue is what depends on a reduction
+    result, the prologue everything else (computed in the pass over the input). Raises _Unsupported when a
+    reduction reads another one's result (it would need a second pass)."""
+    after = set(reductions)
+    for n in nodes:
+        late = [a for a in n.all_input_nodes if a in after]
+        if late and n in reductions:
+            raise _Unsupported(f"reduction {n.name} reads {late[0].name}, which depends on a reduction of the same "
+                               f"kernel")
+        if late:
+            after.add(n)
+    return [n for n in nodes if n not in after], [n for n in nodes if n in after and n not in reductions]
 
 
 def _wide_acc(in_dtype, out_dtype):

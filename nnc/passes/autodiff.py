@@ -1,20 +1,41 @@
 """autodiff: derive the backward graph of a decomposed forward graph from the op table's derivative rules.
 
 The rules are the ones eager autograd runs; here they are evaluated on MetaValues, so they build nodes of a
-new graph. Save-or-recompute rule: a forward value a rule reads is recomputed in the backward graph when it
-is an elementwise primitive whose own inputs are already available there (forward inputs, parameters,
-constants, or values already saved); otherwise it is saved by the forward. Inputs a rule only needs the
-shape of are never saved.
+new graph. Inputs a rule only needs the shape of are never saved.
+
+Save-or-recompute rule. Some forward values cost the backward nothing: forward placeholders and get_attr
+parameters/buffers/constants (they exist whatever the backward keeps), and values already saved. When a rule reads
+another forward value v:
+
+  - If v is a cheap primitive (an elementwise prims.* call, not opaque), its *cone* is what recomputing it takes:
+    v and, recursively, the elementwise inputs the backward does not have yet. The cone stops at free values and at
+    *leaves* it cannot recompute (matmuls, reductions, views, opaque calls, ...), which would have to be saved.
+  - v is recomputed iff the bytes (shape x itemsize) of the leaves it would save are at most the bytes of v. On a
+    tie, v is saved when the forward writes it to memory anyway (a matmul, view, opaque call or the graph output
+    reads it) and some leaf is not written: saving the leaf would cost the forward an extra write.
+  - Otherwise (or when v is not cheap) v is saved by the forward: a placeholder `saved_<name>` of the backward.
+
+So a chain of elementwise ops over inputs and parameters saves only those inputs and parameters (the backward
+recomputes the whole chain, fused into its own kernels); relu(mm + b) feeding another matmul saves the relu output
+(as many bytes as mm, and the forward writes it anyway), while inside gelu(mm + b) the intermediates are
+recomputed from mm; a value whose recomputation needs two large intermediates nothing else saves is saved itself.
+The decisions are greedy, in the order the backward asks for values (the forward graph in reverse): a leaf saved
+for one value is free for the next, but a value decided earlier may have been saved for leaves that turn out to be
+saved anyway. So the backward is built twice, and in the second run (the one kept) the leaves the first run saved
+count as free: tanh(mm1 * mm2) then saves mm1 and mm2 (mul's rule reads them) and recomputes the tanh.
+`BackwardGraph.saved` lists the saved forward nodes and `recomputed` the forward nodes recomputed in the backward
+graph (both after dead code is removed).
 """
 from __future__ import annotations
 
 from runtime.nn import Module
-from runtime.ops import Kind
+from runtime.ops import Kind, apply
 
 from ..graph import Node, nodes_in
 from ..graph_module import GraphModule
 from ..prims import Prim
 from .decompose import MetaValue, _Builder
+from .fusion import nbytes
 
 
 class AutodiffError(RuntimeError):
@@ -58,40 +79,69 @@ class BackwardGraph:
 
 
 class _Differentiator:
-    def __init__(self, forward: GraphModule, wrt: list[Node]):
+    def __init__(self, forward: GraphModule, wrt: list[Node], saved_leaves: set):
         self.forward = forward
+        self.saved_leaves = saved_leaves  # leaves a first run saved: free for recomputation (see the module doc)
         self.builder = _Builder(None)
+        self.position = {n: i for i, n in enumerate(forward.graph.nodes)}
         self.values: dict[Node, MetaValue] = {}
-        self.saved: list[Node] = []
-        self.recomputed: list[str] = []
+        self.saved: dict[Node, Node] = {}       # forward node -> its placeholder in the backward graph
+        self.recomputed: dict[Node, Node] = {}  # forward node -> the backward node recomputing it
         self.requires = _requires_grad(forward.graph, set(wrt))
 
     def value(self, node: Node) -> MetaValue:
-        """The forward value of `node` inside the backward graph: recomputed or saved."""
+        """The forward value of `node` inside the backward graph: recomputed or saved (see the module doc)."""
         found = self.values.get(node)
         if found is None:
-            found = self._recompute(node)
-            if found is None:
-                found = self._save(node)
-            self.values[node] = found
+            cone = self._recompute_cone(node)
+            if cone is None:
+                found = self.values[node] = self._save(node)
+            else:
+                for n in cone:  # graph order: a node's cone inputs are recomputed before it
+                    self.values[n] = self._recompute(n)
+                found = self.values[node]
         return found
 
-    def _recompute(self, node: Node):
-        if not (node.op == "call_function" and isinstance(node.target, Prim)
-                and node.target.op.kind == Kind.ELEMENTWISE and "opaque_reason" not in node.meta):
+    def _available(self, node: Node) -> bool:
+        """Whether the backward has node's value without recomputing or saving anything more."""
+        return node in self.values or node.op in ("placeholder", "get_attr")
+
+    def _recompute_cone(self, node: Node):
+        """The nodes to recompute (in graph order) to get `node` back, or None when `node` should be saved."""
+        if not _recomputable(node):
             return None
-        inputs = node.all_input_nodes
-        if not all(n in self.values or n.op in ("placeholder", "get_attr") for n in inputs):
+        cone, leaves, stack = set(), set(), [node]
+        while stack:
+            n = stack.pop()
+            if n in cone:
+                continue
+            cone.add(n)
+            for a in n.all_input_nodes:
+                if self._available(a) or a in cone:
+                    continue
+                if _recomputable(a):
+                    stack.append(a)
+                elif a not in self.saved_leaves:
+                    leaves.add(a)
+        extra, size = sum(nbytes(a) for a in leaves), nbytes(node)
+        if extra > size or extra == size and _written(node) and not all(_written(a) for a in leaves):
             return None
+        return sorted(cone, key=self.position.__getitem__)
+
+    def _recompute(self, node: Node) -> MetaValue:
         args = tuple(self.value(a) if isinstance(a, Node) else a for a in node.args)
-        result = node.target(*args, **node.kwargs)
-        self.recomputed.append(node.name)
+        origin, self.builder.origin = self.builder.origin, node
+        try:
+            result = node.target(*args, **node.kwargs)
+        finally:
+            self.builder.origin = origin
+        self.recomputed[node] = result.node
         return result
 
     def _save(self, node: Node) -> MetaValue:
         placeholder = self.builder.node("placeholder", f"saved_{node.name}", name=f"saved_{node.name}",
                                         shape=node.meta["shape"], dtype=node.meta["dtype"])
-        self.saved.append(node)
+        self.saved[node] = placeholder
         return MetaValue(placeholder, self.builder)
 
     def input_gradients(self, node: Node, grad: MetaValue) -> list:
@@ -130,6 +180,19 @@ class _Differentiator:
         return values
 
 
+def _recomputable(node: Node) -> bool:
+    """A cheap primitive the backward may recompute: an elementwise prims.* call that is not opaque."""
+    return node.op == "call_function" and isinstance(node.target, Prim) \
+        and node.target.op.kind == Kind.ELEMENTWISE and "opaque_reason" not in node.meta
+
+
+def _written(node: Node) -> bool:
+    """Whether the forward writes node's value to memory anyway: fusion keeps a value inside a kernel only when
+    elementwise ops and reductions read it."""
+    return any(not (u.op == "call_function" and isinstance(u.target, Prim)
+                    and u.target.op.kind in (Kind.ELEMENTWISE, Kind.REDUCTION)) for u in node.users)
+
+
 def _requires_grad(graph, wrt: set) -> set:
     """Forward nodes whose value depends on a node in `wrt` through differentiable, floating ops."""
     requires = set()
@@ -150,7 +213,12 @@ def _requires_grad(graph, wrt: set) -> set:
 def _fit(grad: MetaValue, node: Node) -> MetaValue:
     """Sum a gradient over broadcast dims and cast it to the input's dtype (as eager autograd does)."""
     shape, dtype = tuple(node.meta["shape"]), node.meta["dtype"]
-    if tuple(grad.shape) != shape:
+    lead = len(grad.shape) - len(shape)
+    if lead > 0 and tuple(grad.shape[lead:]) == shape:
+        # NOTE: sum_to_size sums with keepdim and reshapes; summing the leading dims away gives the shape at once,
+        # with no reshape to run after the fused kernel (a bias gradient).
+        grad = apply("sum", grad, dims=tuple(range(lead)), keepdim=False)
+    elif tuple(grad.shape) != shape:
         grad = grad.sum_to_size(shape)
     if grad.dtype is not dtype:
         grad = grad.to(dtype)
@@ -158,8 +226,15 @@ def _fit(grad: MetaValue, node: Node) -> MetaValue:
 
 
 def build_backward(forward: GraphModule, wrt: list[Node]) -> BackwardGraph:
-    """The backward of `forward` (a decomposed GraphModule with shape meta) for the nodes in `wrt`."""
-    diff = _Differentiator(forward, wrt)
+    """The backward of `forward` (a decomposed GraphModule with shape meta) for the nodes in `wrt`.
+
+    Built twice: the second run knows which leaves the first one saved (see the module doc)."""
+    first = _build(forward, wrt, saved_leaves=set())
+    return _build(forward, wrt, saved_leaves={n for n in first.saved if not _recomputable(n)})
+
+
+def _build(forward: GraphModule, wrt: list[Node], saved_leaves: set) -> BackwardGraph:
+    diff = _Differentiator(forward, wrt, saved_leaves)
     builder = diff.builder
     previous, _Builder.current = _Builder.current, builder
     try:
@@ -184,9 +259,24 @@ def build_backward(forward: GraphModule, wrt: list[Node]) -> BackwardGraph:
     _move_placeholders_first(builder.graph)
     gm = GraphModule(Module(), builder.graph, class_name="Backward")
     gm.graph.eliminate_dead_code()
+    saved = _drop_unread_saved(gm.graph, diff.saved)
+    recomputed = [n.name for n, new in diff.recomputed.items() if new.graph is gm.graph]
     gm.recompile()
     gm.graph.lint(gm)
-    return BackwardGraph(gm, diff.saved, outputs, list(wrt), diff.recomputed)
+    return BackwardGraph(gm, saved, outputs, list(wrt), recomputed)
+
+
+def _drop_unread_saved(graph, saved: dict) -> list[Node]:
+    """The saved forward nodes the backward still reads; placeholders of the others are erased.
+
+    NOTE: a rule retried with values (_NeedsValue) asks for every input, and some of what it built is dead."""
+    kept = []
+    for node, placeholder in saved.items():
+        if placeholder.users:
+            kept.append(node)
+        else:
+            graph.erase_node(placeholder)
+    return kept
 
 
 def _move_placeholders_first(graph) -> None:

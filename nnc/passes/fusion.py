@@ -37,7 +37,18 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      whose two ends have identical output shapes ("elementwise" kernels). An input of another shape stays a kernel
      input (read with broadcasting); a node of a group read outside it becomes a kernel output, so multi-consumer
      nodes are fine.
-  5. No cycles. Every merge or join is refused if some path leaves the group and comes back into it (the kernel
+  5. Shared passes. A reduction kernel is one pass over its input shape; more work joins that pass. Reduction
+     groups are visited in graph order of their reductions, and each takes in, until nothing more joins:
+     (a) an elementwise group (from 4) of its input shape that its pass reads or that reads its prologue: the
+         nodes become prologue nodes, and the ones read outside become kernel outputs, written by the pass;
+     (b) a sibling reduction group: same input shape, same reduced dims, same output shape, reading a value of the
+         input shape that the pass computes or also reads; its prologue, reduction and epilogue join (one
+         accumulator per reduction). The backward of x * w + b is one kernel this way: gx written, gw and gb
+         summed in the same sweep.
+     A join is refused, with the reason recorded on the edges, when a value of the pass would read a reduction
+     result or an epilogue value (it is only ready after the pass), when an epilogue node would read a prologue
+     value, or when it would create a cycle.
+  6. No cycles. Every merge or join is refused if some path leaves the group and comes back into it (the kernel
      DAG would get a cycle). After grouping, the kernel DAG is built with networkx and checked to be acyclic, and
      kernels are ordered topologically (ties by graph position).
 
@@ -47,9 +58,9 @@ transcendental or otherwise expensive nodes (exp, erf, ...) are computed once by
 Every kernel records why it ends in `Kernel.reason` (the boundary reasons of the edges leaving it, or why an opaque
 node runs alone), and in meta: `ops` (op names), `ranks`, `bytes_moved` (bytes of inputs + outputs from shape and
 dtype meta), `boundaries` ((producer, consumer, reason) per edge leaving it), `broadcast_inputs` (inputs some node
-of the kernel reads at a larger shape than their own), and for reduction kernels `reduction`
-({"op", "node", "dims", "keepdim", "out_shape"}), `prologue` and `epilogue` node lists (matmul kernels: `anchor`,
-`epilogue`).
+of the kernel reads at a larger shape than their own), and for reduction kernels `reductions` (one
+{"op", "node", "dims", "keepdim", "out_shape"} per reduction, in graph order; `reduction` is the first and `anchor`
+its node), `prologue` and `epilogue` node lists (matmul kernels: `anchor`, `epilogue`).
 """
 from __future__ import annotations
 
@@ -172,7 +183,8 @@ class _Group:
     def __init__(self, kind: str, nodes, anchor: Node | None = None):
         self.kind = kind  # elementwise | reduction | matmul | opaque
         self.nodes: set[Node] = set(nodes)
-        self.anchor = anchor
+        self.anchor = anchor  # the matmul, or the reduction the group was started from
+        self.anchors: list[Node] = [anchor] if anchor is not None else []  # every reduction of a reduction group
         self.lo = self.hi = -1  # first and last graph positions of its nodes (kept by _Fuser._move)
         self.prologue: set[Node] = set()
         self.epilogue: set[Node] = set()
@@ -277,6 +289,11 @@ class _Fuser:
                 self._grow_epilogue(group)
         for node in self.compute:
             self._merge_elementwise(node)
+        # 5. shared passes: elementwise kernels and sibling reductions join reduction kernels
+        for node in self.compute:
+            group = self.group_of[node]
+            if group.kind == "reduction" and group.anchor is node:
+                self._join_shared_pass(group)
         groups = list({id(g): g for g in self.group_of.values()}.values())
         return groups
 
@@ -368,6 +385,81 @@ class _Fuser:
             for node in list(other.nodes):
                 self._move(node, mine)
 
+    def _join_shared_pass(self, group: _Group) -> None:
+        """Step 5: grow a reduction kernel by the elementwise kernels of its input shape that it reads or that read
+        its prologue, and by sibling reductions (same input shape, dims and output shape) that read a value of its
+        pass, until nothing more joins. Refusals are recorded as boundary reasons."""
+        joined = True
+        while joined:
+            joined = False
+            for other, edges in self._pass_neighbours(group):
+                why = self._join_refusal(group, other)
+                if why is not None:
+                    for p, c in edges:
+                        if p.op not in _NON_COMPUTE:
+                            self.refused[(p, c)] = why(p, c)  # the last decision about this edge
+                    continue
+                group.prologue |= other.nodes - other.epilogue - set(other.anchors)
+                group.epilogue |= other.epilogue
+                for node in list(other.nodes):
+                    self._move(node, group)
+                group.anchors += other.anchors
+                joined = True
+                break
+
+    def _pass_neighbours(self, group: _Group) -> list:
+        """[(group, edges)]: the elementwise groups of the input shape that the pass of `group` reads or that read
+        its prologue, and the reduction groups with the same signature that read a value of the input shape it
+        also reads or computes; edges are the (producer, consumer) pairs linking them, in graph order."""
+        in_shape = _shape(group.anchor.args[0])
+        signature = _signature(group.anchor)
+        passed = [n for n in group.nodes if n not in group.epilogue]  # computed in the pass over the input
+        found: dict[int, tuple] = {}
+
+        def add(other, p, c):
+            if other is not None and other is not group:
+                found.setdefault(id(other), (other, []))[1].append((p, c))
+
+        for n in passed:
+            for a in n.all_input_nodes:
+                other = self.group_of.get(a)
+                if other is not None and other.kind == "elementwise" and _shape(a) == in_shape:
+                    add(other, a, n)
+        shared = group.prologue | {a for n in passed for a in n.all_input_nodes if _shape(a) == in_shape}
+        for v in shared:
+            for u in v.users:
+                other = self.group_of.get(u)
+                if other is None or u in group.nodes:
+                    continue
+                if other.kind == "elementwise" and v in group.nodes and _shape(u) == in_shape:
+                    add(other, v, u)
+                elif other.kind == "reduction" and u not in other.epilogue and _signature(other.anchor) == signature:
+                    add(other, v, u)
+        position = self.position.__getitem__
+        return sorted(found.values(), key=lambda item: min(position(c) for _, c in item[1]))
+
+    def _join_refusal(self, group: _Group, other: _Group):
+        """None when `other` may join reduction group `group`'s pass, else a function (p, c) -> boundary reason.
+
+        One pass computes the prologue values and accumulates every reduction; the epilogue runs after it. So no
+        value of the pass may depend on a reduction result, and no epilogue node may read a prologue value."""
+        name = group.anchor.name
+        late = _read_from(_pass_nodes(other), _results(group)) or _read_from(_pass_nodes(group), _results(other))
+        if late is not None:
+            reader, value = late
+            return lambda p, c: (f"{reader.name} cannot run in the pass of {name}'s kernel: it reads the reduction "
+                                 f"result {value.name}")
+        prologue = (_pass_nodes(group) | _pass_nodes(other)) - set(group.anchors) - set(other.anchors)
+        early = _read_from(group.epilogue | other.epilogue, prologue)
+        if early is not None:
+            reader, value = early
+            return lambda p, c: (f"{p.name} and {c.name} cannot share the pass of {name}'s kernel: the epilogue "
+                                 f"node {reader.name} would read the prologue value {value.name}")
+        if self.creates_cycle(group.nodes, other.nodes):
+            return lambda p, c: (f"joining {p.name} and {c.name} in the pass of {name}'s kernel would create a "
+                                 f"cycle between kernels")
+        return None
+
     def _move(self, node: Node, group: _Group) -> None:
         old = self.group_of[node]
         old.nodes.discard(node)
@@ -378,6 +470,30 @@ class _Fuser:
         at = self.position[node]
         group.lo, group.hi = min(group.lo, at), max(group.hi, at)
         self.spans.raise_(group.lo, group.hi)
+
+
+def _pass_nodes(group: _Group) -> set:
+    """The nodes a reduction kernel computes in its pass over the input (all nodes of an elementwise group)."""
+    return group.nodes - group.epilogue
+
+
+def _results(group: _Group) -> set:
+    """The reductions of a group and the epilogue nodes computed from them (empty for an elementwise group)."""
+    return set(group.anchors) | group.epilogue
+
+
+def _read_from(readers, values):
+    """(reader, value) for some node of `readers` reading a node of `values` (the first in name order), else None."""
+    pairs = [(n, a) for n in readers for a in n.all_input_nodes if a in values]
+    return min(pairs, key=lambda pair: (pair[0].name, pair[1].name)) if pairs else None
+
+
+def _signature(reduction: Node) -> tuple:
+    """What sibling reductions share: input shape, reduced dims (non-negative, sorted) and output shape."""
+    in_shape = _shape(reduction.args[0])
+    ndim = len(in_shape)
+    dims = tuple(sorted({d % ndim if ndim else 0 for d in reduction.kwargs.get("dims", ())}))
+    return in_shape, dims, _shape(reduction)
 
 
 def _first_user_in(p: Node, group: _Group) -> Node:
@@ -406,16 +522,16 @@ def _edge_reason(p: Node, c: Node, fuser: _Fuser) -> str:
         return f"{p.name} feeds the {RANK_NAMES[rank(c)]} op {c.name}, which runs alone"
     if (p, c) in fuser.refused:
         return fuser.refused[(p, c)]
-    anchored = pg.anchor is not None and (p is pg.anchor or p in pg.epilogue)
-    if cg.anchor is c:  # c is a reduction
+    anchored = p in pg.anchors or p in pg.epilogue
+    if c in cg.anchors:  # c is a reduction
         if anchored:
-            return f"{pg.kind} result {p.name} feeds the reduction {c.name} (one reduction or matmul per kernel)"
+            return f"{pg.kind} result {p.name} feeds the reduction {c.name}, which needs a pass of its own"
         return f"{p.name} feeds the reduction {c.name} but is not one of its prologue nodes"
     if _shape(p) != _shape(c):
         return f"{p.name} {list(_shape(p) or ())} is read with broadcasting by {c.name} {list(_shape(c) or ())}"
     if anchored and cg.anchor is not None:
-        return (f"{pg.kind} result {p.name} feeds {c.name} in the {cg.kind} kernel of {cg.anchor.name} "
-                f"(one reduction or matmul per kernel)")
+        return (f"{pg.kind} result {p.name} feeds {c.name} in the {cg.kind} kernel of {cg.anchor.name}, which "
+                f"needs a pass of its own")
     if cg.anchor is not None and c in cg.prologue:
         return f"{p.name} is also read outside {cg.anchor.name}'s reduction, so it cannot be a prologue"
     if cg.anchor is not None:
@@ -485,7 +601,7 @@ def fuse(graph: Graph) -> list[Kernel]:
         if group.kind == "elementwise":
             shape = _shape(nodes[0])
         elif group.kind == "reduction":
-            shape = _shape(group.anchor.args[0])
+            shape = _shape(group.anchor.args[0])  # every reduction of the group has this input shape
         else:
             shape = _shape(nodes[0]) if _shape(nodes[0]) is not None else ()
         kind = group.kind
@@ -498,15 +614,19 @@ def fuse(graph: Graph) -> list[Kernel]:
             "broadcast_inputs": [n for n in inputs if kind != "opaque" and _read_with_broadcasting(group, n)],
         }
         if kind in ("reduction", "matmul"):
-            meta["anchor"] = group.anchor
+            meta["anchor"] = min(group.anchors, key=position.__getitem__)
             meta["prologue"] = [n for n in nodes if n in group.prologue]
             meta["epilogue"] = [n for n in nodes if n in group.epilogue]
         if kind == "reduction":
-            r = group.anchor
-            meta["reduction"] = {"op": op_of(r).name, "node": r, "dims": tuple(r.kwargs.get("dims", ())),
-                                 "keepdim": bool(r.kwargs.get("keepdim", False)), "out_shape": _shape(r)}
+            meta["reductions"] = [_reduction_meta(r) for r in sorted(group.anchors, key=position.__getitem__)]
+            meta["reduction"] = meta["reductions"][0]
         kernels.append(Kernel(name, kind, nodes, list(inputs), outputs, tuple(shape), reason, meta))
     return kernels
+
+
+def _reduction_meta(r: Node) -> dict:
+    return {"op": op_of(r).name, "node": r, "dims": tuple(r.kwargs.get("dims", ())),
+            "keepdim": bool(r.kwargs.get("keepdim", False)), "out_shape": _shape(r)}
 
 
 def _read_with_broadcasting(group: _Group, value: Node) -> bool:
@@ -514,7 +634,7 @@ def _read_with_broadcasting(group: _Group, value: Node) -> bool:
     reduction or matmul reads its inputs whole)."""
     shape = _shape(value)
     return shape is not None and any(
-        node is not group.anchor and value in node.all_input_nodes and _shape(node) != shape for node in group.nodes)
+        node not in group.anchors and value in node.all_input_nodes and _shape(node) != shape for node in group.nodes)
 
 
 # ---------------------------------------------------------------------------------------------------------------

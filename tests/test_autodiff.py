@@ -1,0 +1,145 @@
+"""nnc.passes.autodiff: what the backward graph saves and what it recomputes (the save-or-recompute rule in the
+module docstring), and that compiled gradients still match eager autograd."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nnc
+import runtime as torch
+import runtime.nn.functional as F
+from nnc.compile import FORWARD_PIPELINE, run_pipeline
+from nnc.passes.autodiff import build_backward
+from nnc.passes.decompose import decompose
+from runtime import nn
+
+
+class Chain(nn.Module):
+    """gelu_tanh(x * w + b) * sigmoid(x) + 0.5 * x: elementwise ops over an input and two parameters."""
+
+    def __init__(self, cols):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(cols))
+        self.b = nn.Parameter(torch.randn(cols))
+
+    def forward(self, x):
+        return F.gelu(x * self.w + self.b, approximate="tanh") * torch.sigmoid(x) + 0.5 * x
+
+
+class TwoLayers(nn.Module):
+    """l2(act(l1(x))), or act applied to two matmuls combined by `act` (see forward)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.l1, self.l2, self.l3 = nn.Linear(8, 16), nn.Linear(16, 4), nn.Linear(8, 16)
+
+    def forward(self, x):
+        if self.kind == "relu":
+            return self.l2(torch.relu(self.l1(x)))
+        if self.kind == "gelu":
+            return self.l2(F.gelu(self.l1(x), approximate="tanh"))
+        if self.kind == "tanh_of_sum":
+            return torch.tanh(self.l1(x) + self.l3(x))
+        return torch.tanh(self.l1(x) * self.l3(x))  # tanh_of_product
+
+
+def backward_of(model, *examples):
+    """(forward GraphModule, BackwardGraph) for the gradients of every tensor input and parameter."""
+    forward = run_pipeline(decompose(nnc.trace(model), *examples), FORWARD_PIPELINE, "forward")
+    params = {name for name, _ in model.named_parameters()}
+    graph = forward.graph
+    wrt = [n for n in graph.placeholders if "shape" in n.meta]
+    wrt += [n for n in graph.nodes if n.op == "get_attr" and n.target in params]
+    return forward, build_backward(forward, wrt)
+
+
+def ops_of(nodes):
+    return [n.target.op.name if hasattr(n.target, "op") else n.op for n in nodes]
+
+
+def assert_bookkeeping(backward):
+    """`saved` lists exactly the saved_* placeholders the backward reads, in order; `recomputed` names forward
+    nodes whose recomputation is still in the backward graph."""
+    placeholders = [n for n in backward.gm.graph.placeholders if n.name.startswith("saved_")]
+    assert [p.name for p in placeholders] == [f"saved_{n.name}" for n in backward.saved]
+    assert all(p.users for p in placeholders)
+    origins = {n.meta.get("from_node") for n in backward.gm.graph.nodes}
+    assert set(backward.recomputed) <= origins
+
+
+def test_elementwise_chain_saves_only_its_input_and_parameters():
+    _, backward = backward_of(Chain(16), torch.randn(8, 16))
+    assert sorted(n.name for n in backward.saved) == ["b", "w", "x"]
+    assert {"tanh", "sigmoid"} <= set(backward.recomputed)
+    assert_bookkeeping(backward)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_recomputed_chain_gradients_match_eager(dtype):
+    torch.manual_seed(0)
+    model = Chain(24).to(dtype)
+    x = (torch.randn(32, 24) * 3).to(dtype)
+    seed = torch.randn(32, 24).to(dtype)
+    compiled = nnc.compile(Chain(24).to(dtype))
+    compiled.load_state_dict(model.state_dict())
+    results = []
+    for m in (model, compiled):
+        xi = x.clone().requires_grad_()
+        out = m(xi)
+        out.backward(seed)
+        results.append([out.detach().numpy(), xi.grad.numpy()] + [p.grad.numpy() for p in m.parameters()])
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-10)
+    for want, got in zip(*results):
+        np.testing.assert_allclose(got, want, **tol)
+
+
+def test_relu_feeding_a_matmul_saves_its_output_not_the_matmul():
+    """Recomputing relu(mm + b) needs mm, as many bytes as the relu output, but the forward writes the relu output
+    anyway (the next matmul reads it) and would have to write mm just for the backward."""
+    _, backward = backward_of(TwoLayers("relu"), torch.randn(5, 8))
+    assert "relu" in ops_of(backward.saved) and "linear" not in ops_of(backward.saved)
+    assert_bookkeeping(backward)
+
+
+def test_gelu_between_matmuls_saves_only_the_first_matmul():
+    _, backward = backward_of(TwoLayers("gelu"), torch.randn(5, 8))
+    assert [n for n in ops_of(backward.saved) if n not in ("placeholder", "get_attr")] == ["linear"]
+    assert {"tanh", "mul_5"} <= set(backward.recomputed)  # mul_5 is the gelu output the second matmul reads
+    assert_bookkeeping(backward)
+
+
+def test_a_value_whose_recomputation_needs_two_unsaved_matmuls_is_saved():
+    """tanh(mm1 + mm2): tanh's rule reads its output; recomputing it would save two matmul results that no rule
+    reads (add's rule reads nothing), twice the bytes: the tanh output is saved instead."""
+    _, backward = backward_of(TwoLayers("tanh_of_sum"), torch.randn(5, 8))
+    computed = [n for n in ops_of(backward.saved) if n not in ("placeholder", "get_attr")]
+    assert computed == ["tanh"] and backward.recomputed == []
+    assert_bookkeeping(backward)
+
+
+def test_leaves_saved_anyway_make_recomputation_free():
+    """tanh(mm1 * mm2): mul's rule reads both matmul results (plus bias), so they are saved whatever happens; the
+    second run sees that and recomputes the tanh from them instead of saving it too."""
+    _, backward = backward_of(TwoLayers("tanh_of_product"), torch.randn(5, 8))
+    computed = [n for n in ops_of(backward.saved) if n not in ("placeholder", "get_attr")]
+    assert computed == ["linear", "linear"]
+    assert "tanh" in backward.recomputed
+    assert_bookkeeping(backward)
+
+
+@pytest.mark.parametrize("kind", ["relu", "gelu", "tanh_of_sum", "tanh_of_product"])
+def test_two_layer_gradients_match_eager(kind):
+    torch.manual_seed(1)
+    model = TwoLayers(kind)
+    compiled = nnc.compile(model)
+    x = torch.randn(5, 8)
+    grads = []
+    for m in (model, compiled):
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        m(xi).sum().backward()
+        params = [p.grad.numpy().copy() for p in model.parameters() if p.grad is not None]
+        grads.append([xi.grad.numpy().copy()] + params)
+    for want, got in zip(*grads):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
