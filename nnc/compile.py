@@ -55,7 +55,7 @@ class Artifact:
     """What one guard key compiles to: the forward graph, and the backward pieces when gradients are needed."""
 
     def __init__(self, module: Module, concrete: dict, example_inputs: list, needs_grad: bool,
-                 inputs_requiring_grad: tuple = (), codegen: bool = True):
+                 inputs_requiring_grad: tuple = (), codegen: bool = True, whole_graph: bool | None = None):
         start = time.perf_counter()
         traced = symbolic_trace(module, concrete_args=concrete or None)
         self.forward = run_pipeline(decompose(traced, *example_inputs), FORWARD_PIPELINE, "forward")
@@ -71,9 +71,13 @@ class Artifact:
             self._build_backward(module)
         if self.backward is not None and not self.opaque:
             self.training_plan = Plan(self.training_forward, use_codegen=codegen)
-            self.backward_plan = Plan(self.backward.gm, use_codegen=codegen)
+            # NOTE: the backward's outputs are gradients; with no reference kept, AccumulateGrad stores them as
+            # .grad without a copy (a kept reference forces one: 1 ms for a 16 MiB gradient)
+            self.backward_plan = Plan(self.backward.gm, use_codegen=codegen, reuse_outputs=False)
         else:
-            self.forward_plan = Plan(self.forward, use_codegen=codegen)
+            # NOTE: whole-graph mode is for the forward only: numba links every kernel into the graph's function
+            # and compiles them all again there, which a training step's two large graphs would pay cold in seconds
+            self.forward_plan = Plan(self.forward, use_codegen=codegen, whole_graph=whole_graph)
         self.compile_seconds = time.perf_counter() - start
 
     @property
@@ -190,7 +194,8 @@ def _rebuild(template, flat_iter):
 class CompiledModule(Module):
     """Runs `module` compiled; shares its parameters, buffers, submodules and hooks (same state_dict)."""
 
-    def __init__(self, module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True):
+    def __init__(self, module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True,
+                 whole_graph: bool | None = None):
         super().__init__()
         if target != "cpu":
             raise ValueError(f"nnc.compile: target {target!r} is not available (only 'cpu')")
@@ -198,7 +203,7 @@ class CompiledModule(Module):
         for name in ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                      "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
                      "_backward_pre_hooks"):
-            object.__setattr__(self, name, getattr(module, name))
+            object.__setattr__(self, name, getattr(module, name))  # the root's hooks fire around this module
         object.__setattr__(self, "_module", module)
         object.__setattr__(self, "_cache", {})
         object.__setattr__(self, "_keys", [])
@@ -209,9 +214,13 @@ class CompiledModule(Module):
         # NOTE: the module tree is fixed at compile time (its hooks and parameters are not): walking a cached
         # list of modules keeps the guards cheap on every call.
         object.__setattr__(self, "_module_list", [(path, m) for path, m in module.named_modules()])
+        object.__setattr__(self, "_parameter_tables", [m._parameters for _, m in self._module_list])
+        object.__setattr__(self, "_hook_tables", [getattr(m, name) for path, m in self._module_list if path
+                                                  for name in _HOOK_TABLES])
         self.recompile_limit = recompile_limit
         self.target = target
         self.codegen = codegen
+        self.whole_graph = whole_graph
 
     @property
     def training(self) -> bool:
@@ -245,22 +254,21 @@ class CompiledModule(Module):
         parts = []
         for name, value in arguments.items():
             if isinstance(value, Tensor):
-                parts.append((name, "tensor", tuple(value.shape), value.dtype.name, value.requires_grad))
+                parts.append((name, "tensor", value._data.shape, value._data.dtype.str, value._rg))
             else:
                 parts.append((name, "python", _hashable(value)))
-        params = tuple(p.requires_grad for _, m in self._module_list for p in m._parameters.values()
-                       if p is not None)
+        params = tuple([p._rg for table in self._parameter_tables for p in table.values() if p is not None])
         return (tuple(parts), self._module.training, grad_mode.is_grad_enabled(), params, self._hook_signature())
 
     def _hook_signature(self):
-        hooked = []
-        for path, m in self._module_list:
-            if path and (m._forward_pre_hooks or m._forward_hooks or m._backward_hooks or m._backward_pre_hooks):
-                hooked.append((path, tuple(m._forward_pre_hooks), tuple(m._forward_hooks), tuple(m._backward_hooks),
-                               tuple(m._backward_pre_hooks)))
-        globals_ = (tuple(module_mod._global_forward_pre_hooks), tuple(module_mod._global_forward_hooks),
-                    tuple(module_mod._global_backward_hooks))
-        return tuple(hooked), globals_
+        """Which submodules have hooks (they are kernel boundaries), and the global hooks present.
+
+        NOTE: presence is what compilation depends on: a hooked submodule runs as a call, which fires whatever hooks
+        it has at that time."""
+        hooked = tuple([bool(table) for table in self._hook_tables])
+        globals_ = (bool(module_mod._global_forward_pre_hooks), bool(module_mod._global_forward_hooks),
+                    bool(module_mod._global_backward_hooks))
+        return hooked, globals_
 
     # -- running ---------------------------------------------------------------------------------------
 
@@ -272,7 +280,7 @@ class CompiledModule(Module):
             artifact = self._compile(key, arguments)
         if artifact is _EAGER:
             return self._module.forward(*args, **kwargs)
-        return self._run(artifact, arguments)
+        return self._run(artifact, arguments, key[3])
 
     def _compile(self, key, arguments):
         if len(self._cache) >= self.recompile_limit:
@@ -289,7 +297,8 @@ class CompiledModule(Module):
         try:
             with no_grad():
                 artifact = Artifact(self._module, concrete, [t.detach() for t in examples], needs_grad,
-                                    tuple(t.requires_grad for t in examples), codegen=self.codegen)
+                                    tuple(t.requires_grad for t in examples), codegen=self.codegen,
+                                    whole_graph=self.whole_graph)
         except Exception as error:  # never a wrong answer: run eagerly, and say why
             warnings.warn(f"nnc.compile: could not compile {self._module._get_name()} "
                           f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=3)
@@ -306,15 +315,17 @@ class CompiledModule(Module):
         changed = [label for label, a, b in zip(labels, previous, key) if a != b]
         return "changed: " + ", ".join(changed)
 
-    def _run(self, artifact: Artifact, arguments: dict):
+    def _run(self, artifact: Artifact, arguments: dict, key_params: tuple):
         tensors = [v for v in arguments.values() if isinstance(v, Tensor)]
-        wants_grad = grad_mode.is_grad_enabled() and (any(t.requires_grad for t in tensors)
-                                                      or any(p.requires_grad for p in self._module.parameters()))
+        wants_grad = grad_mode.is_grad_enabled() and (any(t._rg for t in tensors) or any(key_params))
         if not wants_grad:
-            with no_grad():
-                plan = artifact.forward_plan or artifact.training_plan
+            plan = artifact.forward_plan or artifact.training_plan
+            if plan.whole_graph:  # one numba call: nothing records autograd history
                 result = plan.run(*tensors)
-                return result if plan is artifact.forward_plan else result[0]
+            else:
+                with no_grad():
+                    result = plan.run(*tensors)
+            return result if plan is artifact.forward_plan else result[0]
         if artifact.training_plan is None:
             # eager autograd through the decomposed graph: correct, and hooked modules see real values
             return artifact.forward.forward(*tensors)
@@ -325,6 +336,7 @@ class CompiledModule(Module):
 
 
 _EAGER = object()
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _hashable(value):
@@ -335,8 +347,14 @@ def _hashable(value):
         return repr(value)
 
 
-def compile(module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True) -> CompiledModule:
-    """Compile `module`: same parameters and state_dict, same results, faster (see docs/architecture.md)."""
+def compile(module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True,
+            whole_graph: bool | None = None) -> CompiledModule:
+    """Compile `module`: same parameters and state_dict, same results, faster (see docs/architecture.md).
+
+    whole_graph: None (the default) runs a forward without gradients as one numba function when its values are
+    small (nnc.codegen.whole_graph), True asks for that (with a warning when a graph does not qualify), False never.
+    """
     if not isinstance(module, Module):
         raise TypeError(f"nnc.compile expects a runtime.nn.Module, got {type(module).__name__}")
-    return CompiledModule(module, target=target, recompile_limit=recompile_limit, codegen=codegen)
+    return CompiledModule(module, target=target, recompile_limit=recompile_limit, codegen=codegen,
+                          whole_graph=whole_graph)

@@ -9,7 +9,7 @@ import numpy as np
 
 from runtime.tensor import Tensor
 
-from .graph import Node, map_arg
+from .graph import Node, map_arg, nodes_in
 from .graph_module import GraphModule
 from .interpreter import Interpreter
 from .kernel import Kernel
@@ -24,12 +24,13 @@ class KernelStep:
     outputs among them, get fresh arrays, since the caller keeps them.
     """
 
-    def __init__(self, kernel: Kernel, compiled, planned: list):
+    def __init__(self, kernel: Kernel, compiled, planned: list, reuse_outputs: bool = True):
         self.kernel, self.compiled = kernel, compiled
         self.inputs, self.outputs = kernel.inputs, kernel.outputs
         self.planned = planned
         self.out_specs = [(tuple(n.meta["shape"]), n.meta["dtype"].np) for n in kernel.outputs]
         self.previous = [None] * len(kernel.outputs)  # the last unplanned outputs handed out
+        self.reuse_outputs = reuse_outputs
 
     def _out_buffers(self) -> list:
         return [p if p is not None else self._unplanned(i) for i, p in enumerate(self.planned)]
@@ -50,8 +51,22 @@ class KernelStep:
         arrays = self.compiled.run([env[n]._data for n in self.inputs], out=buffers)
         del buffers
         for i, (node, array) in enumerate(zip(self.outputs, arrays)):
-            if self.planned[i] is None:
+            if self.planned[i] is None and self.reuse_outputs:
                 self.previous[i] = array
+            env[node] = Tensor._from_array(array)
+
+
+class WholeGraphStep:
+    """Every kernel of the graph in one numba call (nnc.codegen.whole_graph): reads the graph's tensor inputs and
+    attributes, produces its outputs."""
+
+    def __init__(self, kernels: list[Kernel], compiled):
+        self.kernels, self.compiled = kernels, compiled
+        self.inputs, self.outputs = compiled.arg_nodes, compiled.returned
+
+    def run(self, env: dict) -> None:
+        arrays = self.compiled.run([env[n]._data for n in self.inputs])
+        for node, array in zip(self.outputs, arrays):
             env[node] = Tensor._from_array(array)
 
 
@@ -83,23 +98,68 @@ def _attr_reader(gm: GraphModule, path: str):
 
 
 class Plan:
-    """The steps for one graph; `run(*inputs)` returns what the graph returns."""
+    """The steps for one graph; `run(*inputs)` returns what the graph returns.
 
-    def __init__(self, gm: GraphModule, use_codegen: bool = True):
+    whole_graph: False (the default) runs the graph kernel by kernel; None runs it as one numba function when it
+    qualifies (nnc.codegen.whole_graph: small values, every node generated), else kernel by kernel; True asks for
+    whole-graph mode and warns when it cannot be had. `whole_graph_reason` says why a graph runs kernel by kernel
+    ("" when it runs whole).
+
+    reuse_outputs: a kernel keeps its last graph outputs and writes the next call's into them when the caller has
+    dropped them (no page faults for a fresh array); False hands out fresh arrays and keeps no reference, so a
+    gradient output can be stolen by AccumulateGrad (which copies a buffer someone else holds).
+    """
+
+    def __init__(self, gm: GraphModule, use_codegen: bool = True, whole_graph: bool | None = False,
+                 reuse_outputs: bool = True):
         start = time.perf_counter()
         self.gm = gm
+        self.reuse_outputs = reuse_outputs
         self.interpreter = Interpreter(gm)
         # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect
         self.kernels = [k for k in fuse(gm.graph) if k.outputs or k.kind == "opaque"]
-        self.memory = plan_memory(self.kernels, gm.graph)
-        self._arenas = self.memory.allocate()
         self.steps, self.fallbacks, self.cache_hits = [], [], 0
-        for kernel in self.kernels:
-            self.steps.append(self._step_for(kernel, use_codegen))
+        self.whole_graph_reason = "codegen off" if not use_codegen else "off (used for forwards without gradients)"
+        whole = self._whole_graph_step(whole_graph) if use_codegen and whole_graph is not False else None
+        if whole is not None:
+            self.steps.append(whole)
+            self.memory, self._arenas = None, None
+        else:
+            self.memory = plan_memory(self.kernels, gm.graph)
+            self._arenas = self.memory.allocate()
+            for kernel in self.kernels:
+                self.steps.append(self._step_for(kernel, use_codegen))
         self.placeholders = gm.graph.placeholders
         self.attrs = [(n, _attr_reader(gm, n.target)) for n in gm.graph.nodes if n.op == "get_attr"]
         self.output = gm.graph.output_node.args[0]
+        self._whole_args = self._whole_extra = None  # how _run_whole finds its arguments (on its first call)
         self.compile_seconds = time.perf_counter() - start
+
+    @property
+    def whole_graph(self) -> bool:
+        return bool(self.steps) and isinstance(self.steps[0], WholeGraphStep)
+
+    def _whole_graph_step(self, requested: bool | None):
+        from .codegen.whole_graph import WholeGraphUnsupported, compile_graph
+
+        try:
+            compiled = compile_graph(self.kernels, self.gm.graph, name=self.gm._get_name())
+        except WholeGraphUnsupported as reason:
+            self.whole_graph_reason = str(reason)
+            if requested:
+                warnings.warn(f"nnc: whole-graph mode is not available for {self.gm._get_name()} ({reason}); "
+                              f"running it kernel by kernel", RuntimeWarning, stacklevel=4)
+            return None
+        except Exception as error:  # never a wrong answer: run kernel by kernel instead
+            self.whole_graph_reason = f"{type(error).__name__}: {error}"
+            warnings.warn(f"nnc: whole-graph compilation of {self.gm._get_name()} failed ({self.whole_graph_reason});"
+                          f" running it kernel by kernel", RuntimeWarning, stacklevel=4)
+            return None
+        self.whole_graph_reason = ""
+        self.cache_hits += compiled.cache_hit
+        for kernel in self.kernels:
+            kernel.meta["source"] = compiled.kernel_sources.get(kernel.name, "")
+        return WholeGraphStep(self.kernels, compiled)
 
     def _step_for(self, kernel: Kernel, use_codegen: bool):
         if kernel.kind == "opaque" or not use_codegen:
@@ -117,9 +177,11 @@ class Plan:
         self.cache_hits += bool(getattr(compiled, "cache_hit", False))
         kernel.meta["source"] = getattr(compiled, "source", "")
         planned = [self.memory.view(self._arenas, n) if n in self.memory.slots else None for n in kernel.outputs]
-        return KernelStep(kernel, compiled, planned)
+        return KernelStep(kernel, compiled, planned, self.reuse_outputs)
 
     def run(self, *inputs):
+        if self.whole_graph:
+            return self._run_whole(inputs)
         env: dict = {}
         for node, value in zip(self.placeholders, inputs):
             env[node] = value
@@ -127,4 +189,17 @@ class Plan:
             env[node] = read()
         for step in self.steps:
             step.run(env)
+        return map_arg(self.output, env.__getitem__)
+
+    def _run_whole(self, inputs):
+        step = self.steps[0]
+        if self._whole_args is None:
+            position = {node: k for k, node in enumerate(self.placeholders)}
+            readers = dict(self.attrs)
+            self._whole_args = [(position.get(n), readers.get(n)) for n in step.inputs]
+            self._whole_extra = [n for n in nodes_in(self.output) if n.op in ("placeholder", "get_attr")]
+        arrays = [inputs[k]._data if read is None else read()._data for k, read in self._whole_args]
+        env = dict(zip(step.outputs, map(Tensor._from_array, step.compiled.run(arrays))))
+        for node in self._whole_extra:
+            env[node] = inputs[self.placeholders.index(node)] if node.op == "placeholder" else dict(self.attrs)[node]()
         return map_arg(self.output, env.__getitem__)

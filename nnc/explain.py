@@ -28,10 +28,14 @@ class Report:
     cache_hits: int
     opaque_nodes: list = field(default_factory=list)
     backward_kernels: list[KernelReport] = field(default_factory=list)
+    whole_graph: bool = False   # the forward runs as one numba function (nnc.codegen.whole_graph)
+    whole_graph_reason: str = ""  # else why it runs kernel by kernel
 
     def __str__(self) -> str:
         lines = [f"{len(self.kernels)} forward kernels, {len(self.backward_kernels)} backward kernels; "
                  f"compile {self.compile_seconds:.2f} s, {self.cache_hits} kernels from the disk cache"]
+        lines.append("forward: one numba function (whole-graph mode)" if self.whole_graph else
+                     f"forward: kernel by kernel (not whole-graph: {self.whole_graph_reason})")
         for title, kernels in (("forward", self.kernels), ("backward", self.backward_kernels)):
             if kernels:
                 lines.append(f"{title}:")
@@ -52,8 +56,9 @@ def _kernel_line(k: KernelReport) -> str:
 
 def _kernel_reports(plan) -> list[KernelReport]:
     failed = dict(plan.fallbacks)
+    steps = plan.steps * len(plan.kernels) if plan.whole_graph else plan.steps
     reports = []
-    for kernel, step in zip(plan.kernels, plan.steps):
+    for kernel, step in zip(plan.kernels, steps):
         reports.append(KernelReport(
             name=kernel.name, kind=kernel.kind,
             ops=list(kernel.meta.get("ops") or [getattr(n.target, "__name__", str(n.target)) for n in kernel.nodes]),
@@ -72,6 +77,7 @@ def explain(module: Module, *example_inputs, backward: bool = False) -> Report:
                         inputs_requiring_grad=tuple(t.requires_grad for t in tensors))
     forward_plan = artifact.forward_plan or artifact.training_plan
     report = Report(kernels=_kernel_reports(forward_plan), compile_seconds=artifact.compile_seconds,
+                    whole_graph=forward_plan.whole_graph, whole_graph_reason=forward_plan.whole_graph_reason,
                     cache_hits=sum(p.cache_hits for p in artifact.plans),
                     opaque_nodes=[(n.name, n.meta["opaque_reason"]) for n in artifact.opaque])
     if artifact.backward_plan is not None:

@@ -515,6 +515,28 @@ def test_linear_bias_relu(dtype, m, k, n):
     assert_close(buf, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
 
 
+@pytest.mark.parametrize("op,dtype,shape", [("linear", torch.float32, (1, 784, 512)), ("linear", torch.float64, (3, 7, 5)),
+                                            ("matmul", torch.float32, (2, 300, 1000)),
+                                            ("matmul", torch.float64, (4, 9, 11))])
+def test_few_rows_matmul_runs_as_a_generated_loop(op, dtype, shape):
+    m, k, n = shape
+    rng = np.random.default_rng(8)
+    w_shape = (n, k) if op == "linear" else (k, n)
+    inputs = {"x": torch.from_numpy(rng.standard_normal((m, k)).astype(dtype.np)),
+              "w": torch.from_numpy(rng.standard_normal(w_shape).astype(dtype.np)),
+              "bias": torch.from_numpy(rng.standard_normal(n).astype(dtype.np))}
+
+    def build(g, x, w, bias):
+        return [call(g, "relu", call(g, "add", call(g, op, x, w), bias))]
+
+    case, kernel = compiled(("few_rows", op, dtype.name, shape),
+                            lambda: Case(inputs, build, kind="matmul", name=f"few_{op}"))
+    assert "_rows(" in kernel.source and "np.dot(" not in kernel.source
+    assert kernel.parallel == (k * n >= PARALLEL_MIN_ELEMENTS)
+    (got,), (want,) = kernel.run(case.inputs), case.expected()
+    assert_close(got, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
+
+
 def test_batched_matmul_is_an_output_and_feeds_an_epilogue():
     rng = np.random.default_rng(7)
     inputs = {"a": torch.from_numpy(rng.standard_normal((2, 8, 12)).astype(np.float32)),

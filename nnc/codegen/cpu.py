@@ -73,6 +73,10 @@ _COLUMN_TASKS = 16
 _MIN_COLUMN_CHUNK = 32
 # A parallel elementwise kernel with broadcasting runs prange over rows when it has at least this many.
 _MIN_PARALLEL_ROWS = 64
+# A matmul whose first operand has at most FEW_ROWS rows runs as a generated loop (batch-1 inference), in tasks of
+# _FEW_ROWS_BLOCK output columns.
+FEW_ROWS = 4
+_FEW_ROWS_BLOCK = 8
 
 # The template functions that go through nnc/codegen/approx.py (vectorizable approximations).
 TRANSCENDENTAL = ("exp", "log", "log1p", "tanh", "sigmoid", "erf")
@@ -550,11 +554,13 @@ class _Function:
     args: list[_Array]
     lines: list[str]
     parallel: bool
+    reassociate: bool = False  # fastmath reassoc + contract: a dot product's sum in vector lanes, with FMA
 
     def source(self) -> str:
         sig = ", ".join(a.arg for a in self.args)
         doc = "; ".join(f"{a.arg}: {a.node.name} {a.dtype.name}{list(a.shape)}" for a in self.args)
-        head = [f"@njit(cache=True, parallel={self.parallel}, error_model='numpy')",
+        fastmath = ", fastmath={'reassoc', 'contract'}" if self.reassociate else ""
+        head = [f"@njit(cache=True, parallel={self.parallel}{fastmath}, error_model='numpy')",
                 f"def {self.name}({sig}):", f"    # {doc}"]
         return "\n".join(head + ["    " + line if line else "" for line in self.lines])
 
@@ -568,6 +574,11 @@ class Generated:
     parallel: bool
     in_specs: list[tuple[tuple, np.dtype]]
     out_specs: list[tuple[tuple, np.dtype]]
+    # The pieces of `source`, for nnc.codegen.whole_graph to put several kernels into one module:
+    preamble: list[str] = field(default_factory=list)     # module-level lines: approx imports (or helpers)
+    definitions: list[str] = field(default_factory=list)  # helper and numba function sources, in order
+    launch: list[str] = field(default_factory=list)       # the body of launch(ins, outs) (numba-compatible)
+    stamp: str = ""                                       # the generator/numba/approx versions line
 
 
 def _indent(lines, n=1):
@@ -1043,7 +1054,11 @@ class _Generator:
         else:
             lines.append(f"mm = {target}")
         ia, ib = f"ins[{self.ins.index(a_arr)}]", f"ins[{self.ins.index(b_arr)}]"
-        if op.name == "linear":
+        few_rows = self.few_rows_matmul(op.name, mm, a_arr, b_arr)
+        if few_rows is not None:
+            self.functions.append(few_rows)
+            lines.append(f"{few_rows.name}({ia}.reshape(-1), {ib}.reshape(-1), mm.reshape(-1))")
+        elif op.name == "linear":
             kdim, n_out = b_arr.shape[1], b_arr.shape[0]
             lines.append(f"np.dot({ia}.reshape(-1, {kdim}), {ib}.T, out=mm.reshape(-1, {n_out}))")
         elif len(b_arr.shape) == 2 and len(a_arr.shape) >= 2:
@@ -1062,6 +1077,50 @@ class _Generator:
             flat = ["mm.reshape(-1)" if a.arg == "mm" else self._flat(a) for a in f.args]
             lines.append(f"{f.name}({', '.join(flat)})")
         self.launch = lines
+
+    def few_rows_matmul(self, op_name, mm, a_arr, b_arr) -> _Function | None:
+        """A matmul/linear of at most FEW_ROWS rows of `a` as a generated loop, or None (BLAS runs it).
+
+        BLAS's matrix-vector path is single-threaded and costs a call from Python; this loop is one numba call,
+        goes parallel over blocks of output columns once the weights are large, and reads each weight row once for
+        all rows of `a` (it stays in L1 while they are swept). linear (w [N, K]): dot products of contiguous rows;
+        matmul (b [K, N]): rows of b scaled and added, vectorized along N.
+        """
+        a_shape, b_shape, dtype = a_arr.shape, b_arr.shape, _node_dtype(mm)
+        if dtype.kind != "f" or a_arr.dtype != dtype or b_arr.dtype != dtype or len(b_shape) != 2 or not a_shape:
+            return None
+        rows, kdim = math.prod(a_shape[:-1]), a_shape[-1]
+        n_out = b_shape[0] if op_name == "linear" else b_shape[1]
+        if rows > FEW_ROWS or op_name == "matmul" and len(a_shape) < 2 or kdim == 0:
+            return None
+        parallel = kdim * n_out >= PARALLEL_MIN_ELEMENTS
+        blocks = -(-n_out // _FEW_ROWS_BLOCK)
+        zero = self.dialect.literal(0, dtype)
+        lines = [f"for blk in {'prange' if parallel else 'range'}({blocks}):",
+                 f"    n1 = min({n_out}, blk * {_FEW_ROWS_BLOCK} + {_FEW_ROWS_BLOCK})"]
+        if op_name == "linear":
+            lines += [f"    for n in range(blk * {_FEW_ROWS_BLOCK}, n1):",
+                      f"        wr = b[n * {kdim}:n * {kdim} + {kdim}]",
+                      f"        for i in range({rows}):",
+                      f"            ar = a[i * {kdim}:i * {kdim} + {kdim}]",
+                      f"            acc = {zero}",
+                      f"            for k in range({kdim}):",
+                      "                acc += ar[k] * wr[k]",
+                      f"            out[i * {n_out} + n] = acc"]
+        else:
+            lines += [f"    n0 = blk * {_FEW_ROWS_BLOCK}",
+                      f"    for i in range({rows}):",
+                      f"        orow = out[i * {n_out} + n0:i * {n_out} + n1]",
+                      "        for j in range(n1 - n0):",
+                      f"            orow[j] = {zero}",
+                      f"        for k in range({kdim}):",
+                      f"            aik = a[i * {kdim} + k]",
+                      f"            brow = b[k * {n_out} + n0:k * {n_out} + n1]",
+                      "            for j in range(n1 - n0):",
+                      "                orow[j] += aik * brow[j]"]
+        args = [_Array("a", a_arr.node, a_shape, dtype), _Array("b", b_arr.node, b_shape, dtype),
+                _Array("out", mm, _node_shape(mm), dtype)]
+        return _Function(f"{self.name}_rows", args, lines, parallel, reassociate=True)
 
     # -- module -------------------------------------------------------------------------------------------------
 
@@ -1083,8 +1142,8 @@ class _Generator:
                   f"# generated by nnc.codegen.cpu v{GENERATOR_VERSION} for numba {numba.__version__}"
                   + (f"; approx.py {self.dialect.approx_digest}" if self.dialect.approx_digest else ""),
                   "import math", "", "import numpy as np", "from numba import njit, prange"]
-        parts = ["\n".join(header + preamble)]
-        parts += list(self.helpers.values()) + [f.source() for f in self.functions]
+        definitions = list(self.helpers.values()) + [f.source() for f in self.functions]
+        parts = ["\n".join(header + preamble)] + definitions
         parts.append("\n".join(["def launch(ins, outs):", '    """Run the kernel on C-contiguous input and output '
                                 'arrays."""'] + _indent(self.launch)))
         source = "\n\n\n".join(parts) + "\n"
@@ -1092,7 +1151,8 @@ class _Generator:
                          signatures={f.name: [a.dtype for a in f.args] for f in self.functions},
                          parallel=any(f.parallel for f in self.functions),
                          in_specs=[(a.shape, a.dtype) for a in self.ins],
-                         out_specs=[(a.shape, a.dtype) for a in self.outs])
+                         out_specs=[(a.shape, a.dtype) for a in self.outs],
+                         preamble=preamble, definitions=definitions, launch=list(self.launch), stamp=header[1])
 
 
 @dataclass(frozen=True)
@@ -1265,10 +1325,23 @@ def _numba_signature(dtypes):
     return tuple(types.Array(from_dtype(d), 1, "C") for d in dtypes)
 
 
+def _numba_signature_nd(specs):
+    """numba argument types for C-contiguous arrays of the given (shape, dtype)s."""
+    from numba import types
+    from numba.np.numpy_support import from_dtype
+
+    return tuple(types.Array(from_dtype(d), len(shape), "C") for shape, d in specs)
+
+
 def compile_kernel(kernel: Kernel) -> CompiledKernel:
     """Generate, cache and compile a kernel; KernelCompileError(kernel name, reason) on any failure."""
     start = time.perf_counter()
-    generated = generate(kernel)
+    return compile_generated(kernel, generate(kernel), start)
+
+
+def compile_generated(kernel: Kernel, generated: Generated, start: float | None = None) -> CompiledKernel:
+    """Cache and compile the module `generate(kernel)` made (see compile_kernel)."""
+    start = time.perf_counter() if start is None else start
     try:
         module, path, _ = cache.load_module(generated.source)
     except Exception as e:

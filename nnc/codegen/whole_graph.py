@@ -1,0 +1,247 @@
+"""Whole-graph mode: every kernel of a small graph, and its view nodes, emitted as one numba function, so a run of
+the graph is one call from Python (no per-kernel Python launches, no Tensor wrapping between kernels).
+
+The module it generates holds each kernel's numba functions exactly as `nnc.codegen.cpu` generates them, and
+`run_graph(...)`, which takes the graph's tensor placeholders and attributes (parameters, buffers) as arrays,
+allocates every intermediate, and runs each kernel's launcher lines inlined (the per-kernel module's `launch`,
+compiled instead of interpreted: it reshapes, calls BLAS through numba's `np.dot`, runs the epilogue), in kernel
+order; it returns the graph's output arrays.
+
+A graph qualifies when every kernel generates and every value it computes is small (at most
+WHOLE_GRAPH_MAX_ELEMENTS; inputs and parameters may be any size): these graphs are where Python's per-kernel
+overhead (a few microseconds a launch) is a large part of the time, and their buffers come from malloc's free
+lists, so allocating them on every call costs less than planning them. Graphs with larger values run kernel by
+kernel (`nnc.executor.Plan`), with planned buffers that are reused between calls. View nodes compile
+to numpy views (reshape, transpose, broadcast_to); a kernel reading a non-contiguous view gets a contiguous copy,
+as the kernel-by-kernel executor does. Any other opaque node keeps the graph out of whole-graph mode.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ..graph import Graph, Node, nodes_in
+from ..kernel import Kernel
+from ..prims import Prim
+from . import cache
+from .cpu import (Generated, KernelCompileError, _numba_signature_nd, _op_and_attrs, _py_name, check_dtype,
+                  compile_generated, ctor, generate, np_dtype)
+
+# NOTE: a kernel over 2**20 elements takes ~0.2 ms or more, where a launch from Python (~5 us) is noise, and a
+# fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
+WHOLE_GRAPH_MAX_ELEMENTS = 2 ** 20
+VIEW_OPS = ("reshape", "permute", "expand")
+
+
+class WholeGraphUnsupported(Exception):
+    """The graph does not qualify for whole-graph mode (the message says which node or kernel, and why)."""
+
+
+def unsupported_reason(kernels: list[Kernel], graph: Graph) -> str | None:
+    """Why this graph cannot run in whole-graph mode, or None when it can (generation may still fail)."""
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        shape = node.meta.get("shape")
+        if shape is None:
+            if node.op == "get_attr" and not node.users:
+                continue
+            return f"node {node.name} has no shape meta (a non-tensor value)"
+        if node.op not in ("placeholder", "get_attr") and math.prod(shape) > WHOLE_GRAPH_MAX_ELEMENTS:
+            return f"node {node.name} has {math.prod(shape)} elements (> {WHOLE_GRAPH_MAX_ELEMENTS})"
+        try:
+            check_dtype(np_dtype(node.meta["dtype"]), f"node {node.name}")
+        except Exception as error:
+            return str(error)
+    for kernel in kernels:
+        if kernel.kind == "opaque":
+            node = kernel.nodes[0]
+            if not (isinstance(node.target, Prim) and node.target.op.name in VIEW_OPS):
+                return f"opaque node {node.name} ({getattr(node.target, '__name__', node.target)}) runs in Python"
+        elif kernel.kind == "matmul" and not _dot_matmul(kernel.nodes[0]):
+            return f"matmul {kernel.nodes[0].name} is batched (numba's np.dot takes 2-D operands)"
+    return None
+
+
+def _dot_matmul(node: Node) -> bool:
+    """Whether codegen lowers this matmul/linear to np.dot (numba has no batched np.matmul)."""
+    a, b = node.args[0], node.args[1]
+    return node.target.op.name == "linear" or (len(b.meta["shape"]) == 2 and len(a.meta["shape"]) >= 2)
+
+
+@dataclass
+class CompiledGraph:
+    """A graph compiled whole: `run(arrays)` takes one array per `arg_nodes`, returns one per `returned`."""
+
+    source: str
+    path: Path
+    cache_hit: bool
+    compile_seconds: float
+    arg_nodes: list[Node]
+    returned: list[Node]
+    arg_specs: list = field(repr=False)
+    _function: Callable = field(repr=False)
+    kernel_sources: dict = field(repr=False, default_factory=dict)  # kernel name -> its own module's source
+
+    def __post_init__(self):
+        self._shapes = [shape for shape, _ in self.arg_specs]
+
+    def run(self, arrays: list) -> tuple:
+        # NOTE: the shapes are checked here (the code is specialized to them); dtypes, ranks and layouts by numba's
+        # dispatcher, which refuses other types (compilation is disabled): then the slow path below says which.
+        if [a.shape for a in arrays] == self._shapes:
+            try:
+                return self._function(*arrays)
+            except TypeError:
+                pass
+        return self._function(*self._checked(arrays))
+
+    def _checked(self, arrays: list) -> list:
+        checked = []
+        for k, (a, (shape, dtype)) in enumerate(zip(arrays, self.arg_specs)):
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
+                got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+                raise ValueError(f"whole graph: argument {k} ({self.arg_nodes[k].name}) must be {dtype}{list(shape)}, "
+                                 f"got {got}")
+            if not (a.flags.c_contiguous and a.flags.writeable):
+                a = np.array(a, order="C")  # the compiled signature takes writeable C-contiguous arrays
+            checked.append(a)
+        return checked
+
+
+class _Emitter:
+    """Builds run_graph's body: one variable per graph value, launches in kernel order."""
+
+    def __init__(self, kernels: list[Kernel], graph: Graph):
+        self.kernels, self.graph = kernels, graph
+        self.var: dict[Node, str] = {}
+        self.non_contiguous: set[Node] = set()
+        self.copies: set[str] = set()
+        self.lines: list[str] = []
+        self.generated: list[tuple[Kernel, Generated]] = []
+
+    def arguments(self) -> list[Node]:
+        args = [n for n in self.graph.nodes if n.op in ("placeholder", "get_attr") and "shape" in n.meta]
+        for k, node in enumerate(args):
+            self.var[node] = f"a{k}"
+        return args
+
+    def emit(self) -> None:
+        for kernel in self.kernels:
+            if kernel.kind == "opaque":
+                self.view(kernel.nodes[0])
+            else:
+                self.launch(kernel)
+
+    def read(self, node: Node) -> str:
+        """A value as a C-contiguous array (kernels take flat views): a view that is not gets copied, once."""
+        if node not in self.non_contiguous:
+            return self.var[node]
+        copy = f"c_{node.name}"
+        if copy not in self.copies:
+            self.copies.add(copy)
+            self.lines.append(f"{copy} = np.ascontiguousarray({self.var[node]})")
+        return copy
+
+    def launch(self, kernel: Kernel) -> None:
+        """The kernel's launcher lines, inlined: its ins[k], outs[k] and mm become this function's variables."""
+        try:
+            generated = generate(kernel)
+        except KernelCompileError as error:
+            raise WholeGraphUnsupported(str(error)) from None
+        self.generated.append((kernel, generated))
+        ins = [self.read(node) for node in kernel.inputs]
+        outs = []
+        for node in kernel.outputs:
+            self.var[node] = f"v_{node.name}"
+            shape, dtype = tuple(int(d) for d in node.meta["shape"]), np_dtype(node.meta["dtype"])
+            self.lines.append(f"v_{node.name} = np.empty({shape!r}, dtype={ctor(dtype)})")
+            outs.append(self.var[node])
+        mm = f"mm_{_py_name(kernel.name)}"
+        for line in generated.launch:
+            line = re.sub(r"\bins\[(\d+)\]", lambda m: ins[int(m.group(1))], line)
+            line = re.sub(r"\bouts\[(\d+)\]", lambda m: outs[int(m.group(1))], line)
+            self.lines.append(re.sub(r"\bmm\b", mm, line))
+
+    def view(self, node: Node) -> None:
+        op, args, attrs = _op_and_attrs(node)
+        source = args[0]
+        shape = tuple(int(d) for d in node.meta["shape"])
+        name = self.var[source]
+        self.var[node] = f"v_{node.name}"
+        if op.name == "reshape":
+            expr = f"{self.read(source)}.reshape({shape!r})"
+        elif op.name == "permute":
+            ndim = len(source.meta["shape"])
+            axes = tuple(int(d) % ndim for d in attrs["dims"])
+            expr = f"np.transpose({name}, {axes!r})"
+            if axes != tuple(range(ndim)) or source in self.non_contiguous:
+                self.non_contiguous.add(node)
+        else:  # expand
+            expr = f"np.broadcast_to({name}, {shape!r})"
+            self.non_contiguous.add(node)
+        self.lines.append(f"v_{node.name} = {expr}")
+
+
+def _tuple(names: list[str]) -> str:
+    return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
+
+
+def generate_graph(kernels: list[Kernel], graph: Graph, name: str = "graph"):
+    """(module source, argument nodes, returned nodes, [(kernel, its Generated module)]); raises
+    WholeGraphUnsupported."""
+    reason = unsupported_reason(kernels, graph)
+    if reason is not None:
+        raise WholeGraphUnsupported(reason)
+    emitter = _Emitter(kernels, graph)
+    arg_nodes = emitter.arguments()
+    emitter.emit()
+    returned = [n for n in dict.fromkeys(nodes_in(graph.output_node.args[0])) if n.op not in ("placeholder", "get_attr")]
+    for node in returned:
+        if node not in emitter.var:
+            raise WholeGraphUnsupported(f"output {node.name} is not computed by a kernel or a view")
+    # NOTE: the kernels' functions are imported from their own cached modules (content-addressed, so a kernel
+    # shared by several graphs, or compiled kernel by kernel before, is compiled once and loaded from numba's cache)
+    imports = [f"from {cache.module_name(generated.source)} import {', '.join(generated.signatures)}"
+               for _, generated in emitter.generated if generated.signatures]
+    doc = "; ".join(f"a{k}: {n.name} {np_dtype(n.meta['dtype']).name}{list(n.meta['shape'])}"
+                    for k, n in enumerate(arg_nodes))
+    results = [emitter.var[n] for n in returned]
+    body = [f"    # {doc}"] + ["    " + line for line in emitter.lines] + [f"    return {_tuple(results)}"]
+    entry = "\n".join(["@njit(cache=True, error_model='numpy')",
+                       f"def run_graph({', '.join(emitter.var[n] for n in arg_nodes)}):"] + body)
+    header = [f'"""nnc whole graph {name}: {len(kernels)} kernels as one numba function."""',
+              "import numpy as np", "from numba import njit", ""] + imports
+    source = "\n\n\n".join(["\n".join(header), entry]) + "\n"
+    return source, arg_nodes, returned, emitter.generated
+
+
+def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> CompiledGraph:
+    """Generate, cache and compile the whole graph; WholeGraphUnsupported or KernelCompileError when it cannot."""
+    start = time.perf_counter()
+    source, arg_nodes, returned, generated = generate_graph(kernels, graph, name)
+    hits = [compile_generated(kernel, g).cache_hit for kernel, g in generated]  # imports (and compiles) them
+    module, path, _ = cache.load_module(source)
+    function = module.run_graph
+    specs = [(tuple(int(d) for d in n.meta["shape"]), np_dtype(n.meta["dtype"])) for n in arg_nodes]
+    signature = _numba_signature_nd(specs)
+    try:
+        if signature not in function.overloads:  # a module imported before in this process is compiled already
+            function.compile(signature)
+    except Exception as error:
+        message = str(error).strip()
+        raise KernelCompileError(name, f"numba could not compile the whole graph (source: {path}): "
+                                       f"{type(error).__name__}: {message[:2000]}") from error
+    stats = function.stats
+    hit = bool(sum(stats.cache_hits.values())) and not sum(stats.cache_misses.values()) and all(hits)
+    function.disable_compile()  # other argument types are an error, never a silent recompile
+    return CompiledGraph(source=source, path=path, cache_hit=hit, compile_seconds=time.perf_counter() - start,
+                         arg_nodes=arg_nodes, returned=returned, arg_specs=specs,
+                         kernel_sources={kernel.name: g.source for kernel, g in generated},
+                         _function=function)

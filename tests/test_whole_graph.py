@@ -1,0 +1,226 @@
+"""Whole-graph mode: a small no-grad forward runs as one numba function, computes what eager does, and falls back
+to kernel-by-kernel execution (with a reason, and a warning when asked for or when compilation fails)."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import nnc
+import runtime
+from nnc.codegen import cache, whole_graph
+from nnc.executor import Plan
+from runtime import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import models  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_cache_dir(tmp_path_factory):
+    """A fresh kernel cache for this module (so it tests compilation, not a cache left by an earlier run)."""
+    old = os.environ.get(cache.ENV_VAR)
+    os.environ[cache.ENV_VAR] = str(tmp_path_factory.mktemp("nnc_whole_graph"))
+    yield
+    if old is None:
+        os.environ.pop(cache.ENV_VAR, None)
+    else:
+        os.environ[cache.ENV_VAR] = old
+
+
+def forward_plan(compiled) -> Plan:
+    (artifact,) = compiled._cache.values()
+    return artifact.forward_plan
+
+
+def run_both(module, *inputs, whole_graph=None):
+    """(eager result, compiled result, the compiled forward's Plan) under no_grad."""
+    compiled = nnc.compile(copy.deepcopy(module), whole_graph=whole_graph)
+    with runtime.no_grad():
+        want, got = module(*inputs), compiled(*inputs)
+    return want, got, forward_plan(compiled)
+
+
+def assert_close(got, want, dtype=runtime.float32):
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype is runtime.float32 else dict(rtol=1e-10, atol=1e-10)
+    if isinstance(want, (tuple, list)):
+        assert type(got) is type(want) and len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_close(g, w, dtype)
+        return
+    assert tuple(got.shape) == tuple(want.shape) and got.dtype is want.dtype
+    np.testing.assert_allclose(got.numpy(), want.numpy(), **tol)
+
+
+@pytest.mark.parametrize("dtype,batch", [(runtime.float32, 1), (runtime.float64, 3), (runtime.float32, 16)])
+def test_mlp_forward_runs_as_one_numba_function(dtype, batch):
+    runtime.manual_seed(0)
+    model = models.MLP().to(dtype).eval()
+    x = runtime.randn(batch, 784, dtype=dtype)
+    want, got, plan = run_both(model, x)
+    assert plan.whole_graph and plan.whole_graph_reason == ""
+    assert len(plan.steps) == 1 and plan.steps[0].kernels == plan.kernels
+    assert "def run_graph(" in plan.steps[0].compiled.source
+    assert got.grad_fn is None and not got.requires_grad
+    assert_close(got, want, dtype)
+
+
+class Views(nn.Module):
+    """Reshape, transpose and expand between kernels, a copy-reshape of a transposed value, several outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(6, 4)
+        self.scale = nn.Parameter(runtime.randn(1, 4))
+        self.mix = nn.Parameter(runtime.randn(3, 5))
+
+    def forward(self, x):
+        h = self.proj(x).relu()                  # [2, 3, 4]
+        t = h.transpose(1, 2)                    # [2, 4, 3], not contiguous
+        s = (t * 2.0).sum(dim=-1)                # [2, 4]
+        e = self.scale.expand(2, 4) + s          # a broadcast view feeding a kernel
+        return e, h.reshape(2, 12), t.reshape(8, 3) @ self.mix
+
+
+class WithGetitem(Views):
+    def forward(self, x):
+        e, flat, m = super().forward(x)
+        return e, flat[:, 1:5], m                # getitem: an opaque node the function cannot hold
+
+
+def test_views_between_kernels_are_numpy_views_inside_the_function():
+    runtime.manual_seed(1)
+    model = Views()
+    x = runtime.randn(2, 3, 6)
+    want, got, plan = run_both(model, x)
+    assert plan.whole_graph, plan.whole_graph_reason
+    assert_close(list(got), list(want))
+    source = plan.steps[0].compiled.source
+    assert "np.transpose(" in source and "np.broadcast_to(" in source and "np.ascontiguousarray(" in source
+
+
+def test_an_opaque_node_keeps_the_graph_kernel_by_kernel_with_a_reason():
+    runtime.manual_seed(2)
+    model = WithGetitem()
+    x = runtime.randn(2, 3, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # automatic mode: no warning
+        want, got, plan = run_both(model, x)
+    assert not plan.whole_graph and "getitem" in plan.whole_graph_reason
+    assert_close(list(got), list(want))
+    with pytest.warns(RuntimeWarning, match="whole-graph mode is not available.*getitem"):
+        _, got, plan = run_both(model, x, whole_graph=True)
+    assert not plan.whole_graph
+    assert_close(list(got), list(want))
+
+
+def test_large_values_run_kernel_by_kernel():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    x = runtime.randn(whole_graph.WHOLE_GRAPH_MAX_ELEMENTS // 8 + 1, 8)
+    want, got, plan = run_both(model, x)
+    assert not plan.whole_graph and "elements" in plan.whole_graph_reason
+    assert_close(got, want)
+
+
+def test_whole_graph_off_runs_kernel_by_kernel():
+    model = models.MLP().eval()
+    want, got, plan = run_both(model, runtime.randn(2, 784), whole_graph=False)
+    assert not plan.whole_graph and len(plan.steps) == len(plan.kernels)
+    assert_close(got, want)
+
+
+class ReturnsInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x).sigmoid()
+        return x, y, self.fc.weight, y, {"again": y * 2.0}
+
+
+def test_outputs_that_are_inputs_parameters_or_repeated():
+    model = ReturnsInputs()
+    x = runtime.randn(3, 4)
+    compiled = nnc.compile(model)
+    with runtime.no_grad():
+        want, got = model(x), compiled(x)
+    plan = forward_plan(compiled)
+    assert plan.whole_graph, plan.whole_graph_reason
+    assert got[0] is x and got[2] is model.fc.weight
+    assert_close(got[1], want[1])
+    assert_close(got[3], want[3])
+    assert_close(got[4]["again"], want[4]["again"])
+
+
+def test_non_contiguous_and_read_only_inputs_are_copied_not_misread():
+    model = models.MLP().eval()
+    compiled = nnc.compile(copy.deepcopy(model))
+    x = runtime.randn(784, 2)
+    with runtime.no_grad():
+        compiled(x.t().contiguous())  # compile for [2, 784]
+        assert forward_plan(compiled).whole_graph
+        strided = x.t()               # same shape, not C-contiguous
+        assert_close(compiled(strided), model(strided))
+        frozen = np.ascontiguousarray(x.t().numpy())
+        frozen.flags.writeable = False
+        t = runtime.from_numpy(frozen) if hasattr(runtime, "from_numpy") else runtime.tensor(frozen)
+        assert_close(compiled(t), model(t))
+
+
+def test_a_parameter_rebound_to_another_shape_is_a_clear_error():
+    model = nn.Linear(4, 3)
+    compiled = nnc.compile(model)
+    x = runtime.randn(2, 4)
+    with runtime.no_grad():
+        compiled(x)
+        assert forward_plan(compiled).whole_graph
+        model.weight = nn.Parameter(runtime.randn(5, 4))
+        with pytest.raises(ValueError, match="weight.*float32\\[3, 4\\]"):
+            compiled(x)
+
+
+def test_a_failed_whole_graph_compile_warns_and_runs_kernel_by_kernel(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated numba failure")
+
+    monkeypatch.setattr(whole_graph, "compile_graph", broken)
+    model = models.MLP().eval()
+    with pytest.warns(RuntimeWarning, match="whole-graph compilation of MLP failed.*simulated numba failure"):
+        want, got, plan = run_both(model, runtime.randn(1, 784))
+    assert not plan.whole_graph and len(plan.steps) == len(plan.kernels)
+    assert_close(got, want)
+
+
+def test_a_second_load_comes_from_the_disk_cache():
+    model = nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 2))
+    x = runtime.randn(1, 5)
+    _, _, first = run_both(model, x)
+    assert first.whole_graph
+    cache.forget()  # as a new process would: import the files again, load the machine code from numba's cache
+    want, got, second = run_both(model, x)
+    assert second.whole_graph and second.cache_hits == 1
+    assert second.steps[0].compiled.cache_hit
+    assert_close(got, want)
+
+
+def test_hooked_submodules_stay_calls_and_their_hooks_fire():
+    model = models.MLP().eval()
+    seen = []
+    model.fc2.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    want, got, plan = run_both(model, runtime.randn(1, 784))
+    assert not plan.whole_graph and "fc2" in plan.whole_graph_reason
+    assert seen == [(1, 512), (1, 512)]  # the eager run and the compiled run
+    assert_close(got, want)
+
+
+def test_explain_says_whether_the_forward_runs_whole():
+    report = nnc.explain(models.MLP(), runtime.randn(1, 784))
+    assert report.whole_graph and "whole-graph mode" in str(report)
+    assert all(k.generated for k in report.kernels) and all(k.source for k in report.kernels)
+    report = nnc.explain(models.MLP(), runtime.randn(1, 784), backward=True)
+    assert not report.whole_graph and "kernel by kernel" in str(report)
