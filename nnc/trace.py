@@ -5,6 +5,7 @@ import builtins
 import contextlib
 import dis
 import inspect
+import linecache
 import operator
 import os
 import sys
@@ -48,8 +49,9 @@ def user_frame():
         raw = frame.f_code.co_filename
         filename = raw if raw.startswith("<") else os.path.abspath(raw)  # keep pseudo-files like <string>
         if not _is_library_file(filename):
-            line = inspect.getframeinfo(frame, context=1).code_context
-            return filename, frame.f_lineno, (line[0].strip() if line else "")
+            # NOTE: linecache, not inspect.getframeinfo: that resolves the module by walking sys.modules with a
+            # realpath per module (80 ms of a 170 ms compile from the disk cache)
+            return filename, frame.f_lineno, linecache.getline(raw, frame.f_lineno).strip()
         frame = frame.f_back
     return None
 
