@@ -366,6 +366,27 @@ def reduction_case(op, shape, dims, keepdim, dtype=torch.float32):
     return Case(inputs, build, kind="reduction", shape=shape, name=f"{op}_{'x'.join(map(str, shape))}")
 
 
+@pytest.mark.parametrize("shape", [(3000, 64), (1000, 600)])  # serial; parallel with row chunks
+def test_float32_column_sums_are_at_least_as_accurate_as_numpy(shape):
+    """Spans of float32 additions, then float64 totals: more accurate than numpy's row-after-row float32 sum, and
+    within the bound of a float32 sum over one span (plus the float32 result's rounding)."""
+    rng = np.random.default_rng(9)
+    data = (rng.standard_normal(shape) * rng.uniform(0.1, 1e3, shape)).astype(np.float32)
+    case = Case({"x": torch.from_numpy(data)}, lambda g, x: [call(g, "sum", x, dims=(0,), keepdim=False)],
+                kind="reduction", shape=shape, name=f"colsum_{shape[0]}")
+    kernel = compile_kernel(case.kernel)
+    assert "for r0 in range(" in kernel.source  # the spans
+    (got,) = kernel.run(case.inputs)
+    exact = data.astype(np.float64).sum(axis=0)
+    ours = np.abs(got.astype(np.float64) - exact)
+    numpy_error = np.abs(data.sum(axis=0).astype(np.float64) - exact)
+    assert got.dtype == np.float32
+    assert ours.max() <= numpy_error.max() and ours.mean() <= numpy_error.mean()
+    eps = float(np.finfo(np.float32).eps)
+    bound = 256 * eps * np.abs(data).astype(np.float64).sum(axis=0) + eps * np.abs(exact)
+    assert np.all(ours <= bound)
+
+
 @pytest.mark.parametrize("op,shape,dims,keepdim,skeleton", REDUCTIONS)
 def test_reduction_with_prologue_and_epilogue(op, shape, dims, keepdim, skeleton):
     case, kernel = compiled(("red", op, shape, dims, keepdim), lambda: reduction_case(op, shape, dims, keepdim))

@@ -19,9 +19,10 @@ Layers (the first two are target-neutral so a CUDA skeleton can reuse them):
                 vectorized helper reduces), columns (the last dim kept: tasks of a tile of up to 1024 accumulators
                 x a chunk of rows, swept row by row; with several row chunks, partial results are combined at the
                 end), chunked (too few kept positions to go parallel: partial results per chunk, then a serial
-                combine). Accumulators: float32 sums/products in float64; amax/amin propagate nan like numpy.
-                matmul: numpy BLAS (`np.dot`/`np.matmul`) into the output buffer, then the elementwise skeleton runs
-                the epilogue in place over it.
+                combine). Accumulators: float32 sums/products in float64 (the column form adds float32 spans of at
+                most 256 rows first, see _SPAN); amax/amin propagate nan like numpy.
+                matmul: numpy BLAS (`np.dot`/`np.matmul`) into the output buffer (at most FEW_ROWS rows: a generated
+                loop, see few_rows_matmul), then the elementwise skeleton runs the epilogue in place over it.
 
 `compile_kernel(kernel) -> CompiledKernel` generates the module, writes it to the cache (nnc.codegen.cache), imports
 it and compiles every numba function for its one static signature (1-D C-contiguous arrays). Any failure raises
@@ -71,6 +72,12 @@ _COLUMN_TILE_MIN = 32
 _COLUMN_TILE = 1024
 _COLUMN_TASKS = 16
 _MIN_COLUMN_CHUNK = 32
+# NOTE: a column skeleton's float32 sum adds float32 values over spans of at most _SPAN reduced positions and then
+# the span's total into a float64 accumulator: vectorized at float32's width (a float64 accumulator in the sweep
+# halves it; storing and adding in a second loop cost 0.4-0.8 ms of the chain backward). A span's error is at most
+# ~_SPAN ulps of its magnitude, and the float64 total adds none: more accurate than numpy's own axis-0 float32
+# sum, which adds row after row in float32.
+_SPAN = 256
 # A parallel elementwise kernel with broadcasting runs prange over rows when it has at least this many.
 _MIN_PARALLEL_ROWS = 64
 # A matmul whose first operand has at most FEW_ROWS rows runs as a generated loop (batch-1 inference), in tasks of
@@ -950,20 +957,33 @@ class _Generator:
         def accumulate(a: _Accumulator, value: Value) -> str:
             return f"{a.acc}[oo] = {a.reducer.combine(f'{a.acc}[oo]', self._acc_term(value, a))}"
 
+        # float32 sums add float32 values over spans of at most _SPAN reduced positions, then each span's total
+        # into the float64 accumulator (see _SPAN); other widened reductions (products) store, then accumulate.
         widened = [a for a in accs if env[a.source].dtype != a.acc_dtype]
-        sweep += _indent([f"{a.vals}[oo] = {env[a.source].name}" for a in widened])
+        spanned = [a for a in widened if a.op_name == "sum" and a.out_dtype == a.in_dtype]
+        stored = [a for a in widened if a not in spanned]
+        sweep += _indent([f"{a.vals}[oo] += {env[a.source].name}" for a in spanned])
+        sweep += _indent([f"{a.vals}[oo] = {env[a.source].name}" for a in stored])
         sweep += _indent([accumulate(a, env[a.source]) for a in accs if a not in widened])
-        if widened:
+        if stored:
             sweep += ["for oo in range(nt):"]
-            sweep += _indent([accumulate(a, Value(f"{a.vals}[oo]", env[a.source].dtype)) for a in widened])
+            sweep += _indent([accumulate(a, Value(f"{a.vals}[oo]", env[a.source].dtype)) for a in stored])
         task = ([f"o0 = task * {tile}"] if chunks == 1 else
                 [f"c = task % {chunks}", f"o0 = (task // {chunks}) * {tile}"])
         task += [f"nt = min({tile}, {n_outer} - o0)"]
         task += [f"{a.acc} = np.empty({tile}, dtype={ctor(a.acc_dtype)})" for a in accs]
         task += [f"{a.vals} = np.empty({tile}, dtype={ctor(env[a.source].dtype)})" for a in widened]
         task += ["for oo in range(nt):"] + _indent([f"{a.acc}[oo] = {a.identity}" for a in accs])
-        rows = f"range({n_red})" if chunks == 1 else f"range(c * {chunk}, min({n_red}, (c + 1) * {chunk}))"
-        task += [f"for r in {rows}:"] + _indent(per_r + sweep)
+        start, stop = ("0", str(n_red)) if chunks == 1 else (f"c * {chunk}", f"min({n_red}, (c + 1) * {chunk})")
+        if spanned:
+            task += [f"for r0 in range({start}, {stop}, {_SPAN}):"]
+            task += _indent(["for oo in range(nt):"] + _indent([f"{a.vals}[oo] = {a.identity_of_values}"
+                                                                for a in spanned]))
+            task += _indent([f"for r in range(r0, min({stop}, r0 + {_SPAN})):"] + _indent(per_r + sweep))
+            task += _indent(["for oo in range(nt):"]
+                            + _indent([accumulate(a, Value(f"{a.vals}[oo]", env[a.source].dtype)) for a in spanned]))
+        else:
+            task += [f"for r in range({start}, {stop}):"] + _indent(per_r + sweep)
         loop = "prange" if parallel else "range"
         lines = [f"{a.partial} = np.empty({chunks * n_outer}, dtype={ctor(a.acc_dtype)})" for a in accs
                  if chunks > 1]
@@ -1184,6 +1204,7 @@ class _Accumulator:
     buf = property(lambda self: f"buf{self.suffix}")
     partial = property(lambda self: f"partial{self.suffix}")
     vals = property(lambda self: f"vals{self.suffix}")
+    identity_of_values = property(lambda self: format_literal(0, self.in_dtype))  # a sum's zero, in in_dtype
     total = property(lambda self: f"total{self.suffix}")
 
 
