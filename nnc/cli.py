@@ -389,7 +389,8 @@ def _kernel_stage(module, specs, stage: str, fmt: str, where: str) -> str:
     report = explain(module, *make_inputs(specs), backward=True)
     if stage == "kernels":
         kernels = report.kernels + report.backward_kernels
-        return "\n\n".join(k.source or f"# {k.name} ({k.kind}): runs in the interpreter" for k in kernels)
+        return "\n\n".join(k.source or f"# {k.name} ({k.kind}): "
+                             + ("a numpy view of its input" if k.view else "runs in the interpreter") for k in kernels)
     if fmt == "json":
         strip = lambda k: {key: v for key, v in dataclasses.asdict(k).items() if key != "source"}  # noqa: E731
         return json.dumps({"forward": [strip(k) for k in report.kernels],

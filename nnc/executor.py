@@ -15,6 +15,7 @@ from .interpreter import Interpreter
 from .kernel import Kernel
 from .passes.fusion import fuse
 from .passes.memory import plan_memory
+from .prims import Prim
 
 
 class KernelStep:
@@ -47,9 +48,8 @@ class KernelStep:
         return np.empty(shape, dtype)
 
     def run(self, env: dict) -> None:
-        buffers = self._out_buffers()
-        arrays = self.compiled.run([env[n]._data for n in self.inputs], out=buffers)
-        del buffers
+        arrays = self._out_buffers()
+        self.compiled.run_into([env[n]._data for n in self.inputs], arrays)
         for i, (node, array) in enumerate(zip(self.outputs, arrays)):
             if self.planned[i] is None and self.reuse_outputs:
                 self.previous[i] = array
@@ -68,6 +68,29 @@ class WholeGraphStep:
         arrays = self.compiled.run([env[n]._data for n in self.inputs])
         for node, array in zip(self.outputs, arrays):
             env[node] = Tensor._from_array(array)
+
+
+class ViewStep:
+    """A reshape, permute or expand node run as its op's numpy forward on the array (a view where numpy can make
+    one): no eager dispatch, no autograd bookkeeping, for a node the kernels around it read as an array."""
+
+    OPS = ("reshape", "permute", "expand")
+
+    def __init__(self, node: Node):
+        from .codegen.cpu import _op_and_attrs
+
+        op, args, self.attrs = _op_and_attrs(node)
+        self.node, self.source, self.forward = node, args[0], op.forward
+        self.nodes = [node]
+
+    @classmethod
+    def handles(cls, kernel: Kernel) -> bool:
+        node = kernel.nodes[0]
+        return len(kernel.nodes) == 1 and isinstance(node.target, Prim) and node.target.op.name in cls.OPS \
+            and isinstance(node.args[0], Node) and not node.kwargs.get("out")
+
+    def run(self, env: dict) -> None:
+        env[self.node] = Tensor._from_array(self.forward(env[self.source]._data, **self.attrs))
 
 
 class InterpretedStep:
@@ -119,7 +142,8 @@ class Plan:
         # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect
         self.kernels = [k for k in fuse(gm.graph) if k.outputs or k.kind == "opaque"]
         self.steps, self.fallbacks, self.cache_hits = [], [], 0
-        self.whole_graph_reason = "codegen off" if not use_codegen else "off (used for forwards without gradients)"
+        self.whole_graph_reason = ("codegen off" if not use_codegen else
+                                   "not asked for (whole-graph mode is for forwards without gradients)")
         whole = self._whole_graph_step(whole_graph) if use_codegen and whole_graph is not False else None
         if whole is not None:
             self.steps.append(whole)
@@ -162,6 +186,8 @@ class Plan:
         return WholeGraphStep(self.kernels, compiled)
 
     def _step_for(self, kernel: Kernel, use_codegen: bool):
+        if kernel.kind == "opaque" and use_codegen and ViewStep.handles(kernel):
+            return ViewStep(kernel.nodes[0])
         if kernel.kind == "opaque" or not use_codegen:
             return InterpretedStep(kernel.nodes, self.interpreter, "opaque" if use_codegen else "codegen off")
         from .codegen.cpu import compile_kernel

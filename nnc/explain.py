@@ -17,6 +17,7 @@ class KernelReport:
     generated: bool  # numba code was generated (False: interpreted, with `fallback` saying why when it failed)
     fallback: str = ""
     source: str = ""
+    view: bool = False  # a reshape/permute/expand run as a numpy view (no code needed)
 
 
 @dataclass
@@ -49,7 +50,8 @@ class Report:
 
 
 def _kernel_line(k: KernelReport) -> str:
-    how = "numba" if k.generated else ("interpreted: " + k.fallback if k.fallback else "interpreted")
+    how = "numba" if k.generated else "numpy view" if k.view else \
+        ("interpreted: " + k.fallback if k.fallback else "interpreted")
     return (f"  {k.name:<16} {k.kind:<11} {k.bytes_moved / 1024:9.1f} KiB  [{', '.join(k.ops)}]  ({how})"
             + (f"  boundary: {k.reason}" if k.reason else ""))
 
@@ -64,6 +66,7 @@ def _kernel_reports(plan) -> list[KernelReport]:
             ops=list(kernel.meta.get("ops") or [getattr(n.target, "__name__", str(n.target)) for n in kernel.nodes]),
             reason=kernel.reason, bytes_moved=int(kernel.meta.get("bytes_moved", 0)),
             generated=hasattr(step, "compiled"), fallback=failed.get(kernel.name, ""),
+            view=type(step).__name__ == "ViewStep",
             source=kernel.meta.get("source", "")))
     return reports
 

@@ -323,6 +323,24 @@ def test_out_buffers_are_written_and_returned():
         assert_close(got, w, TOL["float32"])
 
 
+def test_run_into_takes_any_layout_of_the_right_shapes():
+    """The executor's fast path: non-contiguous and read-only inputs still give the right values; wrong dtypes
+    still get run's clear error."""
+    case, kernel = compiled(("chain", "float32", SMALL), lambda: chain_case("float32", SMALL))
+    want = case.expected()
+    fortran = np.asfortranarray(case.inputs[0])
+    frozen = case.inputs[0].copy()
+    frozen.flags.writeable = False
+    for first in (case.inputs[0], fortran, frozen):
+        outs = [np.empty(w.shape, w.dtype) for w in want]
+        kernel.run_into([first] + case.inputs[1:], outs)
+        for got, w in zip(outs, want):
+            assert_close(got, w, TOL["float32"])
+    with pytest.raises(ValueError, match="input 0 must be"):
+        kernel.run_into([case.inputs[0].astype(np.float64)] + case.inputs[1:], [np.empty(w.shape, w.dtype)
+                                                                               for w in want])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Reductions: prologue, accumulator, epilogue
 # ---------------------------------------------------------------------------------------------------------------

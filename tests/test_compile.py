@@ -292,3 +292,14 @@ def test_outputs_saved_for_backward_are_not_reused_before_backward():
         eager(x).sum().backward()
     for p, q in zip(eager.parameters(), compiled.parameters()):
         np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_view_nodes_between_kernels_run_as_numpy_views():
+    runtime.manual_seed(3)
+    eager, compiled = pair(models.MLP())
+    assert_same_forward_and_grads(eager, compiled, runtime.randn(4, 784))
+    (artifact,) = compiled._cache.values()
+    kinds = {type(step).__name__ for step in artifact.backward_plan.steps}
+    assert "ViewStep" in kinds and "InterpretedStep" not in kinds  # the weight gradients' transposes
+    report = nnc.explain(models.MLP(), runtime.randn(4, 784), backward=True)
+    assert any(k.view for k in report.backward_kernels) and "(numpy view)" in str(report)
