@@ -367,13 +367,18 @@ SKELETON_MARKS = {"row": ["for r in range("], "column": ["for task in ", "for oo
                   "column_chunked": ["for task in prange(", "partial = np.empty(", "for oo in range(nt):"]}
 
 
-def reduction_case(op, shape, dims, keepdim, dtype=torch.float32):
-    rng = np.random.default_rng(4)
+def reduction_inputs(shape, dims, keepdim, dtype, seed):
+    """x of `shape`, w along its last dim (near 1), c along the reduced shape's last dim."""
+    rng = np.random.default_rng(seed)
     out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape)) if keepdim else \
         tuple(s for i, s in enumerate(shape) if i not in dims)
-    inputs = {"x": torch.from_numpy(rng.standard_normal(shape).astype(dtype.np)),
-              "w": torch.from_numpy(rng.uniform(0.9, 1.1, shape[-1:]).astype(dtype.np)),
-              "c": torch.from_numpy(rng.standard_normal(out_shape[-1:]).astype(dtype.np))}
+    return {"x": torch.from_numpy(rng.standard_normal(shape).astype(dtype.np)),
+            "w": torch.from_numpy(rng.uniform(0.9, 1.1, shape[-1:]).astype(dtype.np)),
+            "c": torch.from_numpy(rng.standard_normal(out_shape[-1:]).astype(dtype.np))}
+
+
+def reduction_case(op, shape, dims, keepdim, dtype=torch.float32):
+    inputs = reduction_inputs(shape, dims, keepdim, dtype, seed=4)
 
     def build(g, x, w, c):
         p = call(g, "mul", call(g, "add", call(g, "mul", x, 0.01), 1.0), w)  # prologue, w broadcast along x
@@ -446,12 +451,7 @@ SIBLINGS = [
 def siblings_case(ops, shape, dims, keepdim, dtype):
     """p = (x * 0.01 + 1) * w (a prologue value the kernel also writes out), reductions ops[0](p) and ops[1](p * x)
     over the same dims, and an epilogue reading both results."""
-    rng = np.random.default_rng(8)
-    out_shape = tuple(1 if i in dims else s for i, s in enumerate(shape)) if keepdim else \
-        tuple(s for i, s in enumerate(shape) if i not in dims)
-    inputs = {"x": torch.from_numpy(rng.standard_normal(shape).astype(dtype.np)),
-              "w": torch.from_numpy(rng.uniform(0.9, 1.1, shape[-1:]).astype(dtype.np)),
-              "c": torch.from_numpy(rng.standard_normal(out_shape[-1:]).astype(dtype.np))}
+    inputs = reduction_inputs(shape, dims, keepdim, dtype, seed=8)
 
     def build(g, x, w, c):
         p = call(g, "mul", call(g, "add", call(g, "mul", x, 0.01), 1.0), w)
