@@ -265,6 +265,21 @@ def test_random_programs_compile_to_eager_results(steps):
         assert_same_forward_and_grads(eager, compiled, runtime.randn(4, 6, dtype=runtime.float64), atol=1e-9)
 
 
+@settings(max_examples=12, deadline=None)
+@given(steps=programs())
+def test_random_programs_in_whole_graph_mode_compute_eager_results(steps):
+    runtime.manual_seed(0)
+    eager = Program(steps).double()
+    compiled = nnc.compile(copy.deepcopy(eager), whole_graph=True)
+    x = runtime.randn(4, 6, dtype=runtime.float64)
+    with warnings.catch_warnings(), runtime.no_grad():
+        warnings.simplefilter("error")  # whole_graph=True warns when it is not used: that would fail here
+        got, want = compiled(x), eager(x)
+    (artifact,) = compiled._cache.values()
+    assert artifact.forward_plan.whole_graph
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-9)
+
+
 def test_outputs_the_caller_holds_are_never_overwritten_and_dropped_ones_are_reused():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
     compiled = nnc.compile(model)
