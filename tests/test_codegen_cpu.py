@@ -555,9 +555,10 @@ def test_linear_bias_relu(dtype, m, k, n):
 
 
 @pytest.mark.parametrize("op,dtype,shape", [("linear", torch.float32, (1, 784, 512)), ("linear", torch.float64, (3, 7, 5)),
+                                            ("linear", torch.float32, (4, 100, 1030)),
                                             ("matmul", torch.float32, (2, 300, 1000)),
                                             ("matmul", torch.float64, (4, 9, 11))])
-def test_few_rows_matmul_runs_as_a_generated_loop(op, dtype, shape):
+def test_small_matmul_shapes_run_as_a_generated_loop(op, dtype, shape):
     m, k, n = shape
     rng = np.random.default_rng(8)
     w_shape = (n, k) if op == "linear" else (k, n)
@@ -571,7 +572,7 @@ def test_few_rows_matmul_runs_as_a_generated_loop(op, dtype, shape):
     case, kernel = compiled(("few_rows", op, dtype.name, shape),
                             lambda: Case(inputs, build, kind="matmul", name=f"few_{op}"))
     assert "_rows(" in kernel.source and "np.dot(" not in kernel.source
-    assert kernel.parallel == (k * n >= PARALLEL_MIN_ELEMENTS)
+    assert kernel.parallel == (m * k * n >= PARALLEL_MIN_ELEMENTS)
     (got,), (want,) = kernel.run(case.inputs), case.expected()
     assert_close(got, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
 

@@ -21,8 +21,8 @@ Layers (the first two are target-neutral so a CUDA skeleton can reuse them):
                 end), chunked (too few kept positions to go parallel: partial results per chunk, then a serial
                 combine). Accumulators: float32 sums/products in float64 (the column form adds float32 spans of at
                 most 256 rows first, see _SPAN); amax/amin propagate nan like numpy.
-                matmul: numpy BLAS (`np.dot`/`np.matmul`) into the output buffer (at most FEW_ROWS rows: a generated
-                loop, see few_rows_matmul), then the elementwise skeleton runs the epilogue in place over it.
+                matmul: numpy BLAS (`np.dot`/`np.matmul`) into the output buffer (shapes BLAS is slow on: a generated
+                loop, see small_matmul), then the elementwise skeleton runs the epilogue in place over it.
 
 `compile_kernel(kernel) -> CompiledKernel` generates the module, writes it to the cache (nnc.codegen.cache), imports
 it and compiles every numba function for its one static signature (1-D C-contiguous arrays). Any failure raises
@@ -80,10 +80,16 @@ _MIN_COLUMN_CHUNK = 32
 _SPAN = 256
 # A parallel elementwise kernel with broadcasting runs prange over rows when it has at least this many.
 _MIN_PARALLEL_ROWS = 64
-# A matmul whose first operand has at most FEW_ROWS rows runs as a generated loop (batch-1 inference), in tasks of
-# _FEW_ROWS_BLOCK output columns.
+# A matmul/linear whose first operand has at most FEW_ROWS rows runs as a generated loop instead of BLAS (see
+# _Generator.small_matmul): linear in tasks of _FEW_ROWS_BLOCK output columns, matmul in tasks of a row x
+# _AXPY_BLOCK columns.
+# NOTE: not more rows, and not the small-K shapes of weight gradients, although the loops beat OpenBLAS on them
+# (8 rows: 106 vs 148 us; g^T @ x with K = 8: 128 vs 140-305 us): they win only in parallel, and a parallel numba
+# region between OpenBLAS calls in a training step makes both thread pools spin against each other on a 2-core
+# machine (a b8 training step went from 1.4 to 15 ms). Batch-1 inference has no BLAS call left to contend with.
 FEW_ROWS = 4
 _FEW_ROWS_BLOCK = 8
+_AXPY_BLOCK = 1024
 
 # The template functions that go through nnc/codegen/approx.py (vectorizable approximations).
 TRANSCENDENTAL = ("exp", "log", "log1p", "tanh", "sigmoid", "erf")
@@ -1074,10 +1080,10 @@ class _Generator:
         else:
             lines.append(f"mm = {target}")
         ia, ib = f"ins[{self.ins.index(a_arr)}]", f"ins[{self.ins.index(b_arr)}]"
-        few_rows = self.few_rows_matmul(op.name, mm, a_arr, b_arr)
-        if few_rows is not None:
-            self.functions.append(few_rows)
-            lines.append(f"{few_rows.name}({ia}.reshape(-1), {ib}.reshape(-1), mm.reshape(-1))")
+        loop = self.small_matmul(op.name, mm, a_arr, b_arr)
+        if loop is not None:
+            self.functions.append(loop)
+            lines.append(f"{loop.name}({ia}.reshape(-1), {ib}.reshape(-1), mm.reshape(-1))")
         elif op.name == "linear":
             kdim, n_out = b_arr.shape[1], b_arr.shape[0]
             lines.append(f"np.dot({ia}.reshape(-1, {kdim}), {ib}.T, out=mm.reshape(-1, {n_out}))")
@@ -1098,49 +1104,68 @@ class _Generator:
             lines.append(f"{f.name}({', '.join(flat)})")
         self.launch = lines
 
-    def few_rows_matmul(self, op_name, mm, a_arr, b_arr) -> _Function | None:
-        """A matmul/linear of at most FEW_ROWS rows of `a` as a generated loop, or None (BLAS runs it).
+    def small_matmul(self, op_name, mm, a_arr, b_arr) -> _Function | None:
+        """A matmul/linear of a few rows (batch-1 inference) as a generated loop; None: BLAS runs it.
 
-        BLAS's matrix-vector path is single-threaded and costs a call from Python; this loop is one numba call,
-        goes parallel over blocks of output columns once the weights are large, and reads each weight row once for
-        all rows of `a` (it stays in L1 while they are swept). linear (w [N, K]): dot products of contiguous rows;
-        matmul (b [K, N]): rows of b scaled and added, vectorized along N.
+        Two forms (measured against OpenBLAS here, tools/bench_compile.py case 5):
+          linear with at most FEW_ROWS rows of `a` (batch-1 inference): dot products of contiguous rows; each
+            weight row is read once for all rows of `a` (they stay in L1), parallel over blocks of output columns.
+            BLAS's matrix-vector path is single-threaded.
+          matmul with at most FEW_ROWS rows: each output row is rows of b scaled and added, vectorized along N,
+            parallel over rows x column blocks.
+        Sums run in the output dtype with reassociation and FMA, as BLAS's do.
         """
         a_shape, b_shape, dtype = a_arr.shape, b_arr.shape, _node_dtype(mm)
         if dtype.kind != "f" or a_arr.dtype != dtype or b_arr.dtype != dtype or len(b_shape) != 2 or not a_shape:
             return None
         rows, kdim = math.prod(a_shape[:-1]), a_shape[-1]
-        n_out = b_shape[0] if op_name == "linear" else b_shape[1]
-        if rows > FEW_ROWS or op_name == "matmul" and len(a_shape) < 2 or kdim == 0:
-            return None
-        parallel = kdim * n_out >= PARALLEL_MIN_ELEMENTS
-        blocks = -(-n_out // _FEW_ROWS_BLOCK)
-        zero = self.dialect.literal(0, dtype)
-        lines = [f"for blk in {'prange' if parallel else 'range'}({blocks}):",
-                 f"    n1 = min({n_out}, blk * {_FEW_ROWS_BLOCK} + {_FEW_ROWS_BLOCK})"]
-        if op_name == "linear":
-            lines += [f"    for n in range(blk * {_FEW_ROWS_BLOCK}, n1):",
-                      f"        wr = b[n * {kdim}:n * {kdim} + {kdim}]",
-                      f"        for i in range({rows}):",
-                      f"            ar = a[i * {kdim}:i * {kdim} + {kdim}]",
-                      f"            acc = {zero}",
-                      f"            for k in range({kdim}):",
-                      "                acc += ar[k] * wr[k]",
-                      f"            out[i * {n_out} + n] = acc"]
-        else:
-            lines += [f"    n0 = blk * {_FEW_ROWS_BLOCK}",
-                      f"    for i in range({rows}):",
-                      f"        orow = out[i * {n_out} + n0:i * {n_out} + n1]",
-                      "        for j in range(n1 - n0):",
-                      f"            orow[j] = {zero}",
-                      f"        for k in range({kdim}):",
-                      f"            aik = a[i * {kdim} + k]",
-                      f"            brow = b[k * {n_out} + n0:k * {n_out} + n1]",
-                      "            for j in range(n1 - n0):",
-                      "                orow[j] += aik * brow[j]"]
         args = [_Array("a", a_arr.node, a_shape, dtype), _Array("b", b_arr.node, b_shape, dtype),
                 _Array("out", mm, _node_shape(mm), dtype)]
+        zero = self.dialect.literal(0, dtype)
+        if kdim == 0:
+            return None
+        if op_name == "linear" and rows <= FEW_ROWS:
+            lines = self._dot_rows_lines(rows, kdim, b_shape[0], zero)
+        elif op_name == "matmul" and len(a_shape) >= 2 and rows <= FEW_ROWS:
+            lines = self._axpy_rows_lines(rows, kdim, b_shape[1], zero)
+        else:
+            return None
+        n_out = b_shape[0] if op_name == "linear" else b_shape[1]
+        parallel = rows * kdim * n_out >= PARALLEL_MIN_ELEMENTS  # multiply-adds
+        lines[0] = lines[0].replace("LOOP", "prange" if parallel else "range")
         return _Function(f"{self.name}_rows", args, lines, parallel, reassociate=True)
+
+    @staticmethod
+    def _dot_rows_lines(rows, kdim, n_out, zero) -> list[str]:
+        """out[i, n] = a[i, :] . w[n, :] for blocks of _FEW_ROWS_BLOCK columns n (a task each)."""
+        block = _FEW_ROWS_BLOCK
+        return [f"for blk in LOOP({-(-n_out // block)}):",
+                f"    for n in range(blk * {block}, min({n_out}, blk * {block} + {block})):",
+                f"        wr = b[n * {kdim}:n * {kdim} + {kdim}]",
+                f"        for i in range({rows}):",
+                f"            ar = a[i * {kdim}:i * {kdim} + {kdim}]",
+                f"            acc = {zero}",
+                f"            for k in range({kdim}):",
+                "                acc += ar[k] * wr[k]",
+                f"            out[i * {n_out} + n] = acc"]
+
+    @staticmethod
+    def _axpy_rows_lines(rows, kdim, n_out, zero) -> list[str]:
+        """out[i, n0:n1] = sum over k of a[i, k] * b[k, n0:n1], one task per row i and block of columns."""
+        block = min(n_out, _AXPY_BLOCK)
+        blocks = -(-n_out // block)
+        return [f"for task in LOOP({rows * blocks}):",
+                f"    i = task // {blocks}",
+                f"    n0 = (task % {blocks}) * {block}",
+                f"    n1 = min({n_out}, n0 + {block})",
+                f"    orow = out[i * {n_out} + n0:i * {n_out} + n1]",
+                "    for j in range(n1 - n0):",
+                f"        orow[j] = {zero}",
+                f"    for k in range({kdim}):",
+                f"        aik = a[i * {kdim} + k]",
+                f"        brow = b[k * {n_out} + n0:k * {n_out} + n1]",
+                "        for j in range(n1 - n0):",
+                "            orow[j] += aik * brow[j]"]
 
     # -- module -------------------------------------------------------------------------------------------------
 
