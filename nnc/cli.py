@@ -13,7 +13,7 @@ import traceback
 
 PROG = "nnc"
 FORMATS = ("text", "table", "python", "dot", "json")
-STAGES = ("traced", "shapes", "decomposed", "backward", "fused", "kernels")
+STAGES = ("traced", "shapes", "decomposed", "backward", "fused", "kernels", "inference")
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
 SEED = 0
 
@@ -53,7 +53,9 @@ Stages:
   backward    the backward graph the autodiff pass derives (gradients of inputs and parameters)
   fused       the kernels fusion makes (forward and backward): ops, why each boundary exists, bytes moved
               (formats text or json)
-  kernels     the generated numba source of every kernel (format text)"""
+  kernels     the generated numba source of every kernel (format text)
+  inference   the forward without gradients as nnc.compile runs it: the one numba function of
+              whole-graph mode (or why the forward runs kernel by kernel), then its kernels' source"""
 
 _DUMP_EPILOG = """\
 examples:
@@ -68,6 +70,9 @@ examples:
 
   # a transformer block, as JSON for other tools
   nnc dump examples/models.py:block --input 'float32[2,5,32]' --stage shapes --format json
+
+  # batch-1 inference as one numba function (whole-graph mode)
+  nnc dump examples/models.py:mlp --input 'float32[1,784]' --stage inference
 
   # a class is instantiated with no arguments; add --verbose for full tracebacks on errors
   nnc dump examples/models.py:TransformerBlock --input 'float32[2,5,32]' --verbose"""
@@ -386,7 +391,13 @@ def _kernel_stage(module, specs, stage: str, fmt: str, where: str) -> str:
     allowed = ("text", "json") if stage == "fused" else ("text",)
     if fmt not in allowed:
         raise CliError(f"--stage {stage} prints as {' or '.join(allowed)}, not {fmt!r}.")
-    report = explain(module, *make_inputs(specs), backward=True)
+    report = explain(module, *make_inputs(specs), backward=stage != "inference")
+    if stage == "inference":
+        head = "# " + str(report).splitlines()[1]
+        sources = [report.whole_graph_source] if report.whole_graph else []
+        return "\n\n".join([head] + sources + [k.source or f"# {k.name} ({k.kind}): "
+                                                + ("a numpy view of its input" if k.view else "runs in the interpreter")
+                                                for k in report.kernels])
     if stage == "kernels":
         kernels = report.kernels + report.backward_kernels
         return "\n\n".join(k.source or f"# {k.name} ({k.kind}): "
@@ -428,7 +439,7 @@ def cmd_dump(args) -> int:
     if stage != "traced":
         _progress(args, f"propagating shapes for {', '.join(format_spec(*s) for s in specs)}")
         _propagate(gm, specs, where)
-    if stage in ("fused", "kernels"):
+    if stage in ("fused", "kernels", "inference"):
         _progress(args, f"compiling {where} to show its {stage} stage")
         return _write(args, _kernel_stage(module, specs, stage, args.fmt, where), stage)
     if stage in ("decomposed", "backward"):

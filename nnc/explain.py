@@ -31,6 +31,7 @@ class Report:
     backward_kernels: list[KernelReport] = field(default_factory=list)
     whole_graph: bool = False   # the forward runs as one numba function (nnc.codegen.whole_graph)
     whole_graph_reason: str = ""  # else why it runs kernel by kernel
+    whole_graph_source: str = ""  # the generated module of whole-graph mode (run_graph)
 
     def __str__(self) -> str:
         lines = [f"{len(self.kernels)} forward kernels, {len(self.backward_kernels)} backward kernels; "
@@ -81,6 +82,7 @@ def explain(module: Module, *example_inputs, backward: bool = False) -> Report:
     forward_plan = artifact.forward_plan or artifact.training_plan
     report = Report(kernels=_kernel_reports(forward_plan), compile_seconds=artifact.compile_seconds,
                     whole_graph=forward_plan.whole_graph, whole_graph_reason=forward_plan.whole_graph_reason,
+                    whole_graph_source=forward_plan.steps[0].compiled.source if forward_plan.whole_graph else "",
                     cache_hits=sum(p.cache_hits for p in artifact.plans),
                     opaque_nodes=[(n.name, n.meta["opaque_reason"]) for n in artifact.opaque])
     if artifact.backward_plan is not None:

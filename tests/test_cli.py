@@ -203,6 +203,16 @@ def test_kernels_stage_shows_generated_source(capsys):
     assert "@njit(cache=True" in out and "def launch" in out
 
 
+def test_inference_stage_shows_the_whole_graph_function_or_why_not(capsys):
+    assert dump(f"{MODELS}:mlp", "--input", "float32[1,784]", "--stage", "inference") == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# forward: one numba function (whole-graph mode)")
+    assert "def run_graph(" in out and "def k0_matmul_rows(" in out
+    assert dump(f"{MODELS}:mlp", "--input", "float32[4096,784]", "--stage", "inference") == 0
+    out = capsys.readouterr().out
+    assert "kernel by kernel (not whole-graph: node" in out and "elements" in out and "def run_graph(" not in out
+
+
 def test_kernel_stages_refuse_graph_formats(capsys):
     assert dump(f"{MODELS}:mlp", "--input", "float32[8,784]", "--stage", "kernels", "--format", "dot") == 1
     assert "prints as text" in capsys.readouterr().err
