@@ -12,7 +12,7 @@ import pytest
 
 import nnc
 import runtime
-from nnc.codegen import cache, whole_graph
+from nnc.codegen import cache, cpu, whole_graph
 from nnc.executor import Plan
 from runtime import nn
 
@@ -62,11 +62,14 @@ def test_mlp_forward_runs_as_one_numba_function(dtype, batch):
     model = models.MLP().to(dtype).eval()
     x = runtime.randn(batch, 784, dtype=dtype)
     want, got, plan = run_both(model, x)
+    assert_close(got, want, dtype)
+    if batch > cpu.FEW_ROWS and not whole_graph._HAVE_SCIPY:  # BLAS inside numba needs scipy
+        assert not plan.whole_graph and "scipy" in plan.whole_graph_reason
+        return
     assert plan.whole_graph and plan.whole_graph_reason == ""
     assert len(plan.steps) == 1 and plan.steps[0].kernels == plan.kernels
     assert "def run_graph(" in plan.steps[0].compiled.source
     assert got.grad_fn is None and not got.requires_grad
-    assert_close(got, want, dtype)
 
 
 class Views(nn.Module):
@@ -76,14 +79,14 @@ class Views(nn.Module):
         super().__init__()
         self.proj = nn.Linear(6, 4)
         self.scale = nn.Parameter(runtime.randn(1, 4))
-        self.mix = nn.Parameter(runtime.randn(3, 5))
+        self.mix = nn.Parameter(runtime.randn(12, 5))
 
     def forward(self, x):
         h = self.proj(x).relu()                  # [2, 3, 4]
         t = h.transpose(1, 2)                    # [2, 4, 3], not contiguous
         s = (t * 2.0).sum(dim=-1)                # [2, 4]
         e = self.scale.expand(2, 4) + s          # a broadcast view feeding a kernel
-        return e, h.reshape(2, 12), t.reshape(8, 3) @ self.mix
+        return e, t.reshape(8, 3) * 2.0, h.reshape(2, 12) @ self.mix  # 2 rows: a generated matmul loop
 
 
 class WithGetitem(Views):
@@ -224,3 +227,14 @@ def test_explain_says_whether_the_forward_runs_whole():
     assert all(k.generated for k in report.kernels) and all(k.source for k in report.kernels)
     report = nnc.explain(models.MLP(), runtime.randn(1, 784), backward=True)
     assert not report.whole_graph and "kernel by kernel" in str(report)
+
+
+def test_without_scipy_a_blas_matmul_keeps_the_graph_kernel_by_kernel(monkeypatch):
+    monkeypatch.setattr(whole_graph, "_HAVE_SCIPY", False)  # numba's np.dot needs scipy, which nnc does not require
+    model = models.MLP().eval()
+    want, got, plan = run_both(model, runtime.randn(cpu.FEW_ROWS + 4, 784))
+    assert not plan.whole_graph and "scipy" in plan.whole_graph_reason
+    assert_close(got, want)
+    want, got, plan = run_both(model, runtime.randn(1, 784))  # generated matmul loops: no BLAS, no scipy
+    assert plan.whole_graph
+    assert_close(got, want)

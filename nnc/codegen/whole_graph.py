@@ -7,7 +7,8 @@ allocates every intermediate, and runs each kernel's launcher lines inlined (the
 compiled instead of interpreted: it reshapes, calls BLAS through numba's `np.dot`, runs the epilogue), in kernel
 order; it returns the graph's output arrays.
 
-A graph qualifies when every kernel generates and every value it computes is small (at most
+A graph qualifies when every kernel generates (and, for a matmul left to BLAS, scipy is installed: numba calls
+BLAS through it), and every value it computes is small (at most
 WHOLE_GRAPH_MAX_ELEMENTS; inputs and parameters may be any size): these graphs are where Python's per-kernel
 overhead (a few microseconds a launch) is a large part of the time, and their buffers come from malloc's free
 lists, so allocating them on every call costs less than planning them. Graphs with larger values run kernel by
@@ -17,6 +18,7 @@ as the kernel-by-kernel executor does. Any other opaque node keeps the graph out
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 import time
@@ -37,6 +39,7 @@ from .cpu import (Generated, KernelCompileError, _numba_signature_nd, _op_and_at
 # fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
 WHOLE_GRAPH_MAX_ELEMENTS = 2 ** 20
 VIEW_OPS = ("reshape", "permute", "expand")
+_HAVE_SCIPY = importlib.util.find_spec("scipy") is not None
 
 
 class WholeGraphUnsupported(Exception):
@@ -202,6 +205,9 @@ def generate_graph(kernels: list[Kernel], graph: Graph, name: str = "graph"):
     emitter = _Emitter(kernels, graph)
     arg_nodes = emitter.arguments()
     emitter.emit()
+    if not _HAVE_SCIPY and any("np.dot(" in line for _, g in emitter.generated for line in g.launch):
+        # NOTE: numba calls BLAS through scipy's cython bindings; scipy is not a dependency of nnc
+        raise WholeGraphUnsupported("a matmul runs in BLAS, which numba calls through scipy (not installed)")
     returned = [n for n in dict.fromkeys(nodes_in(graph.output_node.args[0])) if n.op not in ("placeholder", "get_attr")]
     for node in returned:
         if node not in emitter.var:
