@@ -7,14 +7,14 @@ allocates every intermediate, and runs each kernel's launcher lines inlined (the
 compiled instead of interpreted: it reshapes, calls BLAS through numba's `np.dot`, runs the epilogue), in kernel
 order; it returns the graph's output arrays.
 
-A graph qualifies when every kernel generates (and, for a matmul left to BLAS, scipy is installed: numba calls
-BLAS through it), and every value it computes is small (at most
+A graph qualifies when every kernel generates and every value it computes is small (at most
 WHOLE_GRAPH_MAX_ELEMENTS; inputs and parameters may be any size): these graphs are where Python's per-kernel
 overhead (a few microseconds a launch) is a large part of the time, and their buffers come from malloc's free
 lists, so allocating them on every call costs less than planning them. Graphs with larger values run kernel by
-kernel (`nnc.executor.Plan`), with planned buffers that are reused between calls. View nodes compile
-to numpy views (reshape, transpose, broadcast_to); a kernel reading a non-contiguous view gets a contiguous copy,
-as the kernel-by-kernel executor does. Any other opaque node keeps the graph out of whole-graph mode.
+kernel (`nnc.executor.Plan`), with planned buffers that are reused between calls. A matmul left to BLAS also
+needs scipy (numba calls BLAS through it). View nodes compile to numpy views (reshape, transpose, broadcast_to);
+a kernel reading a non-contiguous view gets a contiguous copy, as the kernel-by-kernel executor does. Any other
+opaque node keeps the graph out of whole-graph mode.
 """
 from __future__ import annotations
 
@@ -208,10 +208,21 @@ def generate_graph(kernels: list[Kernel], graph: Graph, name: str = "graph"):
     if not _HAVE_SCIPY and any("np.dot(" in line for _, g in emitter.generated for line in g.launch):
         # NOTE: numba calls BLAS through scipy's cython bindings; scipy is not a dependency of nnc
         raise WholeGraphUnsupported("a matmul runs in BLAS, which numba calls through scipy (not installed)")
-    returned = [n for n in dict.fromkeys(nodes_in(graph.output_node.args[0])) if n.op not in ("placeholder", "get_attr")]
+    returned = _returned_nodes(graph, emitter)
+    return _module_source(name, len(kernels), emitter, arg_nodes, returned), arg_nodes, returned, emitter.generated
+
+
+def _returned_nodes(graph: Graph, emitter: _Emitter) -> list[Node]:
+    """The graph's outputs run_graph returns (each once; inputs and attributes the caller has already)."""
+    returned = [n for n in dict.fromkeys(nodes_in(graph.output_node.args[0]))
+                if n.op not in ("placeholder", "get_attr")]
     for node in returned:
         if node not in emitter.var:
             raise WholeGraphUnsupported(f"output {node.name} is not computed by a kernel or a view")
+    return returned
+
+
+def _module_source(name: str, n_kernels: int, emitter: _Emitter, arg_nodes: list, returned: list) -> str:
     # NOTE: the kernels' functions are imported from their own cached modules (content-addressed, so a kernel
     # shared by several graphs, or compiled kernel by kernel before, is compiled once and loaded from numba's cache)
     imports = [f"from {cache.module_name(generated.source)} import {', '.join(generated.signatures)}"
@@ -222,10 +233,9 @@ def generate_graph(kernels: list[Kernel], graph: Graph, name: str = "graph"):
     body = [f"    # {doc}"] + ["    " + line for line in emitter.lines] + [f"    return {_tuple(results)}"]
     entry = "\n".join(["@njit(cache=True, error_model='numpy')",
                        f"def run_graph({', '.join(emitter.var[n] for n in arg_nodes)}):"] + body)
-    header = [f'"""nnc whole graph {name}: {len(kernels)} kernels as one numba function."""',
+    header = [f'"""nnc whole graph {name}: {n_kernels} kernels as one numba function."""',
               "import numpy as np", "from numba import njit", ""] + imports
-    source = "\n\n\n".join(["\n".join(header), entry]) + "\n"
-    return source, arg_nodes, returned, emitter.generated
+    return "\n\n\n".join(["\n".join(header), entry]) + "\n"
 
 
 def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> CompiledGraph:
