@@ -64,10 +64,9 @@ class WholeGraphStep:
         self.kernels, self.compiled = kernels, compiled
         self.inputs, self.outputs = compiled.arg_nodes, compiled.returned
 
-    def run(self, env: dict) -> None:
-        arrays = self.compiled.run([env[n]._data for n in self.inputs])
-        for node, array in zip(self.outputs, arrays):
-            env[node] = Tensor._from_array(array)
+    def run(self, arrays: list) -> dict:
+        """{output node: Tensor} from one array per input node."""
+        return dict(zip(self.outputs, map(Tensor._from_array, self.compiled.run(arrays))))
 
 
 class ViewStep:
@@ -220,12 +219,17 @@ class Plan:
     def _run_whole(self, inputs):
         step = self.steps[0]
         if self._whole_args is None:
-            position = {node: k for k, node in enumerate(self.placeholders)}
-            readers = dict(self.attrs)
-            self._whole_args = [(position.get(n), readers.get(n)) for n in step.inputs]
-            self._whole_extra = [n for n in nodes_in(self.output) if n.op in ("placeholder", "get_attr")]
+            self._whole_args = self._sources_of(step.inputs)
+            extra = [n for n in nodes_in(self.output) if n.op in ("placeholder", "get_attr")]
+            self._whole_extra = list(zip(extra, self._sources_of(extra)))
         arrays = [inputs[k]._data if read is None else read()._data for k, read in self._whole_args]
-        env = dict(zip(step.outputs, map(Tensor._from_array, step.compiled.run(arrays))))
-        for node in self._whole_extra:
-            env[node] = inputs[self.placeholders.index(node)] if node.op == "placeholder" else dict(self.attrs)[node]()
+        env = step.run(arrays)
+        for node, (k, read) in self._whole_extra:  # outputs that are inputs or attributes
+            env[node] = inputs[k] if read is None else read()
         return map_arg(self.output, env.__getitem__)
+
+    def _sources_of(self, nodes) -> list:
+        """(placeholder position, None) or (None, attribute reader) for each placeholder / get_attr node."""
+        position = {node: k for k, node in enumerate(self.placeholders)}
+        readers = dict(self.attrs)
+        return [(position.get(n), readers.get(n)) for n in nodes]
