@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import inspect
+import os
 import re
+import sys
 import textwrap
 from collections import OrderedDict
 from types import SimpleNamespace
@@ -13,90 +15,9 @@ import pytest
 import runtime as torch
 from runtime import nn
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from modules_note import (BigNet, DynamicNet, ModalModule, MyLinear, Net, RunningMean,  # noqa: E402
-                          backward_hook, forward_hook, forward_pre_hook)
-
-# ---------------------------------------------------------------------------------------------------------------
-# The note's code, as the note writes it (only the indentation is the repository's four spaces).
-# ---------------------------------------------------------------------------------------------------------------
-
-
-# Define a function to initialize Linear weights.
-# Note that no_grad() is used here to avoid tracking this computation in the autograd graph.
-@torch.no_grad()
-def init_weights(m):
-    if isinstance(m, nn.Linear):
-        nn.init.xavier_normal_(m.weight)
-        m.bias.fill_(0.0)
-
-
-class StatefulModule(nn.Module):
-    def __init__(self):
-        super().__init__()
-        # Setting a nn.Parameter as an attribute of the module automatically registers the tensor
-        # as a parameter of the module.
-        self.param1 = nn.Parameter(torch.randn(2))
-
-        # Alternative string-based way to register a parameter.
-        self.register_parameter('param2', nn.Parameter(torch.randn(3)))
-
-        # Reserves the "param3" attribute as a parameter, preventing it from being set to anything
-        # except a parameter. "None" entries like this will not be present in the module's state_dict.
-        self.register_parameter('param3', None)
-
-        # Registers a list of parameters.
-        self.param_list = nn.ParameterList([nn.Parameter(torch.randn(2)) for i in range(3)])
-
-        # Registers a dictionary of parameters.
-        self.param_dict = nn.ParameterDict({
-            'foo': nn.Parameter(torch.randn(3)),
-            'bar': nn.Parameter(torch.randn(4))
-        })
-
-        # Registers a persistent buffer (one that appears in the module's state_dict).
-        self.register_buffer('buffer1', torch.randn(4), persistent=True)
-
-        # Registers a non-persistent buffer (one that does not appear in the module's state_dict).
-        self.register_buffer('buffer2', torch.randn(5), persistent=False)
-
-        # Reserves the "buffer3" attribute as a buffer, preventing it from being set to anything
-        # except a buffer. "None" entries like this will not be present in the module's state_dict.
-        self.register_buffer('buffer3', None)
-
-        # Adding a submodule registers its parameters as parameters of the module.
-        self.linear = nn.Linear(2, 3)
-
-
-def hooks_demo(m, x):
-    """The note's hook walkthrough after `m` and `x` are made, verbatim."""
-    # ==== Demonstrate forward hooks. ====
-    # Run input through module before and after adding hooks.
-    print('output with no forward hooks: {}'.format(m(x)))
-
-    # Note that the modified input results in a different output.
-    forward_pre_hook_handle = m.register_forward_pre_hook(forward_pre_hook)
-    print('output with forward pre hook: {}'.format(m(x)))
-
-    # Note the modified output.
-    forward_hook_handle = m.register_forward_hook(forward_hook)
-    print('output with both forward hooks: {}'.format(m(x)))
-
-    # Remove hooks; note that the output here matches the output before adding hooks.
-    forward_pre_hook_handle.remove()
-    forward_hook_handle.remove()
-    print('output after removing forward hooks: {}'.format(m(x)))
-
-    # ==== Demonstrate backward hooks. ====
-    m(x).sum().backward()
-    print('x.grad with no backwards hook: {}'.format(x.grad))
-
-    # Clear gradients before running backward pass again.
-    m.zero_grad()
-    x.grad.zero_()
-
-    m.register_full_backward_hook(backward_hook)
-    m(x).sum().backward()
-    print('x.grad with backwards hook: {}'.format(x.grad))
+                          StatefulModule, backward_hook, forward_hook, forward_pre_hook, hooks_demo, init_weights)
 
 
 def note_training_loop(torch, net, inputs):

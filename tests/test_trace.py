@@ -8,6 +8,7 @@ import inspect
 import operator
 import os
 import re
+import sys
 import sysconfig
 
 import numpy as np
@@ -20,35 +21,12 @@ import runtime.nn.functional as F
 from runtime import nn
 from runtime.tensor import Tensor
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from modules_note import (BigNet, DynamicNet, ModalModule, MyLinear, Net, RunningMean,  # noqa: E402
-                          backward_hook, forward_hook, forward_pre_hook)
+                          backward_hook, forward_hook, forward_pre_hook, hooks_demo)
 
 THIS_FILE = os.path.abspath(__file__)
-NOTE_FILE = os.path.abspath(inspect.getsourcefile(MyLinear))  # the note's modules live in tests/modules_note.py
-
-# ---------------------------------------------------------------------------------------------------------------
-# The note's modules, as the note writes them.
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def hooks_demo(m, x):
-    """The note's hook walkthrough, verbatim."""
-    print('output with no forward hooks: {}'.format(m(x)))
-    forward_pre_hook_handle = m.register_forward_pre_hook(forward_pre_hook)
-    print('output with forward pre hook: {}'.format(m(x)))
-    forward_hook_handle = m.register_forward_hook(forward_hook)
-    print('output with both forward hooks: {}'.format(m(x)))
-    forward_pre_hook_handle.remove()
-    forward_hook_handle.remove()
-    print('output after removing forward hooks: {}'.format(m(x)))
-    m(x).sum().backward()
-    print('x.grad with no backwards hook: {}'.format(x.grad))
-    m.zero_grad()
-    x.grad.zero_()
-    m.register_full_backward_hook(backward_hook)
-    m(x).sum().backward()
-    print('x.grad with backwards hook: {}'.format(x.grad))
-
+NOTE_FILE = os.path.abspath(inspect.getsourcefile(MyLinear))  # the note's modules live in examples/modules_note.py
 
 # ---------------------------------------------------------------------------------------------------------------
 # Models beyond the note: an MLP, a small CNN, a transformer block.
