@@ -86,35 +86,30 @@ CHAIN_SHAPE = (4096, 1024)
 MEM_SHAPE = (16384, 1024)  # 2**24 elements
 
 
-def _chain_module(lib, w, b):
-    """gelu_tanh(x*w+b)*sigmoid(x)+0.5*x as a lib.nn.Module with w and b as parameters."""
+def _affine_module(lib, w, b, head):
+    """head(lib, x, x*w+b) as a lib.nn.Module with w and b as parameters."""
 
-    class TransChain(lib.nn.Module):
+    class AffineChain(lib.nn.Module):
         def __init__(self):
             super().__init__()
             self.w = lib.nn.Parameter(lib.tensor(w))
             self.b = lib.nn.Parameter(lib.tensor(b))
 
         def forward(self, x):
-            u = x * self.w + self.b
-            return lib.nn.functional.gelu(u, approximate="tanh") * lib.sigmoid(x) + 0.5 * x
+            return head(lib, x, x * self.w + self.b)
 
-    return TransChain()
+    return AffineChain()
+
+
+def _chain_module(lib, w, b):
+    """gelu_tanh(x*w+b)*sigmoid(x)+0.5*x."""
+    return _affine_module(lib, w, b, lambda lib, x, u: lib.nn.functional.gelu(u, approximate="tanh")
+                          * lib.sigmoid(x) + 0.5 * x)
 
 
 def _mem_module(lib, w, b):
-    """relu(x*w+b)+0.5*x as a lib.nn.Module with w and b as parameters."""
-
-    class MemChain(lib.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = lib.nn.Parameter(lib.tensor(w))
-            self.b = lib.nn.Parameter(lib.tensor(b))
-
-        def forward(self, x):
-            return lib.relu(x * self.w + self.b) + 0.5 * x
-
-    return MemChain()
+    """relu(x*w+b)+0.5*x."""
+    return _affine_module(lib, w, b, lambda lib, x, u: lib.relu(u) + 0.5 * x)
 
 
 def _data(shape, seed=0):

@@ -684,19 +684,25 @@ class _Generator:
             header = [f"for i in {loop}({numel}):"] + _indent(index_lines)
             inner_loop = []
             depth = 1
-        env: dict[Node, Value] = {}
-        loads, row_loads = [], []
-        for k, (a, ref) in enumerate(zip(ins, refs)):
-            env[a.node] = Value(f"v_{a.node.name}", a.dtype)
-            (row_loads if k in hoisted else loads).append(f"v_{a.node.name} = {ref}")
+        row_loads, loads, body, stores, _ = self.scalar_pass(ins, outs, refs, hoisted, nodes)
         header += _indent(row_loads + inner_loop)
-        body = self.body.emit(nodes, env)
-        stores = [f"{ref} = {env[a.node].name}" for a, ref in zip(outs, refs[len(ins):])]
         unique: dict[str, _Array] = {}
         for a in arrays:  # an array read and written in place is one argument (its last role names it)
             unique.pop(a.arg, None)
             unique[a.arg] = a
         return _Function(fname, list(unique.values()), header + _indent(loads + body + stores, depth), parallel)
+
+    def scalar_pass(self, ins, outs, refs, hoisted, nodes):
+        """(hoisted loads, loads, body, stores, env) of one pass: each input loaded from its ref (the inputs in
+        `hoisted`, by position, once per outer iteration), the nodes' scalar statements, each output stored."""
+        env: dict[Node, Value] = {}
+        hoisted_loads, loads = [], []
+        for k, (a, ref) in enumerate(zip(ins, refs)):
+            env[a.node] = Value(f"v_{a.node.name}", a.dtype)
+            (hoisted_loads if k in hoisted else loads).append(f"v_{a.node.name} = {ref}")
+        body = self.body.emit(nodes, env)
+        stores = [f"{ref} = {env[a.node].name}" for a, ref in zip(outs, refs[len(ins):])]
+        return hoisted_loads, loads, body, stores, env
 
     def gen_elementwise(self):
         shape = tuple(self.kernel.shape)
@@ -813,13 +819,8 @@ class _Generator:
                 refs.append(f"{a.arg}[{' + '.join(t for t in (oo, ro) if t != '0') or '0'}]")
                 if ro == "0" and k < len(pro_ins):
                     hoisted.add(k)
-        env: dict[Node, Value] = {}
-        loads = []
-        for k, (a, ref) in enumerate(zip(pro_ins, refs)):
-            env[a.node] = Value(f"v_{a.node.name}", a.dtype)
-            (task_lines if k in hoisted else loads).append(f"v_{a.node.name} = {ref}")
-        pro_body = self.body.emit(prologue, env)
-        pro_stores = [f"{ref} = {env[a.node].name}" for a, ref in zip(pro_outs, refs[len(pro_ins):])]
+        task_loads, loads, pro_body, pro_stores, env = self.scalar_pass(pro_ins, pro_outs, refs, hoisted, prologue)
+        task_lines += task_loads
         values = [env[a.source] for a in accs]
         per_element = digit_lines + loads + pro_body + pro_stores
         if blocked:
@@ -949,13 +950,8 @@ class _Generator:
                 refs.append(f"{a.arg}[{' + '.join(t for t in (oo_off, ro) if t != '0') or '0'}]")
                 if oo_off == "0" and k < len(pro_ins):
                     hoisted.add(k)
-        env: dict[Node, Value] = {}
-        loads = []
-        for k, (a, ref) in enumerate(zip(pro_ins, refs)):
-            env[a.node] = Value(f"v_{a.node.name}", a.dtype)
-            (per_r if k in hoisted else loads).append(f"v_{a.node.name} = {ref}")
-        body = self.body.emit(prologue, env)
-        stores = [f"{ref} = {env[a.node].name}" for a, ref in zip(pro_outs, refs[len(pro_ins):])]
+        r_loads, loads, body, stores, env = self.scalar_pass(pro_ins, pro_outs, refs, hoisted, prologue)
+        per_r += r_loads
         sweep = ["for oo in range(nt):"] + _indent(inner + loads + body + stores)
         # NOTE: accumulating float32 values into float64 inside the sweep makes LLVM vectorize the whole sweep at
         # float64's width (half as many lanes): the sweep stores the values to a tile buffer and a second loop
