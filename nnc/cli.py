@@ -381,6 +381,12 @@ def _compiler_stage(gm, stage: str, where: str):
                        exc) from exc
 
 
+def _kernel_source(k) -> str:
+    """A kernel's generated source, or a comment saying how it runs without one."""
+    how = "a numpy view of its input" if k.view else "runs in the interpreter"
+    return k.source or f"# {k.name} ({k.kind}): {how}"
+
+
 def _kernel_stage(module, specs, stage: str, fmt: str, where: str) -> str:
     """The fused kernels (a table or JSON), or their generated source."""
     import dataclasses
@@ -393,15 +399,10 @@ def _kernel_stage(module, specs, stage: str, fmt: str, where: str) -> str:
         raise CliError(f"--stage {stage} prints as {' or '.join(allowed)}, not {fmt!r}.")
     report = explain(module, *make_inputs(specs), backward=stage != "inference")
     if stage == "inference":
-        head = "# " + str(report).splitlines()[1]
         sources = [report.whole_graph_source] if report.whole_graph else []
-        return "\n\n".join([head] + sources + [k.source or f"# {k.name} ({k.kind}): "
-                                                + ("a numpy view of its input" if k.view else "runs in the interpreter")
-                                                for k in report.kernels])
+        return "\n\n".join(["# " + report.forward_mode()] + sources + [_kernel_source(k) for k in report.kernels])
     if stage == "kernels":
-        kernels = report.kernels + report.backward_kernels
-        return "\n\n".join(k.source or f"# {k.name} ({k.kind}): "
-                             + ("a numpy view of its input" if k.view else "runs in the interpreter") for k in kernels)
+        return "\n\n".join(_kernel_source(k) for k in report.kernels + report.backward_kernels)
     if fmt == "json":
         strip = lambda k: {key: v for key, v in dataclasses.asdict(k).items() if key != "source"}  # noqa: E731
         return json.dumps({"forward": [strip(k) for k in report.kernels],

@@ -12,10 +12,9 @@ from runtime.tensor import Tensor
 from .graph import Node, map_arg, nodes_in
 from .graph_module import GraphModule
 from .interpreter import Interpreter
-from .kernel import Kernel
+from .kernel import Kernel, view_node
 from .passes.fusion import fuse
 from .passes.memory import plan_memory
-from .prims import Prim
 
 
 class KernelStep:
@@ -73,20 +72,12 @@ class ViewStep:
     """A reshape, permute or expand node run as its op's numpy forward on the array (a view where numpy can make
     one): no eager dispatch, no autograd bookkeeping, for a node the kernels around it read as an array."""
 
-    OPS = ("reshape", "permute", "expand")
-
     def __init__(self, node: Node):
         from .codegen.cpu import _op_and_attrs
 
         op, args, self.attrs = _op_and_attrs(node)
         self.node, self.source, self.forward = node, args[0], op.forward
         self.nodes = [node]
-
-    @classmethod
-    def handles(cls, kernel: Kernel) -> bool:
-        node = kernel.nodes[0]
-        return len(kernel.nodes) == 1 and isinstance(node.target, Prim) and node.target.op.name in cls.OPS \
-            and isinstance(node.args[0], Node) and not node.kwargs.get("out")
 
     def run(self, env: dict) -> None:
         env[self.node] = Tensor._from_array(self.forward(env[self.source]._data, **self.attrs))
@@ -185,8 +176,9 @@ class Plan:
         return WholeGraphStep(self.kernels, compiled)
 
     def _step_for(self, kernel: Kernel, use_codegen: bool):
-        if kernel.kind == "opaque" and use_codegen and ViewStep.handles(kernel):
-            return ViewStep(kernel.nodes[0])
+        view = view_node(kernel) if use_codegen else None
+        if view is not None:
+            return ViewStep(view)
         if kernel.kind == "opaque" or not use_codegen:
             return InterpretedStep(kernel.nodes, self.interpreter, "opaque" if use_codegen else "codegen off")
         from .codegen.cpu import compile_kernel

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from runtime.nn import Module
 from runtime.tensor import Tensor
 
+from .executor import ViewStep
+
 
 @dataclass
 class KernelReport:
@@ -33,11 +35,16 @@ class Report:
     whole_graph_reason: str = ""  # else why it runs kernel by kernel
     whole_graph_source: str = ""  # the generated module of whole-graph mode (run_graph)
 
+    def forward_mode(self) -> str:
+        """One line: how the forward runs (whole-graph mode, or kernel by kernel and why)."""
+        if self.whole_graph:
+            return "forward: one numba function (whole-graph mode)"
+        return f"forward: kernel by kernel (not whole-graph: {self.whole_graph_reason})"
+
     def __str__(self) -> str:
         lines = [f"{len(self.kernels)} forward kernels, {len(self.backward_kernels)} backward kernels; "
                  f"compile {self.compile_seconds:.2f} s, {self.cache_hits} kernels from the disk cache"]
-        lines.append("forward: one numba function (whole-graph mode)" if self.whole_graph else
-                     f"forward: kernel by kernel (not whole-graph: {self.whole_graph_reason})")
+        lines.append(self.forward_mode())
         for title, kernels in (("forward", self.kernels), ("backward", self.backward_kernels)):
             if kernels:
                 lines.append(f"{title}:")
@@ -67,7 +74,7 @@ def _kernel_reports(plan) -> list[KernelReport]:
             ops=list(kernel.meta.get("ops") or [getattr(n.target, "__name__", str(n.target)) for n in kernel.nodes]),
             reason=kernel.reason, bytes_moved=int(kernel.meta.get("bytes_moved", 0)),
             generated=hasattr(step, "compiled"), fallback=failed.get(kernel.name, ""),
-            view=type(step).__name__ == "ViewStep",
+            view=isinstance(step, ViewStep),
             source=kernel.meta.get("source", "")))
     return reports
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .graph import Node
+from .prims import Prim
 
 # The fusion lattice (as in TVM): a node may absorb producers of a lower or equal rank into its kernel.
 ELEMENTWISE, BROADCAST, INJECTIVE, REDUCTION, OPAQUE = range(5)
@@ -44,3 +45,18 @@ class Kernel:
     def __repr__(self) -> str:
         ops = ", ".join(n.target.op.name if hasattr(n.target, "op") else str(n.target) for n in self.nodes)
         return f"Kernel({self.name}: {self.kind} [{ops}] shape={list(self.shape)} reason={self.reason!r})"
+
+
+# Shape ops whose result numpy makes as a view of their one input (a copy where it cannot): the executor and the
+# whole-graph function run them on arrays, with no generated code.
+VIEW_OPS = ("reshape", "permute", "expand")
+
+
+def view_node(kernel: Kernel) -> Node | None:
+    """The node of an opaque kernel that is one reshape/permute/expand of a tensor, else None."""
+    if kernel.kind != "opaque" or len(kernel.nodes) != 1:
+        return None
+    node = kernel.nodes[0]
+    if isinstance(node.target, Prim) and node.target.op.name in VIEW_OPS and isinstance(node.args[0], Node):
+        return node
+    return None

@@ -29,8 +29,7 @@ from typing import Callable
 import numpy as np
 
 from ..graph import Graph, Node, nodes_in
-from ..kernel import Kernel
-from ..prims import Prim
+from ..kernel import Kernel, view_node
 from . import cache
 from .cpu import (Generated, KernelCompileError, _numba_signature_nd, _op_and_attrs, _py_name, check_dtype,
                   compile_generated, ctor, generate, np_dtype)
@@ -38,7 +37,6 @@ from .cpu import (Generated, KernelCompileError, _numba_signature_nd, _op_and_at
 # NOTE: a kernel over 2**20 elements takes ~0.2 ms or more, where a launch from Python (~5 us) is noise, and a
 # fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
 WHOLE_GRAPH_MAX_ELEMENTS = 2 ** 20
-VIEW_OPS = ("reshape", "permute", "expand")
 _HAVE_SCIPY = importlib.util.find_spec("scipy") is not None
 
 
@@ -63,10 +61,9 @@ def unsupported_reason(kernels: list[Kernel], graph: Graph) -> str | None:
         except Exception as error:
             return str(error)
     for kernel in kernels:
-        if kernel.kind == "opaque":
+        if kernel.kind == "opaque" and view_node(kernel) is None:
             node = kernel.nodes[0]
-            if not (isinstance(node.target, Prim) and node.target.op.name in VIEW_OPS):
-                return f"opaque node {node.name} ({getattr(node.target, '__name__', node.target)}) runs in Python"
+            return f"opaque node {node.name} ({getattr(node.target, '__name__', node.target)}) runs in Python"
         elif kernel.kind == "matmul" and not _dot_matmul(kernel.nodes[0]):
             return f"matmul {kernel.nodes[0].name} is batched (numba's np.dot takes 2-D operands)"
     return None
