@@ -270,6 +270,29 @@ def test_custom_function_needs_input_grad_and_freed_context():
         y.backward()
 
 
+def test_custom_function_gets_zeros_for_an_output_without_gradient():
+    """With materialize_grads (the default), an unused output's gradient arrives as zeros of its shape."""
+    seen = []
+
+    class SumAndDouble(Function):
+        @staticmethod
+        def forward(ctx, a):
+            return a.sum(), a * 2
+
+        @staticmethod
+        def backward(ctx, g_sum, g_double):
+            seen.append((g_sum.numpy().copy(), g_double.numpy().copy(), g_double.dtype))
+            return g_sum.expand(3) + 2 * g_double
+
+    x = runtime.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    total, _ = SumAndDouble.apply(x)
+    total.backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.ones(3, np.float32))
+    (g_sum, g_double, dtype), = seen
+    assert g_sum == 1.0 and dtype is runtime.float32
+    np.testing.assert_array_equal(g_double, np.zeros(3, np.float32))
+
+
 def test_custom_function_wrong_gradient_count():
     class Bad(Function):
         @staticmethod

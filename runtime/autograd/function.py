@@ -1,6 +1,8 @@
 """Custom autograd functions: subclass Function with static forward(ctx, ...) and backward(ctx, ...)."""
 from __future__ import annotations
 
+import numpy as np
+
 import runtime.tensor as _tensor_mod
 
 from . import grad_mode
@@ -57,7 +59,7 @@ class FunctionNode(Node):
 
     def apply(self, grads):
         if self.ctx.materialize_grads:
-            grads = [g if g is not None else _tensor_mod.zeros(shape, dtype=dtype)
+            grads = [g if g is not None else _tensor_mod.Tensor._from_array(np.zeros(shape, dtype=dtype.np))
                      for g, (shape, dtype) in zip(grads, self.outputs_meta)]
         result = self.fn_cls.backward(self.ctx, *grads)
         if not isinstance(result, tuple):
