@@ -297,7 +297,7 @@ def softmax(input, dim, dtype=None):
 def log_softmax(input, dim, dtype=None):
     if dtype is not None:
         input = input.to(dtype)
-    return input - input.logsumexp(dim, keepdim=True)
+    return apply("log_softmax", input, dim=wrap_dim(dim, input.ndim))
 
 
 def logsumexp(input, dim, keepdim=False):

@@ -51,6 +51,9 @@ class OpDef:
     is_view: bool = False  # output may alias input 0's memory
     cast_inputs: tuple | None = None  # inputs cast to the compute dtype (None: all of them)
     attr_names: tuple = field(default=())
+    # The same value written with other primitives (tensor methods, as the rules are). A fused op eager runs
+    # in one dispatch has one; nnc's decompose expands it, so the compiler sees only the primitives it fuses.
+    decomposition: Callable | None = None
 
     @property
     def differentiable(self) -> bool:
@@ -270,6 +273,14 @@ def _first_input_rule(op, shapes, attrs, dtypes):
     return shapes[0]
 
 
+def _nll_rule(op, shapes, attrs, dtypes):
+    return shapes[1] if attrs["reduction"] == "none" else ()
+
+
+def _second_input_rule(op, shapes, attrs, dtypes):
+    return shapes[1]
+
+
 def _full_rule(op, shapes, attrs, dtypes):
     return tuple(attrs["shape"])
 
@@ -396,6 +407,17 @@ def _gather_dtype(op, operands, attrs):
 def _scatter_dtype(op, operands, attrs):
     _gather_dtype(op, operands, attrs)
     return operands[0].dtype, operands[0].dtype
+
+
+def _nll_dtype(op, operands, attrs):
+    target = operands[1]
+    if target.dtype.is_floating_point or target.dtype is dt.bool_:
+        raise TypeError(f"{op.name}(): expected an integer class-index target, got {target.dtype}")
+    return None, operands[0].dtype
+
+
+def _nll_backward_dtype(op, operands, attrs):
+    return None, operands[1].dtype
 
 
 def _index_put_dtype(op, operands, attrs):
@@ -587,6 +609,67 @@ def _np_scatter_add(x, index, src, dim):
     return out
 
 
+def _np_log_softmax(x, dim):
+    if x.size == 0:
+        return x.copy()
+    if x.ndim == 0:
+        return _np_log_softmax(x.reshape(1), 0).reshape(())
+    work = x.astype(np.float32) if x.dtype == np.float16 else x
+    # NOTE: no guard for an infinite max: a row holding +inf, or only -inf, gives nan everywhere, as torch's does
+    shifted = work - work.max(axis=dim, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=dim, keepdims=True))
+
+
+def _np_log_softmax_backward(g, out, dim):
+    return g - np.exp(out) * g.sum(axis=dim, keepdims=True)
+
+
+class _NllTargets:
+    """Class-index targets checked against the class count: the index to pick (class 0 where ignored) and,
+    when some target is ignored, the mask of the counted positions and their number."""
+
+    def __init__(self, target, dim, size, ignore_index):
+        lo, hi = (int(target.min()), int(target.max())) if target.size else (0, 0)
+        self.valid, self.count, self.index = None, target.size, target
+        if lo <= ignore_index <= hi:
+            self.valid = target != ignore_index
+            self.count = int(self.valid.sum())
+            self.index = np.where(self.valid, target, 0)
+            lo, hi = (int(self.index.min()), int(self.index.max())) if target.size else (0, 0)
+        if lo < 0 or hi >= size:
+            bad = next(v for v in self.index.reshape(-1).tolist() if not 0 <= v < size)
+            raise IndexError(f"Target {bad} is out of bounds (the input has {size} classes).")
+        if target.ndim == 1 and dim == 1:
+            self.selection, self.shape = (np.arange(target.shape[0]), self.index), target.shape
+        else:
+            expanded = np.expand_dims(self.index, dim)
+            self.selection, self.shape = _along_axis_index(expanded, dim), expanded.shape
+
+    def mask(self, values):
+        """values with the ignored positions set to 0."""
+        return values if self.valid is None else np.where(self.valid, values, 0)
+
+
+def _np_nll_loss(logp, target, dim, reduction, ignore_index):
+    targets = _NllTargets(target, dim, logp.shape[dim], ignore_index)
+    loss = targets.mask(-logp[targets.selection].reshape(target.shape)).astype(logp.dtype, copy=False)
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    return total / targets.count if targets.count else logp.dtype.type(np.nan)  # nothing counted: nan, as torch
+
+
+def _np_nll_loss_backward(g, logp, target, dim, reduction, ignore_index):
+    targets = _NllTargets(target, dim, logp.shape[dim], ignore_index)
+    picked = -g / targets.count if reduction == "mean" and targets.count else -g
+    picked = targets.mask(np.broadcast_to(picked, target.shape))
+    out = np.zeros(logp.shape, dtype=logp.dtype)
+    out[targets.selection] = np.reshape(picked, targets.shape)
+    return out
+
+
 def _np_cast(x, dtype):
     return x.astype(dtype.np)
 
@@ -660,6 +743,40 @@ def _clamp_vjp(g, out, x, min, max):
     if max is not None:
         inside = (x <= max) if inside is None else inside & (x <= max)
     return g if inside is None else g.where(inside, 0.0)
+
+
+def _log_softmax_decomposition(x, dim):
+    # NOTE: detaching the max is exact (log_softmax does not change when its input is shifted)
+    shifted = x - x.amax(dim, keepdim=True).detach()
+    return shifted - shifted.exp().sum(dim, keepdim=True).log()
+
+
+def _log_softmax_backward_decomposition(g, out, dim):
+    return g - out.exp() * g.sum(dim, keepdim=True)
+
+
+def _nll_index(target, dim, ignore_index):
+    """(target with ignored entries replaced by class 0, as an int64 index unsqueezed at dim; the kept mask)."""
+    valid = target != ignore_index
+    return target.masked_fill(~valid, 0).to(dt.int64).unsqueeze(dim), valid
+
+
+def _nll_loss_decomposition(logp, target, dim, reduction, ignore_index):
+    index, valid = _nll_index(target, dim, ignore_index)
+    # where, not a product with the mask: an ignored position may pick -inf, and -inf * 0 is nan
+    loss = (-logp.gather(dim, index).squeeze(dim)).where(valid, 0.0)
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    return total if reduction == "sum" else total / valid.to(logp.dtype).sum()
+
+
+def _nll_loss_backward_decomposition(g, logp, target, dim, reduction, ignore_index):
+    index, valid = _nll_index(target, dim, ignore_index)
+    scale = valid.to(logp.dtype)
+    if reduction == "mean":
+        scale = scale / scale.sum()
+    return apply("scatter_add", logp.new_zeros(logp.shape), index, (-(g * scale)).unsqueeze(dim), dim=dim)
 
 
 def _cat_vjp(g, out, *inputs, dim, index):
@@ -800,6 +917,26 @@ _register(OpDef("scatter_add", Kind.OTHER, 3, _np_scatter_add, _first_input_rule
                 vjp=(lambda g, out, x, index, src, dim: g, None,
                      lambda g, out, x, index, src, dim: apply("gather", g, index, dim=dim)),
                 saves=(1,), attr_names=("dim",)))
+# log_softmax, nll_loss and nll_loss's backward: fused ops (as in torch's ATen), so that eager cross-entropy costs
+# a few dispatches instead of a dozen; nnc expands each into the primitives above (`decomposition`).
+_NLL_ATTRS = ("dim", "reduction", "ignore_index")
+_register(OpDef("log_softmax", Kind.OTHER, 1, _np_log_softmax, _same_shape_rule, _to_float,
+                vjp=(lambda g, out, x, dim: apply("log_softmax_backward", g, out, dim=dim),), saves=("out",),
+                attr_names=("dim",), decomposition=_log_softmax_decomposition))
+# g - exp(out) * sum(g): its own op for the same reason; the rules below differentiate that expression
+_register(OpDef("log_softmax_backward", Kind.OTHER, 2, _np_log_softmax_backward, _same_shape_rule, _promote,
+                vjp=(lambda gg, y, g, out, dim: gg - (gg * out.exp()).sum(dim, keepdim=True),
+                     lambda gg, y, g, out, dim: -(gg * out.exp()) * g.sum(dim, keepdim=True)),
+                saves=(0, 1), attr_names=("dim",), decomposition=_log_softmax_backward_decomposition))
+_register(OpDef("nll_loss", Kind.OTHER, 2, _np_nll_loss, _nll_rule, _nll_dtype,
+                vjp=(lambda g, out, logp, target, **attrs: apply("nll_loss_backward", g, logp, target, **attrs),
+                     None),
+                saves=(0, 1), attr_names=_NLL_ATTRS, decomposition=_nll_loss_decomposition))
+# linear in g; its adjoint is nll_loss itself, which gives double backward
+_register(OpDef("nll_loss_backward", Kind.OTHER, 3, _np_nll_loss_backward, _second_input_rule, _nll_backward_dtype,
+                vjp=(lambda gg, out, g, logp, target, **attrs: apply("nll_loss", gg, target, **attrs),
+                     lambda *values, **attrs: None, None),  # no gradient for logp: only its shape is read
+                saves=(2,), attr_names=_NLL_ATTRS, decomposition=_nll_loss_backward_decomposition))
 _register(OpDef("full", Kind.OTHER, 0, _np_full, _full_rule, _full_dtype, attr_names=("shape", "value", "dtype")))
 
 del E

@@ -87,6 +87,26 @@ def _torch_key(key, idx):
 
 SLICE_ALL = ("slice", None, None, None)
 
+def _nll_attrs(reduction, ignore_index):
+    return {"dim": 1, "reduction": reduction, "ignore_index": ignore_index}
+
+
+def _nll_sample(reduction, ignore_index):
+    """nll_loss on 4 rows of 5 classes; two rows pick class 2, which ignore_index=2 leaves out."""
+    return Sample((away(4, 5), np.array([1, 2, 0, 2])), _nll_attrs(reduction, ignore_index),
+                  lambda torch, x, t: torch.nn.functional.nll_loss(x, t, reduction=reduction,
+                                                                   ignore_index=ignore_index),
+                  note=f"{reduction}, ignore_index={ignore_index}")
+
+
+def _torch_nll_backward(torch, g, x, t, reduction, ignore_index):
+    """nll_loss's gradient with respect to its input, as torch ops of g (so torch can differentiate it in g)."""
+    valid = (t != ignore_index).to(x.dtype)
+    scale = valid / valid.sum() if reduction == "mean" else valid
+    index = t.masked_fill(t == ignore_index, 0).unsqueeze(1)
+    return torch.zeros_like(x).scatter(1, index, -(g * scale).unsqueeze(1))
+
+
 SAMPLES: dict[str, list[Sample]] = {
     "add": _binary("add", "add"),
     "sub": _binary("sub", "sub"),
@@ -223,6 +243,30 @@ SAMPLES: dict[str, list[Sample]] = {
     "scatter_add": [
         Sample((away(3, 4), np.array([[0, 1], [3, 3], [1, 0]]), away(3, 2)), {"dim": 1},
                lambda torch, x, i, s: torch.scatter_add(x, 1, i, s)),
+    ],
+    "log_softmax": [
+        Sample((away(3, 4),), {"dim": 1}, lambda torch, x: torch.log_softmax(x, 1)),
+        Sample((away(2, 3, 4),), {"dim": 0}, lambda torch, x: torch.log_softmax(x, 0)),
+        Sample((away(5),), {"dim": 0}, lambda torch, x: torch.log_softmax(x, 0)),
+    ],
+    "log_softmax_backward": [
+        Sample((away(3, 4), away(3, 4)), {"dim": 1},
+               lambda torch, g, out: g - torch.exp(out) * g.sum(1, keepdim=True)),
+        Sample((away(2, 3), away(2, 3)), {"dim": 0},
+               lambda torch, g, out: g - torch.exp(out) * g.sum(0, keepdim=True)),
+    ],
+    "nll_loss": [_nll_sample(reduction, ignore) for reduction in ("mean", "sum", "none") for ignore in (-100, 2)] + [
+        Sample((away(5), np.array(3)), {"dim": 0, "reduction": "mean", "ignore_index": -100},
+               lambda torch, x, t: torch.nn.functional.nll_loss(x, t), note="1-D input"),
+        Sample((away(2, 3, 4), np.array([[0, 2, 1, 1], [2, 2, 0, 1]])),
+               {"dim": 1, "reduction": "mean", "ignore_index": 1},
+               lambda torch, x, t: torch.nn.functional.nll_loss(x, t, ignore_index=1), note="spatial"),
+    ],
+    "nll_loss_backward": [
+        Sample((np.array(1.5), away(4, 5), np.array([1, 4, 2, 2])), _nll_attrs("mean", 2),
+               lambda torch, g, x, t: _torch_nll_backward(torch, g, x, t, "mean", 2)),
+        Sample((away(4), away(4, 5), np.array([1, 4, 0, 2])), _nll_attrs("none", -100),
+               lambda torch, g, x, t: _torch_nll_backward(torch, g, x, t, "none", -100)),
     ],
     "full": [Sample((), {"shape": (2, 3), "value": 1.5, "dtype": dt.float64},
                     lambda torch: torch.full((2, 3), 1.5, dtype=torch.float64)),

@@ -85,6 +85,34 @@ def test_training_curve_matches_eager_over_50_steps():
     assert curves[0][-1] < 0.5 * curves[0][0]
 
 
+class ClassifierLoss(nn.Module):
+    """A linear classifier with its cross-entropy (ignoring class 1) and a log_softmax output."""
+
+    def __init__(self, reduction):
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+        self.reduction = reduction
+
+    def forward(self, x, target):
+        logits = self.fc(x)
+        loss = F.cross_entropy(logits, target, ignore_index=1, reduction=self.reduction)
+        return loss, F.log_softmax(logits, dim=-1)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_fused_loss_ops_compile_into_primitive_kernels(reduction):
+    """Eager runs log_softmax and nll_loss as fused ops; compiled, they are decomposed into kernels."""
+    runtime.manual_seed(4)
+    eager, compiled = pair(ClassifierLoss(reduction))
+    x, target = runtime.randn(7, 6, dtype=runtime.float64), runtime.tensor([0, 1, 4, 2, 1, 3, 0])
+    eager.double(), compiled.double()
+    assert_same_forward_and_grads(eager, compiled, x, target, atol=1e-12)
+    report = nnc.explain(ClassifierLoss(reduction).double(), x, target, backward=True)
+    ops = {op for k in report.kernels + report.backward_kernels for op in k.ops}
+    assert not ops & {"log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward"}
+    assert {"exp", "log", "gather"} <= ops
+
+
 class RunningMean(nn.Module):
     def __init__(self, n):
         super().__init__()

@@ -147,3 +147,49 @@ def test_gradients_match_finite_differences(name, i):
     op, sample = OPS[name], SAMPLES[name][i]
     inputs = _runtime_inputs(op, sample, np.float64, True)
     assert gradcheck(lambda *xs: ops.apply(name, *xs, **sample.attrs), inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+DECOMPOSED_CASES = _cases(lambda op, sample: op.decomposition is not None)
+
+
+def test_fused_ops_have_decompositions():
+    """The ops eager runs fused are the ones nnc expands: each has samples checked below."""
+    assert {p.values[0] for p in DECOMPOSED_CASES} >= {"log_softmax", "log_softmax_backward", "nll_loss",
+                                                        "nll_loss_backward"}
+
+
+@pytest.mark.parametrize("name,i", DECOMPOSED_CASES)
+def test_decomposition_computes_the_op_and_its_gradients(name, i):
+    op, sample = OPS[name], SAMPLES[name][i]
+    fused_in = _runtime_inputs(op, sample, np.float64, True)
+    composed_in = _runtime_inputs(op, sample, np.float64, True)
+    fused = ops.apply(name, *fused_in, **sample.attrs)
+    composed = op.decomposition(*composed_in, **sample.attrs)
+    assert tuple(fused.shape) == tuple(composed.shape) and fused.dtype is composed.dtype
+    np.testing.assert_allclose(fused.detach().numpy(), composed.detach().numpy(), rtol=1e-12, atol=1e-12)
+    diff = _differentiable_inputs(op, sample)
+    if not diff or not fused.requires_grad:
+        return
+    seed = runtime.tensor(np.random.default_rng(i).standard_normal(tuple(fused.shape)))
+    fused_grads = runtime.autograd.grad(fused, [fused_in[k] for k in diff], seed, allow_unused=True)
+    composed_grads = runtime.autograd.grad(composed, [composed_in[k] for k in diff], seed, allow_unused=True)
+    for k, a, b in zip(diff, fused_grads, composed_grads):
+        zero = np.zeros(sample.inputs[k].shape)
+        np.testing.assert_allclose(zero if a is None else a.numpy(), zero if b is None else b.numpy(),
+                                   rtol=1e-12, atol=1e-12, err_msg=f"gradient of input {k}")
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_second_derivatives_match_finite_differences(reduction):
+    """Double backward through the fused ops: the gradient of (gradient . v) by finite differences."""
+    rng = np.random.default_rng(5)
+    target = runtime.tensor(np.array([1, 3, 0, 3, 2]))
+    v = runtime.tensor(rng.standard_normal((5, 4)))
+
+    def gradient_dot_v(x):
+        loss = runtime.nn.functional.cross_entropy(x, target, reduction=reduction, ignore_index=0)
+        (g,) = runtime.autograd.grad(loss.sum(), [x], create_graph=True)
+        return (g * v).sum()
+
+    x = runtime.tensor(rng.standard_normal((5, 4)), requires_grad=True)
+    assert gradcheck(gradient_dot_v, [x], eps=1e-6, atol=1e-6, rtol=1e-5)

@@ -149,6 +149,8 @@ class _Builder:
         return node
 
     def emit(self, op, inputs, attrs) -> MetaValue:
+        if op.decomposition is not None:  # a fused eager op: record the primitives it is made of
+            return op.decomposition(*inputs, **attrs)
         compute, out_dtype = op.dtype_rule(op, inputs, attrs)
         args = [self.graph_arg(x) for x in inputs]
         if compute is not None:
@@ -386,7 +388,3 @@ def _fetch(gm: GraphModule, path: str):
     for part in path.split("."):
         obj = getattr(obj, part)
     return obj
-
-
-def primitive_ops() -> set[str]:
-    return set(OPS)

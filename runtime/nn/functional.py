@@ -1018,9 +1018,9 @@ def _nll(name, logp, target, weight, ignore_index, reduction):
     class_dim = 0 if logp.ndim == 1 else 1
     n_classes = logp.shape[class_dim]
     _class_weight_check(weight, n_classes)
+    if weight is None:  # one op, which checks the targets' range itself
+        return apply("nll_loss", logp, target, dim=class_dim, reduction=reduction, ignore_index=ignore_index)
     _check_target_range(target, n_classes, ignore_index)
-    if weight is None and _is_eager(target) and not (target.numpy() == ignore_index).any():
-        return _nll_all_valid(logp, target, class_dim, reduction)
     valid = target != ignore_index
     safe = target.masked_fill(~valid, 0).to(dt.int64)
     picked = logp.gather(class_dim, safe.unsqueeze(class_dim)).squeeze(class_dim)
@@ -1036,15 +1036,6 @@ def _nll(name, logp, target, weight, ignore_index, reduction):
     if reduction == "sum":
         return loss.sum()
     return loss.sum() / w.sum()
-
-
-def _nll_all_valid(logp, target, class_dim, reduction):
-    """The unweighted nll when no target is ignored: the same value and gradient in far fewer ops."""
-    index = target if target.dtype is dt.int64 else target.to(dt.int64)
-    loss = -logp.gather(class_dim, index.unsqueeze(class_dim)).squeeze(class_dim)
-    if reduction == "none":
-        return loss
-    return loss.sum() if reduction == "sum" else loss.mean()
 
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
