@@ -236,6 +236,54 @@ def test_sgd_step_is_exact_on_small_example():
     np.testing.assert_array_equal(w.detach().numpy(), [1.0 - 2.5, 2.0 + 5.0])
 
 
+def _numpy_sgd_momentum(p, g, buf, lr, momentum, dampening, weight_decay, nesterov, maximize):
+    """The update as numpy operations, one rounding each: what the one-pass kernel must reproduce exactly."""
+    d = -g if maximize else g
+    if weight_decay:
+        d = d + weight_decay * p
+    buf *= momentum
+    buf += d if dampening == 0 else (1 - dampening) * d
+    p -= lr * (d + momentum * buf if nesterov else buf)
+
+
+SGD_MOMENTUM_CONFIGS = [c for n, c in CONFIGS if n == "SGD" and c.get("momentum")]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("kwargs", SGD_MOMENTUM_CONFIGS, ids=str)
+def test_sgd_one_pass_update_equals_the_numpy_operations_bit_for_bit(kwargs, dtype):
+    from runtime.optim._fused import sgd_momentum
+
+    options = dict(dict(dampening=0, weight_decay=0, nesterov=False, maximize=False), **kwargs)
+    rng = np.random.default_rng(3)
+    p, g, buf = (rng.standard_normal((37, 19)).astype(dtype) for _ in range(3))
+    expected_p, expected_buf = p.copy(), buf.copy()
+    for _ in range(3):
+        _numpy_sgd_momentum(expected_p, g, expected_buf, **options)
+        sgd_momentum(p, g, buf, **options)
+    np.testing.assert_array_equal(p, expected_p)
+    np.testing.assert_array_equal(buf, expected_buf)
+
+
+def test_sgd_takes_the_numpy_path_for_arrays_the_kernel_does_not_handle():
+    """float16, and a non-contiguous gradient, still follow torch (same trajectory as contiguous float32)."""
+    from runtime.optim._fused import fusable
+
+    half = np.zeros((3, 4), np.float16)
+    single = np.zeros((4, 3), np.float32)
+    assert not fusable(half, half, half)
+    assert not fusable(single, single.T.copy().T, single)
+    w = runtime.tensor(np.ones((4, 3), np.float32), requires_grad=True)
+    v = runtime.tensor(np.ones((4, 3), np.float32), requires_grad=True)
+    opt = optim.SGD([w, v], lr=0.1, momentum=0.9)
+    for step in range(3):
+        g = np.arange(12, dtype=np.float32).reshape(3, 4) * (step + 1)
+        w.grad = runtime.tensor(np.ascontiguousarray(g.T))
+        v.grad = runtime.tensor(g).t()  # a transposed view: not C-contiguous
+        opt.step()
+    np.testing.assert_array_equal(w.detach().numpy(), v.detach().numpy())
+
+
 @pytest.mark.parametrize("name,kwargs", CONFIGS, ids=CONFIG_IDS)
 def test_state_dict_round_trip_continues_identically(name, kwargs):
     values, grads = initial_values("float64"), gradient_sequence("float64")

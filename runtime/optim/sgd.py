@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
+from ._fused import fusable, sgd_momentum
 from .optimizer import Optimizer, as_float, check_hyper, reject_unsupported
 
 
@@ -27,6 +28,12 @@ class SGD(Optimizer):
                     "Nesterov momentum requires a momentum and zero dampening")
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
+        buf = self.state[p].get("momentum_buffer") if group["momentum"] != 0 else None
+        if buf is not None and fusable(p._data, grad, buf._data):
+            sgd_momentum(p._data, grad, buf._data, as_float(group["lr"]), group["momentum"], group["dampening"],
+                         group["weight_decay"], group["nesterov"], group["maximize"])
+            buf._bump_version()
+            return
         if group["maximize"]:
             grad = -grad
         weight_decay, momentum = group["weight_decay"], group["momentum"]
