@@ -20,7 +20,7 @@ import pytest
 import nnc
 import runtime as torch
 from nnc.codegen import cache
-from nnc.codegen.cpu import PARALLEL_MIN_ELEMENTS, KernelCompileError, compile_kernel
+from nnc.codegen.cpu import FEW_ROWS, PARALLEL_MIN_ELEMENTS, KernelCompileError, compile_kernel
 from nnc.graph import Graph
 from nnc.kernel import Kernel
 from nnc.passes import propagate_shapes
@@ -556,8 +556,12 @@ def test_linear_bias_relu(dtype, m, k, n):
 
 @pytest.mark.parametrize("op,dtype,shape", [("linear", torch.float32, (1, 784, 512)), ("linear", torch.float64, (3, 7, 5)),
                                             ("linear", torch.float32, (4, 100, 1030)),
+                                            ("linear", torch.float32, (8, 784, 512)),
+                                            ("linear", torch.float64, (6, 13, 7)),
                                             ("matmul", torch.float32, (2, 300, 1000)),
-                                            ("matmul", torch.float64, (4, 9, 11))])
+                                            ("matmul", torch.float64, (4, 9, 11)),
+                                            ("matmul", torch.float32, (512, 8, 784)),  # g^T @ x at batch 8
+                                            ("matmul", torch.float64, (40, 3, 17))])
 def test_small_matmul_shapes_run_as_a_generated_loop(op, dtype, shape):
     m, k, n = shape
     rng = np.random.default_rng(8)
@@ -575,6 +579,17 @@ def test_small_matmul_shapes_run_as_a_generated_loop(op, dtype, shape):
     assert kernel.parallel == (m * k * n >= PARALLEL_MIN_ELEMENTS)
     (got,), (want,) = kernel.run(case.inputs), case.expected()
     assert_close(got, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
+
+
+def test_matmul_with_more_rows_and_a_longer_sum_goes_to_blas():
+    rng = np.random.default_rng(9)
+    inputs = {"a": torch.from_numpy(rng.standard_normal((FEW_ROWS + 1, FEW_ROWS + 1)).astype(np.float32)),
+              "b": torch.from_numpy(rng.standard_normal((FEW_ROWS + 1, 6)).astype(np.float32))}
+    case, kernel = compiled(("blas_matmul",), lambda: Case(inputs, lambda g, a, b: [call(g, "matmul", a, b)],
+                                                         kind="matmul", name="blas_matmul"))
+    assert "np.dot(" in kernel.source and "_rows(" not in kernel.source
+    (got,), (want,) = kernel.run(case.inputs), case.expected()
+    assert_close(got, want, dict(rtol=1e-5, atol=1e-5))
 
 
 def test_batched_matmul_is_an_output_and_feeds_an_epilogue():

@@ -80,14 +80,15 @@ _MIN_COLUMN_CHUNK = 32
 _SPAN = 256
 # A parallel elementwise kernel with broadcasting runs prange over rows when it has at least this many.
 _MIN_PARALLEL_ROWS = 64
-# A matmul/linear whose first operand has at most FEW_ROWS rows runs as a generated loop instead of BLAS (see
+# A matmul/linear whose first operand has at most FEW_ROWS rows, or a matmul that sums over at most FEW_ROWS
+# (a weight gradient g^T @ x at a small batch), runs as a generated loop instead of BLAS (see
 # _Generator.small_matmul): linear in tasks of _FEW_ROWS_BLOCK output columns, matmul in tasks of a row x
-# _AXPY_BLOCK columns.
-# NOTE: not more rows, and not the small-K shapes of weight gradients, although the loops beat OpenBLAS on them
-# (8 rows: 106 vs 148 us; g^T @ x with K = 8: 128 vs 140-305 us): they win only in parallel, and a parallel numba
-# region between OpenBLAS calls in a training step makes both thread pools spin against each other on a 2-core
-# machine (a b8 training step went from 1.4 to 15 ms). Batch-1 inference has no BLAS call left to contend with.
-FEW_ROWS = 4
+# _AXPY_BLOCK columns, the short sum one output row a task.
+# NOTE: measured on the MLP at batch 8 (2 cores): 8 x 784 x 512 linear 59 us (OpenBLAS 141, torch 84); g^T @ x with
+# a sum over 8: 106 us (OpenBLAS 144, torch 66). The limit also keeps OpenBLAS out of a small-batch training step
+# altogether: a parallel numba region between OpenBLAS calls makes both thread pools spin against each other on a
+# 2-core machine (a batch-8 step ran 10x slower when only the forward used loops).
+FEW_ROWS = 8
 _FEW_ROWS_BLOCK = 8
 _AXPY_BLOCK = 1024
 
@@ -1101,14 +1102,16 @@ class _Generator:
         self.launch = lines
 
     def small_matmul(self, op_name, mm, a_arr, b_arr) -> _Function | None:
-        """A matmul/linear of a few rows (batch-1 inference) as a generated loop; None: BLAS runs it.
+        """A matmul/linear of a few rows or a short sum (small batches) as a generated loop; None: BLAS runs it.
 
-        Two forms (measured against OpenBLAS here, tools/bench_compile.py case 5):
-          linear with at most FEW_ROWS rows of `a` (batch-1 inference): dot products of contiguous rows; each
-            weight row is read once for all rows of `a` (they stay in L1), parallel over blocks of output columns.
+        Three forms (measured against OpenBLAS here: tools/bench_compile.py cases 4b and 5):
+          linear with at most FEW_ROWS rows of `a`: dot products of contiguous rows, all rows at once, so each
+            weight element is loaded once (the rows of `a` stay in L1); parallel over blocks of output columns.
             BLAS's matrix-vector path is single-threaded.
           matmul with at most FEW_ROWS rows: each output row is rows of b scaled and added, vectorized along N,
             parallel over rows x column blocks.
+          matmul summing over at most FEW_ROWS (a weight gradient at a small batch): each output element is its
+            short sum written out, parallel over output rows.
         Sums run in the output dtype with reassociation and FMA, as BLAS's do.
         """
         a_shape, b_shape, dtype = a_arr.shape, b_arr.shape, _node_dtype(mm)
@@ -1124,6 +1127,8 @@ class _Generator:
             lines = self._dot_rows_lines(rows, kdim, b_shape[0], zero)
         elif op_name == "matmul" and len(a_shape) >= 2 and rows <= FEW_ROWS:
             lines = self._axpy_rows_lines(rows, kdim, b_shape[1], zero)
+        elif op_name == "matmul" and len(a_shape) >= 2 and kdim <= FEW_ROWS:
+            lines = self._short_sum_lines(rows, kdim, b_shape[1])
         else:
             return None
         n_out = b_shape[0] if op_name == "linear" else b_shape[1]
@@ -1133,17 +1138,29 @@ class _Generator:
 
     @staticmethod
     def _dot_rows_lines(rows, kdim, n_out, zero) -> list[str]:
-        """out[i, n] = a[i, :] . w[n, :] for blocks of _FEW_ROWS_BLOCK columns n (a task each)."""
+        """out[i, n] = a[i, :] . w[n, :] for blocks of _FEW_ROWS_BLOCK columns n (a task each): every row's sum in
+        one sweep over k, so each weight element is loaded once for all rows (rows of `a` stay in L1)."""
         block = _FEW_ROWS_BLOCK
-        return [f"for blk in LOOP({-(-n_out // block)}):",
-                f"    for n in range(blk * {block}, min({n_out}, blk * {block} + {block})):",
-                f"        wr = b[n * {kdim}:n * {kdim} + {kdim}]",
-                f"        for i in range({rows}):",
-                f"            ar = a[i * {kdim}:i * {kdim} + {kdim}]",
-                f"            acc = {zero}",
-                f"            for k in range({kdim}):",
-                "                acc += ar[k] * wr[k]",
-                f"            out[i * {n_out} + n] = acc"]
+        accs = [f"acc{i}" for i in range(rows)]
+        return ([f"for blk in LOOP({-(-n_out // block)}):",
+                 f"    for n in range(blk * {block}, min({n_out}, blk * {block} + {block})):",
+                 f"        wr = b[n * {kdim}:n * {kdim} + {kdim}]",
+                 f"        {', '.join(accs)} = {', '.join([zero] * rows)}",
+                 f"        for k in range({kdim}):",
+                 "            w = wr[k]"]
+                + [f"            {acc} += a[{i * kdim} + k] * w" for i, acc in enumerate(accs)]
+                + [f"        out[{i * n_out} + n] = {acc}" for i, acc in enumerate(accs)])
+
+    @staticmethod
+    def _short_sum_lines(rows, kdim, n_out) -> list[str]:
+        """out[i, :] = sum over k < kdim of a[i, k] * b[k, :] with the sum written out: one task per output row,
+        the kdim rows of b in L1, each output element written once."""
+        terms = " + ".join(f"a{k} * b[{k * n_out} + j]" for k in range(kdim))
+        return ([f"for i in LOOP({rows}):"]
+                + [f"    a{k} = a[i * {kdim} + {k}]" for k in range(kdim)]
+                + [f"    base = i * {n_out}",
+                   f"    for j in range({n_out}):",
+                   f"        out[base + j] = {terms}"])
 
     @staticmethod
     def _axpy_rows_lines(rows, kdim, n_out, zero) -> list[str]:
@@ -1326,10 +1343,12 @@ class CompiledKernel:
     def run_into(self, input_arrays: list, outs: list) -> None:
         """`run` for a caller whose `outs` are C-contiguous writeable arrays of the output specs (the executor's).
 
-        NOTE: inputs of the right shapes and dtypes go straight to the launcher (its reshape(-1) copies one that
-        is not contiguous); numba's dispatcher refuses other layouts (read-only arrays) with a TypeError, and
-        `run` then checks and converts every input (a launch is safe to repeat: it only writes `outs`)."""
-        if [a.shape for a in input_arrays] == self._in_shapes and [a.dtype for a in input_arrays] == self._in_dtypes:
+        NOTE: writeable inputs of the right shapes and dtypes go straight to the launcher (its reshape(-1) copies
+        one that is not contiguous); numba's dispatcher refuses other layouts with a TypeError, and `run` then
+        checks and converts every input (a launch is safe to repeat: it only writes `outs`). Read-only inputs
+        (expand's broadcast views) go to `run` at once: a refused dispatch costs ~100 us of numba's typing."""
+        if ([a.shape for a in input_arrays] == self._in_shapes and [a.dtype for a in input_arrays] == self._in_dtypes
+                and all(a.flags.writeable for a in input_arrays)):
             try:
                 self._launch(input_arrays, outs)
                 return
