@@ -249,9 +249,10 @@ def _numpy_sgd_momentum(p, g, buf, lr, momentum, dampening, weight_decay, nester
 SGD_MOMENTUM_CONFIGS = [c for n, c in CONFIGS if n == "SGD" and c.get("momentum")]
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["serial", "parallel"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("kwargs", SGD_MOMENTUM_CONFIGS, ids=str)
-def test_sgd_one_pass_update_equals_the_numpy_operations_bit_for_bit(kwargs, dtype):
+def test_sgd_one_pass_update_equals_the_numpy_operations_bit_for_bit(kwargs, dtype, parallel):
     from runtime.optim._fused import sgd_momentum
 
     options = dict(dict(dampening=0, weight_decay=0, nesterov=False, maximize=False), **kwargs)
@@ -260,28 +261,46 @@ def test_sgd_one_pass_update_equals_the_numpy_operations_bit_for_bit(kwargs, dty
     expected_p, expected_buf = p.copy(), buf.copy()
     for _ in range(3):
         _numpy_sgd_momentum(expected_p, g, expected_buf, **options)
-        sgd_momentum(p, g, buf, **options)
+        sgd_momentum(p, g, buf, **options, parallel=parallel)
     np.testing.assert_array_equal(p, expected_p)
     np.testing.assert_array_equal(buf, expected_buf)
 
 
-def test_sgd_takes_the_numpy_path_for_arrays_the_kernel_does_not_handle():
-    """float16, and a non-contiguous gradient, still follow torch (same trajectory as contiguous float32)."""
-    from runtime.optim._fused import fusable
+def test_sgd_one_pass_and_numpy_paths_give_the_same_trajectory():
+    """A large contiguous parameter takes the one-pass kernel (serial and parallel steps while the optimizer
+    times both), one with a transposed gradient the numpy path: the same values at every step."""
+    from runtime.optim._launch import MIN_ELEMENTS, fusable
 
-    half = np.zeros((3, 4), np.float16)
-    single = np.zeros((4, 3), np.float32)
-    assert not fusable(half, half, half)
-    assert not fusable(single, single.T.copy().T, single)
-    w = runtime.tensor(np.ones((4, 3), np.float32), requires_grad=True)
-    v = runtime.tensor(np.ones((4, 3), np.float32), requires_grad=True)
-    opt = optim.SGD([w, v], lr=0.1, momentum=0.9)
-    for step in range(3):
-        g = np.arange(12, dtype=np.float32).reshape(3, 4) * (step + 1)
+    shape = (4, MIN_ELEMENTS // 4)
+    assert not fusable(np.zeros(shape, np.float16), np.zeros(shape, np.float16), np.zeros(shape, np.float16))
+    assert not fusable(np.zeros((4, 3), np.float32), np.zeros((4, 3), np.float32), np.zeros((4, 3), np.float32))
+    w = runtime.tensor(np.ones(shape, np.float32), requires_grad=True)
+    v = runtime.tensor(np.ones(shape, np.float32), requires_grad=True)
+    opt = optim.SGD([w, v], lr=0.1, momentum=0.9, weight_decay=0.01)
+    rng = np.random.default_rng(4)
+    for step in range(2 * opt._launch.TRIALS + 2):
+        g = rng.standard_normal(shape[::-1]).astype(np.float32)
         w.grad = runtime.tensor(np.ascontiguousarray(g.T))
         v.grad = runtime.tensor(g).t()  # a transposed view: not C-contiguous
+        assert fusable(w.detach().numpy(), w.grad.numpy(), w.detach().numpy())
+        assert not fusable(v.detach().numpy(), v.grad.numpy(), v.detach().numpy())
         opt.step()
-    np.testing.assert_array_equal(w.detach().numpy(), v.detach().numpy())
+        np.testing.assert_array_equal(w.detach().numpy(), v.detach().numpy(), err_msg=f"step {step}")
+    assert opt._launch.parallel is not None  # the timing trials are over and one mode was kept
+
+
+def test_launch_choice_tries_serial_then_parallel_and_keeps_the_faster():
+    from runtime.optim._launch import LaunchChoice
+
+    for parallel_seconds, expected in ((0.001, True), (0.05, False)):
+        choice = LaunchChoice()
+        modes = []
+        while choice.parallel is None:
+            mode = choice.next()
+            modes.append(mode)
+            choice.record(mode, parallel_seconds if mode else 0.002)
+        assert modes == [False] * LaunchChoice.TRIALS + [True] * LaunchChoice.TRIALS
+        assert choice.parallel is expected and choice.next() is expected
 
 
 @pytest.mark.parametrize("name,kwargs", CONFIGS, ids=CONFIG_IDS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._fused import fusable, sgd_momentum
+from ._launch import LaunchChoice, StepTimer, fusable
 from .optimizer import Optimizer, as_float, check_hyper, reject_unsupported
 
 
@@ -19,6 +19,7 @@ class SGD(Optimizer):
                     "differentiable": differentiable, "fused": fused}
         self._validate(defaults)
         super().__init__(params, defaults)
+        self._launch = LaunchChoice()  # serial or parallel one-pass updates (see runtime/optim/_launch.py)
 
     def _validate(self, hyper: dict) -> None:
         check_hyper(hyper["lr"] >= 0.0, f"Invalid learning rate: {hyper['lr']}")
@@ -27,11 +28,21 @@ class SGD(Optimizer):
         check_hyper(not hyper["nesterov"] or (hyper["momentum"] > 0 and hyper["dampening"] == 0),
                     "Nesterov momentum requires a momentum and zero dampening")
 
+    def step(self, closure=None):
+        self._timer = StepTimer(self._launch)
+        try:
+            return super().step(closure)
+        finally:
+            self._timer.finish()
+
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         buf = self.state[p].get("momentum_buffer") if group["momentum"] != 0 else None
         if buf is not None and fusable(p._data, grad, buf._data):
-            sgd_momentum(p._data, grad, buf._data, as_float(group["lr"]), group["momentum"], group["dampening"],
-                         group["weight_decay"], group["nesterov"], group["maximize"])
+            from ._fused import sgd_momentum
+
+            self._timer.run(lambda parallel: sgd_momentum(
+                p._data, grad, buf._data, as_float(group["lr"]), group["momentum"], group["dampening"],
+                group["weight_decay"], group["nesterov"], group["maximize"], parallel))
             buf._bump_version()
             return
         if group["maximize"]:
