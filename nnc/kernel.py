@@ -60,3 +60,8 @@ def view_node(kernel: Kernel) -> Node | None:
     if isinstance(node.target, Prim) and node.target.op.name in VIEW_OPS and isinstance(node.args[0], Node):
         return node
     return None
+
+
+def matmul_nodes(kernel: Kernel) -> list[Node]:
+    """The matmul/linear nodes of a kernel (a "matmul" kernel has exactly one, its anchor)."""
+    return [n for n in kernel.nodes if isinstance(n.target, Prim) and n.target.op.kind == "matmul"]

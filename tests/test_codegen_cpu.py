@@ -20,7 +20,7 @@ import pytest
 import nnc
 import runtime as torch
 from nnc.codegen import cache
-from nnc.codegen.cpu import FEW_ROWS, PARALLEL_MIN_ELEMENTS, KernelCompileError, compile_kernel
+from nnc.codegen.cpu import FEW_COLUMNS, FEW_ROWS, PARALLEL_MIN_ELEMENTS, KernelCompileError, compile_kernel
 from nnc.graph import Graph
 from nnc.kernel import Kernel
 from nnc.passes import propagate_shapes
@@ -542,7 +542,7 @@ def linear_case(dtype, m, k, n):
     return Case(inputs, build, kind="matmul", name=f"linear_{m}x{k}x{n}")
 
 
-@pytest.mark.parametrize("dtype,m,k,n", [(torch.float32, 512, 64, 128), (torch.float64, 9, 5, 3)])
+@pytest.mark.parametrize("dtype,m,k,n", [(torch.float32, 512, 64, 128), (torch.float64, 9, 5, 17)])
 def test_linear_bias_relu(dtype, m, k, n):
     case, kernel = compiled(("linear", dtype.name, m), lambda: linear_case(dtype, m, k, n))
     assert kernel.parallel == (m * n >= PARALLEL_MIN_ELEMENTS)
@@ -554,15 +554,21 @@ def test_linear_bias_relu(dtype, m, k, n):
     assert_close(buf, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
 
 
-@pytest.mark.parametrize("op,dtype,shape", [("linear", torch.float32, (1, 784, 512)), ("linear", torch.float64, (3, 7, 5)),
-                                            ("linear", torch.float32, (4, 100, 1030)),
-                                            ("linear", torch.float32, (8, 784, 512)),
-                                            ("linear", torch.float64, (6, 13, 7)),
-                                            ("matmul", torch.float32, (2, 300, 1000)),
-                                            ("matmul", torch.float64, (4, 9, 11)),
-                                            ("matmul", torch.float32, (512, 8, 784)),  # g^T @ x at batch 8
-                                            ("matmul", torch.float64, (40, 3, 17))])
-def test_small_matmul_shapes_run_as_a_generated_loop(op, dtype, shape):
+# (op, dtype, (rows, sum length, output columns), parallel)
+SMALL_MATMULS = [("linear", torch.float32, (1, 784, 512), True), ("linear", torch.float64, (3, 7, 5), False),
+                 ("linear", torch.float32, (4, 100, 1030), True),
+                 ("linear", torch.float32, (8, 784, 512), True),  # a batch-8 layer: every row in one sweep
+                 ("linear", torch.float64, (6, 13, 7), False),
+                 ("matmul", torch.float32, (2, 300, 1000), True),
+                 ("matmul", torch.float64, (4, 9, 11), False),
+                 ("matmul", torch.float32, (512, 8, 784), True),  # g^T @ x at batch 8: a short sum
+                 ("matmul", torch.float64, (40, 3, 17), False),
+                 ("linear", torch.float32, (128, 512, 10), False),  # a 10-class head at batch 128: serial
+                 ("matmul", torch.float32, (128, 10, 512), False)]  # its input gradient: a serial short sum
+
+
+@pytest.mark.parametrize("op,dtype,shape,parallel", SMALL_MATMULS)
+def test_small_matmul_shapes_run_as_a_generated_loop(op, dtype, shape, parallel):
     m, k, n = shape
     rng = np.random.default_rng(8)
     w_shape = (n, k) if op == "linear" else (k, n)
@@ -576,15 +582,16 @@ def test_small_matmul_shapes_run_as_a_generated_loop(op, dtype, shape):
     case, kernel = compiled(("few_rows", op, dtype.name, shape),
                             lambda: Case(inputs, build, kind="matmul", name=f"few_{op}"))
     assert "_rows(" in kernel.source and "np.dot(" not in kernel.source
-    assert kernel.parallel == (m * k * n >= PARALLEL_MIN_ELEMENTS)
+    assert kernel.parallel == parallel
+    assert not parallel or m * k * n >= PARALLEL_MIN_ELEMENTS
     (got,), (want,) = kernel.run(case.inputs), case.expected()
     assert_close(got, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
 
 
 def test_matmul_with_more_rows_and_a_longer_sum_goes_to_blas():
     rng = np.random.default_rng(9)
-    inputs = {"a": torch.from_numpy(rng.standard_normal((FEW_ROWS + 1, FEW_ROWS + 1)).astype(np.float32)),
-              "b": torch.from_numpy(rng.standard_normal((FEW_ROWS + 1, 6)).astype(np.float32))}
+    inputs = {"a": torch.from_numpy(rng.standard_normal((FEW_ROWS + 1, FEW_COLUMNS + 1)).astype(np.float32)),
+              "b": torch.from_numpy(rng.standard_normal((FEW_COLUMNS + 1, 6)).astype(np.float32))}
     case, kernel = compiled(("blas_matmul",), lambda: Case(inputs, lambda g, a, b: [call(g, "matmul", a, b)],
                                                          kind="matmul", name="blas_matmul"))
     assert "np.dot(" in kernel.source and "_rows(" not in kernel.source

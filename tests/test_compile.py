@@ -337,6 +337,16 @@ def test_outputs_saved_for_backward_are_not_reused_before_backward():
         np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_relu_backward_mask_is_computed_in_the_matmul_epilogue():
+    runtime.manual_seed(5)
+    eager, compiled = pair(models.MLP())
+    assert_same_forward_and_grads(eager, compiled, runtime.randn(4, 784))
+    (artifact,) = compiled._cache.values()
+    kernels = [step.kernel for step in artifact.backward_plan.steps if type(step).__name__ == "KernelStep"]
+    assert any({"matmul", "gt", "where"} <= set(k.meta["ops"]) for k in kernels)
+    assert not any(k.meta["ops"] == ["gt"] for k in kernels)
+
+
 def test_view_nodes_between_kernels_run_as_numpy_views():
     runtime.manual_seed(3)
     eager, compiled = pair(models.MLP())

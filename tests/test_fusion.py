@@ -433,6 +433,27 @@ def test_a_reduction_prologue_wins_over_a_matmul_epilogue():
     assert "feeds the reduction sum_1 but is not one of its prologue nodes" not in kernels[0].reason
 
 
+def test_a_mask_read_only_by_the_epilogue_joins_the_matmul_kernel():
+    """The relu backward where(h > 0, g @ w, 0): the mask is computed in the epilogue pass, not written out."""
+    def body(g, grad, h):
+        return call(g, "where", call(g, "gt", h, 0.0), call(g, "matmul", grad, g.get_attr("m")), 0.0)
+
+    gm, kernels = fused(body, X48(), X48())
+    (k,) = kernels
+    assert k.kind == "matmul" and ops(k) == ["gt", "matmul", "where"]
+    assert k.meta["anchor"].name == "matmul" and {n.name for n in k.meta["epilogue"]} == {"gt", "where"}
+    assert [n.name for n in k.inputs] == ["x1", "x0", "m"] and [n.name for n in k.outputs] == ["where"]
+
+
+def test_a_mask_also_read_elsewhere_stays_its_own_kernel():
+    def body(g, grad, h):
+        mask = call(g, "gt", h, 0.0)
+        return call(g, "where", mask, call(g, "matmul", grad, g.get_attr("m")), 0.0), mask
+
+    gm, kernels = fused(body, X48(), X48())
+    assert sorted(ops(k) for k in kernels) == [["gt"], ["matmul", "where"]]
+
+
 def test_epilogue_that_would_close_a_cycle_is_refused():
     """sub(h, sum(h)) has h's shape, but it also reads sum(h), which is computed after the matmul kernel."""
     def body(g, x):

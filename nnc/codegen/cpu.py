@@ -45,7 +45,7 @@ from runtime import dtypes as dt
 from runtime.ops import Kind
 
 from ..graph import Node
-from ..kernel import Kernel
+from ..kernel import Kernel, matmul_nodes
 from ..prims import Prim
 from . import cache
 
@@ -89,6 +89,12 @@ _MIN_PARALLEL_ROWS = 64
 # altogether: a parallel numba region between OpenBLAS calls makes both thread pools spin against each other on a
 # 2-core machine (a batch-8 step ran 10x slower when only the forward used loops).
 FEW_ROWS = 8
+# Smaller still (at most _SERIAL_LOOP_WORK multiply-adds), a linear with at most FEW_COLUMNS outputs or a matmul
+# summing over at most FEW_COLUMNS (a classifier head and its input gradient at batch 128) runs as a *serial*
+# generated loop: OpenBLAS wakes its threads for these tiny products (40 us in a batch-128 step for a
+# 128 x 512 x 10 linear, 15 us as a loop), and a serial loop has no thread pool to contend with BLAS's.
+FEW_COLUMNS = 16
+_SERIAL_LOOP_WORK = 2 ** 20
 _FEW_ROWS_BLOCK = 8
 _AXPY_BLOCK = 1024
 
@@ -1045,9 +1051,9 @@ class _Generator:
 
     def gen_matmul(self):
         k = self.kernel
-        anchors = [n for n in k.nodes if isinstance(n.target, Prim) and n.target.op.kind == Kind.MATMUL]
-        if len(anchors) != 1 or anchors[0] is not k.nodes[0]:
-            raise _Unsupported("a matmul kernel starts with its one matmul/linear node")
+        anchors = matmul_nodes(k)
+        if len(anchors) != 1:
+            raise _Unsupported("a matmul kernel has exactly one matmul/linear node")
         mm = anchors[0]
         op, args, attrs = _op_and_attrs(mm)
         if op.name not in ("matmul", "linear") or len(args) != 2 or not all(isinstance(a, Node) for a in args):
@@ -1057,7 +1063,7 @@ class _Generator:
             raise _Unsupported(f"the operands of {mm.name} are not kernel inputs")
         a_arr, b_arr = by_node[args[0]], by_node[args[1]]
         mm_shape, mm_dtype = _node_shape(mm), _node_dtype(mm)
-        epilogue = k.nodes[1:]
+        epilogue = [n for n in k.nodes if n is not mm]  # in graph order: side inputs (a relu mask) come first
         for n in epilogue:
             if _node_shape(n) != mm_shape:
                 raise _Unsupported(f"epilogue node {n.name} has shape {list(_node_shape(n))}, not the matmul "
@@ -1104,14 +1110,17 @@ class _Generator:
     def small_matmul(self, op_name, mm, a_arr, b_arr) -> _Function | None:
         """A matmul/linear of a few rows or a short sum (small batches) as a generated loop; None: BLAS runs it.
 
-        Three forms (measured against OpenBLAS here: tools/bench_compile.py cases 4b and 5):
+        Four forms (measured against OpenBLAS here: tools/bench_compile.py cases 4 and 5):
           linear with at most FEW_ROWS rows of `a`: dot products of contiguous rows, all rows at once, so each
             weight element is loaded once (the rows of `a` stay in L1); parallel over blocks of output columns.
             BLAS's matrix-vector path is single-threaded.
           matmul with at most FEW_ROWS rows: each output row is rows of b scaled and added, vectorized along N,
             parallel over rows x column blocks.
           matmul summing over at most FEW_ROWS (a weight gradient at a small batch): each output element is its
-            short sum written out, parallel over output rows.
+            short sum written out, parallel over output rows; serial for a sum over at most FEW_COLUMNS when the
+            whole product is small.
+          linear with at most FEW_COLUMNS outputs and a small product: every column's dot product in one sweep
+            over a row of `a`, serial.
         Sums run in the output dtype with reassociation and FMA, as BLAS's do.
         """
         a_shape, b_shape, dtype = a_arr.shape, b_arr.shape, _node_dtype(mm)
@@ -1123,16 +1132,21 @@ class _Generator:
         zero = self.dialect.literal(0, dtype)
         if kdim == 0:
             return None
+        n_out = b_shape[0] if op_name == "linear" else b_shape[1]
+        work = rows * kdim * n_out  # multiply-adds
+        parallel = work >= PARALLEL_MIN_ELEMENTS
         if op_name == "linear" and rows <= FEW_ROWS:
-            lines = self._dot_rows_lines(rows, kdim, b_shape[0], zero)
+            lines = self._dot_rows_lines(rows, kdim, n_out, zero)
         elif op_name == "matmul" and len(a_shape) >= 2 and rows <= FEW_ROWS:
-            lines = self._axpy_rows_lines(rows, kdim, b_shape[1], zero)
+            lines = self._axpy_rows_lines(rows, kdim, n_out, zero)
         elif op_name == "matmul" and len(a_shape) >= 2 and kdim <= FEW_ROWS:
-            lines = self._short_sum_lines(rows, kdim, b_shape[1])
+            lines = self._short_sum_lines(rows, kdim, n_out)
+        elif work <= _SERIAL_LOOP_WORK and op_name == "linear" and n_out <= FEW_COLUMNS:
+            lines, parallel = self._dot_columns_lines(rows, kdim, n_out, zero), False
+        elif work <= _SERIAL_LOOP_WORK and op_name == "matmul" and len(a_shape) >= 2 and kdim <= FEW_COLUMNS:
+            lines, parallel = self._short_sum_lines(rows, kdim, n_out), False
         else:
             return None
-        n_out = b_shape[0] if op_name == "linear" else b_shape[1]
-        parallel = rows * kdim * n_out >= PARALLEL_MIN_ELEMENTS  # multiply-adds
         lines[0] = lines[0].replace("LOOP", "prange" if parallel else "range")
         return _Function(f"{self.name}_rows", args, lines, parallel, reassociate=True)
 
@@ -1150,6 +1164,19 @@ class _Generator:
                  "            w = wr[k]"]
                 + [f"            {acc} += a[{i * kdim} + k] * w" for i, acc in enumerate(accs)]
                 + [f"        out[{i * n_out} + n] = {acc}" for i, acc in enumerate(accs)])
+
+    @staticmethod
+    def _dot_columns_lines(rows, kdim, n_out, zero) -> list[str]:
+        """out[i, n] = a[i, :] . w[n, :] row by row, every column's sum in one sweep over k: each element of `a`
+        is loaded once for all n_out weight rows (they stay in L1)."""
+        accs = [f"acc{n}" for n in range(n_out)]
+        return ([f"for i in LOOP({rows}):",
+                 f"    ar = a[i * {kdim}:i * {kdim} + {kdim}]",
+                 f"    {', '.join(accs)} = {', '.join([zero] * n_out)}",
+                 f"    for k in range({kdim}):",
+                 "        v = ar[k]"]
+                + [f"        {acc} += v * b[{n * kdim} + k]" for n, acc in enumerate(accs)]
+                + [f"    out[i * {n_out} + {n}] = {acc}" for n, acc in enumerate(accs)])
 
     @staticmethod
     def _short_sum_lines(rows, kdim, n_out) -> list[str]:

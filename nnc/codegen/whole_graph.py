@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from ..graph import Graph, Node, nodes_in
-from ..kernel import Kernel, view_node
+from ..kernel import Kernel, matmul_nodes, view_node
 from . import cache
 from .cpu import (Generated, KernelCompileError, _numba_signature_nd, _op_and_attrs, _py_name, check_dtype,
                   compile_generated, ctor, generate, np_dtype)
@@ -64,8 +64,8 @@ def unsupported_reason(kernels: list[Kernel], graph: Graph) -> str | None:
         if kernel.kind == "opaque" and view_node(kernel) is None:
             node = kernel.nodes[0]
             return f"opaque node {node.name} ({getattr(node.target, '__name__', node.target)}) runs in Python"
-        elif kernel.kind == "matmul" and not _dot_matmul(kernel.nodes[0]):
-            return f"matmul {kernel.nodes[0].name} is batched (numba's np.dot takes 2-D operands)"
+        elif kernel.kind == "matmul" and not all(_dot_matmul(n) for n in matmul_nodes(kernel)):
+            return f"matmul {matmul_nodes(kernel)[0].name} is batched (numba's np.dot takes 2-D operands)"
     return None
 
 

@@ -33,6 +33,9 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      (never a prologue value); c's other inputs (a bias) are kernel inputs read with broadcasting. Prologues are
      grown first, so a node that could be a later reduction's prologue or an epilogue becomes the prologue (which
      saves writing a full-size value).
+     An elementwise node of the matmul's output shape that only epilogue nodes read, and that reads nothing of
+     the group, joins a matmul's epilogue too (an epilogue input, such as a backward's relu mask): the epilogue
+     pass computes it from kernel inputs instead of a kernel of its own writing it out.
   4. Elementwise chains. The remaining elementwise/broadcast nodes are merged along producer -> consumer edges
      whose two ends have identical output shapes ("elementwise" kernels). An input of another shape stays a kernel
      input (read with broadcasting); a node of a group read outside it becomes a kernel output, so multi-consumer
@@ -287,6 +290,8 @@ class _Fuser:
             group = self.group_of[node]
             if group.anchor is node:
                 self._grow_epilogue(group)
+                if group.kind == "matmul":
+                    self._grow_epilogue_inputs(group)
         for node in self.compute:
             self._merge_elementwise(node)
         # 5. shared passes: elementwise kernels and sibling reductions join reduction kernels
@@ -363,6 +368,25 @@ class _Fuser:
             group.epilogue.add(c)
             producers.add(c)
             candidates.update(c.users)
+
+    def _grow_epilogue_inputs(self, group: _Group) -> None:
+        """3b. Epilogue inputs: an elementwise node of the matmul's output shape that reads nothing of the group and
+        is read only by its epilogue joins it, computed in the epilogue pass from kernel inputs (the relu mask of a
+        backward's `where(mask, g @ w, 0)`) instead of in a kernel of its own that writes it out."""
+        out_shape = _shape(group.anchor)
+        candidates = {a for c in group.epilogue for a in c.all_input_nodes}
+        while candidates:
+            p = max(candidates, key=self.position.__getitem__)  # consumers first: users are decided before p
+            candidates.discard(p)
+            if p.op in _NON_COMPUTE or not self._free_pointwise(p) or _shape(p) != out_shape:
+                continue
+            if any(u not in group.epilogue for u in p.users) or any(a in group.nodes for a in p.all_input_nodes):
+                continue
+            if self.creates_cycle(group.nodes, {p}):
+                continue
+            self._move(p, group)
+            group.epilogue.add(p)
+            candidates.update(p.all_input_nodes)
 
     def _merge_elementwise(self, consumer: Node) -> None:
         group = self.group_of[consumer]
