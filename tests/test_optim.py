@@ -289,6 +289,31 @@ def test_sgd_one_pass_and_numpy_paths_give_the_same_trajectory():
     assert opt._launch.parallel is not None  # the timing trials are over and one mode was kept
 
 
+def test_sgd_subclass_with_its_own_step_still_updates_through_the_one_pass_kernel():
+    from runtime.optim._launch import MIN_ELEMENTS
+
+    class OwnStep(optim.SGD):
+        def step(self, closure=None):
+            with runtime.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        self._update(p, p.grad.numpy(), group)
+
+    shape = (2, MIN_ELEMENTS // 2)
+    w = runtime.tensor(np.ones(shape, np.float32), requires_grad=True)
+    opt = OwnStep([w], lr=0.1, momentum=0.9)
+    for _ in range(3):
+        w.grad = runtime.tensor(np.ones(shape, np.float32))
+        opt.step()
+    expected = np.ones(shape, np.float32)
+    buf = np.zeros(shape, np.float32)
+    for step in range(3):
+        g = np.ones(shape, np.float32)
+        buf = g.copy() if step == 0 else buf * np.float32(0.9) + g
+        expected -= np.float32(0.1) * buf
+    np.testing.assert_array_equal(w.detach().numpy(), expected)
+
+
 def test_launch_choice_tries_serial_then_parallel_and_keeps_the_faster():
     from runtime.optim._launch import LaunchChoice
 

@@ -34,15 +34,21 @@ class SGD(Optimizer):
             return super().step(closure)
         finally:
             self._timer.finish()
+            self._timer = None
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         buf = self.state[p].get("momentum_buffer") if group["momentum"] != 0 else None
         if buf is not None and fusable(p._data, grad, buf._data):
             from ._fused import sgd_momentum
 
-            self._timer.run(lambda parallel: sgd_momentum(
+            update = lambda parallel: sgd_momentum(  # noqa: E731
                 p._data, grad, buf._data, as_float(group["lr"]), group["momentum"], group["dampening"],
-                group["weight_decay"], group["nesterov"], group["maximize"], parallel))
+                group["weight_decay"], group["nesterov"], group["maximize"], parallel)
+            timer = getattr(self, "_timer", None)
+            if timer is None:  # a subclass's own step() called _update: serial, untimed
+                update(False)
+            else:
+                timer.run(update)
             buf._bump_version()
             return
         if group["maximize"]:
