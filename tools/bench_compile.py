@@ -236,12 +236,19 @@ class Measured:
         return _spread((self.median, self.low, self.high)) if self.ok else f"{'-':>6}"
 
 
+# NOTE: at least this many warm-up calls, whatever their time: the first compiles, and runtime's SGD times its
+# serial and parallel updates on its first 2 * LaunchChoice.TRIALS steps before keeping one (optim/_launch.py)
+_MIN_WARM_CALLS = 10
+
+
 def _warm(step, state, count, limit_s):
-    """At least two calls (the first compiles), at most `count`, stopping once limit_s has passed."""
+    """Up to `count` calls: the first min(_MIN_WARM_CALLS, count) however long they take, then until limit_s has
+    passed."""
     start = time.perf_counter()
-    for k in range(max(2, count)):
+    least = min(_MIN_WARM_CALLS, max(2, count))
+    for k in range(max(least, count)):
         step(state)
-        if k >= 1 and time.perf_counter() - start > limit_s:
+        if k >= least - 1 and time.perf_counter() - start > limit_s:
             break
 
 
