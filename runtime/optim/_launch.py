@@ -26,7 +26,7 @@ class LaunchChoice:
     cannot see. In a small-batch step of nnc's parallel kernels numba's threads are awake and the parallel
     update is ~2x faster (it also reads gradients where those kernels' threads wrote them). Beside OpenBLAS
     (a large-batch step) OpenBLAS's idle threads spin on the cores numba's threads need: the parallel update
-    ran 10-20x slower. So the first TRIALS steps run serial and the next TRIALS parallel (serial first: spinning
+    ran 3-15x slower. So the first TRIALS steps run serial and the next TRIALS parallel (serial first: spinning
     threads left by a parallel step would slow the serial one after it), timing the updates, and the mode with the
     lower median is kept. Both give identical results, so the choice only moves time."""
 
