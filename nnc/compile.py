@@ -17,7 +17,7 @@ from .graph_module import GraphModule, share_state
 from .passes.autodiff import AutodiffError, build_backward
 from .passes.decompose import decompose
 from .passes.simplify import cse, dce, fold_constants, remove_noops
-from .trace import symbolic_trace
+from .trace import HOOK_TABLES, symbolic_trace
 
 
 def debug_level() -> int:
@@ -216,7 +216,7 @@ class CompiledModule(Module):
         object.__setattr__(self, "_module_list", [(path, m) for path, m in module.named_modules()])
         object.__setattr__(self, "_parameter_tables", [m._parameters for _, m in self._module_list])
         object.__setattr__(self, "_hook_tables", [getattr(m, name) for path, m in self._module_list if path
-                                                  for name in _HOOK_TABLES])
+                                                  for name in HOOK_TABLES])
         self.recompile_limit = recompile_limit
         self.target = target
         self.codegen = codegen
@@ -336,7 +336,6 @@ class CompiledModule(Module):
 
 
 _EAGER = object()
-_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _hashable(value):

@@ -24,8 +24,9 @@ class Kernel:
         nodes run on the reduced shape (they may read every reduction of the kernel, never a prologue value).
         Prologue nodes read outside the kernel are outputs, written by the pass (e.g. an input gradient written
         while the bias and weight gradients are summed).
-      - "matmul": one matmul/linear node (run by BLAS) followed by elementwise epilogue nodes on its output
-        shape (`shape`), e.g. bias add + activation.
+      - "matmul": one matmul/linear node (BLAS, or a generated loop for small-batch shapes) and elementwise
+        epilogue nodes on its output shape (`shape`), e.g. bias add + activation; epilogue nodes that do not read
+        the product (a relu mask only the epilogue reads) may come before it in `nodes`.
       - "opaque": a single node run as is (views, gathers, cat, ...): no code generation.
     nodes: the group's nodes in graph order.
     inputs: nodes outside the group whose values the group reads (tensors), in a fixed order.

@@ -386,10 +386,13 @@ def _recording(fn, tracer: Tracer):
     return recorder
 
 
+# A module's own hook registries (the *_with_kwargs / always_called tables only annotate entries of these).
+HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
 def has_hooks(module: Module) -> bool:
     """Whether any forward or backward hook is registered on the module itself."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
+    return any(getattr(module, name) for name in HOOK_TABLES)
 
 
 def symbolic_trace(module: Module, concrete_args: dict | None = None, tracer: Tracer | None = None):

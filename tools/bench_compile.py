@@ -57,12 +57,12 @@ if __name__ == "__main__":  # before numpy/torch/numba load: they read thread co
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
     import runtime
-    from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead
+    from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead, selected_names
     from tools.bench_mlp import LR, MOMENTUM, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
 except ImportError:  # run as `python tools/bench_compile.py`: put the repo root on sys.path
     sys.path.insert(0, _ROOT)
     import runtime
-    from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead
+    from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead, selected_names
     from tools.bench_mlp import LR, MOMENTUM, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
 
 import numba
@@ -780,14 +780,7 @@ def _parse(argv):
     args = p.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be at least 1")
-    if args.cases:
-        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
-        unknown = [c for c in wanted if c not in CASES]
-        if unknown:
-            p.error(f"unknown case(s) {unknown}; choose from {list(CASES)}")
-        args.selected = [c for c in CASES if c in wanted]
-    else:
-        args.selected = list(CASES)
+    args.selected = selected_names(p, args.cases, list(CASES))
     return args
 
 

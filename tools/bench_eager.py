@@ -135,6 +135,18 @@ def _header():
     return lines
 
 
+def selected_names(parser, listed, names, what="case"):
+    """The names in a comma-separated flag value (None or empty: all of them), in `names` order; an unknown name is
+    a parser error that lists the choices."""
+    if not listed:
+        return list(names)
+    wanted = [n.strip() for n in listed.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in names]
+    if unknown:
+        parser.error(f"unknown {what}(s) {unknown}; choose from {list(names)}")
+    return [n for n in names if n in wanted]
+
+
 def _parse(argv):
     """Parse CLI flags; attaches the selected Case list as args.cases."""
     p = argparse.ArgumentParser(description=__doc__)
@@ -142,14 +154,8 @@ def _parse(argv):
     p.add_argument("--ops", default=None,
                    help="comma-separated subset of cases: " + ",".join(CASE_NAMES))
     args = p.parse_args(argv)
-    if args.ops:
-        wanted = [o.strip() for o in args.ops.split(",") if o.strip()]
-        unknown = [o for o in wanted if o not in CASE_NAMES]
-        if unknown:
-            p.error(f"unknown op(s) {unknown}; choose from {CASE_NAMES}")
-        args.cases = [c for c in CASES if c.name in wanted]
-    else:
-        args.cases = list(CASES)
+    names = selected_names(p, args.ops, CASE_NAMES, "op")
+    args.cases = [c for c in CASES if c.name in names]
     return args
 
 

@@ -29,11 +29,11 @@ if __name__ == "__main__":  # before numpy/torch/numba load: they read thread co
 
 try:
     import runtime
-    from tools.bench_eager import Case, _calibrate, _grad_ctx, _header, _time_loop, harness_overhead
+    from tools.bench_eager import Case, _calibrate, _grad_ctx, _header, _time_loop, harness_overhead, selected_names
 except ImportError:  # run as `python tools/bench_mlp.py`: put the repo root on sys.path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import runtime
-    from tools.bench_eager import Case, _calibrate, _grad_ctx, _header, _time_loop, harness_overhead
+    from tools.bench_eager import Case, _calibrate, _grad_ctx, _header, _time_loop, harness_overhead, selected_names
 
 import numpy as np
 
@@ -149,14 +149,8 @@ def _parse(argv):
     args = p.parse_args(argv)
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be at least 1")
-    if args.cases:
-        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
-        unknown = [c for c in wanted if c not in CASE_NAMES]
-        if unknown:
-            p.error(f"unknown case(s) {unknown}; choose from {CASE_NAMES}")
-        args.selected = [(c, t) for c, t in CASES if c.name in wanted]
-    else:
-        args.selected = list(CASES)
+    names = selected_names(p, args.cases, CASE_NAMES)
+    args.selected = [(c, t) for c, t in CASES if c.name in names]
     return args
 
 

@@ -50,8 +50,6 @@ from ..prims import Prim
 from . import cache
 
 GENERATOR_VERSION = 1
-# NOTE: measured crossover on this machine: a warm parallel kernel costs ~1.6 us of overhead, a cold thread pool
-# 40-150 us; below 2**16 elements a serial loop wins.
 # NOTE: a warm parallel kernel costs ~1.6 µs, which alone would put the crossover near 2**16 elements; but between
 # BLAS calls numba's and OpenBLAS's spinning thread pools contend on a 2-core machine (a 10 µs kernel took 2-4 ms
 # in an MLP training step), so parallel loops start at 2**18 elements (tools/bench_compile.py, case 4a).
@@ -1135,14 +1133,17 @@ class _Generator:
         n_out = b_shape[0] if op_name == "linear" else b_shape[1]
         work = rows * kdim * n_out  # multiply-adds
         parallel = work >= PARALLEL_MIN_ELEMENTS
-        if op_name == "linear" and rows <= FEW_ROWS:
-            lines = self._dot_rows_lines(rows, kdim, n_out, zero)
+        if op_name == "linear" and rows <= FEW_ROWS:  # each weight row swept once, every row of `a` held
+            lines = self._dot_lines("b", "a", n_out, rows, kdim, lambda h: f"{h * n_out} + s", zero,
+                                    _FEW_ROWS_BLOCK)
         elif op_name == "matmul" and len(a_shape) >= 2 and rows <= FEW_ROWS:
             lines = self._axpy_rows_lines(rows, kdim, n_out, zero)
         elif op_name == "matmul" and len(a_shape) >= 2 and kdim <= FEW_ROWS:
             lines = self._short_sum_lines(rows, kdim, n_out)
         elif work <= _SERIAL_LOOP_WORK and op_name == "linear" and n_out <= FEW_COLUMNS:
-            lines, parallel = self._dot_columns_lines(rows, kdim, n_out, zero), False
+            # each row of `a` swept once, every weight row held
+            lines = self._dot_lines("a", "b", rows, n_out, kdim, lambda h: f"s * {n_out} + {h}", zero, 1)
+            parallel = False
         elif work <= _SERIAL_LOOP_WORK and op_name == "matmul" and len(a_shape) >= 2 and kdim <= FEW_COLUMNS:
             lines, parallel = self._short_sum_lines(rows, kdim, n_out), False
         else:
@@ -1151,32 +1152,21 @@ class _Generator:
         return _Function(f"{self.name}_rows", args, lines, parallel, reassociate=True)
 
     @staticmethod
-    def _dot_rows_lines(rows, kdim, n_out, zero) -> list[str]:
-        """out[i, n] = a[i, :] . w[n, :] for blocks of _FEW_ROWS_BLOCK columns n (a task each): every row's sum in
-        one sweep over k, so each weight element is loaded once for all rows (rows of `a` stay in L1)."""
-        block = _FEW_ROWS_BLOCK
-        accs = [f"acc{i}" for i in range(rows)]
-        return ([f"for blk in LOOP({-(-n_out // block)}):",
-                 f"    for n in range(blk * {block}, min({n_out}, blk * {block} + {block})):",
-                 f"        wr = b[n * {kdim}:n * {kdim} + {kdim}]",
-                 f"        {', '.join(accs)} = {', '.join([zero] * rows)}",
-                 f"        for k in range({kdim}):",
-                 "            w = wr[k]"]
-                + [f"            {acc} += a[{i * kdim} + k] * w" for i, acc in enumerate(accs)]
-                + [f"        out[{i * n_out} + n] = {acc}" for i, acc in enumerate(accs)])
-
-    @staticmethod
-    def _dot_columns_lines(rows, kdim, n_out, zero) -> list[str]:
-        """out[i, n] = a[i, :] . w[n, :] row by row, every column's sum in one sweep over k: each element of `a`
-        is loaded once for all n_out weight rows (they stay in L1)."""
-        accs = [f"acc{n}" for n in range(n_out)]
-        return ([f"for i in LOOP({rows}):",
-                 f"    ar = a[i * {kdim}:i * {kdim} + {kdim}]",
-                 f"    {', '.join(accs)} = {', '.join([zero] * n_out)}",
-                 f"    for k in range({kdim}):",
-                 "        v = ar[k]"]
-                + [f"        {acc} += v * b[{n * kdim} + k]" for n, acc in enumerate(accs)]
-                + [f"    out[i * {n_out} + {n}] = {acc}" for n, acc in enumerate(accs)])
+    def _dot_lines(swept, held, n_swept, n_held, kdim, out_at, zero, block) -> list[str]:
+        """out = a . w^T as dot products of contiguous rows of length kdim: tasks of `block` rows s of `swept`;
+        each is read once, in one sweep over k that adds it into a sum per row h of `held` (n_held rows, which
+        stay in L1). out_at(h) is the flat output index (of s and h) a sum is stored at."""
+        accs = [f"acc{h}" for h in range(n_held)]
+        rows = ([f"for s in LOOP({n_swept}):"] if block == 1 else
+                [f"for blk in LOOP({-(-n_swept // block)}):",
+                 f"    for s in range(blk * {block}, min({n_swept}, blk * {block} + {block})):"])
+        body = ([f"sr = {swept}[s * {kdim}:s * {kdim} + {kdim}]",
+                 f"{', '.join(accs)} = {', '.join([zero] * n_held)}",
+                 f"for k in range({kdim}):",
+                 "    v = sr[k]"]
+                + [f"    {acc} += {held}[{h * kdim} + k] * v" for h, acc in enumerate(accs)]
+                + [f"out[{out_at(h)}] = {acc}" for h, acc in enumerate(accs)])
+        return rows + _indent(body, len(rows))
 
     @staticmethod
     def _short_sum_lines(rows, kdim, n_out) -> list[str]:
@@ -1375,7 +1365,7 @@ class CompiledKernel:
         checks and converts every input (a launch is safe to repeat: it only writes `outs`). Read-only inputs
         (expand's broadcast views) go to `run` at once: a refused dispatch costs ~100 us of numba's typing."""
         if ([a.shape for a in input_arrays] == self._in_shapes and [a.dtype for a in input_arrays] == self._in_dtypes
-                and all(a.flags.writeable for a in input_arrays)):
+                and all_writeable(input_arrays)):
             try:
                 self._launch(input_arrays, outs)
                 return
@@ -1429,6 +1419,12 @@ def _numba_signature(dtypes):
     from numba.np.numpy_support import from_dtype
 
     return tuple(types.Array(from_dtype(d), 1, "C") for d in dtypes)
+
+
+def all_writeable(arrays) -> bool:
+    """Whether a compiled launcher can take these arrays as they are: its numba signatures are writeable arrays, and a
+    dispatch numba refuses (a read-only array: an expand's broadcast view) costs ~100 us of typing before failing."""
+    return all(a.flags.writeable for a in arrays)
 
 
 def _numba_signature_nd(specs):

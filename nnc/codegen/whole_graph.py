@@ -31,8 +31,8 @@ import numpy as np
 from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
 from . import cache
-from .cpu import (Generated, KernelCompileError, _numba_signature_nd, _op_and_attrs, _py_name, check_dtype,
-                  compile_generated, ctor, generate, np_dtype)
+from .cpu import (Generated, KernelCompileError, _numba_signature_nd, _op_and_attrs, _py_name, all_writeable,
+                  check_dtype, compile_generated, ctor, generate, np_dtype)
 
 # NOTE: a kernel over 2**20 elements takes ~0.2 ms or more, where a launch from Python (~5 us) is noise, and a
 # fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
@@ -95,7 +95,7 @@ class CompiledGraph:
     def run(self, arrays: list) -> tuple:
         # NOTE: the shapes are checked here (the code is specialized to them); dtypes, ranks and layouts by numba's
         # dispatcher, which refuses other types (compilation is disabled): then the slow path below says which.
-        if [a.shape for a in arrays] == self._shapes:
+        if [a.shape for a in arrays] == self._shapes and all_writeable(arrays):
             try:
                 return self._function(*arrays)
             except TypeError:

@@ -14,7 +14,6 @@ import runtime
 import runtime.factories as factories
 from runtime import api, dtypes as dt
 from runtime.nn import Module
-from runtime.ops import OPS
 from runtime.tensor import Tensor
 
 from ..graph import Graph, Node, map_arg

@@ -1013,7 +1013,8 @@ def _class_weight_check(weight, n_classes):
 
 
 def _nll(name, logp, target, weight, ignore_index, reduction):
-    """nll_loss on log-probabilities logp with class dim 1 (or 0 for a 1-D input)."""
+    """nll_loss on log-probabilities logp with class dim 1 (or 0 for a 1-D input): the nll_loss op, or with class
+    weights a composite of gathers."""
     _class_target_checks(name, logp, target)
     class_dim = 0 if logp.ndim == 1 else 1
     n_classes = logp.shape[class_dim]
@@ -1024,11 +1025,7 @@ def _nll(name, logp, target, weight, ignore_index, reduction):
     valid = target != ignore_index
     safe = target.masked_fill(~valid, 0).to(dt.int64)
     picked = logp.gather(class_dim, safe.unsqueeze(class_dim)).squeeze(class_dim)
-    if weight is not None:
-        w = weight.index_select(0, safe.reshape(-1)).reshape(tuple(safe.shape))
-        w = w.masked_fill(~valid, 0.0)
-    else:
-        w = valid.to(logp.dtype)
+    w = weight.index_select(0, safe.reshape(-1)).reshape(tuple(safe.shape)).masked_fill(~valid, 0.0)
     # ignored positions give exactly 0 (where, not a product: -inf * 0 would be nan)
     loss = api.where(valid, -picked * w, 0.0)
     if reduction == "none":
