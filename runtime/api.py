@@ -12,6 +12,7 @@ import numpy as np
 
 from . import dtypes as dt
 from .ops import apply, is_tensor_like
+from .random import rng
 
 inf = math.inf
 
@@ -327,7 +328,7 @@ def lerp(input, end, weight):
 # ---------------------------------------------------------------------------------------------
 
 class ValuesIndices(NamedTuple):
-    """What max/min with a dim return (torch.return_types.max)."""
+    """What max/min with a dim and topk return (torch.return_types.max, torch.return_types.topk)."""
 
     values: object
     indices: object
@@ -770,6 +771,116 @@ def type_as(input, other):
 
 
 # ---------------------------------------------------------------------------------------------
+# Triangles, top-k and sampling
+# ---------------------------------------------------------------------------------------------
+
+def _off_triangle(input, diagonal, lower: bool, name: str):
+    """The bool mask of what tril (lower) or triu drops, over the last two dims."""
+    if input.ndim < 2:
+        raise RuntimeError(f"{name}: input tensor must have at least 2 dimensions")
+    if not hasattr(diagonal, "__index__"):
+        raise TypeError(f"{name}(): argument 'diagonal' must be int, not {type(diagonal).__name__}")
+    rows, cols, k = input.shape[-2], input.shape[-1], diagonal.__index__()
+    # NOTE: the mask depends only on the shape, so it is a constant: tril is one where, and its gradient
+    # is the same mask applied to the incoming gradient (where's rule), with no rule of its own.
+    drop = ~np.tri(rows, cols, k, dtype=bool) if lower else np.tri(rows, cols, k - 1, dtype=bool)
+    return input.new_tensor(drop, dtype=dt.bool_)
+
+
+def tril(input, diagonal=0):
+    return masked_fill(input, _off_triangle(input, diagonal, True, "tril"), 0)
+
+
+def triu(input, diagonal=0):
+    return masked_fill(input, _off_triangle(input, diagonal, False, "triu"), 0)
+
+
+def _values(input, name: str) -> np.ndarray:
+    """The numpy values of an eager tensor, for ops whose result depends on values (not only shapes)."""
+    from .tensor import Tensor
+
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{name} reads tensor values, so it needs an eager Tensor, not {type(input).__name__}")
+    return input.detach().numpy()
+
+
+def _topk_indices(a: np.ndarray, k: int, axis: int, largest: bool) -> np.ndarray:
+    """Indices of the k largest (or smallest) entries along axis, best first; nan counts as the largest."""
+    n = a.shape[axis]
+    if 0 < k < n:  # O(n) selection, then a sort of the k chosen only
+        idx = np.argpartition(a, n - k if largest else k - 1, axis=axis)
+    else:
+        idx = np.argsort(a, axis=axis)
+    idx = np.take(idx, np.arange(n - k, n) if largest else np.arange(k), axis=axis)
+    order = np.argsort(np.take_along_axis(a, idx, axis=axis), axis=axis, kind="stable")
+    return np.take_along_axis(idx, np.flip(order, axis=axis) if largest else order, axis=axis)
+
+
+def topk(input, k, dim=-1, largest=True, sorted=True):
+    """(values, indices) of the k largest (or smallest) entries along dim; always sorted, best first."""
+    if input.dtype is dt.bool_:
+        raise RuntimeError("topk does not support bool dtypes on CPU")
+    if input.ndim == 0:
+        wrap_dim(dim, 0)
+        values, indices = topk(input.reshape(1), k, 0, largest)
+        return ValuesIndices(values.reshape(()), indices.reshape(())) if k == 1 else ValuesIndices(values, indices)
+    d = wrap_dim(dim, input.ndim)
+    if not 0 <= k <= input.shape[d]:
+        raise RuntimeError("selected index k out of range")
+    # NOTE: which entries win reads values, so the indices come from numpy on the eager tensor (a constant
+    # to autograd); the values are a gather, whose rule scatters the gradient back to the chosen entries.
+    indices = input.new_tensor(_topk_indices(_values(input, "topk"), k, d, largest), dtype=dt.int64)
+    return ValuesIndices(gather(input, d, indices), indices)
+
+
+def _check_multinomial(input, num_samples: int, replacement: bool) -> None:
+    if input.ndim not in (1, 2):
+        raise RuntimeError("prob_dist must be 1 or 2 dim")
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"multinomial only supports floating-point dtypes for input, got: {input.dtype.name}")
+    if num_samples <= 0:
+        raise RuntimeError("cannot sample n_sample <= 0 samples")
+    if not replacement and num_samples > input.shape[-1]:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+
+
+def _checked_rows(input) -> np.ndarray:
+    """The probabilities as float64 rows, with torch's errors for bad entries or an all-zero row."""
+    p = _values(input, "multinomial").astype(np.float64).reshape(-1, input.shape[-1])
+    if not np.isfinite(p).all() or (p < 0).any():
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    if (p.sum(axis=1) <= 0).any():
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+    return p
+
+
+def _draw_with_replacement(p: np.ndarray, count: int, gen: np.random.Generator) -> np.ndarray:
+    """Inverse-CDF draws: the first category whose cumulative probability exceeds a uniform."""
+    cdf = np.cumsum(p, axis=1)
+    cdf /= cdf[:, -1:]  # the last entry is then exactly 1.0, above every uniform in [0, 1)
+    u = gen.random((p.shape[0], count))
+    return np.array([np.searchsorted(c, x, side="right") for c, x in zip(cdf, u)], np.int64).reshape(u.shape)
+
+
+def _draw_without_replacement(p: np.ndarray, count: int, gen: np.random.Generator) -> np.ndarray:
+    """Categories in the order sequential draws without replacement pick them (an exponential race)."""
+    # NOTE: category i finishes at E_i / p_i with E_i ~ Exp(1); the finishing order is distributed as
+    # drawing one by one in proportion to the remaining probabilities. A zero probability finishes last.
+    with np.errstate(divide="ignore"):
+        times = gen.exponential(size=p.shape) / p
+    return _topk_indices(times, count, 1, largest=False)
+
+
+def multinomial(input, num_samples, replacement=False, *, generator=None):
+    """int64 category indices drawn from (unnormalised) probabilities: one row of draws per row of input."""
+    _check_multinomial(input, num_samples, replacement)
+    p = _checked_rows(input)
+    draw = _draw_with_replacement if replacement else _draw_without_replacement
+    samples = draw(p, num_samples, rng(generator))
+    return input.new_tensor(samples.reshape(tuple(input.shape[:-1]) + (num_samples,)), dtype=dt.int64)
+
+
+# ---------------------------------------------------------------------------------------------
 # What becomes a Tensor method (name -> function taking the tensor first) and operator dunders.
 # ---------------------------------------------------------------------------------------------
 
@@ -781,7 +892,7 @@ METHODS = {name: globals()[name] for name in """
     sum mean var std max min amax amin argmax argmin prod all any sum_to_size
     matmul mm bmm reshape view view_as reshape_as flatten unflatten squeeze unsqueeze permute transpose swapaxes
     t expand expand_as broadcast_to narrow select split chunk unbind gather take_along_dim scatter_add
-    index_select clone detach repeat new_full new_zeros new_ones new_empty
+    index_select clone detach repeat new_full new_zeros new_ones new_empty tril triu topk multinomial
 """.split()}
 METHODS.update({f.__name__: f for f in map(_conversion, ("float32", "float64", "float16", "int64", "int32", "bool_"))})
 METHODS.update(type_as=type_as, multiply=mul, subtract=sub, divide=div, true_divide=div, greater=gt, less=lt,

@@ -525,6 +525,12 @@ class Tensor:
         self._bump_version()
         return self
 
+    def tril_(self, diagonal=0):
+        return self.masked_fill_(api._off_triangle(self, diagonal, True, "tril"), 0)
+
+    def triu_(self, diagonal=0):
+        return self.masked_fill_(api._off_triangle(self, diagonal, False, "triu"), 0)
+
     def zero_(self):
         return self.fill_(0)
 
