@@ -40,6 +40,10 @@ class MetaValue:
 
     @staticmethod
     def _apply_op(op, inputs, attrs):
+        for x in inputs:  # another kind of tensor-like among the inputs (autodiff's shape-only stand-in) decides
+            handler = getattr(type(x), "_apply_op", None)
+            if handler is not None and not isinstance(x, (MetaValue, Tensor)):
+                return handler(op, inputs, attrs)
         builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or _Builder.current
         return builder.emit(op, inputs, attrs)
 
@@ -129,7 +133,8 @@ class _Builder:
         self._tensor_paths, self.constants = {}, {}
         if gm is not None:
             named = [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
-            self._tensor_paths = {id(t): name for name, t in named}
+            for name, t in named:  # a tied tensor is named by its first path, as the tracer names it
+                self._tensor_paths.setdefault(id(t), name)
             for name, value in gm.graph.meta.get("constants", {}).items():
                 self._tensor_paths.setdefault(id(value), name)
             self.constants = dict(gm.graph.meta.get("constants", {}))
