@@ -42,10 +42,15 @@ class ShapeProp(Interpreter):
 
 def propagate_shapes(gm, *example_inputs):
     """Fill shape/dtype meta on gm.graph from example inputs; returns gm (its state left as it was)."""
+    import runtime
     from runtime.autograd import no_grad
 
-    with no_grad(), _buffers_kept(gm):
-        ShapeProp(gm).propagate(*example_inputs)
+    rng = runtime.get_rng_state()  # an analysis draws no numbers from the user's stream (dropout replayed here)
+    try:
+        with no_grad(), _buffers_kept(gm):
+            ShapeProp(gm).propagate(*example_inputs)
+    finally:
+        runtime.set_rng_state(rng)
     gm.graph.meta["example_inputs"] = [tensor_meta(x) for x in example_inputs]
     return gm
 
