@@ -11,14 +11,18 @@ import os
 import sys
 import sysconfig
 
+import numpy as np
+
 import runtime
 import runtime.nn.functional as F
 from runtime import api
+from runtime.autograd import no_grad
 from runtime.nn import Module
 from runtime.nn.modules import container
 from runtime.tensor import Tensor
 
-from .graph import Graph
+from . import pytree
+from .graph import Graph, map_arg
 from .prims import prims
 
 
@@ -80,6 +84,10 @@ _TENSOR_METHODS = {"to", "type", "type_as", "float", "double", "half", "long", "
                    "contiguous", "detach", "size", "dim", "numel", "new_tensor", "new_empty", "masked_fill_",
                    "add_", "sub_", "mul_", "div_", "clamp_", "relu_", "zero_", "fill_", "copy_"}
 METHOD_NAMES = frozenset(api.METHODS) | _TENSOR_METHODS
+# What a tracer with example inputs answers from the example values instead of recording: sizes, rank, dtype and
+# device. The compiled module's guards check exactly these, so the answers hold for every call that reuses the graph.
+SIZE_QUERIES = frozenset({"size", "shape", "dim", "ndim", "numel", "nelement", "dtype", "device",
+                          "is_floating_point", "is_complex", "element_size", "is_cuda"})
 
 
 class Proxy:
@@ -100,6 +108,10 @@ class Proxy:
         return tracer.create_proxy("call_function", prims[op.name], inputs, attrs)
 
     def __getattr__(self, name: str):
+        if name in SIZE_QUERIES and self.tracer.specializes_sizes:
+            value = self.tracer.value_of(self.node)
+            if isinstance(value, Tensor):
+                return getattr(value, name)
         if name in METHOD_NAMES:
             return _MethodRecorder(self, name)
         return self.tracer.create_proxy("call_function", builtins.getattr, (self, name), {})
@@ -116,15 +128,29 @@ class Proxy:
                          f"(override Tracer.is_leaf_module)")
 
     def __len__(self):
+        known = self._known_length()
+        if known is not None:
+            return known
         raise TraceError(f"len() is not supported on a traced value {_where()}: its length is not known while "
                          f"tracing. Use x.shape[0], concrete_args, or a leaf module")
 
     def __iter__(self):
-        count = _unpack_count(sys._getframe(1))
+        count = self._known_length()
+        if count is None:
+            count = _unpack_count(sys._getframe(1))
         if count is None:
             raise TraceError(f"a traced value cannot be iterated {_where()}: its length is not known while tracing. "
                              f"Unpack it into names (a, b = x.chunk(2)) or index it (parts[0]), or use concrete_args or a leaf module")
         return iter([self[i] for i in range(count)])
+
+    def _known_length(self) -> int | None:
+        """len() of the example value, when the tracer specializes sizes and the value has one."""
+        if not self.tracer.specializes_sizes:
+            return None
+        value = self.tracer.value_of(self.node)
+        if isinstance(value, Tensor):
+            return len(value) if value.ndim else None
+        return len(value) if isinstance(value, (tuple, list)) else None
 
     def __index__(self):
         raise TraceError(f"a traced value cannot be used as a Python integer {_where()}. "
@@ -195,13 +221,16 @@ def _has_proxy(value) -> bool:
 class Tracer:
     """Records a Module's forward. Override is_leaf_module to choose which submodules stay as calls."""
 
-    def __init__(self):
+    def __init__(self, leaf_paths=()):
         self.graph: Graph | None = None
         self.root: Module | None = None
+        self.leaf_paths = frozenset(leaf_paths)  # submodules recorded as calls whatever their type (graph breaks)
+        self.specializes_sizes = False
+        self._values: dict = {}
 
     def is_leaf_module(self, module: Module, qualified_name: str) -> bool:
         """Built-in layers (and any module with hooks, so they keep firing) are recorded as calls."""
-        if has_hooks(module):
+        if has_hooks(module) or qualified_name in self.leaf_paths:
             return True
         if isinstance(module, (container.Sequential, container.ModuleList, container.ModuleDict)):
             return False
@@ -215,6 +244,10 @@ class Tracer:
         self._module_stack.append(qualified_name)
         try:
             return forward(*args, **kwargs)
+        except TraceError as error:  # the innermost module that failed: a graph break can make it a call
+            if not hasattr(error, "module_path"):
+                error.module_path = qualified_name
+            raise
         finally:
             self._module_stack.pop()
 
@@ -281,24 +314,32 @@ class Tracer:
 
     # -- the trace ---------------------------------------------------------------------------------
 
-    def trace(self, root: Module, concrete_args: dict | None = None) -> Graph:
+    def trace(self, root: Module, concrete_args: dict | None = None, example_inputs: dict | None = None) -> Graph:
+        """Record root.forward. With example_inputs (argument name -> value), sizes are specialized: x.size(),
+        x.shape, len(x) and x.dim() are the example's ints, so Python code on sizes just runs; an argument holding
+        tensors inside tuples, lists or dicts becomes one placeholder per tensor (named `arg_0`, `arg_1`, ...)."""
         if not isinstance(root, Module):
             raise TypeError(f"nnc.trace expects a runtime.nn.Module, got {type(root).__name__}")
         self.root, self.graph, self.constants = root, Graph(), {}
+        self.specializes_sizes, self._values = example_inputs is not None, {}
         self._module_paths = {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
         self._tensor_paths = {}
         for name, t in [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]:
-            self._tensor_paths.setdefault(id(t), name)
+            self._tensor_paths.setdefault(id(t), name)  # a tied tensor is named by its first path, as torch does
         self._attr_nodes, self._module_stack, self._assigned = {}, [""], {}
-        args = self._placeholders(root, concrete_args or {})
-        with self._patched():
-            result = root.forward(*args.positional, **args.keyword)
+        args = self._placeholders(root, concrete_args or {}, example_inputs)
+        with self._patched(), _state_kept(root, self.specializes_sizes):
+            try:
+                result = root.forward(*args.positional, **args.keyword)
+            except TraceError as error:
+                error.module_path = getattr(error, "module_path", "")
+                raise
         self.graph.output(self._to_graph_args(result))
         self.graph.meta.update(training=root.training, constants=self.constants,
                                concrete_args=dict(concrete_args or {}))
         return self.graph
 
-    def _placeholders(self, root: Module, concrete_args: dict):
+    def _placeholders(self, root: Module, concrete_args: dict, example_inputs: dict | None):
         signature = inspect.signature(root.forward)
         unknown = set(concrete_args) - set(signature.parameters)
         if unknown:
@@ -310,14 +351,58 @@ class Tracer:
                 raise TraceError(f"{type(root).__name__}.forward takes *{name}: tracing needs named arguments")
             if name in concrete_args:
                 value = concrete_args[name]
+            elif example_inputs is not None and name in example_inputs:
+                value = self._example_placeholders(name, example_inputs[name])
             else:
-                value = Proxy(self.graph.placeholder(name, param.default), self)  # Parameter.empty is NO_DEFAULT
-                value.node.meta["module_path"] = ""
+                value = self._placeholder(name, param.default)  # Parameter.empty is NO_DEFAULT
             if param.kind == param.KEYWORD_ONLY:
                 keyword[name] = value
             else:
                 positional.append(value)
         return _Args(positional, keyword)
+
+    def _placeholder(self, name: str, default=inspect.Parameter.empty, example=None) -> Proxy:
+        proxy = Proxy(self.graph.placeholder(name, default), self)
+        proxy.node.meta["module_path"] = ""
+        if example is not None:
+            self._values[proxy.node] = example.detach().clone()  # in-place ops while tracing must not reach it
+        return proxy
+
+    def _example_placeholders(self, name: str, example):
+        """A placeholder for a tensor; for a nested value, one per tensor inside it (other leaves stay as given)."""
+        if isinstance(example, Tensor):
+            return self._placeholder(name, example=example)
+        leaves, spec = pytree.flatten(example)
+        count = iter(range(len(leaves)))
+        proxies = [self._placeholder(f"{name}_{next(count)}", example=leaf) if isinstance(leaf, Tensor) else leaf
+                   for leaf in leaves]
+        return pytree.unflatten(proxies, spec)
+
+    # -- example values (sizes specialized) --------------------------------------------------------
+
+    def value_of(self, node):
+        """The example value of a recorded node: the graph so far runs on the example inputs, without hooks and
+        without recording, the first time a size of one of its values is asked for."""
+        if node not in self._values:
+            with self._suspended(), no_grad():
+                for n in self.graph.nodes:
+                    if n not in self._values and n.op != "output":
+                        self._values[n] = self._evaluate(n)
+                    if n is node:
+                        break
+        return self._values[node]
+
+    def _evaluate(self, node):
+        args, kwargs = map_arg(node.args, self._values.__getitem__), map_arg(node.kwargs, self._values.__getitem__)
+        if node.op == "get_attr":
+            return self.constants[node.target] if node.target in self.constants else _fetch(self.root, node.target)
+        if node.op == "call_module":  # no hooks: tracing is an analysis (as shape propagation)
+            return _fetch(self.root, node.target).forward(*args, **kwargs)
+        if node.op == "call_method":
+            return getattr(args[0], node.target)(*args[1:], **kwargs)
+        if node.op == "placeholder":
+            raise TraceError(f"no example value for the input {node.target!r}")
+        return node.target(*args, **kwargs)
 
     @contextlib.contextmanager
     def _patched(self):
@@ -351,13 +436,55 @@ class Tracer:
                     patches.append((namespace, name, _recording(fn, tracer)))
         saved = [(obj, name, obj.__dict__[name] if name in obj.__dict__ else getattr(obj, name))
                  for obj, name, _ in patches]
+        self._patches, self._originals = patches, saved
         try:
-            for obj, name, value in patches:
-                setattr(obj, name, value)
+            _set_all(patches)
             yield
         finally:
-            for obj, name, value in saved:
-                setattr(obj, name, value)
+            _set_all(saved)
+
+    @contextlib.contextmanager
+    def _suspended(self):
+        """The original functions back for a while (to run recorded nodes on example values)."""
+        _set_all(self._originals)
+        try:
+            yield
+        finally:
+            _set_all(self._patches)
+
+
+def _set_all(assignments) -> None:
+    for obj, name, value in assignments:
+        setattr(obj, name, value)
+
+
+def _fetch(root: Module, path: str):
+    obj = root
+    for part in path.split(".") if path else ():
+        obj = getattr(obj, part)
+    return obj
+
+
+@contextlib.contextmanager
+def _state_kept(root: Module, active: bool):
+    """Running nodes on example values must leave the model as it was: its buffers (BatchNorm's running stats, a
+    buffer assigned in forward) and the random stream (dropout) are restored afterwards."""
+    if not active:
+        yield
+        return
+    buffers = [(m, dict(m._buffers), [b._data.copy() if b is not None else None for b in m._buffers.values()])
+               for m in root.modules()]
+    rng = runtime.get_rng_state()
+    try:
+        yield
+    finally:
+        runtime.set_rng_state(rng)
+        for module, registry, arrays in buffers:
+            module._buffers.clear()
+            module._buffers.update(registry)
+            for buffer, array in zip(registry.values(), arrays):
+                if buffer is not None and not np.array_equal(buffer._data, array, equal_nan=True):
+                    buffer._data[...] = array
 
 
 class _Args:
@@ -395,10 +522,14 @@ def has_hooks(module: Module) -> bool:
     return any(getattr(module, name) for name in HOOK_TABLES)
 
 
-def symbolic_trace(module: Module, concrete_args: dict | None = None, tracer: Tracer | None = None):
-    """Trace `module` into a GraphModule (same parameters, buffers and state_dict keys)."""
+def symbolic_trace(module: Module, concrete_args: dict | None = None, tracer: Tracer | None = None,
+                   example_inputs: dict | None = None):
+    """Trace `module` into a GraphModule (same parameters, buffers and state_dict keys).
+
+    example_inputs (argument name -> value) specializes sizes to those values (see Tracer.trace); without it the
+    trace is symbolic, as torch.fx's."""
     from .graph_module import GraphModule
 
     tracer = tracer or Tracer()
-    graph = tracer.trace(module, concrete_args)
+    graph = tracer.trace(module, concrete_args, example_inputs)
     return GraphModule(module, graph, class_name=type(module).__name__)
