@@ -5,7 +5,10 @@ import inspect
 import os
 import sys
 import time
+import types
 import warnings
+
+from runtime import dtypes as dt
 
 from runtime.autograd import Function, grad_mode, no_grad
 from runtime.nn import Module
@@ -17,7 +20,8 @@ from .graph_module import GraphModule, share_state
 from .passes.autodiff import AutodiffError, build_backward
 from .passes.decompose import decompose
 from .passes.simplify import cse, dce, fold_constants, remove_noops
-from .trace import HOOK_TABLES, symbolic_trace
+from . import pytree
+from .trace import HOOK_TABLES, Tracer, TraceError, symbolic_trace
 
 
 def debug_level() -> int:
@@ -51,24 +55,53 @@ class CompileError(RuntimeError):
     """The model could not be compiled for these inputs (the caller falls back to eager)."""
 
 
-class Artifact:
-    """What one guard key compiles to: the forward graph, and the backward pieces when gradients are needed."""
+class GraphBreak:
+    """A submodule that could not be traced: it runs eagerly, as a call in the compiled graph."""
 
-    def __init__(self, module: Module, concrete: dict, example_inputs: list, needs_grad: bool,
-                 inputs_requiring_grad: tuple = (), codegen: bool = True, whole_graph: bool | None = None):
-        start = time.perf_counter()
-        traced = symbolic_trace(module, concrete_args=concrete or None)
-        self.forward = run_pipeline(decompose(traced, *example_inputs), FORWARD_PIPELINE, "forward")
-        graph = self.forward.graph
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+
+    def __repr__(self) -> str:
+        return f"GraphBreak({self.path!r}: {self.reason})"
+
+
+def trace_for_compile(module: Module, concrete: dict, examples: dict, max_breaks: int = 16):
+    """The traced graph with sizes specialized to the examples, and the graph breaks it needed.
+
+    A submodule whose forward cannot be traced (data-dependent Python control flow) is recorded as a call and runs
+    eagerly; the rest of the model still compiles. The root's own forward has no such way out: its TraceError is
+    raised."""
+    breaks: list[GraphBreak] = []
+    while True:
+        tracer = Tracer(leaf_paths=[b.path for b in breaks])
+        try:
+            return symbolic_trace(module, concrete_args=concrete or None, tracer=tracer, example_inputs=examples), breaks
+        except TraceError as error:
+            path = getattr(error, "module_path", "")
+            if not path or len(breaks) >= max_breaks:
+                raise
+            breaks.append(GraphBreak(path, str(error)))
+            debug(1, f"graph break at {path}: {error}")
+
+
+class CompiledGraph:
+    """One decomposed graph compiled: a forward plan; with gradients, a training forward and a backward plan."""
+
+    def __init__(self, gm: GraphModule, needs_grad: bool, inputs_requiring_grad: tuple, codegen: bool = True,
+                 whole_graph: bool | None = None):
+        self.forward = gm
+        graph = gm.graph
         self.placeholders = graph.placeholders
+        self.tensor_inputs = [n for n in self.placeholders if "shape" in n.meta]
         self.opaque = [n for n in graph.nodes if "opaque_reason" in n.meta]
         self.output_leaves = _leaves(graph.output_node.args[0])  # tensor outputs in structure order
         self.backward = None
         self.backward_error = None
-        self.inputs_requiring_grad = inputs_requiring_grad
+        self.inputs_requiring_grad = tuple(inputs_requiring_grad)
+        self.params, self.param_nodes = [], []
         self.forward_plan = self.training_plan = self.backward_plan = None
         if needs_grad:
-            self._build_backward(module)
+            self._build_backward()
         if self.backward is not None and not self.opaque:
             self.training_plan = Plan(self.training_forward, use_codegen=codegen)
             # NOTE: the backward's outputs are gradients; with no reference kept, AccumulateGrad stores them as
@@ -78,20 +111,14 @@ class Artifact:
             # NOTE: whole-graph mode is for the forward only: numba links every kernel into the graph's function
             # and compiles them all again there, which a training step's two large graphs would pay cold in seconds
             self.forward_plan = Plan(self.forward, use_codegen=codegen, whole_graph=whole_graph)
-        self.compile_seconds = time.perf_counter() - start
 
     @property
     def plans(self) -> list:
         return [p for p in (self.forward_plan, self.training_plan, self.backward_plan) if p is not None]
 
-    def _build_backward(self, module: Module) -> None:
-        graph = self.forward.graph
-        params = dict(module.named_parameters())
-        self.param_nodes = [n for n in graph.nodes if n.op == "get_attr" and n.target in params
-                            and params[n.target].requires_grad]
-        self.params = [params[n.target] for n in self.param_nodes]
-        tensor_inputs = [n for n in self.placeholders if "shape" in n.meta]
-        self.input_nodes = [n for n, wants in zip(tensor_inputs, self.inputs_requiring_grad) if wants]
+    def _build_backward(self) -> None:
+        self.param_nodes, self.params = parameter_nodes(self.forward)
+        self.input_nodes = [n for n, wants in zip(self.tensor_inputs, self.inputs_requiring_grad) if wants]
         wrt = self.input_nodes + self.param_nodes
         try:
             backward = build_backward(self.forward, wrt)
@@ -101,6 +128,7 @@ class Artifact:
             return
         backward.gm = run_pipeline(backward.gm, BACKWARD_PIPELINE, "backward")
         self.backward = backward
+        self.differentiable_outputs = set(backward.grad_outputs)
         self.training_forward = self._forward_returning_saved(backward.saved)
 
     def _forward_returning_saved(self, saved) -> GraphModule:
@@ -117,6 +145,97 @@ class Artifact:
         graph.meta = dict(self.forward.graph.meta)
         return GraphModule(self.forward, graph, class_name=self.forward._get_name())
 
+    def run(self, tensors: list, wants_grad: bool):
+        """What the graph returns for these input tensors; with wants_grad, connected to autograd."""
+        if not wants_grad:
+            plan = self.forward_plan or self.training_plan
+            if plan.whole_graph:  # one numba call: nothing records autograd history
+                result = plan.run(*tensors)
+            else:
+                with no_grad():
+                    result = plan.run(*tensors)
+            return result if plan is self.forward_plan else result[0]
+        if self.training_plan is None or self._unexpected_grad(tensors):
+            # eager autograd through the decomposed graph: correct, and hooked modules see real values
+            return self.forward.forward(*tensors)
+        structure: list = []
+        flat = _CompiledFunction.apply(self, structure, len(tensors), *tensors, *self.params)
+        flat = flat if isinstance(flat, tuple) else (flat,)
+        return _rebuild(structure[0], iter(flat))
+
+    def _unexpected_grad(self, tensors) -> bool:
+        """An input requires grad that the backward was not built for (never a lost gradient: run eagerly)."""
+        return any(t._rg and not wants for t, wants in zip(tensors, self.inputs_requiring_grad))
+
+
+def parameter_nodes(gm: GraphModule) -> tuple[list, list]:
+    """(get_attr nodes, tensors) of the parameters that require grad, identified by object: a tied parameter read
+    under two paths is one parameter (simplify.merge_aliases gives it one node; two nodes here would be a bug)."""
+    trainable = {id(p): p for p in gm.parameters() if p.requires_grad}
+    nodes, tensors, seen = [], [], set()
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        tensor = _fetch_attr(gm, node.target)
+        if id(tensor) not in trainable:
+            continue
+        if id(tensor) in seen:
+            raise CompileError(f"parameter {node.target} is read by two graph nodes; its gradient would be split")
+        seen.add(id(tensor))
+        nodes.append(node)
+        tensors.append(tensor)
+    return nodes, tensors
+
+
+def _fetch_attr(gm: GraphModule, path: str):
+    obj = gm
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class Artifact:
+    """What one guard key compiles to: the traced, decomposed forward, compiled whole or in pieces.
+
+    examples: argument name -> example value (a tensor, or tuples, lists and dicts holding tensors); the graph's
+    placeholders are the tensors inside them, in order. With gradients, a graph with opaque nodes (graph breaks,
+    random draws) is split: the pieces between opaque nodes compile with their own backwards, the opaque nodes run
+    eagerly (nnc.split)."""
+
+    def __init__(self, module: Module, concrete: dict, examples: dict, needs_grad: bool, codegen: bool = True,
+                 whole_graph: bool | None = None):
+        from .split import SplitGraph
+
+        start = time.perf_counter()
+        flat = [t.detach() for t in pytree.tensor_leaves(list(examples.values()))]
+        traced, self.graph_breaks = trace_for_compile(module, concrete, examples)
+        self.forward = run_pipeline(decompose(traced, *flat), FORWARD_PIPELINE, "forward")
+        self.opaque = [n for n in self.forward.graph.nodes if "opaque_reason" in n.meta]
+        requiring = tuple(t.requires_grad for t in pytree.tensor_leaves(list(examples.values())))
+        self.main = self.split = None
+        if needs_grad and self.opaque:
+            self.split = SplitGraph(self.forward, requiring, lambda gm, grad, rg: CompiledGraph(
+                gm, grad, rg, codegen=codegen))
+        else:
+            self.main = CompiledGraph(self.forward, needs_grad, requiring, codegen=codegen, whole_graph=whole_graph)
+        self.compile_seconds = time.perf_counter() - start
+
+    forward_plan = property(lambda self: self.main.forward_plan if self.main else None)
+    training_plan = property(lambda self: self.main.training_plan if self.main else None)
+    backward_plan = property(lambda self: self.main.backward_plan if self.main else None)
+    backward = property(lambda self: self.main.backward if self.main else None)
+
+    @property
+    def graphs(self) -> list:
+        return [self.main] if self.main is not None else self.split.compiled_graphs
+
+    @property
+    def plans(self) -> list:
+        return [p for g in self.graphs for p in g.plans]
+
+    def run(self, tensors: list, wants_grad: bool):
+        return (self.main or self.split).run(tensors, wants_grad)
+
 
 def _map_nodes(value, mapping):
     from .graph import map_arg
@@ -128,28 +247,31 @@ class _CompiledFunction(Function):
     """The compiled forward and backward as one autograd node."""
 
     @staticmethod
-    def forward(ctx, artifact, structure, n_inputs, *tensors):
+    def forward(ctx, graph, structure, n_inputs, *tensors):
         inputs = tensors[:n_inputs]
-        user, saved = artifact.training_plan.run(*inputs)
-        ctx.artifact = artifact
+        user, saved = graph.training_plan.run(*inputs)
+        ctx.graph = graph
         ctx.save_for_backward(*saved)
         flat = _flatten_tensors(user)
         structure.append(user)
         ctx.n_outputs = len(flat)
-        return tuple(t.detach() for t in flat)
+        outputs = tuple(t.detach() for t in flat)
+        # NOTE: an output the backward cannot reach (detached, integer, a mask) does not require grad, as in eager
+        ctx.mark_non_differentiable(*[t for t, node in zip(outputs, graph.output_leaves)
+                                      if node not in graph.differentiable_outputs])
+        return outputs
 
     @staticmethod
     def backward(ctx, *grads):
-        artifact = ctx.artifact
-        backward = artifact.backward
+        graph = ctx.graph
+        backward = graph.backward
         saved = ctx.saved_tensors
-        seeds = [_sum_for(n, artifact.output_leaves, grads) for n in backward.grad_outputs]
+        seeds = [_sum_for(n, graph.output_leaves, grads) for n in backward.grad_outputs]
         with no_grad():
-            results = artifact.backward_plan.run(*saved, *seeds)
+            results = graph.backward_plan.run(*saved, *seeds)
         by_node = dict(zip(backward.wrt, results))
-        tensor_inputs = [n for n in artifact.placeholders if "shape" in n.meta]
-        input_grads = [by_node.get(n) for n in tensor_inputs]
-        param_grads = [by_node.get(n) for n in artifact.param_nodes]
+        input_grads = [by_node.get(n) for n in graph.tensor_inputs]
+        param_grads = [by_node.get(n) for n in graph.param_nodes]
         return (None, None, None, *input_grads, *param_grads)
 
 
@@ -161,6 +283,8 @@ def _leaves(value) -> list:
         return [value] if "shape" in value.meta else []
     if isinstance(value, (tuple, list)):
         return [n for v in value for n in _leaves(v)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _leaves(v)]
     return []
 
 
@@ -178,6 +302,8 @@ def _flatten_tensors(value) -> list:
         return [value]
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _flatten_tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _flatten_tensors(v)]
     return []
 
 
@@ -187,7 +313,11 @@ def _rebuild(template, flat_iter):
         return next(flat_iter)
     if isinstance(template, (tuple, list)):
         items = [_rebuild(v, flat_iter) for v in template]
-        return tuple(items) if isinstance(template, tuple) else items
+        if isinstance(template, list):
+            return items
+        return type(template)(*items) if hasattr(type(template), "_fields") else tuple(items)
+    if isinstance(template, dict):
+        return {k: _rebuild(v, flat_iter) for k, v in template.items()}
     return template
 
 
@@ -241,6 +371,23 @@ class CompiledModule(Module):
     def extra_repr(self) -> str:
         return f"target={self.target!r}, compiled variants={len(self._cache)}"
 
+    # -- the wrapped model's own attributes -------------------------------------------------------------
+
+    def __getattr__(self, name: str):
+        """Parameters, buffers and submodules come from the shared registries; anything else from the wrapped
+        model. Its methods are bound to this module, so `self(...)` inside them (a generate loop) runs compiled."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            pass
+        module = self.__dict__.get("_module")
+        if module is None:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+        function = inspect.getattr_static(type(module), name, None)
+        if inspect.isfunction(function) and not _uses_super(function):
+            return types.MethodType(function, self)
+        return getattr(module, name)
+
     # -- guards ----------------------------------------------------------------------------------------
 
     def _bind(self, args, kwargs):
@@ -255,6 +402,9 @@ class CompiledModule(Module):
         for name, value in arguments.items():
             if isinstance(value, Tensor):
                 parts.append((name, "tensor", value._data.shape, value._data.dtype.str, value._rg))
+            elif isinstance(value, (tuple, list, dict)):
+                leaves, spec = pytree.flatten(value)
+                parts.append((name, spec, tuple(_leaf_key(leaf) for leaf in leaves)))
             else:
                 parts.append((name, "python", _hashable(value)))
         params = tuple([p._rg for table in self._parameter_tables for p in table.values() if p is not None])
@@ -280,70 +430,172 @@ class CompiledModule(Module):
             artifact = self._compile(key, arguments)
         if artifact is _EAGER:
             return self._module.forward(*args, **kwargs)
-        return self._run(artifact, arguments, key[3])
+        tensors = _argument_tensors(arguments)
+        wants_grad = grad_mode.is_grad_enabled() and (any(t._rg for t in tensors) or any(key[3]))
+        return artifact.run(tensors, wants_grad)
+
+    @property
+    def compiled_variants(self) -> int:
+        """How many variants compiled successfully (failed compiles run eagerly and do not count)."""
+        return sum(1 for a in self._cache.values() if a is not _EAGER)
 
     def _compile(self, key, arguments):
-        if len(self._cache) >= self.recompile_limit:
+        changing = self._changing_dimension(key)
+        if changing is not None:
+            # NOTE: kernels are generated for static sizes; a dimension seen with a third value (a generate loop's
+            # growing length) would compile once per value, seconds each. Such calls run eagerly instead, and the
+            # variants compiled so far keep serving their sizes (the issue tracker has sizes as kernel arguments).
+            debug(1, f"{self._module._get_name()}: {changing} keeps changing; running eagerly for its new sizes")
+            self._cache[key] = _EAGER
+            return _EAGER
+        if self.compiled_variants >= self.recompile_limit:
             if not self.__dict__.get("_limit_warned"):
                 warnings.warn(f"nnc.compile: {self._module._get_name()} was recompiled {self.recompile_limit} times "
-                              f"(the recompile limit); running eagerly for new inputs", RuntimeWarning, stacklevel=3)
+                              f"(the recompile limit; {self._what_kept_changing()}); running eagerly for new "
+                              f"inputs", RuntimeWarning, stacklevel=3)
                 self.__dict__["_limit_warned"] = True
             return _EAGER
-        debug(1, f"compiling {self._module._get_name()}: {self._why_recompile(key)}")
-        concrete = {k: v for k, v in arguments.items() if not isinstance(v, Tensor)}
-        examples = [v for v in arguments.values() if isinstance(v, Tensor)]
-        needs_grad = key[2] and (any(t.requires_grad for t in examples)
+        if debug_level() >= 1:
+            debug(1, f"compiling {self._module._get_name()}: {self._why_recompile(key)}")
+        concrete, examples = split_arguments(arguments)
+        needs_grad = key[2] and (any(t.requires_grad for t in pytree.tensor_leaves(list(examples.values())))
                                  or any(p.requires_grad for p in self._module.parameters()))
         try:
             with no_grad():
-                artifact = Artifact(self._module, concrete, [t.detach() for t in examples], needs_grad,
-                                    tuple(t.requires_grad for t in examples), codegen=self.codegen,
+                artifact = Artifact(self._module, concrete, examples, needs_grad, codegen=self.codegen,
                                     whole_graph=self.whole_graph)
         except Exception as error:  # never a wrong answer: run eagerly, and say why
             warnings.warn(f"nnc.compile: could not compile {self._module._get_name()} "
                           f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=3)
             artifact = _EAGER
+        for graph_break in getattr(artifact, "graph_breaks", ()):
+            debug(1, f"{self._module._get_name()}: {graph_break.path} runs eagerly ({graph_break.reason})")
         self._cache[key] = artifact
         self._keys.append(key)
         return artifact
 
+    def _changing_dimension(self, key) -> str | None:
+        """'x's dim 1' when this key gives a tensor dimension a third distinct size, among the compiled variants."""
+        new_shapes = _tensor_shapes(key)
+        seen: dict = {}
+        for other, artifact in self._cache.items():
+            if artifact is _EAGER:
+                continue
+            for leaf, shape in _tensor_shapes(other).items():
+                for dim, size in enumerate(shape):
+                    seen.setdefault((leaf, len(shape), dim), set()).add(size)
+        for leaf, shape in new_shapes.items():
+            for dim, size in enumerate(shape):
+                sizes = seen.get((leaf, len(shape), dim), set())
+                if size not in sizes and len(sizes) >= 2:
+                    return f"{leaf[0]}'s dim {dim}"
+        return None
+
     def _why_recompile(self, key) -> str:
         if not self._keys:
             return "first call"
-        previous = self._keys[-1]
-        labels = ("arguments", "training flag", "grad mode", "parameters' requires_grad", "hooks")
-        changed = [label for label, a, b in zip(labels, previous, key) if a != b]
+        changed = _changed_parts(self._keys[-1], key)
         return "changed: " + ", ".join(changed)
 
-    def _run(self, artifact: Artifact, arguments: dict, key_params: tuple):
-        tensors = [v for v in arguments.values() if isinstance(v, Tensor)]
-        wants_grad = grad_mode.is_grad_enabled() and (any(t._rg for t in tensors) or any(key_params))
-        if not wants_grad:
-            plan = artifact.forward_plan or artifact.training_plan
-            if plan.whole_graph:  # one numba call: nothing records autograd history
-                result = plan.run(*tensors)
-            else:
-                with no_grad():
-                    result = plan.run(*tensors)
-            return result if plan is artifact.forward_plan else result[0]
-        if artifact.training_plan is None:
-            # eager autograd through the decomposed graph: correct, and hooked modules see real values
-            return artifact.forward.forward(*tensors)
-        structure: list = []
-        flat = _CompiledFunction.apply(artifact, structure, len(tensors), *tensors, *artifact.params)
-        flat = flat if isinstance(flat, tuple) else (flat,)
-        return _rebuild(structure[0], iter(flat))
+    def _what_kept_changing(self) -> str:
+        """Which guard parts differed between the variants compiled so far (argument names, flags)."""
+        seen: dict = {}
+        for previous, key in zip(self._keys, self._keys[1:]):
+            for part in _changed_parts(previous, key):
+                seen[part] = None
+        return "changed: " + ", ".join(seen) if seen else "no change recorded"
+
+
+_GUARD_LABELS = ("arguments", "training flag", "grad mode", "parameters' requires_grad", "hooks")
+
+
+def _changed_parts(previous, key) -> list[str]:
+    """What differs between two guard keys: argument names (with their shapes when those changed), else labels."""
+    changed = []
+    for label, a, b in zip(_GUARD_LABELS, previous, key):
+        if label == "arguments" and a != b:
+            changed += [_describe_argument(x, y) for x, y in zip(a, b) if x != y]
+        elif a != b:
+            changed.append(label)
+    return changed
+
+
+def _describe_argument(before, after) -> str:
+    name = after[0]
+    if before[1] == after[1] == "tensor" and before[2] != after[2]:
+        return f"{name}'s shape {tuple(before[2])} -> {tuple(after[2])}"
+    return f"argument {name}"
+
+
+def bind_arguments(module: Module, args: tuple, kwargs: dict) -> dict:
+    """forward's arguments by name, defaults filled in (the order the graph's placeholders follow)."""
+    bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def split_arguments(arguments: dict) -> tuple[dict, dict]:
+    """(concrete, examples): arguments holding no tensor are fixed into the graph (and guarded); the others are
+    inputs, one placeholder per tensor inside them."""
+    concrete = {k: v for k, v in arguments.items() if not pytree.has_tensor(v)}
+    return concrete, {k: v for k, v in arguments.items() if k not in concrete}
+
+
+def _tensor_shapes(key) -> dict:
+    """{(argument name, leaf position): shape} of the tensors a guard key describes."""
+    shapes = {}
+    for part in key[0]:
+        if part[1] == "tensor":
+            shapes[(part[0], 0)] = tuple(part[2])
+        elif isinstance(part[1], pytree.Spec):
+            for i, leaf in enumerate(part[2]):
+                if leaf[0] == "tensor":
+                    shapes[(part[0], i)] = tuple(leaf[1])
+    return shapes
+
+
+def _argument_tensors(arguments: dict) -> list:
+    """The tensors among the arguments, nested ones included, in the order the graph's placeholders take them."""
+    tensors = []
+    for value in arguments.values():
+        if isinstance(value, Tensor):
+            tensors.append(value)
+        elif isinstance(value, (tuple, list, dict)):
+            tensors += pytree.tensor_leaves(value)
+    return tensors
+
+
+def _leaf_key(leaf):
+    if isinstance(leaf, Tensor):
+        return ("tensor", leaf._data.shape, leaf._data.dtype.str, leaf._rg)
+    return ("python", _hashable(leaf))
+
+
+def _uses_super(function) -> bool:
+    """Whether a method calls super() (it then needs an instance of its class as self)."""
+    return "__class__" in function.__code__.co_freevars
 
 
 _EAGER = object()
 
 
 def _hashable(value):
+    """The value itself when it can be a dict key and compared safely, else its repr (a tensor inside an object
+    compares elementwise, which a guard must never do)."""
+    if isinstance(value, (int, float, str, bytes, bool, type(None), dt.dtype)):
+        return value
     try:
         hash(value)
-        return value
     except TypeError:
-        return repr(value)
+        return ("repr", repr(value))
+    return ("object", type(value).__qualname__, id(value)) if not _compares_safely(value) else value
+
+
+def _compares_safely(value) -> bool:
+    try:
+        return bool(value == value)
+    except Exception:
+        return False
 
 
 def compile(module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True,

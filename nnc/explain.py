@@ -34,6 +34,8 @@ class Report:
     whole_graph: bool = False   # the forward runs as one numba function (nnc.codegen.whole_graph)
     whole_graph_reason: str = ""  # else why it runs kernel by kernel
     whole_graph_source: str = ""  # the generated module of whole-graph mode (run_graph)
+    graph_breaks: list = field(default_factory=list)  # (submodule path, why it could not be traced)
+    pieces: int = 0  # with gradients and opaque nodes: the compiled pieces between eager calls (nnc.split)
 
     def forward_mode(self) -> str:
         """One line: how the forward runs (whole-graph mode, or kernel by kernel and why)."""
@@ -45,6 +47,10 @@ class Report:
         lines = [f"{len(self.kernels)} forward kernels, {len(self.backward_kernels)} backward kernels; "
                  f"compile {self.compile_seconds:.2f} s, {self.cache_hits} kernels from the disk cache"]
         lines.append(self.forward_mode())
+        for path, reason in self.graph_breaks:
+            lines.append(f"graph break: {path} runs eagerly ({reason})")
+        if self.pieces:
+            lines.append(f"training: {self.pieces} compiled pieces around {len(self.opaque_nodes)} eager calls")
         for title, kernels in (("forward", self.kernels), ("backward", self.backward_kernels)):
             if kernels:
                 lines.append(f"{title}:")
@@ -79,19 +85,25 @@ def _kernel_reports(plan) -> list[KernelReport]:
     return reports
 
 
-def explain(module: Module, *example_inputs, backward: bool = False) -> Report:
-    """Compile `module` for these inputs (and its backward, if asked) and report what came out."""
-    from .compile import Artifact
+def explain(module: Module, *args, backward: bool = False, **kwargs) -> Report:
+    """Compile `module` for these arguments (any forward takes: tensors, nested tuples, Python values) and its
+    backward, if asked, and report what came out: kernels, graph breaks and the nodes that run eagerly."""
+    from .compile import Artifact, bind_arguments, split_arguments
 
-    tensors = [x for x in example_inputs if isinstance(x, Tensor)]
-    artifact = Artifact(module, {}, [t.detach() for t in tensors], needs_grad=backward,
-                        inputs_requiring_grad=tuple(t.requires_grad for t in tensors))
-    forward_plan = artifact.forward_plan or artifact.training_plan
-    report = Report(kernels=_kernel_reports(forward_plan), compile_seconds=artifact.compile_seconds,
-                    whole_graph=forward_plan.whole_graph, whole_graph_reason=forward_plan.whole_graph_reason,
-                    whole_graph_source=forward_plan.steps[0].compiled.source if forward_plan.whole_graph else "",
+    concrete, examples = split_arguments(bind_arguments(module, args, kwargs))
+    artifact = Artifact(module, concrete, examples, needs_grad=backward)
+    forward_plans = [g.forward_plan or g.training_plan for g in artifact.graphs]
+    first = forward_plans[0]
+    report = Report(kernels=[k for plan in forward_plans for k in _kernel_reports(plan)],
+                    compile_seconds=artifact.compile_seconds,
+                    whole_graph=first.whole_graph and len(forward_plans) == 1,
+                    whole_graph_reason=first.whole_graph_reason if len(forward_plans) == 1 else
+                    "the graph runs in pieces around eager calls",
+                    whole_graph_source=first.steps[0].compiled.source if first.whole_graph else "",
                     cache_hits=sum(p.cache_hits for p in artifact.plans),
-                    opaque_nodes=[(n.name, n.meta["opaque_reason"]) for n in artifact.opaque])
-    if artifact.backward_plan is not None:
-        report.backward_kernels = _kernel_reports(artifact.backward_plan)
+                    opaque_nodes=[(n.name, n.meta["opaque_reason"]) for n in artifact.opaque],
+                    graph_breaks=[(b.path, b.reason) for b in artifact.graph_breaks],
+                    pieces=len(artifact.graphs) if artifact.split is not None else 0)
+    report.backward_kernels = [k for g in artifact.graphs if g.backward_plan is not None
+                               for k in _kernel_reports(g.backward_plan)]
     return report

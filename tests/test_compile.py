@@ -193,10 +193,19 @@ def test_guards_recompile_on_shape_dtype_training_and_python_args():
 def test_recompile_limit_falls_back_to_eager_with_a_warning():
     compiled = nnc.compile(nn.Linear(2, 2), recompile_limit=2)
     compiled(runtime.ones(1, 2))
-    compiled(runtime.ones(2, 2))
+    compiled(runtime.ones(1, 1, 2))
     with pytest.warns(RuntimeWarning, match="recompile limit"):
-        out = compiled(runtime.ones(3, 2))
-    assert tuple(out.shape) == (3, 2)
+        out = compiled(runtime.ones(1, 1, 1, 2))
+    assert tuple(out.shape) == (1, 1, 1, 2)
+
+
+def test_a_dimension_with_a_third_size_runs_eagerly_without_compiling():
+    compiled = nnc.compile(nn.Linear(2, 2))
+    model = compiled._module
+    for batch in (1, 2, 3, 4, 2):
+        x = runtime.randn(batch, 2)
+        np.testing.assert_allclose(compiled(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-6)
+    assert compiled.compiled_variants == 2  # batches 1 and 2; 3 and 4 ran eagerly, the second 2 reused its variant
 
 
 def test_untraceable_code_falls_back_to_eager_with_a_warning():
