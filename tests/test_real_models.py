@@ -1,0 +1,375 @@
+"""Real model shapes through nnc.compile: a GPT, an LSTM language model and a graph break train as eager does."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import nnc
+import runtime
+import runtime.nn.functional as F
+from runtime import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+import real_models  # noqa: E402
+
+
+def train(model, batches, lr=0.05):
+    """Losses, gradients after each step and final parameters of SGD-with-momentum steps, one per batch."""
+    opt = runtime.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses, grads = [], []
+    for inputs in batches:
+        opt.zero_grad()
+        loss = model(*inputs)
+        loss = loss[1] if isinstance(loss, tuple) else loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append([None if p.grad is None else p.grad.numpy().copy() for p in model.parameters()])
+        opt.step()
+    return losses, grads, [p.detach().numpy().copy() for p in model.parameters()]
+
+
+def assert_trains_the_same(model, batches):
+    """Compiled and eager copies of `model` train to the same losses, gradients and weights (float64, 1e-9)."""
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to eager, no kernel failing to compile
+        got = train(compiled, batches)
+    want = train(model, batches)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
+    for step_got, step_want in zip(got[1], want[1]):
+        for g, w in zip(step_got, step_want):
+            assert (g is None) == (w is None)
+            if w is not None:
+                np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+    for g, w in zip(got[2], want[2]):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+    return compiled
+
+
+def gpt_batches(config, steps=3, batch=2, length=8):
+    return [(runtime.randint(0, config.vocab_size, (batch, length)),
+             runtime.randint(0, config.vocab_size, (batch, length))) for _ in range(steps)]
+
+
+def only_artifact(compiled):
+    (artifact,) = compiled._cache.values()
+    return artifact
+
+
+# -- a GPT -------------------------------------------------------------------------------------------------------
+
+def test_gpt_with_size_asserts_and_tied_embeddings_trains_compiled_as_eager():
+    runtime.manual_seed(0)
+    config = real_models.GPTConfig()
+    model = real_models.GPT(config).double()
+    compiled = assert_trains_the_same(model, gpt_batches(config))
+    artifact = only_artifact(compiled)
+    assert artifact.graph_breaks == [] and artifact.split is None
+    assert artifact.training_plan is not None and artifact.backward_plan is not None  # forward and backward compiled
+
+
+def test_gpt_still_raises_for_symbolic_trace():
+    """nnc.trace keeps torch.fx's symbolic sizes: the assert on a size cannot run there."""
+    with pytest.raises(nnc.TraceError, match="control flow"):
+        nnc.trace(real_models.GPT(real_models.GPTConfig()))
+
+
+def test_gpt_sizes_are_specialized_and_guarded():
+    runtime.manual_seed(0)
+    config = real_models.GPTConfig()
+    model = real_models.GPT(config).double().eval()
+    compiled = nnc.compile(copy.deepcopy(model))
+    for length in (5, 7, 5):
+        idx = runtime.randint(0, config.vocab_size, (1, length))
+        with runtime.no_grad():
+            np.testing.assert_allclose(compiled(idx)[0].numpy(), model(idx)[0].numpy(), rtol=1e-9)
+    assert compiled.compiled_variants == 2  # one per length; the third call reuses the first
+
+
+def test_gpt_generate_runs_through_the_compiled_forward():
+    runtime.manual_seed(0)
+    config = real_models.GPTConfig(n_layer=1)
+    model = real_models.GPT(config).double().eval()
+    compiled = nnc.compile(copy.deepcopy(model))
+    prompt = runtime.zeros(1, 3, dtype=runtime.int64)
+    runtime.manual_seed(1)
+    want = model.generate(prompt, 3, top_k=5)
+    runtime.manual_seed(1)
+    got = compiled.generate(prompt, 3, top_k=5)
+    assert got.tolist() == want.tolist()
+    # the loop's self(...) is the compiled module: lengths 3 and 4 compile, length 5 (a third size) runs eagerly
+    assert compiled.compiled_variants == 2 and len(compiled._cache) == 3
+
+
+def test_generating_many_tokens_compiles_at_most_twice():
+    runtime.manual_seed(0)
+    config = real_models.GPTConfig(n_layer=1, block_size=8)
+    model = real_models.GPT(config).eval()
+    compiled = nnc.compile(copy.deepcopy(model))
+    runtime.manual_seed(1)
+    want = model.generate(runtime.zeros(1, 1, dtype=runtime.int64), 20)
+    runtime.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no recompile-limit warning either
+        got = compiled.generate(runtime.zeros(1, 1, dtype=runtime.int64), 20)
+    assert got.tolist() == want.tolist()
+    assert compiled.compiled_variants == 2
+
+
+# -- tied parameters ---------------------------------------------------------------------------------------------
+
+class TiedLM(nn.Module):
+    def __init__(self, vocab=11, dim=6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, idx, targets):
+        logits = self.head(runtime.tanh(self.embed(idx)))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def test_tied_weight_gets_the_gradient_of_both_uses():
+    runtime.manual_seed(0)
+    model = TiedLM().double()
+    batches = [(runtime.randint(0, 11, (3, 4)), runtime.randint(0, 11, (3, 4))) for _ in range(3)]
+    compiled = assert_trains_the_same(model, batches)
+    assert compiled.head.weight is compiled.embed.weight and compiled.embed.weight.grad is not None
+    forward = only_artifact(compiled).forward.graph
+    reads = [n for n in forward.nodes if n.op == "get_attr" and n.target.endswith("weight")]
+    assert len(reads) == 1  # one parameter, one node: its gradient cannot be split or lost
+
+
+def test_parameter_read_by_two_paths_is_one_parameter():
+    runtime.manual_seed(0)
+    shared = nn.Linear(4, 4).double()
+    model = nn.Sequential(shared, nn.Tanh(), shared)
+    x = runtime.randn(3, 4, dtype=runtime.float64)
+    assert_trains_the_same(nn.Sequential(model, _Sum()), [(x,), (x * 2,)])
+
+
+class _Sum(nn.Module):
+    def forward(self, x):
+        return (x * x).sum()
+
+
+def test_trainable_embedding_backward_compiles():
+    runtime.manual_seed(0)
+
+    class Bag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(9, 5)
+
+        def forward(self, idx):
+            return (self.embed(idx) ** 2).sum()
+
+    compiled = assert_trains_the_same(Bag().double(), [(runtime.tensor([[1, 2, 2], [8, 0, 1]]),)] * 2)
+    assert only_artifact(compiled).backward_plan is not None
+
+
+# -- an LSTM language model with a tuple hidden state -----------------------------------------------------------
+
+class LanguageModelLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = real_models.RNNModel()
+
+    def forward(self, tokens, hidden, targets):
+        output, _ = self.rnn(tokens, hidden)
+        return F.nll_loss(output, targets.view(-1))
+
+
+def test_lstm_language_model_with_tuple_hidden_state_and_tied_weights_trains_as_eager():
+    runtime.manual_seed(0)
+    model = LanguageModelLoss().double()
+    batches = [(runtime.randint(0, 50, (5, 3)),
+                tuple(runtime.randn(2, 3, 16, dtype=runtime.float64) for _ in range(2)),
+                runtime.randint(0, 50, (5, 3))) for _ in range(3)]
+    compiled = assert_trains_the_same(model, batches)
+    assert compiled.compiled_variants == 1  # new hidden values are inputs, not constants baked into the graph
+    assert [n.target for n in only_artifact(compiled).forward.graph.placeholders] == \
+        ["tokens", "hidden_0", "hidden_1", "targets"]
+
+
+def test_hidden_state_out_and_back_in():
+    """The usual loop: the returned (h, c) is fed to the next call."""
+    runtime.manual_seed(0)
+    model = real_models.RNNModel().double().eval()
+    compiled = nnc.compile(copy.deepcopy(model))
+    hidden_e = hidden_c = compiled.init_hidden(2)
+    for _ in range(3):
+        tokens = runtime.randint(0, 50, (4, 2))
+        with runtime.no_grad():
+            out_e, hidden_e = model(tokens, hidden_e)
+            out_c, hidden_c = compiled(tokens, hidden_c)
+        np.testing.assert_allclose(out_c.numpy(), out_e.numpy(), rtol=1e-9)
+        assert isinstance(hidden_c, tuple) and len(hidden_c) == 2
+    assert compiled.compiled_variants == 1
+
+
+def test_dict_inputs_and_outputs():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 2), nn.Linear(3, 2)
+
+        def forward(self, batch):
+            return {"sum": self.a(batch["x"]) + self.b(batch["y"]), "x": batch["x"] * 2}
+
+    runtime.manual_seed(0)
+    model = Heads().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    batch = {"x": runtime.randn(4, 3, dtype=runtime.float64), "y": runtime.randn(4, 3, dtype=runtime.float64)}
+    got, want = compiled(batch), model(batch)
+    assert list(got) == ["sum", "x"]
+    for key in got:
+        np.testing.assert_allclose(got[key].detach().numpy(), want[key].detach().numpy(), rtol=1e-9)
+    assert got["sum"].requires_grad and not got["x"].requires_grad  # x * 2 does not depend on a parameter
+
+
+def test_explain_takes_what_forward_takes():
+    model = real_models.RNNModel().double()
+    report = nnc.explain(model, runtime.randint(0, 50, (3, 2)), model.init_hidden(2))
+    assert report.kernels and not report.graph_breaks
+
+
+# -- the wrapped model's own attributes ------------------------------------------------------------------------
+
+def test_compiled_module_forwards_the_models_attributes_and_methods():
+    model = real_models.RNNModel().double()
+    compiled = nnc.compile(model)
+    assert compiled.nhid == model.nhid and compiled.ntoken == 50
+    hidden = compiled.init_hidden(3)
+    assert [tuple(h.shape) for h in hidden] == [(2, 3, 16), (2, 3, 16)]
+    with pytest.raises(AttributeError, match="no_such_thing"):
+        compiled.no_such_thing
+
+
+def test_method_calling_super_runs_on_the_original():
+    class Base(nn.Module):
+        def describe(self):
+            return "base"
+
+    class Child(Base):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.fc(x)
+
+        def describe(self):
+            return "child of " + super().describe()
+
+    assert nnc.compile(Child()).describe() == "child of base"
+
+
+# -- graph breaks ----------------------------------------------------------------------------------------------
+
+class GatedLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = real_models.GatedMLP()
+
+    def forward(self, x):
+        return (self.body(x) ** 2).mean()
+
+
+def test_data_dependent_submodule_runs_eagerly_and_the_rest_compiles():
+    runtime.manual_seed(0)
+    model = GatedLoss().double()
+    batches = [(runtime.randn(4, 8, dtype=runtime.float64) * scale,) for scale in (0.1, 10.0, 0.1)]
+    compiled = assert_trains_the_same(model, batches)  # both branches of the gate taken
+    artifact = only_artifact(compiled)
+    assert [b.path for b in artifact.graph_breaks] == ["body.gate"]
+    assert [n.target for n in artifact.split.eager_nodes] == ["body.gate"]
+    assert len(artifact.split.pieces) == 2
+    assert all(p.compiled.training_plan is not None for p in artifact.split.pieces)
+
+
+def test_graph_break_without_gradients():
+    runtime.manual_seed(0)
+    model = real_models.GatedMLP().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    for scale in (0.1, 10.0):
+        x = runtime.randn(4, 8, dtype=runtime.float64) * scale
+        with runtime.no_grad():
+            np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-9)
+
+
+def test_explain_lists_graph_breaks_with_the_users_line():
+    report = nnc.explain(GatedLoss().double(), runtime.randn(4, 8, dtype=runtime.float64), backward=True)
+    assert [path for path, _ in report.graph_breaks] == ["body.gate"]
+    text = str(report)
+    assert "graph break: body.gate runs eagerly" in text and "if x.abs().mean() > 1.0" in text
+    assert "2 compiled pieces around 1 eager calls" in text
+
+
+def test_root_with_data_dependent_control_flow_still_falls_back_with_a_warning():
+    class Root(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.fc(x) if x.sum() > 0 else -x
+
+    compiled = nnc.compile(Root())
+    with pytest.warns(RuntimeWarning, match="could not compile Root"):
+        compiled(runtime.ones(2, 3))
+
+
+# -- recompiles ------------------------------------------------------------------------------------------------
+
+def test_recompile_limit_counts_successful_compiles_and_names_what_changed():
+    model = nn.Linear(3, 2)
+    compiled = nnc.compile(model, recompile_limit=2)
+    with runtime.no_grad():
+        compiled(runtime.ones(1, 3))
+        compiled(runtime.ones(1, 1, 3))
+        with pytest.warns(RuntimeWarning, match=r"recompile limit; changed: input's shape \(1, 3\) -> \(1, 1, 3\)"):
+            compiled(runtime.ones(1, 1, 1, 3))
+    assert compiled.compiled_variants == 2
+
+
+def test_failed_compiles_do_not_count_towards_the_limit():
+    class Sometimes(nn.Module):
+        def forward(self, x):
+            if x.shape[0] == 1:
+                return x.nonzero_static_unknown()  # an AttributeError while tracing: compiling fails
+            return x * 2
+
+    compiled = nnc.compile(Sometimes(), recompile_limit=1)
+    with pytest.warns(RuntimeWarning, match="could not compile"):
+        with pytest.raises(AttributeError):
+            compiled(runtime.ones(1, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(compiled(runtime.ones(2, 3)).numpy(), 2.0)
+    assert compiled.compiled_variants == 1
+
+
+def test_gpt_with_dropout_trains_in_pieces_and_draws_what_eager_draws():
+    """Dropout is opaque (it draws random numbers): the pieces between dropouts compile, and compiling draws
+    nothing from the user's random stream, so the same seed gives eager's masks."""
+    runtime.manual_seed(0)
+    config = real_models.GPTConfig(dropout=0.1, n_layer=1)
+    model = real_models.GPT(config).double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    batches = gpt_batches(config, steps=2)
+    runtime.manual_seed(7)
+    got = train(compiled, batches)
+    runtime.manual_seed(7)
+    want = train(model, batches)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
+    for g, w in zip(got[2], want[2]):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+    split = only_artifact(compiled).split
+    assert len(split.pieces) >= 4 and all(p.compiled.training_plan is not None for p in split.pieces)
