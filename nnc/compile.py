@@ -9,13 +9,13 @@ import types
 import warnings
 
 from runtime import dtypes as dt
-
 from runtime.autograd import Function, grad_mode, no_grad
 from runtime.nn import Module
 from runtime.nn.modules import module as module_mod
 from runtime.tensor import Tensor
 
 from .executor import Plan
+from .graph import fetch_attr
 from .graph_module import GraphModule, share_state
 from .passes.autodiff import AutodiffError, build_backward
 from .passes.decompose import decompose
@@ -161,7 +161,7 @@ class CompiledGraph:
         structure: list = []
         flat = _CompiledFunction.apply(self, structure, len(tensors), *tensors, *self.params)
         flat = flat if isinstance(flat, tuple) else (flat,)
-        return _rebuild(structure[0], iter(flat))
+        return pytree.replace_tensors(structure[0], flat)
 
     def _unexpected_grad(self, tensors) -> bool:
         """An input requires grad that the backward was not built for (never a lost gradient: run eagerly)."""
@@ -169,14 +169,15 @@ class CompiledGraph:
 
 
 def parameter_nodes(gm: GraphModule) -> tuple[list, list]:
-    """(get_attr nodes, tensors) of the parameters that require grad, identified by object: a tied parameter read
-    under two paths is one parameter (simplify.merge_aliases gives it one node; two nodes here would be a bug)."""
+    """(get_attr nodes, tensors) of the parameters that require grad, identified by object. The tracer and decompose
+    name a tied parameter by its first path, so it is one node; two nodes for one parameter would split its gradient,
+    so they raise instead."""
     trainable = {id(p): p for p in gm.parameters() if p.requires_grad}
     nodes, tensors, seen = [], [], set()
     for node in gm.graph.nodes:
         if node.op != "get_attr":
             continue
-        tensor = _fetch_attr(gm, node.target)
+        tensor = fetch_attr(gm, node.target)
         if id(tensor) not in trainable:
             continue
         if id(tensor) in seen:
@@ -185,13 +186,6 @@ def parameter_nodes(gm: GraphModule) -> tuple[list, list]:
         nodes.append(node)
         tensors.append(tensor)
     return nodes, tensors
-
-
-def _fetch_attr(gm: GraphModule, path: str):
-    obj = gm
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 class Artifact:
@@ -207,11 +201,11 @@ class Artifact:
         from .split import SplitGraph
 
         start = time.perf_counter()
-        flat = [t.detach() for t in pytree.tensor_leaves(list(examples.values()))]
+        tensors = pytree.tensor_leaves(list(examples.values()))
         traced, self.graph_breaks = trace_for_compile(module, concrete, examples)
-        self.forward = run_pipeline(decompose(traced, *flat), FORWARD_PIPELINE, "forward")
+        self.forward = run_pipeline(decompose(traced, *[t.detach() for t in tensors]), FORWARD_PIPELINE, "forward")
         self.opaque = [n for n in self.forward.graph.nodes if "opaque_reason" in n.meta]
-        requiring = tuple(t.requires_grad for t in pytree.tensor_leaves(list(examples.values())))
+        requiring = tuple(t.requires_grad for t in tensors)
         self.main = self.split = None
         if needs_grad and self.opaque:
             self.split = SplitGraph(self.forward, requiring, lambda gm, grad, rg: CompiledGraph(
@@ -252,7 +246,7 @@ class _CompiledFunction(Function):
         user, saved = graph.training_plan.run(*inputs)
         ctx.graph = graph
         ctx.save_for_backward(*saved)
-        flat = _flatten_tensors(user)
+        flat = pytree.tensor_leaves(user)
         structure.append(user)
         ctx.n_outputs = len(flat)
         outputs = tuple(t.detach() for t in flat)
@@ -295,30 +289,6 @@ def _sum_for(node, leaves, grads):
         if leaf is node and grad is not None:
             total = grad if total is None else total + grad
     return total
-
-
-def _flatten_tensors(value) -> list:
-    if isinstance(value, Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flatten_tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _flatten_tensors(v)]
-    return []
-
-
-def _rebuild(template, flat_iter):
-    """The user's output structure with its tensors replaced by the autograd-connected ones."""
-    if isinstance(template, Tensor):
-        return next(flat_iter)
-    if isinstance(template, (tuple, list)):
-        items = [_rebuild(v, flat_iter) for v in template]
-        if isinstance(template, list):
-            return items
-        return type(template)(*items) if hasattr(type(template), "_fields") else tuple(items)
-    if isinstance(template, dict):
-        return {k: _rebuild(v, flat_iter) for k, v in template.items()}
-    return template
 
 
 class CompiledModule(Module):

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from runtime.nn import Module
-from runtime.tensor import Tensor
 
 from .executor import ViewStep
 

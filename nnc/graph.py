@@ -328,6 +328,14 @@ def attr_path(target: str) -> list[str]:
     return target.split(".") if target else []
 
 
+def fetch_attr(root, target: str):
+    """The object a get_attr/call_module target names, starting from `root` ("" is root itself)."""
+    obj = root
+    for part in attr_path(target):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _check_target_exists(root, node: Node) -> None:
     obj = root
     for part in attr_path(node.target):

@@ -1,7 +1,7 @@
 """Interpreter: runs a Graph node by node (the executable specification, the oracle for every backend)."""
 from __future__ import annotations
 
-from .graph import Graph, Node, attr_path, map_arg
+from .graph import Graph, Node, fetch_attr, map_arg
 
 
 class Interpreter:
@@ -31,10 +31,7 @@ class Interpreter:
         return map_arg(node.args, lookup), map_arg(node.kwargs, lookup)
 
     def fetch_attr(self, target: str):
-        obj = self.module
-        for part in attr_path(target):
-            obj = getattr(obj, part)
-        return obj
+        return fetch_attr(self.module, target)
 
     # -- one method per opcode ------------------------------------------------------------------------
 

@@ -76,6 +76,13 @@ def _build(leaves, spec: Spec):
     return spec.kind(*items)  # a namedtuple
 
 
+def replace_tensors(value, tensors):
+    """`value` with its tensors replaced, in flatten order, by `tensors` (other leaves kept)."""
+    leaves, spec = flatten(value)
+    replacements = iter(tensors)
+    return unflatten([next(replacements) if isinstance(leaf, Tensor) else leaf for leaf in leaves], spec)
+
+
 def tensor_leaves(value) -> list:
     """The tensors inside a nested value, in flatten order."""
     return [leaf for leaf in flatten(value)[0] if isinstance(leaf, Tensor)]

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from runtime.tensor import Tensor
 
-from .graph import Graph, Node, map_arg
+from .graph import Graph, Node, fetch_attr, map_arg
 from .graph_module import GraphModule
 from .interpreter import Interpreter
-from .prims import Prim
-
-
-def is_compiled_node(node: Node) -> bool:
-    """A primitive a piece can hold: pure (not opaque) prims.* calls."""
-    return node.op == "call_function" and isinstance(node.target, Prim) and "opaque_reason" not in node.meta
+from .passes.simplify import is_pure_prim
 
 
 class Piece:
@@ -39,7 +34,7 @@ def split_runs(graph: Graph) -> list:
     for node in graph.nodes:
         if node.op in ("placeholder", "get_attr", "output"):
             continue
-        if is_compiled_node(node):
+        if is_pure_prim(node):
             current.append(node)
             continue
         if current:
@@ -91,7 +86,7 @@ def requires_grad_flow(gm: GraphModule, inputs_requiring_grad) -> set:
     requires = {n for n, wants in zip(tensor_inputs, inputs_requiring_grad) if wants}
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            if id(Interpreter(gm).fetch_attr(node.target)) in trainable:
+            if id(fetch_attr(gm, node.target)) in trainable:
                 requires.add(node)
         elif node.op == "call_module":
             module = gm.get_submodule(node.target)

@@ -22,7 +22,7 @@ from runtime.nn.modules import container
 from runtime.tensor import Tensor
 
 from . import pytree
-from .graph import Graph, map_arg
+from .graph import Graph, fetch_attr, map_arg
 from .prims import prims
 
 
@@ -395,9 +395,9 @@ class Tracer:
     def _evaluate(self, node):
         args, kwargs = map_arg(node.args, self._values.__getitem__), map_arg(node.kwargs, self._values.__getitem__)
         if node.op == "get_attr":
-            return self.constants[node.target] if node.target in self.constants else _fetch(self.root, node.target)
+            return self.constants[node.target] if node.target in self.constants else fetch_attr(self.root, node.target)
         if node.op == "call_module":  # no hooks: tracing is an analysis (as shape propagation)
-            return _fetch(self.root, node.target).forward(*args, **kwargs)
+            return fetch_attr(self.root, node.target).forward(*args, **kwargs)
         if node.op == "call_method":
             return getattr(args[0], node.target)(*args[1:], **kwargs)
         if node.op == "placeholder":
@@ -456,13 +456,6 @@ class Tracer:
 def _set_all(assignments) -> None:
     for obj, name, value in assignments:
         setattr(obj, name, value)
-
-
-def _fetch(root: Module, path: str):
-    obj = root
-    for part in path.split(".") if path else ():
-        obj = getattr(obj, part)
-    return obj
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from runtime import api, dtypes as dt
 from runtime.nn import Module
 from runtime.tensor import Tensor
 
-from ..graph import Graph, Node, map_arg
+from ..graph import Graph, Node, fetch_attr, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
 from ..trace import has_hooks
@@ -293,15 +293,15 @@ def _replay(builder: _Builder, gm: GraphModule, node: Node, env: dict):
     if node.op == "get_attr":
         if node.target == "":  # the module itself (for a buffer rebound in forward): a node, so it runs on `self`
             return _OpaqueValue(builder.node("get_attr", ""))
-        return builder.value_of_attr(node.target, _fetch(gm, node.target))
+        return builder.value_of_attr(node.target, fetch_attr(gm, node.target))
     if node.op == "output":
         builder.node("output", "output", (map_arg(node.args[0], lambda n: builder.graph_arg(env[n])),))
         return None
     args = map_arg(node.args, env.__getitem__)
     kwargs = map_arg(node.kwargs, env.__getitem__)
-    if node.op == "call_module" and has_hooks(_fetch(gm, node.target)):
+    if node.op == "call_module" and has_hooks(fetch_attr(gm, node.target)):
         return _opaque(builder, node, args, kwargs, "the module has hooks, which must see real values")
-    module = _fetch(gm, node.target) if node.op == "call_module" else None
+    module = fetch_attr(gm, node.target) if node.op == "call_module" else None
     snapshot = _StateSnapshot(module)
     existing = set(builder.graph.nodes)
     try:
@@ -385,10 +385,3 @@ def _opaque(builder: _Builder, node: Node, args, kwargs, reason: str):
                 values.append(_OpaqueValue(part))
         return tuple(values)
     return _OpaqueValue(new)
-
-
-def _fetch(gm: GraphModule, path: str):
-    obj = gm
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj

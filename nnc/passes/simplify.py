@@ -8,7 +8,7 @@ from ..graph import Node, map_arg
 from ..prims import Prim
 
 
-def _is_pure_prim(node: Node) -> bool:
+def is_pure_prim(node: Node) -> bool:
     return node.op == "call_function" and isinstance(node.target, Prim) and "opaque_reason" not in node.meta
 
 
@@ -31,7 +31,7 @@ def _key(value):
 
 def _is_noop(node: Node) -> bool:
     """A view or cast that returns its input unchanged (same shape, same dtype, identity permutation)."""
-    if not _is_pure_prim(node) or not node.args or not isinstance(node.args[0], Node):
+    if not is_pure_prim(node) or not node.args or not isinstance(node.args[0], Node):
         return False
     source, name = node.args[0], node.target.op.name
     same_shape = tuple(source.meta.get("shape", ())) == tuple(node.meta.get("shape", ()))
@@ -59,7 +59,7 @@ def cse(gm):
     """Merge primitive nodes that compute the same op on the same inputs (random ops never reach here)."""
     seen: dict = {}
     for node in list(gm.graph.nodes):
-        if not _is_pure_prim(node):
+        if not is_pure_prim(node):
             continue
         key = (node.target.op.name, _key(node.args), _key(node.kwargs))
         first = seen.get(key)
@@ -82,7 +82,7 @@ def dce(gm):
 
 def _foldable(node: Node, constants: set) -> bool:
     """A pure primitive whose tensor inputs are all constants (not parameters or buffers, which change)."""
-    if not _is_pure_prim(node):
+    if not is_pure_prim(node):
         return False
     inputs = node.all_input_nodes
     return all(n in constants for n in inputs)
