@@ -13,7 +13,13 @@ import traceback
 
 PROG = "nnc"
 FORMATS = ("text", "table", "python", "dot", "json")
-STAGES = ("traced", "shapes", "decomposed", "backward", "fused", "kernels", "inference")
+# NOTE: the compiler's stages (nnc.pipeline.STAGE_NAMES, kept here so --help needs no compiler import; a test holds
+# them equal), then the inference view; the old stage names stay as aliases so existing commands keep working.
+STAGES = ("trace", "shapes", "decompose", "simplify", "split", "autodiff", "simplify_backward", "fuse", "memory",
+          "codegen", "inference")
+STAGE_ALIASES = {"traced": "trace", "decomposed": "simplify", "backward": "simplify_backward", "fused": "fuse",
+                 "kernels": "codegen"}
+GRAPH_STAGES = STAGES[:STAGES.index("fuse")]
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
 SEED = 0
 
@@ -22,20 +28,21 @@ INPUT_GRAMMAR = ("an input spec is DTYPE[DIMS]: DTYPE is one of " + ", ".join(DT
                    "(e.g. 'float32[8,784]', 'int64[4]', 'float32[]')")
 
 _DESCRIPTION = """\
-nnc traces runtime Modules (`import runtime as torch` code) into a graph IR and, as the compiler
-work lands, lowers them to fused kernels. `nnc dump` shows the graph at a chosen stage."""
+nnc compiles runtime Modules (`import runtime as torch` code): it traces them into a graph IR and
+lowers that to fused numba kernels. `nnc dump` shows what any stage of that pipeline makes."""
 
 _EPILOG = """\
 examples:
   nnc dump examples/models.py:mlp --input 'float32[8,784]' --stage shapes
+  nnc dump examples/models.py:mlp --input 'float32[8,784]' --stage fuse
   nnc dump examples/models.py:cnn --input 'float32[2,1,28,28]' --format dot --out cnn.dot
   nnc dump --help
 
 `python -m nnc.cli` runs the same command."""
 
 _DUMP_DESCRIPTION = """\
-Load FILE.py as a module, take its attribute ATTR, trace it with nnc.symbolic_trace and print the
-graph at the chosen --stage in the chosen --format.
+Load FILE.py as a module, take its attribute ATTR, run the compiler's pipeline on it up to the chosen
+--stage (the same stages nnc.compile runs) and print what that stage made in the chosen --format.
 
 ATTR names a runtime.nn.Module instance, a Module subclass, or a zero-argument callable that returns
 a Module (classes and callables are instantiated/called with no arguments); it may be dotted
@@ -44,18 +51,25 @@ neighbours.
 
 Each --input gives one positional argument of forward(), in order, as DTYPE[DIMS] with DTYPE one of
 float16, float32, float64, int32, int64, bool ('float32[]' is a scalar). Floating inputs are drawn
-from a standard normal distribution with a fixed seed, integer and bool inputs are zeros.
+from a standard normal distribution with a fixed seed, integer and bool inputs are zeros. Inputs do
+not require grad; the backward stages differentiate the parameters, as a training step does.
 
-Stages:
-  traced      the graph symbolic_trace records (inputs are not needed)
-  shapes      traced, then run on the --input tensors to record each node's shape and dtype
-  decomposed  primitive ops from runtime's op table, after CSE, constant folding and dead-code removal
-  backward    the backward graph the autodiff pass derives (gradients of inputs and parameters)
-  fused       the kernels fusion makes (forward and backward): ops, why each boundary exists, bytes moved
-              (formats text or json)
-  kernels     the generated numba source of every kernel (format text)
-  inference   the forward without gradients as nnc.compile runs it: the one numba function of
-              whole-graph mode (or why the forward runs kernel by kernel), then its kernels' source"""
+Stages, in the order nnc.compile runs them (graph stages print in any --format):
+  trace              the traced graph; without --input, traced symbolically (sizes stay symbolic)
+  shapes             the traced graph with each node's shape and dtype
+  decompose          primitive ops from runtime's op table
+  simplify           the forward after no-op removal, CSE, constant folding and dead-code removal
+  split              the graphs compiled: the forward, or with eager (opaque) nodes its pieces
+  autodiff           the backward graph derived for the parameters (and inputs) that require grad
+  simplify_backward  the backward after no-op removal, CSE and dead-code removal
+  fuse               the kernels (forward and backward): ops, why each boundary exists, bytes moved
+                     (format text or json)
+  memory             each graph's buffers for intermediate results, and the bytes reuse saves (text)
+  codegen            the generated numba source of every kernel (text)
+  inference          the forward without gradients as nnc.compile runs it: the one numba function of
+                     whole-graph mode (or why the forward runs kernel by kernel), then its kernels' source
+Old names still accepted: traced, decomposed (= simplify), backward (= simplify_backward),
+fused (= fuse), kernels (= codegen)."""
 
 _DUMP_EPILOG = """\
 examples:
@@ -105,9 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--input", "-i", action="append", default=[], metavar="SPEC", dest="inputs",
                       help="one forward() argument as DTYPE[DIMS], e.g. 'float32[8,784]'; repeat for each "
                            "argument, in order")
-    dump.add_argument("--stage", "-s", choices=STAGES, default=None, metavar="STAGE",
-                      help=f"which graph to show: {', '.join(STAGES)} (default: shapes when --input is given, "
-                           f"else traced)")
+    dump.add_argument("--stage", "-s", choices=STAGES + tuple(STAGE_ALIASES), default=None, metavar="STAGE",
+                      help=f"which stage to show: {', '.join(STAGES)} (default: shapes when --input is given, "
+                           f"else trace)")
     dump.add_argument("--format", "-f", choices=FORMATS, default="text", dest="fmt", metavar="FORMAT",
                       help=f"output format: {', '.join(FORMATS)} (default: text)")
     dump.add_argument("--out", "-o", metavar="FILE", default=None,
@@ -298,10 +312,16 @@ def _trace(module, where: str, path: str):
                        f"cannot be traced.", exc) from exc
 
 
-def _check_arity(gm, specs, where: str) -> None:
-    placeholders = gm.graph.placeholders
-    names = [p.target for p in placeholders]
-    required = [p.target for p in placeholders if "default" not in p.meta]
+def _check_arity(module, specs, where: str) -> None:
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters):
+        return
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [p.name for p in positional]
+    required = [p.name for p in positional if p.default is p.empty]
     if len(specs) > len(names) or len(specs) < len(required):
         wanted = (f"{len(required)}" if len(required) == len(names)
                   else f"{len(required)} to {len(names)}")
@@ -311,27 +331,57 @@ def _check_arity(gm, specs, where: str) -> None:
                        f"in order.")
 
 
-def _propagate(gm, specs, where: str) -> None:
-    from .passes.shapes import propagate_shapes
+def _compile_to(module, specs, stage: str, where: str, path: str):
+    """The compiler's pipeline run on `module` for the --input tensors, as nnc.compile runs it: up to `stage` for
+    a graph stage, to the end for the kernel views."""
+    from runtime.autograd import no_grad
 
-    inputs = make_inputs(specs)
+    from .compile import bind_arguments, split_arguments
+    from .pipeline import Compilation, PipelineError, run_stages
+
+    concrete, examples = split_arguments(bind_arguments(module, tuple(make_inputs(specs)), {}))
+    needs_grad = stage != "inference" and any(p.requires_grad for p in module.parameters())
+    compilation = Compilation(module, concrete, examples, needs_grad)
     try:
-        propagate_shapes(gm, *inputs)
-    except Exception as exc:  # noqa: BLE001 - the user's model on the user's shapes
-        names = [p.target for p in gm.graph.placeholders]
-        given = ", ".join(f"{n}: {format_spec(*s)}" for n, s in zip(names, specs))
-        node = _failing_node(exc)
-        at = ""
-        if node is not None:
-            at = f" It failed at node {node.name} ({node.op} {_target_text(node)})"
-            source = _node_source(node)
-            if source:
-                at += f", from {source}"
-                if node.meta.get("source_line"):
-                    at += f": `{node.meta['source_line']}`"
-            at += "."
-        raise CliError(f"{where} failed to run on the given inputs ({given}): {_describe(exc)}.{at} "
-                       f"Check that the --input shapes and dtypes match what forward() expects.", exc) from exc
+        with no_grad():  # as nnc.compile builds it
+            return run_stages(compilation, until=stage if stage in GRAPH_STAGES else None)
+    except PipelineError as exc:
+        raise _stage_error(exc, list(examples), specs, where, path) from exc.cause
+
+
+def _stage_error(exc, names: list, specs, where: str, path: str) -> CliError:
+    """The CliError for a failed pipeline stage: tracing and shape errors name the user's line or node."""
+    from .trace import TraceError
+
+    cause = exc.cause
+    if exc.stage == "trace" and isinstance(cause, TraceError):
+        return CliError(f"could not trace {where}: {cause}", cause)
+    if exc.stage == "trace":
+        return CliError(f"tracing {where} failed: {_describe(cause)}{_user_location(cause, path)}. Tracing runs "
+                        f"forward() on symbolic values, so code that needs real tensor values cannot be traced.", cause)
+    if exc.stage == "shapes":
+        return CliError(f"{where} failed to run on the given inputs ({_given(names, specs)}): {_describe(cause)}."
+                        f"{_failed_at(cause)} Check that the --input shapes and dtypes match what forward() expects.",
+                        cause)
+    return CliError(f"{where}: the compiler's {exc.stage} stage failed ({_describe(cause)}).", cause)
+
+
+def _given(names: list, specs) -> str:
+    return ", ".join(f"{n}: {format_spec(*s)}" for n, s in zip(names, specs))
+
+
+def _failed_at(exc: BaseException) -> str:
+    """' It failed at node N (op target), from FILE:LINE: `source`.' for the node the interpreter was running."""
+    node = _failing_node(exc)
+    if node is None:
+        return ""
+    at = f" It failed at node {node.name} ({node.op} {_target_text(node)})"
+    source = _node_source(node)
+    if source:
+        at += f", from {source}"
+        if node.meta.get("source_line"):
+            at += f": `{node.meta['source_line']}`"
+    return at + "."
 
 
 def _failing_node(exc: BaseException):
@@ -361,24 +411,24 @@ def _node_source(node) -> str | None:
     return source
 
 
-def _compiler_stage(gm, stage: str, where: str):
-    """The forward graph after decomposition and cleanup, or the backward graph derived from it."""
-    from .compile import FORWARD_PIPELINE, run_pipeline
-    from .passes.autodiff import AutodiffError, build_backward
-    from .passes.decompose import decompose
+def _graph_stage(compilation, stage: str, fmt: str, where: str) -> str:
+    """The graphs a graph stage made: one in any format, several (pieces) as text, table or python."""
+    from .pipeline import stage_graphs
+    from .printer import format_graph
 
-    forward = run_pipeline(decompose(gm), FORWARD_PIPELINE, "forward")
-    if stage == "decomposed":
-        return forward
-    graph = forward.graph
-    params = {name for name, p in gm.named_parameters() if p.requires_grad}
-    wrt = [n for n in graph.placeholders if "shape" in n.meta and n.meta["dtype"].is_floating_point]
-    wrt += [n for n in graph.nodes if n.op == "get_attr" and n.target in params]
-    try:
-        return build_backward(forward, wrt).gm
-    except AutodiffError as exc:
-        raise CliError(f"{where} has no compiled backward: {exc}. Its gradients run through eager autograd.",
-                       exc) from exc
+    graphs = stage_graphs(compilation, stage)
+    if not graphs:
+        errors = [g.backward_error for g in compilation.graphs if g.backward_error]
+        if errors:
+            raise CliError(f"{where} has no compiled backward: {errors[0]}. Its gradients run through eager autograd.")
+        raise CliError(f"{where} has no backward graph: no parameter requires grad (and --input tensors do not).")
+    if len(graphs) == 1:
+        (_, gm), = graphs
+        return format_graph(gm.graph, fmt, module=gm)
+    if fmt in ("dot", "json"):
+        raise CliError(f"--stage {stage} made {len(graphs)} graphs ({', '.join(label for label, _ in graphs)}); "
+                       f"--format {fmt} shows one graph: use text, table or python.")
+    return "\n\n".join(f"# {label}\n{format_graph(gm.graph, fmt, module=gm)}" for label, gm in graphs)
 
 
 def _kernel_source(k) -> str:
@@ -387,21 +437,37 @@ def _kernel_source(k) -> str:
     return k.source or f"# {k.name} ({k.kind}): {how}"
 
 
-def _kernel_stage(module, specs, stage: str, fmt: str, where: str) -> str:
-    """The fused kernels (a table or JSON), or their generated source."""
+def _memory_text(compilation) -> str:
+    """Each plan's buffers for intermediate results (nnc.passes.memory)."""
+    lines = []
+    for name, graph in zip(compilation.graph_names(), compilation.graphs):
+        for role, plan in (("forward", graph.forward_plan), ("training forward", graph.training_plan),
+                           ("backward", graph.backward_plan)):
+            if plan is None:
+                continue
+            lines.append(f"# {name} {role}: {len(plan.kernels)} kernels")
+            lines.append(plan.memory.summary() if plan.memory is not None else
+                         "no buffers: the graph runs as one numba function, which holds its intermediates")
+    return "\n".join(lines)
+
+
+def _kernel_stage(compilation, stage: str, fmt: str) -> str:
+    """The fused kernels (a table or JSON), their buffers, or their generated source."""
     import dataclasses
     import json
 
-    from .explain import explain
+    from .explain import report as explain_report
 
-    allowed = ("text", "json") if stage == "fused" else ("text",)
+    allowed = ("text", "json") if stage == "fuse" else ("text",)
     if fmt not in allowed:
         raise CliError(f"--stage {stage} prints as {' or '.join(allowed)}, not {fmt!r}.")
-    report = explain(module, *make_inputs(specs), backward=stage != "inference")
+    if stage == "memory":
+        return _memory_text(compilation)
+    report = explain_report(compilation)
     if stage == "inference":
         sources = [report.whole_graph_source] if report.whole_graph else []
         return "\n\n".join(["# " + report.forward_mode()] + sources + [_kernel_source(k) for k in report.kernels])
-    if stage == "kernels":
+    if stage == "codegen":
         return "\n\n".join(_kernel_source(k) for k in report.kernels + report.backward_kernels)
     if fmt == "json":
         strip = lambda k: {key: v for key, v in dataclasses.asdict(k).items() if key != "source"}  # noqa: E731
@@ -424,32 +490,31 @@ def _target_text(node) -> str:
 
 
 def cmd_dump(args) -> int:
-    stage = args.stage or ("shapes" if args.inputs else "traced")
+    stage = STAGE_ALIASES.get(args.stage, args.stage) or ("shapes" if args.inputs else "trace")
     specs = [parse_input_spec(s) for s in args.inputs]
-    if stage != "traced" and not specs:
+    if stage != "trace" and not specs:
         raise CliError(f"--stage {stage} needs example inputs: give one --input DTYPE[DIMS] per forward() argument, "
-                       "e.g. --input 'float32[8,784]'. Or use --stage traced, which needs none.")
+                       "e.g. --input 'float32[8,784]'. Or use --stage trace, which needs none.")
     path, attr = split_target(args.target)
     where = f"{path}:{attr}"
     _progress(args, f"loading {path}")
     module = resolve_module(load_file(path), attr, path)
-    _progress(args, f"tracing {where} ({type(module).__name__})")
-    gm = _trace(module, where, path)
-    if specs:
-        _check_arity(gm, specs, where)
-    if stage != "traced":
-        _progress(args, f"propagating shapes for {', '.join(format_spec(*s) for s in specs)}")
-        _propagate(gm, specs, where)
-    if stage in ("fused", "kernels", "inference"):
-        _progress(args, f"compiling {where} to show its {stage} stage")
-        return _write(args, _kernel_stage(module, specs, stage, args.fmt, where), stage)
-    if stage in ("decomposed", "backward"):
-        _progress(args, f"running the compiler's passes up to {stage}")
-        gm = _compiler_stage(gm, stage, where)
+    if not specs:
+        _progress(args, f"tracing {where} ({type(module).__name__}) symbolically")
+        gm = _trace(module, where, path)
+        return _write(args, _format(gm, args.fmt), stage)
+    _check_arity(module, specs, where)
+    _progress(args, f"running the compiler's stages up to {stage} on {', '.join(format_spec(*s) for s in specs)}")
+    compilation = _compile_to(module, specs, stage, where, path)
+    if stage in GRAPH_STAGES:
+        return _write(args, _graph_stage(compilation, stage, args.fmt, where), stage)
+    return _write(args, _kernel_stage(compilation, stage, args.fmt), stage)
 
-    from .printer import format_graph  # imported here: the printer may land after this module
 
-    return _write(args, format_graph(gm.graph, args.fmt, module=gm), stage)
+def _format(gm, fmt: str) -> str:
+    from .printer import format_graph
+
+    return format_graph(gm.graph, fmt, module=gm)
 
 
 def _write(args, text: str, stage: str) -> int:

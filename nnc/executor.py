@@ -113,6 +113,10 @@ def _attr_reader(gm: GraphModule, path: str):
 class Plan:
     """The steps for one graph; `run(*inputs)` returns what the graph returns.
 
+    Three stages of nnc.pipeline build it, in order: `fuse` groups the graph's nodes into kernels, `plan_memory`
+    gives their intermediate results reusable buffers, and `generate` compiles a step per kernel (or one numba
+    function for the whole graph, which needs no buffers).
+
     whole_graph: False (the default) runs the graph kernel by kernel; None runs it as one numba function when it
     qualifies (nnc.codegen.whole_graph: small values, every node generated), else kernel by kernel; True asks for
     whole-graph mode and warns when it cannot be had. `whole_graph_reason` says why a graph runs kernel by kernel
@@ -125,29 +129,40 @@ class Plan:
 
     def __init__(self, gm: GraphModule, use_codegen: bool = True, whole_graph: bool | None = False,
                  reuse_outputs: bool = True):
-        start = time.perf_counter()
         self.gm = gm
-        self.reuse_outputs = reuse_outputs
+        self.use_codegen, self.requested_whole_graph, self.reuse_outputs = use_codegen, whole_graph, reuse_outputs
         self.interpreter = Interpreter(gm)
-        # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect
-        self.kernels = [k for k in fuse(gm.graph) if k.outputs or k.kind == "opaque"]
+        self.kernels, self.memory, self._arenas = [], None, None
         self.steps, self.fallbacks, self.cache_hits = [], [], 0
         self.whole_graph_reason = ("codegen off" if not use_codegen else
                                    "not asked for (whole-graph mode is for forwards without gradients)")
-        whole = self._whole_graph_step(whole_graph) if use_codegen and whole_graph is not False else None
-        if whole is not None:
-            self.steps.append(whole)
-            self.memory, self._arenas = None, None
-        else:
-            self.memory = plan_memory(self.kernels, gm.graph)
-            self._arenas = self.memory.allocate()
-            for kernel in self.kernels:
-                self.steps.append(self._step_for(kernel, use_codegen))
         self.placeholders = gm.graph.placeholders
         self.attrs = [(n, _attr_reader(gm, n.target)) for n in gm.graph.nodes if n.op == "get_attr"]
         self.output = gm.graph.output_node.args[0]
         self._whole_args = self._whole_extra = None  # how _run_whole finds its arguments (on its first call)
-        self.compile_seconds = time.perf_counter() - start
+        self.compile_seconds = 0.0
+
+    def fuse(self) -> None:
+        """The fuse stage: the graph's kernels, in execution order."""
+        # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect
+        self.kernels = [k for k in fuse(self.gm.graph) if k.outputs or k.kind == "opaque"]
+
+    def plan_memory(self) -> None:
+        """The memory stage: buffers for the kernels' intermediate results."""
+        self.memory = plan_memory(self.kernels, self.gm.graph)
+
+    def generate(self) -> None:
+        """The codegen stage: a step per kernel (generated, a numpy view, or interpreted), or one whole-graph step."""
+        start = time.perf_counter()
+        use_codegen, requested = self.use_codegen, self.requested_whole_graph
+        whole = self._whole_graph_step(requested) if use_codegen and requested is not False else None
+        if whole is not None:
+            self.steps = [whole]
+            self.memory = None  # one numba function holds its intermediates itself
+        else:
+            self._arenas = self.memory.allocate()
+            self.steps = [self._step_for(kernel, use_codegen) for kernel in self.kernels]
+        self.compile_seconds += time.perf_counter() - start
 
     @property
     def whole_graph(self) -> bool:

@@ -87,22 +87,27 @@ def _kernel_reports(plan) -> list[KernelReport]:
 def explain(module: Module, *args, backward: bool = False, **kwargs) -> Report:
     """Compile `module` for these arguments (any forward takes: tensors, nested tuples, Python values) and its
     backward, if asked, and report what came out: kernels, graph breaks and the nodes that run eagerly."""
-    from .compile import Artifact, bind_arguments, split_arguments
+    from .compile import bind_arguments, split_arguments
+    from .pipeline import compile_arguments
 
     concrete, examples = split_arguments(bind_arguments(module, args, kwargs))
-    artifact = Artifact(module, concrete, examples, needs_grad=backward)
-    forward_plans = [g.forward_plan or g.training_plan for g in artifact.graphs]
+    return report(compile_arguments(module, concrete, examples, needs_grad=backward))
+
+
+def report(compilation) -> Report:
+    """The Report of a finished nnc.pipeline.Compilation."""
+    forward_plans = [g.forward_plan or g.training_plan for g in compilation.graphs]
     first = forward_plans[0]
-    report = Report(kernels=[k for plan in forward_plans for k in _kernel_reports(plan)],
-                    compile_seconds=artifact.compile_seconds,
+    result = Report(kernels=[k for plan in forward_plans for k in _kernel_reports(plan)],
+                    compile_seconds=compilation.compile_seconds,
                     whole_graph=first.whole_graph and len(forward_plans) == 1,
                     whole_graph_reason=first.whole_graph_reason if len(forward_plans) == 1 else
                     "the graph runs in pieces around eager calls",
                     whole_graph_source=first.steps[0].compiled.source if first.whole_graph else "",
-                    cache_hits=sum(p.cache_hits for p in artifact.plans),
-                    opaque_nodes=[(n.name, n.meta["opaque_reason"]) for n in artifact.opaque],
-                    graph_breaks=[(b.path, b.reason) for b in artifact.graph_breaks],
-                    pieces=len(artifact.graphs) if artifact.split is not None else 0)
-    report.backward_kernels = [k for g in artifact.graphs if g.backward_plan is not None
+                    cache_hits=sum(p.cache_hits for p in compilation.plans),
+                    opaque_nodes=[(n.name, n.meta["opaque_reason"]) for n in compilation.opaque],
+                    graph_breaks=[(b.path, b.reason) for b in compilation.graph_breaks],
+                    pieces=len(compilation.graphs) if compilation.split is not None else 0)
+    result.backward_kernels = [k for g in compilation.graphs if g.backward_plan is not None
                                for k in _kernel_reports(g.backward_plan)]
-    return report
+    return result

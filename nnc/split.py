@@ -2,8 +2,8 @@
 
 Opaque nodes (a submodule that could not be traced, a random draw, a hooked module) must run eagerly, with real
 autograd. Everything between them is pure primitives: each maximal run of those becomes a piece of its own, compiled
-with its own backward (nnc.compile.CompiledGraph), so gradients flow piece -> eager call -> piece through ordinary
-autograd. What each piece needs from earlier ones (and what later ones need from it) are its inputs and outputs.
+with its own backward (nnc.compiled_graph.CompiledGraph), so gradients flow piece -> eager call -> piece through
+ordinary autograd. What each piece needs from earlier ones (and what later ones need from it) are its inputs and outputs.
 """
 from __future__ import annotations
 
@@ -20,8 +20,13 @@ class Piece:
 
     def __init__(self, gm: GraphModule, inputs: list[Node], outputs: list[Node]):
         self.gm, self.inputs, self.outputs = gm, inputs, outputs
-        self.compiled = None     # its CompiledGraph
+        self.compiled = None     # its CompiledGraph (the pipeline's later stages build it)
         self.trainable = False   # whether it reads a parameter that requires grad
+        self.wants_grad = ()     # per input: whether it may require grad at run time
+
+    @property
+    def needs_grad(self) -> bool:
+        return self.trainable or any(self.wants_grad)
 
     @property
     def name(self) -> str:
@@ -98,10 +103,10 @@ def requires_grad_flow(gm: GraphModule, inputs_requiring_grad) -> set:
 
 
 class SplitGraph:
-    """Runs a decomposed graph as pieces (compiled by `compile_piece(gm, needs_grad, inputs_requiring_grad)`) and
-    eager nodes (run through the interpreter on real tensors, so autograd records them)."""
+    """Runs a decomposed graph as pieces (each compiled by the pipeline into `piece.compiled`) and eager nodes (run
+    through the interpreter on real tensors, so autograd records them)."""
 
-    def __init__(self, gm: GraphModule, inputs_requiring_grad: tuple, compile_piece):
+    def __init__(self, gm: GraphModule, inputs_requiring_grad: tuple):
         self.gm = gm
         self.interpreter = Interpreter(gm)
         requires = requires_grad_flow(gm, inputs_requiring_grad)
@@ -111,9 +116,8 @@ class SplitGraph:
                 self.steps.append(run)
                 continue
             piece = piece_graph(gm, run, f"{gm._get_name()}_piece{k}")
-            wants = tuple(n in requires for n in piece.inputs)
+            piece.wants_grad = tuple(n in requires for n in piece.inputs)
             piece.trainable = any(n in requires for n in _read_from_outside(run, set(run)) if n.op == "get_attr")
-            piece.compiled = compile_piece(piece.gm, any(wants) or piece.trainable, wants)
             self.steps.append(piece)
         self.placeholders = gm.graph.placeholders
         self.attrs = [n for n in gm.graph.nodes if n.op == "get_attr"]

@@ -8,9 +8,9 @@ import pytest
 import nnc
 import runtime as torch
 import runtime.nn.functional as F
-from nnc.compile import FORWARD_PIPELINE, run_pipeline
 from nnc.passes.autodiff import build_backward
 from nnc.passes.decompose import decompose
+from nnc.pipeline import FORWARD_CLEANUPS, run_passes
 from runtime import nn
 
 
@@ -46,7 +46,7 @@ class TwoLayers(nn.Module):
 
 def backward_of(model, *examples):
     """(forward GraphModule, BackwardGraph) for the gradients of every tensor input and parameter."""
-    forward = run_pipeline(decompose(nnc.trace(model), *examples), FORWARD_PIPELINE, "forward")
+    forward = run_passes(decompose(nnc.trace(model), *examples), FORWARD_CLEANUPS, "forward")
     params = {name for name, _ in model.named_parameters()}
     graph = forward.graph
     wrt = [n for n in graph.placeholders if "shape" in n.meta]

@@ -1,0 +1,176 @@
+"""CompiledGraph: one decomposed graph with its backward and plans, run as one autograd node (built by nnc.pipeline)."""
+from __future__ import annotations
+
+from runtime.autograd import Function, no_grad
+
+from . import pytree
+from .executor import Plan
+from .graph import Graph, Node, fetch_attr, map_arg
+from .graph_module import GraphModule
+from .passes.autodiff import AutodiffError, build_backward
+
+
+class CompileError(RuntimeError):
+    """The model could not be compiled for these inputs (the caller falls back to eager)."""
+
+
+class CompiledGraph:
+    """One decomposed graph compiled: a forward plan; with gradients, a training forward and a backward plan.
+
+    The pipeline fills it in stage by stage: `differentiate` (autodiff), `finish_backward` (its cleanup), then
+    `make_plans`, whose plans the fuse, memory and codegen stages complete."""
+
+    def __init__(self, gm: GraphModule, needs_grad: bool, inputs_requiring_grad: tuple):
+        self.forward = gm
+        graph = gm.graph
+        self.needs_grad = needs_grad
+        self.placeholders = graph.placeholders
+        self.tensor_inputs = [n for n in self.placeholders if "shape" in n.meta]
+        self.opaque = [n for n in graph.nodes if "opaque_reason" in n.meta]
+        self.output_leaves = _leaves(graph.output_node.args[0])  # tensor outputs in structure order
+        self.backward = None
+        self.backward_error = None
+        self.inputs_requiring_grad = tuple(inputs_requiring_grad)
+        self.params, self.param_nodes = [], []
+        self.forward_plan = self.training_plan = self.backward_plan = None
+
+    @property
+    def plans(self) -> list:
+        return [p for p in (self.forward_plan, self.training_plan, self.backward_plan) if p is not None]
+
+    def differentiate(self) -> None:
+        """Derive the backward graph (with gradients asked for); a graph autodiff cannot handle keeps none."""
+        if not self.needs_grad:
+            return
+        self.param_nodes, self.params = parameter_nodes(self.forward)
+        self.input_nodes = [n for n, wants in zip(self.tensor_inputs, self.inputs_requiring_grad) if wants]
+        try:
+            self.backward = build_backward(self.forward, self.input_nodes + self.param_nodes)
+        except AutodiffError as error:
+            self.backward_error = str(error)
+
+    def finish_backward(self, cleanup) -> None:
+        """Clean the backward graph up (`cleanup(gm) -> gm`) and make the forward that also returns what it saves."""
+        if self.backward is None:
+            return
+        self.backward.gm = cleanup(self.backward.gm)
+        self.differentiable_outputs = set(self.backward.grad_outputs)
+        self.training_forward = self._forward_returning_saved(self.backward.saved)
+
+    def make_plans(self, codegen: bool, whole_graph: bool | None) -> None:
+        """The plans this graph runs with: training forward and backward, or the forward alone."""
+        if self.backward is not None and not self.opaque:
+            self.training_plan = Plan(self.training_forward, use_codegen=codegen)
+            # NOTE: the backward's outputs are gradients; with no reference kept, AccumulateGrad stores them as
+            # .grad without a copy (a kept reference forces one: 1 ms for a 16 MiB gradient)
+            self.backward_plan = Plan(self.backward.gm, use_codegen=codegen, reuse_outputs=False)
+        else:
+            # NOTE: whole-graph mode is for the forward only: numba links every kernel into the graph's function
+            # and compiles them all again there, which a training step's two large graphs would pay cold in seconds
+            self.forward_plan = Plan(self.forward, use_codegen=codegen, whole_graph=whole_graph)
+
+    def _forward_returning_saved(self, saved) -> GraphModule:
+        """A copy of the forward graph that also returns the values the backward needs."""
+        graph, mapping = Graph(), {}
+        for node in self.forward.graph.nodes:
+            if node.op == "output":
+                user = map_arg(node.args[0], mapping.__getitem__)
+                graph.output((user, tuple(mapping[n] for n in saved)))
+            else:
+                mapping[node] = graph.node_copy(node, mapping.__getitem__)
+        graph.meta = dict(self.forward.graph.meta)
+        return GraphModule(self.forward, graph, class_name=self.forward._get_name())
+
+    def run(self, tensors: list, wants_grad: bool):
+        """What the graph returns for these input tensors; with wants_grad, connected to autograd."""
+        if not wants_grad:
+            plan = self.forward_plan or self.training_plan
+            if plan.whole_graph:  # one numba call: nothing records autograd history
+                result = plan.run(*tensors)
+            else:
+                with no_grad():
+                    result = plan.run(*tensors)
+            return result if plan is self.forward_plan else result[0]
+        if self.training_plan is None or self._unexpected_grad(tensors):
+            # eager autograd through the decomposed graph: correct, and hooked modules see real values
+            return self.forward.forward(*tensors)
+        structure: list = []
+        flat = _CompiledFunction.apply(self, structure, len(tensors), *tensors, *self.params)
+        flat = flat if isinstance(flat, tuple) else (flat,)
+        return pytree.replace_tensors(structure[0], flat)
+
+    def _unexpected_grad(self, tensors) -> bool:
+        """An input requires grad that the backward was not built for (never a lost gradient: run eagerly)."""
+        return any(t._rg and not wants for t, wants in zip(tensors, self.inputs_requiring_grad))
+
+
+def parameter_nodes(gm: GraphModule) -> tuple[list, list]:
+    """(get_attr nodes, tensors) of the parameters that require grad, identified by object. The tracer and decompose
+    name a tied parameter by its first path, so it is one node; two nodes for one parameter would split its gradient,
+    so they raise instead."""
+    trainable = {id(p): p for p in gm.parameters() if p.requires_grad}
+    nodes, tensors, seen = [], [], set()
+    for node in gm.graph.nodes:
+        if node.op != "get_attr":
+            continue
+        tensor = fetch_attr(gm, node.target)
+        if id(tensor) not in trainable:
+            continue
+        if id(tensor) in seen:
+            raise CompileError(f"parameter {node.target} is read by two graph nodes; its gradient would be split")
+        seen.add(id(tensor))
+        nodes.append(node)
+        tensors.append(tensor)
+    return nodes, tensors
+
+
+class _CompiledFunction(Function):
+    """The compiled forward and backward as one autograd node."""
+
+    @staticmethod
+    def forward(ctx, graph, structure, n_inputs, *tensors):
+        inputs = tensors[:n_inputs]
+        user, saved = graph.training_plan.run(*inputs)
+        ctx.graph = graph
+        ctx.save_for_backward(*saved)
+        flat = pytree.tensor_leaves(user)
+        structure.append(user)
+        ctx.n_outputs = len(flat)
+        outputs = tuple(t.detach() for t in flat)
+        # NOTE: an output the backward cannot reach (detached, integer, a mask) does not require grad, as in eager
+        ctx.mark_non_differentiable(*[t for t, node in zip(outputs, graph.output_leaves)
+                                      if node not in graph.differentiable_outputs])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        graph = ctx.graph
+        backward = graph.backward
+        saved = ctx.saved_tensors
+        seeds = [_sum_for(n, graph.output_leaves, grads) for n in backward.grad_outputs]
+        with no_grad():
+            results = graph.backward_plan.run(*saved, *seeds)
+        by_node = dict(zip(backward.wrt, results))
+        input_grads = [by_node.get(n) for n in graph.tensor_inputs]
+        param_grads = [by_node.get(n) for n in graph.param_nodes]
+        return (None, None, None, *input_grads, *param_grads)
+
+
+def _leaves(value) -> list:
+    """Graph output nodes that are tensors, in structure order (repeats kept)."""
+    if isinstance(value, Node):
+        return [value] if "shape" in value.meta else []
+    if isinstance(value, (tuple, list)):
+        return [n for v in value for n in _leaves(v)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _leaves(v)]
+    return []
+
+
+def _sum_for(node, leaves, grads):
+    """The gradient of a forward output node: the sum over every place it appears in the output."""
+    total = None
+    for leaf, grad in zip(leaves, grads):
+        if leaf is node and grad is not None:
+            total = grad if total is None else total + grad
+    return total

@@ -1,0 +1,308 @@
+"""The compiler's stages, in order: nnc.compile, nnc.explain and `nnc dump` all run this one list.
+
+    trace -> shapes -> decompose -> simplify -> split -> autodiff -> simplify_backward -> fuse -> memory -> codegen
+
+A `Compilation` holds what the stages make of one module for one set of example arguments; `run_stages` fills it
+in, stage by stage, up to a chosen stage or to the end. After codegen, `Compilation.run` runs the result. What the
+`nnc dump --stage NAME` command prints is read from a Compilation stopped after that stage, so it is what compile
+runs. A stage that fails raises PipelineError naming itself and the stages before it (as torch.fx's PassManager
+does). Observers (`observing`) see the Compilation after every stage; NNC_DEBUG uses the same hook.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from runtime.nn import Module
+
+from . import pytree
+from .compiled_graph import CompiledGraph
+from .graph_module import GraphModule
+from .passes.decompose import decompose
+from .passes.shapes import propagate_shapes
+from .passes.simplify import cse, dce, fold_constants, remove_noops
+from .split import SplitGraph
+from .trace import Tracer, TraceError, symbolic_trace
+
+
+def debug_level() -> int:
+    """NNC_DEBUG=1: recompiles and fallbacks; 2: graphs after each stage and pass; 3: kernel sources; 4: all."""
+    try:
+        return int(os.environ.get("NNC_DEBUG", "0"))
+    except ValueError:
+        return 0
+
+
+def debug(level: int, message: str) -> None:
+    if debug_level() >= level:
+        print(f"[nnc] {message}", file=sys.stderr)
+
+
+# -- the cleanup passes of the two simplify stages ------------------------------------------------------
+
+FORWARD_CLEANUPS = [("remove_noops", remove_noops), ("cse", cse), ("fold_constants", fold_constants), ("dce", dce)]
+BACKWARD_CLEANUPS = [("remove_noops", remove_noops), ("cse", cse), ("dce", dce)]
+
+
+def run_passes(gm: GraphModule, passes, label: str) -> GraphModule:
+    """Run named `gm -> gm` passes in order, linting after each and printing the graph under NNC_DEBUG>=2."""
+    for name, fn in passes:
+        try:
+            gm = fn(gm)
+            gm.graph.lint(gm)
+        except Exception as error:
+            error.add_note(f"nnc: in pass {name!r} of {label}")
+            raise
+        debug(2, f"{label} after {name}:\n{gm.graph}")
+    return gm
+
+
+# -- tracing with graph breaks --------------------------------------------------------------------------
+
+
+class GraphBreak:
+    """A submodule that could not be traced: it runs eagerly, as a call in the compiled graph."""
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+
+    def __repr__(self) -> str:
+        return f"GraphBreak({self.path!r}: {self.reason})"
+
+
+def trace_for_compile(module: Module, concrete: dict, examples: dict, max_breaks: int = 16):
+    """The traced graph with sizes specialized to the examples, and the graph breaks it needed.
+
+    A submodule whose forward cannot be traced (data-dependent Python control flow) is recorded as a call and runs
+    eagerly; the rest of the model still compiles. The root's own forward has no such way out: its TraceError is
+    raised."""
+    breaks: list[GraphBreak] = []
+    while True:
+        tracer = Tracer(leaf_paths=[b.path for b in breaks])
+        try:
+            return symbolic_trace(module, concrete_args=concrete or None, tracer=tracer, example_inputs=examples), breaks
+        except TraceError as error:
+            path = getattr(error, "module_path", "")
+            if not path or len(breaks) >= max_breaks:
+                raise
+            breaks.append(GraphBreak(path, str(error)))
+            debug(1, f"graph break at {path}: {error}")
+
+
+# -- what the stages make ------------------------------------------------------------------------------
+
+
+class Compilation:
+    """What the stages make of `module` for one set of arguments, filled in stage by stage.
+
+    examples: argument name -> example value (a tensor, or tuples, lists and dicts holding tensors); the graph's
+    placeholders are the tensors inside them, in order. concrete: the arguments holding no tensor, fixed into the
+    graph. With gradients, a graph with opaque nodes (graph breaks, random draws) is split: the pieces between
+    opaque nodes compile with their own backwards, the opaque nodes run eagerly (nnc.split)."""
+
+    def __init__(self, module: Module, concrete: dict, examples: dict, needs_grad: bool, codegen: bool = True,
+                 whole_graph: bool | None = None):
+        self.module, self.concrete, self.examples = module, concrete, examples
+        self.needs_grad, self.codegen, self.whole_graph = needs_grad, codegen, whole_graph
+        self.tensors = pytree.tensor_leaves(list(examples.values()))
+        self.traced: GraphModule | None = None    # trace (shapes fills in its meta)
+        self.graph_breaks: list[GraphBreak] = []
+        self.forward: GraphModule | None = None   # decompose, then simplify
+        self.opaque: list = []                    # split: the forward's nodes that run eagerly
+        self.main: CompiledGraph | None = None    # split: the forward compiled whole ...
+        self.split: SplitGraph | None = None      # ... or in pieces around its eager nodes
+        self.done: list[str] = []                 # the stages run so far
+        self.seconds: dict[str, float] = {}       # stage name -> seconds it took
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def graphs(self) -> list[CompiledGraph]:
+        if self.main is not None:
+            return [self.main]
+        return self.split.compiled_graphs if self.split is not None else []
+
+    @property
+    def plans(self) -> list:
+        return [p for g in self.graphs for p in g.plans]
+
+    forward_plan = property(lambda self: self.main.forward_plan if self.main else None)
+    training_plan = property(lambda self: self.main.training_plan if self.main else None)
+    backward_plan = property(lambda self: self.main.backward_plan if self.main else None)
+    backward = property(lambda self: self.main.backward if self.main else None)
+
+    def run(self, tensors: list, wants_grad: bool):
+        """What the compiled module returns for these input tensors (after the codegen stage)."""
+        return (self.main or self.split).run(tensors, wants_grad)
+
+    def graph_names(self) -> list[str]:
+        """A label per compiled graph: the module's name, or each piece's."""
+        if self.split is not None:
+            return [piece.name for piece in self.split.pieces]
+        return [self.forward._get_name()] if self.main is not None else []
+
+
+# -- the stages -----------------------------------------------------------------------------------------
+
+
+def _trace(c: Compilation) -> None:
+    c.traced, c.graph_breaks = trace_for_compile(c.module, c.concrete, c.examples)
+
+
+def _shapes(c: Compilation) -> None:
+    propagate_shapes(c.traced, *[t.detach() for t in c.tensors])
+
+
+def _decompose(c: Compilation) -> None:
+    c.forward = decompose(c.traced)
+
+
+def _simplify(c: Compilation) -> None:
+    c.forward = run_passes(c.forward, FORWARD_CLEANUPS, "forward")
+
+
+def _split(c: Compilation) -> None:
+    c.opaque = [n for n in c.forward.graph.nodes if "opaque_reason" in n.meta]
+    requiring = tuple(t.requires_grad for t in c.tensors)
+    if c.needs_grad and c.opaque:
+        c.split = SplitGraph(c.forward, requiring)
+        for piece in c.split.pieces:
+            piece.compiled = CompiledGraph(piece.gm, piece.needs_grad, piece.wants_grad)
+    else:
+        c.main = CompiledGraph(c.forward, c.needs_grad, requiring)
+
+
+def _autodiff(c: Compilation) -> None:
+    for graph in c.graphs:
+        graph.differentiate()
+        if graph.backward_error:
+            debug(1, f"no compiled backward: {graph.backward_error}; gradients run through eager autograd")
+
+
+def _simplify_backward(c: Compilation) -> None:
+    for graph, name in zip(c.graphs, c.graph_names()):
+        graph.finish_backward(lambda gm: run_passes(gm, BACKWARD_CLEANUPS, f"{name} backward"))
+
+
+def _fuse(c: Compilation) -> None:
+    for graph in c.graphs:
+        graph.make_plans(c.codegen, c.whole_graph)
+    for plan in c.plans:
+        plan.fuse()
+
+
+def _memory(c: Compilation) -> None:
+    for plan in c.plans:
+        plan.plan_memory()
+
+
+def _codegen(c: Compilation) -> None:
+    for plan in c.plans:
+        plan.generate()
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    summary: str  # one line: what the stage makes (the CLI's help and docs/architecture.md show it)
+    run: Callable[[Compilation], None]
+
+
+STAGES = (
+    Stage("trace", "the graph the tracer records, sizes specialized to the example inputs", _trace),
+    Stage("shapes", "the traced graph with each node's shape and dtype", _shapes),
+    Stage("decompose", "primitive ops from runtime's op table (opaque nodes where that is impossible)", _decompose),
+    Stage("simplify", "the forward after no-op removal, CSE, constant folding and dead-code removal", _simplify),
+    Stage("split", "with gradients and opaque nodes: compiled pieces between the nodes that run eagerly", _split),
+    Stage("autodiff", "the backward graph derived for the inputs and parameters that require grad", _autodiff),
+    Stage("simplify_backward", "the backward after no-op removal, CSE and dead-code removal", _simplify_backward),
+    Stage("fuse", "kernels: groups of nodes run as one, and why each boundary is there", _fuse),
+    Stage("memory", "buffers for the kernels' intermediate results, reused once a value is dead", _memory),
+    Stage("codegen", "the generated numba source of every kernel", _codegen),
+)
+STAGE_NAMES = tuple(stage.name for stage in STAGES)
+
+
+class PipelineError(RuntimeError):
+    """A stage failed: names it and the stages that ran before it; the original error is its __cause__."""
+
+    def __init__(self, stage: str, done: list[str], cause: BaseException):
+        notes = "".join(f"; {note}" for note in getattr(cause, "__notes__", ()))
+        after = f"after {', '.join(done)}" if done else "the first stage"
+        super().__init__(f"stage {stage!r} failed ({after}): {type(cause).__name__}: {cause}{notes}")
+        self.stage, self.done, self.cause = stage, list(done), cause
+
+
+_observers: list[Callable[[str, Compilation], None]] = []
+
+
+@contextlib.contextmanager
+def observing(callback: Callable[[str, Compilation], None]):
+    """Within the block, `callback(stage name, compilation)` runs after every stage of every compilation."""
+    _observers.append(callback)
+    try:
+        yield
+    finally:
+        _observers.remove(callback)
+
+
+def run_stages(c: Compilation, until: str | None = None) -> Compilation:
+    """Run the stages `c` has not run yet, in order, up to and including `until` (default: all of them)."""
+    if until is not None and until not in STAGE_NAMES:
+        raise ValueError(f"unknown stage {until!r}; the stages are {', '.join(STAGE_NAMES)}")
+    last = STAGE_NAMES.index(until) if until is not None else len(STAGES) - 1
+    for stage in STAGES[len(c.done):last + 1]:
+        start = time.perf_counter()
+        try:
+            stage.run(c)
+        except Exception as error:
+            raise PipelineError(stage.name, c.done, error) from error
+        c.seconds[stage.name] = time.perf_counter() - start
+        c.done.append(stage.name)
+        _report(stage.name, c)
+    return c
+
+
+def compile_arguments(module: Module, concrete: dict, examples: dict, needs_grad: bool, codegen: bool = True,
+                      whole_graph: bool | None = None) -> Compilation:
+    """Every stage, for these arguments: a Compilation ready to run."""
+    return run_stages(Compilation(module, concrete, examples, needs_grad, codegen=codegen, whole_graph=whole_graph))
+
+
+# -- what a stage made, as text -----------------------------------------------------------------------
+
+
+def stage_graphs(c: Compilation, stage: str) -> list[tuple[str, GraphModule]]:
+    """(label, graph module) of each graph a graph-making stage left (trace .. simplify_backward)."""
+    if stage in ("trace", "shapes"):
+        return [("traced", c.traced)]
+    if stage in ("decompose", "simplify"):
+        return [("forward", c.forward)]
+    if stage == "split":
+        return [(name, graph.forward) for name, graph in zip(c.graph_names(), c.graphs)]
+    if stage in ("autodiff", "simplify_backward"):
+        return [(f"{name} backward", graph.backward.gm) for name, graph in zip(c.graph_names(), c.graphs)
+                if graph.backward is not None]
+    raise ValueError(f"stage {stage!r} makes kernels, not graphs")
+
+
+def _report(stage: str, c: Compilation) -> None:
+    for callback in list(_observers):
+        callback(stage, c)
+    if stage in ("fuse", "memory"):
+        return
+    if stage == "codegen":
+        if debug_level() >= 3:
+            for plan in c.plans:
+                for kernel in plan.kernels:
+                    debug(3, f"kernel {kernel.name} ({kernel.kind}):\n{kernel.meta.get('source') or '(no source)'}")
+        return
+    if debug_level() >= 2:
+        for label, gm in stage_graphs(c, stage):
+            debug(2, f"{label} after stage {stage}:\n{gm.graph}")
