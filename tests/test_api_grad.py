@@ -8,12 +8,7 @@ from hypothesis import given, settings, strategies as st
 import runtime
 from runtime.autograd import gradcheck
 
-try:
-    import torch
-except ImportError:
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
+from helpers import needs_torch, torch
 
 # name -> (function written once for either library, input shapes)
 COMPOSITES = {

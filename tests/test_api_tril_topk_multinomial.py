@@ -7,6 +7,8 @@ import pytest
 import runtime
 from runtime.autograd import gradcheck
 
+from helpers import require_torch
+
 
 def _distinct(shape, seed=0) -> np.ndarray:
     """float64 values, all distinct and at least 0.5 apart (so finite differences never reorder them)."""
@@ -17,7 +19,7 @@ def _distinct(shape, seed=0) -> np.ndarray:
 
 def _grad_pair(fn, array: np.ndarray):
     """fn's output and the gradient of sum(output * weights) w.r.t. the input, in runtime and in torch."""
-    torch = pytest.importorskip("torch")
+    torch = require_torch()
     results = []
     for lib, make in ((runtime, runtime.tensor), (torch, torch.tensor)):
         x = make(array, requires_grad=True)
@@ -120,8 +122,7 @@ TOPKS = [
 
 
 @pytest.mark.parametrize("name,fn,shape", TOPKS, ids=[t[0] for t in TOPKS])
-def test_topk_matches_torch(name, fn, shape):
-    torch = pytest.importorskip("torch")
+def test_topk_matches_torch(name, fn, shape, torch):
     array = _distinct(shape)
     ours, theirs = fn(runtime, runtime.tensor(array)), fn(torch, torch.tensor(array))
     np.testing.assert_array_equal(ours.values.numpy(), theirs.values.numpy())
@@ -250,8 +251,7 @@ def test_multinomial_is_not_differentiable():
     assert not draws.requires_grad and draws.grad_fn is None
 
 
-def test_multinomial_matches_torch_shapes_and_dtypes():
-    torch = pytest.importorskip("torch")
+def test_multinomial_matches_torch_shapes_and_dtypes(torch):
     for shape, count, replacement in (((5,), 3, False), ((3, 4), 2, False), ((2, 3), 7, True), ((0, 3), 1, False)):
         ours = runtime.multinomial(runtime.ones(*shape), count, replacement)
         theirs = torch.multinomial(torch.ones(*shape), count, replacement)
@@ -271,7 +271,7 @@ def test_multinomial_matches_torch_shapes_and_dtypes():
 def test_multinomial_errors_match_torch(probs, count, replacement, message):
     with pytest.raises(RuntimeError, match=message):
         runtime.multinomial(runtime.tensor(probs), count, replacement)
-    torch = pytest.importorskip("torch")
+    torch = require_torch()
     with pytest.raises(RuntimeError, match=message):
         torch.multinomial(torch.tensor(probs), count, replacement)
 

@@ -7,12 +7,8 @@ import pytest
 import runtime
 from runtime.autograd import Function, gradcheck
 
-try:
-    import torch
-except ImportError:
-    torch = None
+from helpers import needs_torch, torch
 
-needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
 rng = np.random.default_rng(7)
 
 

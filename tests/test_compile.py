@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import sys
 import warnings
 
 import numpy as np
@@ -15,8 +13,7 @@ import runtime
 from runtime import nn
 import runtime.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-import models  # noqa: E402
+import models
 
 
 def pair(module):

@@ -13,13 +13,9 @@ import runtime
 import runtime.nn.functional as F
 from runtime.autograd import gradcheck
 
-try:
-    import torch
-    import torch.nn.functional as TF
-except ImportError:  # the oracle is optional
-    torch = TF = None
+from helpers import needs_torch, torch
 
-needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
+TF = None if torch is None else torch.nn.functional
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from nnc.prims import Prim, prims
 from runtime import nn
 from runtime.ops import OPS
 
+from helpers import call
+
 SUM1 = dict(dims=(1,), keepdim=True)
 
 
@@ -45,10 +47,6 @@ def build(body, *examples, root=None):
     propagate_shapes(gm, *examples)
     g.lint(gm)
     return gm, examples
-
-
-def call(g, name, *args, **attrs):
-    return g.call_function(prims[name], args, attrs)
 
 
 def ops(kernel):

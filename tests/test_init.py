@@ -12,12 +12,7 @@ import runtime
 import runtime.nn.functional as F
 import runtime.nn.init as init
 
-try:
-    import torch
-except ImportError:  # the oracle is optional
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
+from helpers import needs_torch, torch
 
 
 def param(*shape, dtype=runtime.float32):

@@ -11,7 +11,8 @@ import runtime as torch
 from nnc.graph import map_arg
 from nnc.passes.fusion import fuse
 from nnc.passes.memory import MemoryPlan, plan_memory
-from test_fusion import X48, array, build, call, random_body
+from helpers import call
+from test_fusion import X48, array, build, random_body
 
 SUM1 = dict(dims=(1,), keepdim=True)
 

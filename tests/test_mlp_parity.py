@@ -85,8 +85,7 @@ def twin_models(torch, seed=0):
 # tests
 # ---------------------------------------------------------------------------------------------
 
-def test_weights_copied_from_torch():
-    torch = pytest.importorskip("torch")
+def test_weights_copied_from_torch(torch):
     ours, theirs = twin_models(torch)
     ours_sd, theirs_sd = ours.state_dict(), theirs.state_dict()
     assert list(ours_sd) == list(theirs_sd)
@@ -97,8 +96,7 @@ def test_weights_copied_from_torch():
 
 
 @pytest.mark.parametrize("opt_name", list(OPTIMIZERS))
-def test_mlp_training_matches_torch_step_for_step(opt_name):
-    torch = pytest.importorskip("torch")
+def test_mlp_training_matches_torch_step_for_step(opt_name, torch):
     x, y, batches = make_data()
     ours_model, theirs_model = twin_models(torch)
     start = full_loss(torch, theirs_model, x, y)

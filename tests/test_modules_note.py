@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import inspect
-import os
 import re
-import sys
 import textwrap
 from collections import OrderedDict
 from types import SimpleNamespace
@@ -15,8 +13,8 @@ import pytest
 import runtime as torch
 from runtime import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-from modules_note import (BigNet, DynamicNet, ModalModule, MyLinear, Net, RunningMean,  # noqa: E402
+from helpers import require_torch
+from modules_note import (BigNet, DynamicNet, ModalModule, MyLinear, Net, RunningMean,
                           StatefulModule, backward_hook, forward_hook, forward_pre_hook, hooks_demo, init_weights)
 
 
@@ -41,7 +39,7 @@ def note_training_loop(torch, net, inputs):
 
 def in_real_torch(*objects):
     """Re-execute the source of the given classes/functions with torch, nn and F bound to the real torch."""
-    real = pytest.importorskip("torch")
+    real = require_torch()
     namespace = {"torch": real, "nn": real.nn, "F": real.nn.functional}
     for obj in objects:
         exec(textwrap.dedent(inspect.getsource(obj)), namespace)

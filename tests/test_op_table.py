@@ -10,14 +10,8 @@ from runtime import ops
 from runtime.ops import OPS, DataDependentShape
 from runtime.autograd import gradcheck
 
+from helpers import needs_torch, torch  # finite differences check every gradient where torch is missing
 from opinfo import SAMPLES
-
-try:
-    import torch
-except ImportError:  # the oracle is optional; finite differences still check every gradient
-    torch = None
-
-needs_torch = pytest.mark.skipif(torch is None, reason="torch (the oracle) is not installed")
 
 
 def _cases(keep=lambda op, sample: True):

@@ -109,16 +109,14 @@ def to_numpy(value):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("name,kwargs", CONFIGS, ids=CONFIG_IDS)
-def test_trajectory_matches_torch(name, kwargs, dtype):
-    torch = pytest.importorskip("torch")
+def test_trajectory_matches_torch(name, kwargs, dtype, torch):
     ours = trajectory_of(runtime, name, kwargs, dtype)
     theirs = trajectory_of(torch, name, kwargs, dtype)
     assert_trajectories_close(ours, theirs, dtype)
 
 
 @pytest.mark.parametrize("name,kwargs", CONFIGS, ids=CONFIG_IDS)
-def test_state_dict_layout_matches_torch(name, kwargs):
-    torch = pytest.importorskip("torch")
+def test_state_dict_layout_matches_torch(name, kwargs, torch):
     dicts = []
     for lib in (runtime, torch):
         params = make_params(lib, initial_values("float64"))
@@ -136,8 +134,7 @@ def test_state_dict_layout_matches_torch(name, kwargs):
             np.testing.assert_allclose(to_numpy(our_state[key]), to_numpy(value), rtol=1e-6, atol=1e-12)
 
 
-def test_param_groups_with_different_options_match_torch():
-    torch = pytest.importorskip("torch")
+def test_param_groups_with_different_options_match_torch(torch):
     values, grads = initial_values("float64"), gradient_sequence("float64")
     trajectories = []
     for lib in (runtime, torch):
@@ -147,8 +144,7 @@ def test_param_groups_with_different_options_match_torch():
     assert_trajectories_close(*trajectories, "float64")
 
 
-def test_adam_param_groups_match_torch():
-    torch = pytest.importorskip("torch")
+def test_adam_param_groups_match_torch(torch):
     values, grads = initial_values("float32"), gradient_sequence("float32")
     trajectories = []
     for lib in (runtime, torch):
@@ -158,8 +154,7 @@ def test_adam_param_groups_match_torch():
     assert_trajectories_close(*trajectories, "float32")
 
 
-def test_add_param_group_midway_matches_torch():
-    torch = pytest.importorskip("torch")
+def test_add_param_group_midway_matches_torch(torch):
     values, grads = initial_values("float64"), gradient_sequence("float64")
     trajectories = []
     for lib in (runtime, torch):
@@ -171,9 +166,8 @@ def test_add_param_group_midway_matches_torch():
     assert_trajectories_close(*trajectories, "float64")
 
 
-def test_training_loop_with_backward_matches_torch():
+def test_training_loop_with_backward_matches_torch(torch):
     """Gradients from backward() on a least-squares problem, Adam + StepLR, zero_grad each step."""
-    torch = pytest.importorskip("torch")
     rng = np.random.default_rng(3)
     x, y = rng.standard_normal((16, 4)), rng.standard_normal((16, 1))
     w0 = rng.standard_normal((4, 1))
@@ -629,8 +623,7 @@ SCHEDULERS = {
 
 
 @pytest.mark.parametrize("name", list(SCHEDULERS))
-def test_scheduler_lrs_match_torch(name):
-    torch = pytest.importorskip("torch")
+def test_scheduler_lrs_match_torch(name, torch):
     ours = scheduled_lrs(runtime, SCHEDULERS[name])
     theirs = scheduled_lrs(torch, SCHEDULERS[name])
     assert len(ours) == len(theirs)
@@ -719,8 +712,7 @@ def test_scheduler_errors():
         lr_scheduler.LambdaLR(opt, [lambda e: 1.0, lambda e: 1.0])
 
 
-def test_step_with_epoch_uses_the_closed_form_and_warns():
-    torch = pytest.importorskip("torch")
+def test_step_with_epoch_uses_the_closed_form_and_warns(torch):
     values = []
     for lib in (runtime, torch):
         opt = lib.optim.SGD([lib.zeros(1, requires_grad=True)], lr=0.1)

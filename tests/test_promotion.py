@@ -9,14 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import runtime  # noqa: E402
+from helpers import dname  # noqa: E402
 
 DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
 SCALARS = {"pybool": True, "pyint": 2, "pyfloat": 2.5}
 DATA_RNG = np.random.default_rng(20240611)
-
-
-def dname(dtype):
-    return str(dtype).split(".")[-1]
 
 
 def _values(dtype, shape):

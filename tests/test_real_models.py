@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import copy
-import os
-import sys
 import warnings
 
 import numpy as np
@@ -14,8 +12,7 @@ import runtime
 import runtime.nn.functional as F
 from runtime import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-import real_models  # noqa: E402
+import real_models
 
 
 def train(model, batches, lr=0.05):

@@ -23,11 +23,6 @@ STRUCTURE = "runtime_save/structure.json"
 
 
 @pytest.fixture
-def torch():
-    return pytest.importorskip("torch")
-
-
-@pytest.fixture
 def st_numpy():
     return pytest.importorskip("safetensors.numpy")
 

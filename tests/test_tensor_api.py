@@ -5,6 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import runtime  # noqa: E402
+from helpers import dname  # noqa: E402
 
 RNG_SEED = 1234
 DTYPE_NAMES = ["bool", "int32", "int64", "float16", "float32", "float64"]
@@ -12,11 +13,6 @@ DTYPE_NAMES = ["bool", "int32", "int64", "float16", "float32", "float64"]
 
 def rng():
     return np.random.default_rng(RNG_SEED)
-
-
-def dname(dtype):
-    """'float32' for runtime.float32 and torch.float32 alike."""
-    return str(dtype).split(".")[-1]
 
 
 def rt_dtype(name):

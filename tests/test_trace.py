@@ -8,7 +8,6 @@ import inspect
 import operator
 import os
 import re
-import sys
 import sysconfig
 
 import numpy as np
@@ -21,8 +20,7 @@ import runtime.nn.functional as F
 from runtime import nn
 from runtime.tensor import Tensor
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-from modules_note import (BigNet, DynamicNet, ModalModule, MyLinear, Net, RunningMean,  # noqa: E402
+from modules_note import (BigNet, DynamicNet, ModalModule, MyLinear, Net, RunningMean,
                           backward_hook, forward_hook, forward_pre_hook, hooks_demo)
 
 THIS_FILE = os.path.abspath(__file__)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import runtime
 
@@ -43,8 +42,7 @@ def test_training_reduces_loss_without_torch():
     assert np.all(np.isfinite(losses))
 
 
-def test_training_matches_torch_step_for_step():
-    torch = pytest.importorskip("torch")
+def test_training_matches_torch_step_for_step(torch):
     x, y, weights = make_problem()
     ours, our_params = train(runtime, x, y, weights)
     theirs, their_params = train(torch, x, y, weights)
