@@ -368,7 +368,11 @@ def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
 
 
 def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
-    return var(input, dim, unbiased, keepdim, correction=correction).sqrt()
+    # NOTE: sqrt's gradient is infinite at 0 (inf * 0 = nan for equal values); torch's std_backward gives 0 there.
+    # The inner where keeps the gradient finite, the outer one stops it, and the value is sqrt(v) everywhere.
+    v = var(input, dim, unbiased, keepdim, correction=correction)
+    nonzero = v != 0
+    return v.where(nonzero, 1.0).sqrt().where(nonzero, 0.0)
 
 
 def _extremum(name, arg_name, elementwise):

@@ -12,7 +12,7 @@ import pytest
 
 import nnc
 import runtime
-from nnc.codegen import cache, cpu, whole_graph
+from nnc.codegen import cache, cpu_matmul, whole_graph
 from nnc.executor import Plan
 from runtime import nn
 
@@ -63,7 +63,7 @@ def test_mlp_forward_runs_as_one_numba_function(dtype, batch):
     x = runtime.randn(batch, 784, dtype=dtype)
     want, got, plan = run_both(model, x)
     assert_close(got, want, dtype)
-    if batch > cpu.FEW_ROWS and not whole_graph._HAVE_SCIPY:  # BLAS inside numba needs scipy
+    if batch > cpu_matmul.FEW_ROWS and not whole_graph._HAVE_SCIPY:  # BLAS inside numba needs scipy
         assert not plan.whole_graph and "scipy" in plan.whole_graph_reason
         return
     assert plan.whole_graph and plan.whole_graph_reason == ""
@@ -233,7 +233,7 @@ def test_explain_says_whether_the_forward_runs_whole():
 def test_without_scipy_a_blas_matmul_keeps_the_graph_kernel_by_kernel(monkeypatch):
     monkeypatch.setattr(whole_graph, "_HAVE_SCIPY", False)  # numba's np.dot needs scipy, which nnc does not require
     model = models.MLP().eval()
-    want, got, plan = run_both(model, runtime.randn(cpu.FEW_ROWS + 4, 784))
+    want, got, plan = run_both(model, runtime.randn(cpu_matmul.FEW_ROWS + 4, 784))
     assert not plan.whole_graph and "scipy" in plan.whole_graph_reason
     assert_close(got, want)
     want, got, plan = run_both(model, runtime.randn(1, 784))  # generated matmul loops: no BLAS, no scipy

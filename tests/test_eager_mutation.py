@@ -1,0 +1,108 @@
+"""Eager in-place ops, views, detach and casts against torch: a differential harness that runs one program in
+runtime and in torch and compares outputs, gradients, requires_grad, which outputs are views, and where it raises."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+import runtime
+
+TOLERANCE = {"float64": dict(rtol=1e-9, atol=1e-12), "float32": dict(rtol=1e-4, atol=1e-5)}
+
+
+@dataclass
+class Outcome:
+    """What a program did in one library: its outputs' values and flags and the leaves' gradients, or where it
+    raised ("forward" or "backward")."""
+
+    values: list = field(default_factory=list)
+    flags: list = field(default_factory=list)  # per output: (dtype name, requires_grad, is a view)
+    grads: list = field(default_factory=list)
+    raised: str | None = None
+    error: str = ""
+
+
+def _weights(lib, out):
+    """A fixed, shape-determined weighting, so each output element gets its own seed gradient."""
+    w = np.linspace(0.5, 1.5, out.numel()).reshape(tuple(out.shape)) if out.numel() else np.zeros(tuple(out.shape))
+    return lib.tensor(w, dtype=out.dtype)
+
+
+def run(lib, program, arrays, dtype="float64") -> Outcome:
+    """program(lib, *leaves) on leaves that require grad, then backward of a weighted sum of its outputs."""
+    leaves = [lib.tensor(np.array(a), dtype=getattr(lib, dtype), requires_grad=True) for a in arrays]
+    try:
+        outs = program(lib, *leaves)
+    except RuntimeError as e:
+        return Outcome(raised="forward", error=str(e))
+    return finish(lib, outs, leaves)
+
+
+def finish(lib, outs, leaves) -> Outcome:
+    """Record outputs and flags, backpropagate a weighted sum of the outputs that require grad, record grads."""
+    outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+    result = Outcome()
+    for o in outs:
+        result.values.append(np.array(o.detach().numpy()))
+        result.flags.append((str(o.dtype).split(".")[-1], o.requires_grad, o._base is not None))
+    terms = [(o * _weights(lib, o)).sum() for o in outs if o.requires_grad]
+    if terms:
+        try:
+            sum(terms[1:], terms[0]).backward()
+        except RuntimeError as e:
+            result.raised, result.error = "backward", str(e)
+            return result
+    result.grads = [None if x.grad is None else np.array(x.grad.numpy()) for x in leaves]
+    return result
+
+
+def differences(got: Outcome, want: Outcome, dtype: str) -> list:
+    """How runtime's outcome differs from torch's (empty: the same)."""
+    if (got.raised is None) != (want.raised is None) or got.raised != want.raised:
+        return [f"raised: runtime {got.raised} ({got.error[:90]}), torch {want.raised} ({want.error[:90]})"]
+    found = []
+    if len(got.values) != len(want.values):
+        return [f"{len(got.values)} outputs, torch {len(want.values)}"]
+    tol = TOLERANCE[dtype]
+    for k, (a, b, fa, fb) in enumerate(zip(got.values, want.values, got.flags, want.flags)):
+        if fa != fb:
+            found.append(f"output {k}: (dtype, requires_grad, is_view) {fa}, torch {fb}")
+        if a.shape != b.shape or not np.allclose(a, b, equal_nan=True, **tol):
+            found.append(f"output {k}: {a.tolist()} != torch {b.tolist()}")
+    for k, (a, b) in enumerate(zip(got.grads, want.grads)):
+        if (a is None) != (b is None):
+            found.append(f"grad of leaf {k}: {'None' if a is None else 'set'}, torch {'None' if b is None else 'set'}")
+        elif a is not None and (a.shape != b.shape or not np.allclose(a, b, equal_nan=True, **tol)):
+            found.append(f"grad of leaf {k}: {a.tolist()} != torch {b.tolist()}")
+    return found
+
+
+def check(torch, program, *arrays, dtype="float64", raises=None):
+    """program behaves in runtime as in torch; `raises` ("forward"/"backward"/None) pins what torch does."""
+    want = run(torch, program, arrays, dtype)
+    assert want.raised == raises, f"torch itself: {want.raised} ({want.error})"
+    got = run(runtime, program, arrays, dtype)
+    assert differences(got, want, dtype) == []
+    return got
+
+
+V4 = [1.0, -2.0, 3.0, 0.5]
+M23 = [[1.0, -2.0, 0.5], [3.0, 0.25, -1.5]]
+
+
+# -- E4: std and var over equal values have zero gradients, not nan --------------------------------------------
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", ["std", "var"])
+@pytest.mark.parametrize("unbiased", [True, False])
+@pytest.mark.parametrize("dim,keepdim", [(None, False), (0, False), (1, False), (1, True), ((0, 1), False)])
+def test_std_and_var_of_equal_values_have_zero_gradients(torch, dtype, name, unbiased, dim, keepdim):
+    def program(lib, x):
+        kwargs = {} if dim is None else dict(dim=dim, keepdim=keepdim)
+        return getattr(x, name)(unbiased=unbiased, **kwargs)
+
+    got = check(torch, program, [[2.0, 2.0, 2.0], [-0.5, -0.5, -0.5]], dtype=dtype)
+    assert np.all(np.isfinite(got.grads[0]))
+    check(torch, program, M23, dtype=dtype)  # and unequal values keep their gradient
