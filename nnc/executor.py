@@ -73,9 +73,9 @@ class ViewStep:
     one): no eager dispatch, no autograd bookkeeping, for a node the kernels around it read as an array."""
 
     def __init__(self, node: Node):
-        from .codegen.cpu import _op_and_attrs
+        from .codegen.scalar import op_and_attrs
 
-        op, args, self.attrs = _op_and_attrs(node)
+        op, args, self.attrs = op_and_attrs(node)
         self.node, self.source, self.forward = node, args[0], op.forward
         self.nodes = [node]
 

@@ -31,8 +31,9 @@ import numpy as np
 from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
 from . import cache
-from .cpu import (Generated, KernelCompileError, _numba_signature_nd, _op_and_attrs, _py_name, all_writeable,
-                  check_dtype, compile_generated, ctor, generate, np_dtype)
+from .cpu import Generated, all_writeable, compile_generated, generate, numba_signature_nd
+from .cpu_elementwise import py_name
+from .scalar import KernelCompileError, check_dtype, ctor, np_dtype, op_and_attrs
 
 # NOTE: a kernel over 2**20 elements takes ~0.2 ms or more, where a launch from Python (~5 us) is noise, and a
 # fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
@@ -163,14 +164,14 @@ class _Emitter:
             shape, dtype = tuple(int(d) for d in node.meta["shape"]), np_dtype(node.meta["dtype"])
             self.lines.append(f"v_{node.name} = np.empty({shape!r}, dtype={ctor(dtype)})")
             outs.append(self.var[node])
-        mm = f"mm_{_py_name(kernel.name)}"
+        mm = f"mm_{py_name(kernel.name)}"
         for line in generated.launch:
             line = re.sub(r"\bins\[(\d+)\]", lambda m: ins[int(m.group(1))], line)
             line = re.sub(r"\bouts\[(\d+)\]", lambda m: outs[int(m.group(1))], line)
             self.lines.append(re.sub(r"\bmm\b", mm, line))
 
     def view(self, node: Node) -> None:
-        op, args, attrs = _op_and_attrs(node)
+        op, args, attrs = op_and_attrs(node)
         source = args[0]
         shape = tuple(int(d) for d in node.meta["shape"])
         name = self.var[source]
@@ -243,7 +244,7 @@ def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> C
     module, path, _ = cache.load_module(source)
     function = module.run_graph
     specs = [(tuple(int(d) for d in n.meta["shape"]), np_dtype(n.meta["dtype"])) for n in arg_nodes]
-    signature = _numba_signature_nd(specs)
+    signature = numba_signature_nd(specs)
     try:
         if signature not in function.overloads:  # a module imported before in this process is compiled already
             function.compile(signature)

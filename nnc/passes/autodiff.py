@@ -34,7 +34,7 @@ from runtime.ops import Kind, apply
 from ..graph import Node, nodes_in
 from ..graph_module import GraphModule
 from ..prims import Prim
-from .decompose import MetaValue, _Builder
+from .decompose import GraphBuilder, MetaValue
 from .fusion import nbytes
 
 
@@ -82,7 +82,7 @@ class _Differentiator:
     def __init__(self, forward: GraphModule, wrt: list[Node], saved_leaves: set):
         self.forward = forward
         self.saved_leaves = saved_leaves  # leaves a first run saved: free for recomputation (see the module doc)
-        self.builder = _Builder(None)
+        self.builder = GraphBuilder(None)
         self.position = {n: i for i, n in enumerate(forward.graph.nodes)}
         self.values: dict[Node, MetaValue] = {}
         self.saved: dict[Node, Node] = {}       # forward node -> its placeholder in the backward graph
@@ -236,7 +236,7 @@ def build_backward(forward: GraphModule, wrt: list[Node]) -> BackwardGraph:
 def _build(forward: GraphModule, wrt: list[Node], saved_leaves: set) -> BackwardGraph:
     diff = _Differentiator(forward, wrt, saved_leaves)
     builder = diff.builder
-    previous, _Builder.current = _Builder.current, builder
+    previous, GraphBuilder.current = GraphBuilder.current, builder
     try:
         outputs = [n for n in nodes_in(forward.graph.output_node.args[0]) if n in diff.requires]
         grads: dict[Node, MetaValue] = {}
@@ -255,7 +255,7 @@ def _build(forward: GraphModule, wrt: list[Node], saved_leaves: set) -> Backward
         results = tuple(builder.graph_arg(grads[n]) if n in grads else None for n in wrt)
         builder.node("output", "output", (results,))
     finally:
-        _Builder.current = previous
+        GraphBuilder.current = previous
     _move_placeholders_first(builder.graph)
     gm = GraphModule(Module(), builder.graph, class_name="Backward")
     gm.graph.eliminate_dead_code()

@@ -35,7 +35,7 @@ class MetaValue:
 
     __slots__ = ("node", "builder")
 
-    def __init__(self, node: Node, builder: "_Builder"):
+    def __init__(self, node: Node, builder: "GraphBuilder"):
         self.node, self.builder = node, builder
 
     @staticmethod
@@ -44,7 +44,7 @@ class MetaValue:
             handler = getattr(type(x), "_apply_op", None)
             if handler is not None and not isinstance(x, (MetaValue, Tensor)):
                 return handler(op, inputs, attrs)
-        builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or _Builder.current
+        builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or GraphBuilder.current
         return builder.emit(op, inputs, attrs)
 
     shape = property(lambda self: self.node.meta["shape"])
@@ -119,10 +119,10 @@ def _install_api_methods() -> None:
 _install_api_methods()
 
 
-class _Builder:
+class GraphBuilder:
     """Builds the decomposed graph: emits primitives with shape/dtype meta and explicit casts."""
 
-    current: "_Builder | None" = None
+    current: "GraphBuilder | None" = None
 
     def __init__(self, gm: GraphModule | None):
         self.gm = gm
@@ -247,16 +247,16 @@ def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
     """A new GraphModule over primitive ops (sharing gm's state); shapes come from example inputs."""
     if example_inputs:
         propagate_shapes(gm, *example_inputs)
-    builder = _Builder(gm)
+    builder = GraphBuilder(gm)
     env: dict[Node, object] = {}
-    previous, _Builder.current = _Builder.current, builder
+    previous, GraphBuilder.current = GraphBuilder.current, builder
     try:
         with _random_forbidden(), _state_as_graph_values(builder):
             for node in gm.graph.nodes:
                 builder.origin = node
                 env[node] = _replay(builder, gm, node, env)
     finally:
-        _Builder.current = previous
+        GraphBuilder.current = previous
     builder.graph.meta["constants"] = builder.constants
     builder.graph.eliminate_dead_code(is_impure=_is_impure)
     result = GraphModule(gm, builder.graph, class_name=gm._get_name())
@@ -265,7 +265,7 @@ def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
 
 
 @contextlib.contextmanager
-def _state_as_graph_values(builder: _Builder):
+def _state_as_graph_values(builder: GraphBuilder):
     """Inside layers' forwards, parameters and buffers read as graph values (get_attr), not real tensors."""
     original = Module.__getattr__
 
@@ -285,7 +285,7 @@ def _is_impure(node: Node) -> bool:
     return node.op in ("call_module",) or node.meta.get("opaque_reason") is not None and node.op != "get_attr"
 
 
-def _replay(builder: _Builder, gm: GraphModule, node: Node, env: dict):
+def _replay(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
     if node.op == "placeholder":
         new = builder.node("placeholder", node.target, name=node.name)
         new.meta.update(node.meta)
@@ -331,7 +331,7 @@ class _StateSnapshot:
                 t._data[...] = data
 
 
-def _erase_new_nodes(builder: _Builder, existing: set) -> None:
+def _erase_new_nodes(builder: GraphBuilder, existing: set) -> None:
     """Remove the nodes a failed replay created (get_attr nodes stay cached; dead-code removal drops them)."""
     for new in reversed([n for n in builder.graph.nodes if n not in existing and n.op != "get_attr"]):
         builder.graph.erase_node(new)
@@ -363,7 +363,7 @@ class _OpaqueValue:
         self.node = node
 
 
-def _opaque(builder: _Builder, node: Node, args, kwargs, reason: str):
+def _opaque(builder: GraphBuilder, node: Node, args, kwargs, reason: str):
     """Keep `node` as a call in the new graph; its result is a MetaValue (or a tuple of them)."""
     new = builder.node(node.op, node.target, builder.graph_arg(tuple(args)),
                        {k: builder.graph_arg(v) for k, v in kwargs.items()}, name=node.name)

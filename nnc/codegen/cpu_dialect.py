@@ -1,0 +1,57 @@
+"""The numba CPU dialect: how CPU kernels spell template functions (numpy scalar ufuncs, approx.py's
+transcendentals), literals and casts."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from . import approx
+from .scalar import Dialect, Unsupported
+
+
+class CpuDialect(Dialect):
+    """numba CPU: numpy scalar ufuncs (numpy's nan semantics), approx.py for transcendentals."""
+
+    NUMPY = {"sqrt": "np.sqrt", "sin": "np.sin", "cos": "np.cos", "floor": "np.floor", "abs": "np.abs",
+             "sign": "np.sign", "max": "np.maximum", "min": "np.minimum"}
+
+    def __init__(self):
+        self._approx: set[str] = set()  # the approx.py functions the calls so far use (exp_f32, erf_f64, ...)
+        self.approx_digest: str | None = None
+
+    def call(self, name, args, attrs, compute):
+        if name in self.NUMPY:
+            return f"{self.NUMPY[name]}({', '.join(args)})"
+        if name in approx.APPROX:  # exp, log, tanh, ...: vectorizable approximations
+            if compute.kind != "f":
+                raise Unsupported(f"{name} needs a floating-point compute dtype, got {compute}")
+            helper = approx.approx_name(name, compute)
+            self._approx.add(helper)
+            return f"{helper}({', '.join(args)})"
+        if name == "clamp":
+            if len(args) != 1:
+                raise Unsupported("clamp takes one operand (min/max are attributes)")
+            expr = args[0]
+            low, high = attrs.get("min"), attrs.get("max")
+            if low is not None:
+                expr = f"np.maximum({expr}, {self.literal(low, compute)})"
+            if high is not None:
+                expr = f"np.minimum({expr}, {self.literal(high, compute)})"
+            return expr
+        if name.startswith("__cast_"):
+            return self.cast(args[0], np.dtype(name[len("__cast_"):]))
+        raise Unsupported(f"template function {name!r} has no CPU code generator helper")
+
+    def preamble(self):
+        if not self._approx:
+            return []
+        # NOTE: numba's cache does not notice when a called function changes, so approx.py's hash is part of the
+        # source (and so of the file name): editing approx.py gives new kernel files, never stale code.
+        self.approx_digest = _file_digest(approx.__file__)
+        return [f"from nnc.codegen.approx import {', '.join(sorted(self._approx))}"]
+
+
+def _file_digest(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]

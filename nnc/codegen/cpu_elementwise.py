@@ -1,0 +1,227 @@
+"""CPU elementwise skeleton, and what every CPU skeleton shares: the per-kernel generation state (KernelBuilder),
+numba function records and the scalar pass (loads, scalar body, stores).
+
+Elementwise: one flat loop when nothing broadcasts, else a loop over rows with an inner loop along the last
+(collapsed) dim through per-row slices, so it vectorizes; prange over the outer loop when the element count >=
+PARALLEL_MIN_ELEMENTS (2**18), else range (decided from the static shape: `elementwise_schedule`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime.ops import Kind
+
+from ..graph import Node
+from ..kernel import Kernel
+from .cpu_dialect import CpuDialect
+from .indexing import broadcast_shape, broadcast_strides, collapse, emit_offsets
+from .scalar import ScalarBody, Unsupported, Value, node_dtype, node_shape, op_and_attrs
+
+# NOTE: a warm parallel kernel costs ~1.6 µs, which alone would put the crossover near 2**16 elements; but between
+# BLAS calls numba's and OpenBLAS's spinning thread pools contend on a 2-core machine (a 10 µs kernel took 2-4 ms
+# in an MLP training step), so parallel loops start at 2**18 elements (tools/bench_compile.py, case 4a).
+PARALLEL_MIN_ELEMENTS = 2 ** 18
+
+# A parallel elementwise kernel with broadcasting runs prange over rows when it has at least this many.
+_MIN_PARALLEL_ROWS = 64
+
+
+@dataclass
+class Array:
+    """One argument of a numba function: a 1-D C-contiguous view of a value."""
+
+    arg: str
+    node: Node
+    shape: tuple
+    dtype: np.dtype
+
+
+@dataclass
+class Function:
+    """A numba function of the generated module: its arguments (flat arrays) and body lines."""
+
+    name: str
+    args: list[Array]
+    lines: list[str]
+    parallel: bool
+    reassociate: bool = False  # fastmath reassoc + contract: a dot product's sum in vector lanes, with FMA
+
+    def source(self) -> str:
+        sig = ", ".join(a.arg for a in self.args)
+        doc = "; ".join(f"{a.arg}: {a.node.name} {a.dtype.name}{list(a.shape)}" for a in self.args)
+        fastmath = ", fastmath={'reassoc', 'contract'}" if self.reassociate else ""
+        head = [f"@njit(cache=True, parallel={self.parallel}{fastmath}, error_model='numpy')",
+                f"def {self.name}({sig}):", f"    # {doc}"]
+        return "\n".join(head + ["    " + line if line else "" for line in self.lines])
+
+
+def indent(lines, n=1):
+    """lines indented n levels (empty lines stay empty)."""
+    return ["    " * n + line if line else "" for line in lines]
+
+
+def py_name(name: str) -> str:
+    """A kernel name as a Python identifier (the generated function's name)."""
+    out = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    return out if out and not out[0].isdigit() else f"k_{out}"
+
+
+class KernelBuilder:
+    """What generating one kernel's module builds up: its numba functions, module-level helpers and launcher lines,
+    with the kernel's inputs and outputs as numba arguments (in0, in1, ..., out0, ...)."""
+
+    def __init__(self, kernel: Kernel):
+        self.kernel = kernel
+        self.name = py_name(kernel.name)
+        self.dialect = CpuDialect()
+        self.body = ScalarBody(self.dialect)
+        self.functions: list[Function] = []
+        self.helpers: dict[str, str] = {}
+        self.launch: list[str] = []
+        for node in kernel.nodes:
+            node_shape(node), node_dtype(node)
+        self.ins = [Array(f"in{k}", n, node_shape(n), node_dtype(n)) for k, n in enumerate(kernel.inputs)]
+        self.outs = [Array(f"out{k}", n, node_shape(n), node_dtype(n)) for k, n in enumerate(kernel.outputs)]
+        members = set(kernel.nodes)
+        for a in self.ins:
+            if a.node in members:
+                raise Unsupported(f"{a.node.name} is both an input and a node of the kernel")
+        for a in self.outs:
+            if a.node not in members:
+                raise Unsupported(f"output {a.node.name} is not a node of the kernel")
+        if not kernel.outputs:
+            raise Unsupported("the kernel has no outputs")
+
+    def elementwise_function(self, fname, nodes, ins, outs, shape) -> Function:
+        """The elementwise skeleton: loads at broadcast offsets, the scalar body, stores, in the loops
+        `elementwise_schedule` lays out."""
+        arrays = ins + outs
+        schedule = elementwise_schedule(shape, [a.shape for a in arrays])
+        loop = schedule.loop
+        strides = [broadcast_strides(a.shape, shape) for a in arrays]
+        hoisted: set[int] = set()
+        if schedule.nested:
+            # NOTE: each row reads and writes through slices (row_in0 = in0[b0:b0 + n]) indexed by the inner j: j is
+            # provably >= 0, so numba's negative-index wraparound folds away and the loop vectorizes. Indexing the
+            # flat array at b0 + j inside a prange does not (the parfor's row index has no known sign): measured
+            # 9x slower on one thread. Row-invariant reads (a [B, 1] input) are loaded once per row.
+            length = schedule.length
+            sizes, collapsed = collapse(list(shape), strides)
+            row_lines, bases = emit_offsets(sizes[:-1], [st[:-1] for st in collapsed], "o", "o_")
+            base_vars: dict[str, str] = {}
+            views: set[str] = set()
+            refs = []
+            for k, (a, base, st) in enumerate(zip(arrays, bases, collapsed)):
+                if base != "0" and base not in base_vars:
+                    base_vars[base] = base if base.isidentifier() else f"b{len(base_vars)}"
+                    if base_vars[base] != base:
+                        row_lines.append(f"{base_vars[base]} = {base}")
+                b = base_vars.get(base, "0")
+                step = st[-1]
+                if step and b == "0":  # a row the same for every o (a bias): the array itself
+                    refs.append(f"{a.arg}[{'j' if step == 1 else f'j * {step}'}]")
+                elif step:
+                    view = f"row_{a.arg}"
+                    if view not in views:
+                        views.add(view)
+                        span = (length - 1) * step + 1
+                        row_lines.append(f"{view} = {a.arg}[{b}:{b} + {span}]")
+                    refs.append(f"{view}[{'j' if step == 1 else f'j * {step}'}]")
+                else:
+                    refs.append(f"{a.arg}[{b}]")
+                    if k < len(ins):
+                        hoisted.add(k)
+            header = [f"for o in {loop}({schedule.rows}):"] + indent(row_lines)
+            inner_loop = [f"for j in range({length}):"]
+            depth = 2
+        else:
+            index_lines, offsets = emit_offsets(shape, strides, "i", "i_")
+            refs = [f"{a.arg}[{off}]" for a, off in zip(arrays, offsets)]
+            header = [f"for i in {loop}({schedule.numel}):"] + indent(index_lines)
+            inner_loop = []
+            depth = 1
+        row_loads, loads, body, stores, _ = self.scalar_pass(ins, outs, refs, hoisted, nodes)
+        header += indent(row_loads + inner_loop)
+        unique: dict[str, Array] = {}
+        for a in arrays:  # an array read and written in place is one argument (its last role names it)
+            unique.pop(a.arg, None)
+            unique[a.arg] = a
+        return Function(fname, list(unique.values()), header + indent(loads + body + stores, depth),
+                        schedule.parallel)
+
+    def scalar_pass(self, ins, outs, refs, hoisted, nodes):
+        """(hoisted loads, loads, body, stores, env) of one pass: each input loaded from its ref (the inputs in
+        `hoisted`, by position, once per outer iteration), the nodes' scalar statements, each output stored."""
+        env: dict[Node, Value] = {}
+        hoisted_loads, loads = [], []
+        for k, (a, ref) in enumerate(zip(ins, refs)):
+            env[a.node] = Value(f"v_{a.node.name}", a.dtype)
+            (hoisted_loads if k in hoisted else loads).append(f"v_{a.node.name} = {ref}")
+        body = self.body.emit(nodes, env)
+        stores = [f"{ref} = {env[a.node].name}" for a, ref in zip(outs, refs[len(ins):])]
+        return hoisted_loads, loads, body, stores, env
+
+
+def flat_view(a: Array) -> str:
+    """The launcher's expression for a's flat view (in3 -> ins[3].reshape(-1))."""
+    if a.arg.startswith("out"):
+        return f"outs[{a.arg[3:]}].reshape(-1)"
+    return f"ins[{a.arg[2:]}].reshape(-1)"
+
+
+def launch_line(f: Function) -> str:
+    """The launcher's call of f on the flat views of its arguments."""
+    return f"{f.name}({', '.join(flat_view(a) for a in f.args)})"
+
+
+@dataclass(frozen=True)
+class ElementwiseSchedule:
+    """How an elementwise loop is laid out (a pure value of the iteration shape and the arrays' shapes).
+
+    rows > 0: a loop over `rows` rows with an inner loop of `length` along the last collapsed dim, so the inner
+    loop reads every array at base + j * stride and vectorizes (a flat loop needs a division per element and does
+    not). rows == 0: one flat loop over all `numel` elements: when nothing broadcasts (every array is contiguous
+    over the whole space, so it collapses to one dim), or when a parallel kernel has too few rows to share out.
+    """
+
+    numel: int
+    parallel: bool  # the outer loop is a prange
+    rows: int
+    length: int
+
+    @property
+    def nested(self) -> bool:
+        return self.rows > 0
+
+    @property
+    def loop(self) -> str:
+        return "prange" if self.parallel else "range"
+
+
+def elementwise_schedule(shape, array_shapes) -> ElementwiseSchedule:
+    """The schedule of an elementwise loop over `shape` reading and writing arrays of `array_shapes`."""
+    numel = math.prod(shape)
+    parallel = numel >= PARALLEL_MIN_ELEMENTS
+    sizes, _ = collapse(list(shape), [broadcast_strides(s, shape) for s in array_shapes])
+    rows = math.prod(sizes[:-1]) if sizes else 1
+    if len(sizes) >= 2 and (not parallel or rows >= _MIN_PARALLEL_ROWS):
+        return ElementwiseSchedule(numel, parallel, rows, sizes[-1])
+    return ElementwiseSchedule(numel, parallel, 0, numel)
+
+
+def gen_elementwise(kb: KernelBuilder) -> None:
+    """An elementwise kernel: one function over the kernel's shape."""
+    shape = tuple(kb.kernel.shape)
+    for n in kb.kernel.nodes:
+        op, _, _ = op_and_attrs(n)
+        if op.kind != Kind.ELEMENTWISE:
+            raise Unsupported(f"node {n.name}: op {op.name} ({op.kind}) is not elementwise")
+        if broadcast_shape(node_shape(n), shape) != shape:
+            raise Unsupported(f"node {n.name} has shape {list(node_shape(n))}, which does not fit the kernel "
+                              f"shape {list(shape)}")
+    f = kb.elementwise_function(kb.name, kb.kernel.nodes, kb.ins, kb.outs, shape)
+    kb.functions.append(f)
+    kb.launch = [launch_line(f)]

@@ -1,0 +1,227 @@
+"""CPU matmul kernels: numpy BLAS (`np.dot`/`np.matmul`) into the output buffer, or for the shapes BLAS is slow on
+(small batches) a generated loop (`matmul_schedule` picks which); then the elementwise skeleton runs the epilogue in
+place over the product."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..graph import Node
+from ..kernel import Kernel, matmul_nodes
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, flat_view, indent
+from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
+
+# A matmul/linear whose first operand has at most FEW_ROWS rows, or a matmul that sums over at most FEW_ROWS
+# (a weight gradient g^T @ x at a small batch), runs as a generated loop instead of BLAS (see
+# matmul_schedule): linear in tasks of _FEW_ROWS_BLOCK output columns, matmul in tasks of a row x
+# _AXPY_BLOCK columns, the short sum one output row a task.
+# NOTE: measured on the MLP at batch 8 (2 cores): 8 x 784 x 512 linear 59 us (OpenBLAS 141, torch 84); g^T @ x with
+# a sum over 8: 106 us (OpenBLAS 144, torch 66). The limit also keeps OpenBLAS out of a small-batch training step
+# altogether: a parallel numba region between OpenBLAS calls makes both thread pools spin against each other on a
+# 2-core machine (a batch-8 step ran 10x slower when only the forward used loops).
+FEW_ROWS = 8
+# Smaller still (at most _SERIAL_LOOP_WORK multiply-adds), a linear with at most FEW_COLUMNS outputs or a matmul
+# summing over at most FEW_COLUMNS (a classifier head and its input gradient at batch 128) runs as a *serial*
+# generated loop: OpenBLAS wakes its threads for these tiny products (40 us in a batch-128 step for a
+# 128 x 512 x 10 linear, 15 us as a loop), and a serial loop has no thread pool to contend with BLAS's.
+FEW_COLUMNS = 16
+_SERIAL_LOOP_WORK = 2 ** 20
+_FEW_ROWS_BLOCK = 8
+_AXPY_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class MatmulSchedule:
+    """How a matmul/linear of `rows` x `kdim` by `kdim` x `n_out` runs (a pure value of the op, shapes and dtypes).
+
+    form: "blas" (numpy's np.dot/np.matmul into the output: OpenBLAS's own threads), or a generated loop:
+      "linear_few_rows"     a linear with at most FEW_ROWS rows of `a`: dot products of contiguous rows, all rows at
+                            once, so each weight element is loaded once (the rows of `a` stay in L1); tasks of
+                            _FEW_ROWS_BLOCK output columns. BLAS's matrix-vector path is single-threaded.
+      "matmul_few_rows"     a matmul with at most FEW_ROWS rows: each output row is rows of b scaled and added,
+                            vectorized along N; tasks of a row x _AXPY_BLOCK columns.
+      "short_sum"           a matmul summing over at most FEW_ROWS (a weight gradient at a small batch), or over at
+                            most FEW_COLUMNS when the product is small: each output element is its short sum
+                            written out, one output row a task.
+      "linear_few_columns"  a small linear with at most FEW_COLUMNS outputs: every column's dot product in one sweep
+                            over a row of `a`.
+    parallel: the loop is a prange (>= PARALLEL_MIN_ELEMENTS multiply-adds; the FEW_COLUMNS forms are serial).
+    Measured against OpenBLAS here: tools/bench_compile.py cases 4 and 5. Loops sum in the output dtype with
+    reassociation and FMA, as BLAS does.
+    """
+
+    form: str
+    parallel: bool = False
+    rows: int = 0
+    kdim: int = 0
+    n_out: int = 0
+
+    @property
+    def loop(self) -> str:
+        return "prange" if self.parallel else "range"
+
+
+def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype) -> MatmulSchedule:
+    """The schedule of `op_name` ("matmul" or "linear") on operands of these shapes and dtypes."""
+    if out_dtype.kind != "f" or a_dtype != out_dtype or b_dtype != out_dtype or len(b_shape) != 2 or not a_shape:
+        return MatmulSchedule("blas")
+    rows, kdim = math.prod(a_shape[:-1]), a_shape[-1]
+    if kdim == 0:
+        return MatmulSchedule("blas")
+    n_out = b_shape[0] if op_name == "linear" else b_shape[1]
+    work = rows * kdim * n_out  # multiply-adds
+    parallel = work >= PARALLEL_MIN_ELEMENTS
+    batched = len(a_shape) >= 2
+    if op_name == "linear" and rows <= FEW_ROWS:
+        form = "linear_few_rows"
+    elif op_name == "matmul" and batched and rows <= FEW_ROWS:
+        form = "matmul_few_rows"
+    elif op_name == "matmul" and batched and kdim <= FEW_ROWS:
+        form = "short_sum"
+    elif work <= _SERIAL_LOOP_WORK and op_name == "linear" and n_out <= FEW_COLUMNS:
+        form, parallel = "linear_few_columns", False
+    elif work <= _SERIAL_LOOP_WORK and op_name == "matmul" and batched and kdim <= FEW_COLUMNS:
+        form, parallel = "short_sum", False
+    else:
+        return MatmulSchedule("blas")
+    return MatmulSchedule(form, parallel, rows, kdim, n_out)
+
+
+def _anchor(kernel: Kernel):
+    """(the matmul/linear node, its op, its two operand nodes) of a matmul kernel."""
+    anchors = matmul_nodes(kernel)
+    if len(anchors) != 1:
+        raise Unsupported("a matmul kernel has exactly one matmul/linear node")
+    mm = anchors[0]
+    op, args, _ = op_and_attrs(mm)
+    if op.name not in ("matmul", "linear") or len(args) != 2 or not all(isinstance(a, Node) for a in args):
+        raise Unsupported(f"matmul anchor {mm.name} ({op.name}) is not a matmul/linear of two tensors")
+    return mm, op, args
+
+
+def matmul_schedule_of(kernel: Kernel) -> MatmulSchedule:
+    """The schedule of a matmul kernel's anchor."""
+    mm, op, (a, b) = _anchor(kernel)
+    return matmul_schedule(op.name, node_shape(a), node_shape(b), node_dtype(a), node_dtype(b), node_dtype(mm))
+
+
+def gen_matmul(kb: KernelBuilder) -> None:
+    """A matmul kernel: the product (a loop function or a BLAS call in the launcher), then the epilogue."""
+    k = kb.kernel
+    mm, op, args = _anchor(k)
+    by_node = {a.node: a for a in kb.ins}
+    if any(a not in by_node for a in args):
+        raise Unsupported(f"the operands of {mm.name} are not kernel inputs")
+    a_arr, b_arr = by_node[args[0]], by_node[args[1]]
+    mm_shape, mm_dtype = node_shape(mm), node_dtype(mm)
+    epilogue = [n for n in k.nodes if n is not mm]  # in graph order: side inputs (a relu mask) come first
+    for n in epilogue:
+        if node_shape(n) != mm_shape:
+            raise Unsupported(f"epilogue node {n.name} has shape {list(node_shape(n))}, not the matmul "
+                              f"output shape {list(mm_shape)}")
+    out_of = {a.node: a for a in kb.outs}
+    # where the product goes: its own output, else (in place) an epilogue output of the same shape and dtype
+    in_place = None
+    if mm in out_of:
+        target = f"outs[{kb.outs.index(out_of[mm])}]"
+    else:
+        same = [a for a in kb.outs if a.shape == mm_shape and a.dtype == mm_dtype]
+        in_place = same[-1] if same else None
+        target = f"outs[{kb.outs.index(in_place)}]" if same else None
+    lines = []
+    if target is None:
+        lines.append(f"mm = np.empty({mm_shape!r}, dtype={ctor(mm_dtype)})")
+    else:
+        lines.append(f"mm = {target}")
+    ia, ib = f"ins[{kb.ins.index(a_arr)}]", f"ins[{kb.ins.index(b_arr)}]"
+    schedule = matmul_schedule(op.name, a_arr.shape, b_arr.shape, a_arr.dtype, b_arr.dtype, mm_dtype)
+    if schedule.form != "blas":
+        loop = _loop_function(kb, schedule, mm, a_arr, b_arr)
+        kb.functions.append(loop)
+        lines.append(f"{loop.name}({ia}.reshape(-1), {ib}.reshape(-1), mm.reshape(-1))")
+    elif op.name == "linear":
+        kdim, n_out = b_arr.shape[1], b_arr.shape[0]
+        lines.append(f"np.dot({ia}.reshape(-1, {kdim}), {ib}.T, out=mm.reshape(-1, {n_out}))")
+    elif len(b_arr.shape) == 2 and len(a_arr.shape) >= 2:
+        kdim, n_out = b_arr.shape
+        lines.append(f"np.dot({ia}.reshape(-1, {kdim}), {ib}, out=mm.reshape(-1, {n_out}))")
+    else:
+        lines.append(f"np.matmul({ia}, {ib}, out=mm)")
+    if epilogue:
+        # NOTE: in place, the product is read through the output's own argument: with two arguments pointing at
+        # the same memory LLVM's runtime alias check fails and the loop runs scalar (measured 3.4x slower).
+        mm_arr = Array(in_place.arg if in_place is not None else "mm", mm, mm_shape, mm_dtype)
+        ins = [mm_arr] + [a for a in kb.ins if any(a.node in n.all_input_nodes for n in epilogue)]
+        outs = [a for a in kb.outs if a.node is not mm]
+        f = kb.elementwise_function(f"{kb.name}_epilogue", epilogue, ins, outs, mm_shape)
+        kb.functions.append(f)
+        flat = ["mm.reshape(-1)" if a.arg == "mm" else flat_view(a) for a in f.args]
+        lines.append(f"{f.name}({', '.join(flat)})")
+    kb.launch = lines
+
+
+def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr) -> Function:
+    """The product as the generated loop the schedule names: a numba function of (a, b, out)."""
+    dtype = node_dtype(mm)
+    rows, kdim, n_out = schedule.rows, schedule.kdim, schedule.n_out
+    args = [Array("a", a_arr.node, a_arr.shape, dtype), Array("b", b_arr.node, b_arr.shape, dtype),
+            Array("out", mm, node_shape(mm), dtype)]
+    zero = kb.dialect.literal(0, dtype)
+    if schedule.form == "linear_few_rows":  # each weight row swept once, every row of `a` held
+        lines = _dot_lines("b", "a", n_out, rows, kdim, lambda h: f"{h * n_out} + s", zero, _FEW_ROWS_BLOCK)
+    elif schedule.form == "matmul_few_rows":
+        lines = _axpy_rows_lines(rows, kdim, n_out, zero)
+    elif schedule.form == "short_sum":
+        lines = _short_sum_lines(rows, kdim, n_out)
+    elif schedule.form == "linear_few_columns":  # each row of `a` swept once, every weight row held
+        lines = _dot_lines("a", "b", rows, n_out, kdim, lambda h: f"s * {n_out} + {h}", zero, 1)
+    else:
+        raise Unsupported(f"matmul schedule {schedule.form!r} has no loop")
+    lines[0] = lines[0].replace("LOOP", schedule.loop)
+    return Function(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
+
+
+def _dot_lines(swept, held, n_swept, n_held, kdim, out_at, zero, block) -> list[str]:
+    """out = a . w^T as dot products of contiguous rows of length kdim: tasks of `block` rows s of `swept`;
+    each is read once, in one sweep over k that adds it into a sum per row h of `held` (n_held rows, which
+    stay in L1). out_at(h) is the flat output index (of s and h) a sum is stored at."""
+    accs = [f"acc{h}" for h in range(n_held)]
+    rows = ([f"for s in LOOP({n_swept}):"] if block == 1 else
+            [f"for blk in LOOP({-(-n_swept // block)}):",
+             f"    for s in range(blk * {block}, min({n_swept}, blk * {block} + {block})):"])
+    body = ([f"sr = {swept}[s * {kdim}:s * {kdim} + {kdim}]",
+             f"{', '.join(accs)} = {', '.join([zero] * n_held)}",
+             f"for k in range({kdim}):",
+             "    v = sr[k]"]
+            + [f"    {acc} += {held}[{h * kdim} + k] * v" for h, acc in enumerate(accs)]
+            + [f"out[{out_at(h)}] = {acc}" for h, acc in enumerate(accs)])
+    return rows + indent(body, len(rows))
+
+
+def _short_sum_lines(rows, kdim, n_out) -> list[str]:
+    """out[i, :] = sum over k < kdim of a[i, k] * b[k, :] with the sum written out: one task per output row,
+    the kdim rows of b in L1, each output element written once."""
+    terms = " + ".join(f"a{k} * b[{k * n_out} + j]" for k in range(kdim))
+    return ([f"for i in LOOP({rows}):"]
+            + [f"    a{k} = a[i * {kdim} + {k}]" for k in range(kdim)]
+            + [f"    base = i * {n_out}",
+               f"    for j in range({n_out}):",
+               f"        out[base + j] = {terms}"])
+
+
+def _axpy_rows_lines(rows, kdim, n_out, zero) -> list[str]:
+    """out[i, n0:n1] = sum over k of a[i, k] * b[k, n0:n1], one task per row i and block of columns."""
+    block = min(n_out, _AXPY_BLOCK)
+    blocks = -(-n_out // block)
+    return [f"for task in LOOP({rows * blocks}):",
+            f"    i = task // {blocks}",
+            f"    n0 = (task % {blocks}) * {block}",
+            f"    n1 = min({n_out}, n0 + {block})",
+            f"    orow = out[i * {n_out} + n0:i * {n_out} + n1]",
+            "    for j in range(n1 - n0):",
+            f"        orow[j] = {zero}",
+            f"    for k in range({kdim}):",
+            f"        aik = a[i * {kdim} + k]",
+            f"        brow = b[k * {n_out} + n0:k * {n_out} + n1]",
+            "        for j in range(n1 - n0):",
+            "            orow[j] += aik * brow[j]"]

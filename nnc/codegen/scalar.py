@@ -1,0 +1,320 @@
+"""Target-neutral scalar layer: dtypes, typed literals, the Dialect a target spells code with, and ScalarBody,
+which turns the op table's templates into one straight-line statement per elementwise node.
+
+`ScalarBody.emit(nodes, env)` builds each statement ONLY from the op's `template` (parsed with `ast`, its function
+names mapped by a `Dialect`), computing in the dtype the op's dtype rule gives (float32 stays float32: literals and
+Python scalars are typed). Nothing here knows loops, arrays or a target; `KernelCompileError` and `Unsupported` are
+the errors every code generator module raises.
+"""
+from __future__ import annotations
+
+import ast
+import math
+import string
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime import dtypes as dt
+from runtime.ops import Kind
+
+from ..graph import Node
+from ..prims import Prim
+
+
+class KernelCompileError(RuntimeError):
+    """A kernel could not be generated or compiled; the caller runs its nodes with the interpreter instead."""
+
+    def __init__(self, kernel_name: str, reason: str):
+        self.kernel_name = kernel_name
+        self.reason = reason
+        super().__init__(f"cannot compile kernel {kernel_name}: {reason}")
+
+
+class Unsupported(Exception):
+    """Raised inside generation; compile_kernel turns it into a KernelCompileError naming the kernel."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dtypes
+# ---------------------------------------------------------------------------------------------------------------
+
+def np_dtype(d) -> np.dtype:
+    """A numpy dtype from a runtime dtype (or a numpy dtype/type)."""
+    return d.np if isinstance(d, dt.dtype) else np.dtype(d)
+
+
+def check_dtype(d: np.dtype, what: str) -> np.dtype:
+    if d.kind == "b" or (d.kind in "iu") or (d.kind == "f" and d.itemsize in (4, 8)):
+        return d
+    raise Unsupported(f"{what} has dtype {d}, which the numba CPU backend does not support"
+                      + (" (numba has no float16 arithmetic on CPU)" if d == np.float16 else ""))
+
+
+def ctor(d: np.dtype) -> str:
+    """The generated-code name that converts a scalar to dtype d (np.float32, np.bool_, ...)."""
+    return "np.bool_" if d.kind == "b" else f"np.{d.name}"
+
+
+def node_dtype(node: Node) -> np.dtype:
+    d = node.meta.get("dtype")
+    if d is None:
+        raise Unsupported(f"node {node.name} has no dtype meta (run nnc.passes.propagate_shapes first)")
+    return check_dtype(np_dtype(d), f"node {node.name}")
+
+
+def node_shape(node: Node) -> tuple:
+    s = node.meta.get("shape")
+    if s is None:
+        raise Unsupported(f"node {node.name} has no shape meta (run nnc.passes.propagate_shapes first)")
+    return tuple(int(x) for x in s)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Scalar body (target-neutral): templates -> statements
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass
+class Value:
+    """A scalar in generated code: a variable name and its dtype."""
+
+    name: str
+    dtype: np.dtype
+
+
+class _Operand:
+    """A stand-in tensor for an op's dtype rule (it reads .dtype and .ndim, and asks is_tensor_like)."""
+
+    def __init__(self, node: Node):
+        self.dtype = node.meta["dtype"]
+        self.ndim = len(node.meta.get("shape") or ())
+
+    @staticmethod
+    def _apply_op(op, inputs, attrs):  # only its presence matters (ops.is_tensor_like)
+        raise TypeError("a codegen stand-in is not executable")
+
+
+def format_literal(value, d: np.dtype | None) -> str:
+    """A Python scalar as generated code, typed to d (None: an untyped Python literal)."""
+    if isinstance(value, (bool, np.bool_)):
+        if d is None or d.kind == "b":
+            return "True" if value else "False"
+        value = int(value)
+    if isinstance(value, (int, np.integer)):
+        value = int(value)
+        if d is None or d.kind in "biu":
+            if d is not None and d.kind in "iu":
+                info = np.iinfo(d)
+                if not info.min <= value <= info.max:
+                    raise Unsupported(f"integer literal {value} does not fit {d}")
+            text = repr(value)
+            return text if d is None else f"{ctor(d)}({text})"
+        value = float(value)
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        if math.isnan(value):
+            text = "np.nan"
+        elif math.isinf(value):
+            text = "np.inf" if value > 0 else "-np.inf"
+        else:
+            text = repr(value)
+        # a float literal in an integer computation stays a (float64) Python float: never truncated
+        return text if d is None or d.kind != "f" else f"{ctor(d)}({text})"
+    raise Unsupported(f"cannot put {value!r} ({type(value).__name__}) into generated code")
+
+
+class Dialect:
+    """How a target spells template functions, literals and casts. Subclass per target (CPU, CUDA)."""
+
+    def literal(self, value, d: np.dtype | None) -> str:
+        return format_literal(value, d)
+
+    def cast(self, expr: str, d: np.dtype) -> str:
+        return expr if _is_call_of(expr, ctor(d)) else f"{ctor(d)}({expr})"
+
+    def floordiv(self, a: str, b: str) -> str:
+        return f"({a} // {b})"
+
+    def mod(self, a: str, b: str) -> str:
+        return f"({a} % {b})"
+
+    def call(self, name: str, args: list[str], attrs: dict, compute: np.dtype) -> str:
+        raise NotImplementedError
+
+    def preamble(self) -> list[str]:
+        """Module-level lines (imports, helper definitions) that the calls made so far need."""
+        return []
+
+
+def _is_call_of(expr: str, fn: str) -> bool:
+    """Whether expr is one call `fn(...)` (its parentheses close at the very end)."""
+    if not (expr.startswith(fn + "(") and expr.endswith(")")):
+        return False
+    depth = 0
+    for i, ch in enumerate(expr[len(fn):]):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            return i == len(expr) - len(fn) - 1
+    return False
+
+
+_BINOPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
+           ast.Pow: "**", ast.BitAnd: "&", ast.BitOr: "|", ast.BitXor: "^", ast.LShift: "<<", ast.RShift: ">>"}
+_UNARY = {ast.USub: "-", ast.UAdd: "+", ast.Not: "not ", ast.Invert: "~"}
+_COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+
+
+def op_and_attrs(node: Node):
+    """The OpDef of a prims.* node, its operands and its attrs (kwargs, plus positional ones past the arity)."""
+    if node.op != "call_function" or not isinstance(node.target, Prim):
+        raise Unsupported(f"node {node.name} ({node.op} {node.target!r}) is not a prims.* primitive")
+    op = node.target.op
+    args = list(node.args)
+    attrs = dict(node.kwargs)
+    if op.arity is not None and len(args) > op.arity:
+        for name, value in zip(op.attr_names, args[op.arity:]):
+            attrs[name] = value
+        args = args[:op.arity]
+    return op, args, attrs
+
+
+class ScalarBody:
+    """Emits one statement per elementwise node from its op's template: `v_<node> = <expr>`.
+
+    `env` maps nodes (kernel inputs loaded from memory, and nodes already emitted) to Values; emit() adds the nodes
+    it emits. Operands are cast to the op's compute dtype (from the op's dtype rule, as eager dispatch does) and the
+    result to the node's dtype, so no arithmetic silently widens (a Python float literal would make float32 maths
+    float64).
+    """
+
+    def __init__(self, dialect: Dialect):
+        self.dialect = dialect
+
+    def emit(self, nodes: list[Node], env: dict[Node, Value]) -> list[str]:
+        return [self.statement(node, env) for node in nodes]
+
+    def statement(self, node: Node, env: dict[Node, Value]) -> str:
+        op, args, attrs = op_and_attrs(node)
+        if op.kind != Kind.ELEMENTWISE or op.template is None:
+            raise Unsupported(f"node {node.name}: op {op.name} ({op.kind}) has no scalar template")
+        out = node_dtype(node)
+        operands = [_Operand(a) if isinstance(a, Node) else a for a in args]
+        try:
+            compute, out_rule = op.dtype_rule(op, operands, attrs)
+        except Exception as e:
+            raise Unsupported(f"node {node.name}: dtype rule of {op.name} failed: {e}") from None
+        compute = check_dtype(np_dtype(compute if compute is not None else out_rule), f"node {node.name}")
+        texts = []
+        for k, a in enumerate(args):
+            cast = op.cast_inputs is None or k in op.cast_inputs
+            if isinstance(a, Node):
+                if a not in env:
+                    raise Unsupported(f"node {node.name} reads {a.name}, which is neither a kernel input nor "
+                                      f"computed before it in the kernel")
+                v = env[a]
+                texts.append(self.dialect.cast(v.name, compute) if cast and v.dtype != compute else v.name)
+            elif a is None or isinstance(a, (bool, int, float, np.generic)):
+                texts.append(self.dialect.literal(a, compute if cast else None) if a is not None else "None")
+            else:
+                raise Unsupported(f"node {node.name}: operand {k} is {type(a).__name__}, not a node or a scalar")
+        try:
+            expr = self.render_template(op.template, texts, attrs, compute, node)
+        except Unsupported as e:
+            message = str(e)
+            raise Unsupported(message if message.startswith(f"node {node.name}") else
+                              f"node {node.name} ({op.name}, template {op.template!r}): {message}") from None
+        same_var = any(expr == t and isinstance(a, Node) and env[a].dtype == out for t, a in zip(texts, args))
+        env[node] = Value(f"v_{node.name}", out)
+        return f"v_{node.name} = {expr if same_var else self.dialect.cast(_strip(expr), out)}"
+
+    def render_template(self, template: str, operands: list[str], attrs: dict, compute: np.dtype, node) -> str:
+        fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+        named = {}
+        for f in fields:
+            if f.isdigit():
+                continue
+            if f not in attrs:
+                raise Unsupported(f"node {node.name}: template {template!r} needs attribute {f!r}")
+            value = attrs[f]
+            if isinstance(value, dt.dtype):
+                named[f] = f"__cast_{check_dtype(value.np, f'cast target of {node.name}').name}"
+            elif isinstance(value, (bool, int, float)):
+                named[f] = f"({value!r})"
+            else:
+                raise Unsupported(f"node {node.name}: attribute {f}={value!r} cannot appear in a scalar expression")
+        placeholders = [f"__o{k}" for k in range(len(operands))]
+        try:
+            tree = ast.parse(template.format(*placeholders, **named), mode="eval").body
+        except (SyntaxError, IndexError, KeyError) as e:
+            raise Unsupported(f"node {node.name}: template {template!r} does not parse: {e}") from None
+        return _strip(self._render(tree, operands, attrs, compute))
+
+    def _render(self, t, operands, attrs, compute) -> str:
+        r = lambda x: self._render(x, operands, attrs, compute)  # noqa: E731
+        if isinstance(t, ast.Name):
+            if t.id.startswith("__o"):
+                return operands[int(t.id[3:])]
+            raise Unsupported(f"template refers to an unknown name {t.id!r}")
+        if isinstance(t, ast.Constant):
+            return self.dialect.literal(t.value, compute)
+        if isinstance(t, ast.BinOp) and type(t.op) in _BINOPS:
+            remainder = _remainder_pattern(t)
+            if remainder is not None:
+                return self.dialect.mod(r(remainder[0]), r(remainder[1]))
+            return f"({r(t.left)} {_BINOPS[type(t.op)]} {r(t.right)})"
+        if isinstance(t, ast.UnaryOp) and type(t.op) in _UNARY:
+            if isinstance(t.op, ast.USub) and isinstance(t.operand, ast.Constant):
+                return self.dialect.literal(-t.operand.value, compute)
+            return f"({_UNARY[type(t.op)]}{r(t.operand)})"
+        if isinstance(t, ast.BoolOp):
+            word = " and " if isinstance(t.op, ast.And) else " or "
+            return "(" + word.join(r(v) for v in t.values) + ")"
+        if isinstance(t, ast.Compare) and all(type(o) in _COMPARE for o in t.ops):
+            parts = [r(t.left)]
+            for o, c in zip(t.ops, t.comparators):
+                parts += [_COMPARE[type(o)], r(c)]
+            return "(" + " ".join(parts) + ")"
+        if isinstance(t, ast.IfExp):
+            return f"({r(t.body)} if {r(t.test)} else {r(t.orelse)})"
+        if isinstance(t, ast.Call) and isinstance(t.func, ast.Name) and not t.keywords:
+            name = t.func.id
+            # NOTE: floor(a / b) lowers to a // b: numpy's floor_divide semantics (exact for integers, and for
+            # floats floor of the rounded quotient would be off by one where a / b rounds up to an integer).
+            if _is_floor_div(t):
+                return self.dialect.floordiv(r(t.args[0].left), r(t.args[0].right))
+            return self.dialect.call(name, [_strip(r(a)) for a in t.args], attrs, compute)
+        raise Unsupported(f"template construct {ast.dump(t)[:80]} is not supported by the code generator")
+
+
+def _is_floor_div(t) -> bool:
+    return isinstance(t, ast.Call) and isinstance(t.func, ast.Name) and t.func.id == "floor" and len(t.args) == 1 \
+        and not t.keywords and isinstance(t.args[0], ast.BinOp) and isinstance(t.args[0].op, ast.Div)
+
+
+def _remainder_pattern(t):
+    """(a, b) when t is `a - floor(a / b) * b` (or `a - b * floor(a / b)`), else None.
+
+    NOTE: that is the definition of floored modulo, so it lowers to `a % b`, numpy's remainder exactly: the
+    spelled-out form rounds twice (off by ~ulp(a) for floats) and gives a instead of 0 for an integer b == 0.
+    """
+    if not (isinstance(t.op, ast.Sub) and isinstance(t.right, ast.BinOp) and isinstance(t.right.op, ast.Mult)):
+        return None
+    a, (x, y) = t.left, (t.right.left, t.right.right)
+    for fl, b in ((x, y), (y, x)):
+        if _is_floor_div(fl) and ast.dump(fl.args[0].left) == ast.dump(a) and ast.dump(fl.args[0].right) == ast.dump(b):
+            return a, b
+    return None
+
+
+def _strip(expr: str) -> str:
+    """Drop one pair of redundant outer parentheses."""
+    if expr.startswith("(") and expr.endswith(")"):
+        depth = 0
+        for i, ch in enumerate(expr):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0 and i < len(expr) - 1:
+                return expr
+        return expr[1:-1]
+    return expr
