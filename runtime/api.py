@@ -68,6 +68,14 @@ def _resolve_shape(shape: tuple, numel: int) -> tuple:
     return shape
 
 
+def _own(t, copy=False):
+    """t as a tensor of its own where torch returns a new tensor but the composition here ends in a view: of a
+    temporary no one else reads (forgotten: no base, its own version counter) or, with copy, maybe of the input
+    (copied). Graph proxies have no views and pass through."""
+    own = getattr(type(t), "_own", None)
+    return own(t, copy) if own is not None else t
+
+
 def _numel(x) -> int:
     return math.prod(x.shape)
 
@@ -308,7 +316,7 @@ def logsumexp(input, dim, keepdim=False):
     m = input.amax(dims, keepdim=True).detach()
     m = m.masked_fill(isinf(m), 0.0)
     out = (input - m).exp().sum(dims, keepdim=True).log() + m
-    return out if keepdim else out.squeeze(dims)
+    return out if keepdim else _own(out.squeeze(dims))
 
 
 def addcmul(input, tensor1, tensor2, *, value=1):
@@ -385,11 +393,10 @@ def _extremum(name, arg_name, elementwise):
                                    f"Specify the reduction dim with the 'dim' argument.")
             return apply(name, input, dims=tuple(range(input.ndim)), keepdim=False)
         d = wrap_dim(dim, input.ndim)
-        indices = apply(arg_name, input, dim=d, keepdim=True)
-        values = apply("gather", input, indices, dim=d)
-        if not keepdim:
-            indices, values = indices.squeeze(d), values.squeeze(d)
-        return ValuesIndices(values, indices)
+        indices = apply(arg_name, input, dim=d, keepdim=keepdim)
+        # the gather reads a view of the indices returned: modifying them in place is caught, as in torch
+        values = apply("gather", input, indices if keepdim else indices.unsqueeze(d), dim=d)
+        return ValuesIndices(values if keepdim else _own(values.squeeze(d)), indices)
 
     fn.__name__ = fn.__qualname__ = name[1:]
     return fn
@@ -460,7 +467,7 @@ def matmul(input, other):
         out = out.squeeze(-2)
     if other.ndim == 1:
         out = out.squeeze(-1)
-    return out
+    return _own(out) if input.ndim == 1 or other.ndim == 1 else out
 
 
 def mm(input, mat2):
@@ -673,7 +680,7 @@ def repeat(input, *sizes):
     shape = tuple(x.shape)
     interleaved = tuple(v for pair in zip(sizes, shape) for v in pair)
     x = x.reshape(tuple(v for s in shape for v in (1, s))).expand(interleaved)
-    return x.reshape(tuple(r * s for r, s in zip(sizes, shape)))
+    return _own(x.reshape(tuple(r * s for r, s in zip(sizes, shape))), copy=True)
 
 
 # ---------------------------------------------------------------------------------------------

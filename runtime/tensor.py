@@ -354,6 +354,15 @@ class Tensor:
                                "dimension spans across two contiguous subspaces). Use .reshape(...) instead.") from None
         return api.reshape(self, target)
 
+    def _own(self, copy: bool) -> "Tensor":
+        """This tensor as a non-view (api._own): a copy, or the same memory with the link to its base dropped."""
+        if self._base is None:
+            return self
+        if copy:
+            return api.clone(self)
+        self._base, self._version_counter = None, None
+        return self
+
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False) -> "Tensor":
         from .factories import tensor
 

@@ -417,7 +417,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
         raise IndexError(f"index out of range in self: embedding index {bad} with num_embeddings={num}")
     if max_norm is not None:
         _embedding_renorm_(weight, flat, max_norm, norm_type)
-    out = weight.index_select(0, flat).reshape(tuple(input.shape) + (weight.shape[1],))
+    out = api._own(weight.index_select(0, flat).reshape(tuple(input.shape) + (weight.shape[1],)))
     if padding_idx is not None:
         # The padding row is looked up like any other, but its rows pass no gradient to the weight.
         out = api.where((input == padding_idx).unsqueeze(-1), out.detach(), out)
