@@ -460,10 +460,14 @@ class Tensor:
             raise RuntimeError(f"in-place result of shape {list(result.shape)} does not fit a tensor of shape "
                                f"{list(self.shape)}") from None
         retained = self.retains_grad
-        self._grad_fn, self._out_nr, self._rg = result._grad_fn, 0, result._rg
+        node = self._grad_fn = result._grad_fn
+        self._out_nr, self._rg = 0, result._rg
         if retained:
             self.retain_grad()
         self._bump_version()
+        if isinstance(node, OpNode) and node.out_data is result._data:
+            # the output the node saved is self now: a later in-place op on self fails the backward, as in torch
+            node.out_data, node.out_version, node.out_version_seen = self._data, self._vc(), self._vc()[0]
         return self
 
     def _check_inplace_allowed(self) -> None:

@@ -172,3 +172,83 @@ def test_max_indices_modified_in_place_fail_backward_as_in_torch(torch):
         return values
 
     check(torch, program, A23, B33, raises="backward")
+
+
+# -- E2: the version-counter error fires exactly where torch's does ---------------------------------------------
+
+def _then(*steps):
+    """A program that runs steps(lib, x) -> y in order and returns the last step's result."""
+    def program(lib, x):
+        value = None
+        env = {"lib": lib, "x": x}
+        for step in steps:
+            value = step(env)
+        return value
+
+    return program
+
+
+SPURIOUS = {  # torch does not raise: the modified tensor is not something the backward reads
+    "mul_by_scalar_then_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=e["a"] * 2.0),
+                                               lambda e: e["a"].add_(1), lambda e: e["y"]),
+    "mul_by_scalar_then_output_modified": _then(lambda e: e.update(y=e["x"] * 2.0), lambda e: e["y"].add_(1)),
+    "rmul_by_scalar_then_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=3.0 * e["a"]),
+                                                lambda e: e["a"].mul_(2), lambda e: e["y"]),
+    "div_by_scalar_then_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=e["a"] / 4.0),
+                                               lambda e: e["a"].sub_(1), lambda e: e["y"]),
+    "mul_by_constant_tensor_then_input_modified": _then(
+        lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=e["a"] * e["lib"].full((4,), 3.0, dtype=e["x"].dtype)),
+        lambda e: e["a"].add_(1), lambda e: e["y"]),
+    "pow_scalar_then_output_modified": _then(lambda e: e.update(y=e["x"] ** 2), lambda e: e["y"].add_(1)),
+    "pow_scalar_inplace_then_modified": _then(lambda e: e.update(y=e["x"] * 1), lambda e: e["y"].pow_(2),
+                                              lambda e: e["y"].add_(1)),
+    "add_self_with_alpha": _then(lambda e: e.update(y=e["x"] * 1), lambda e: e["y"].add_(e["y"], alpha=2.5)),
+    "sub_self_with_alpha": _then(lambda e: e.update(y=e["x"] * 1), lambda e: e["y"].sub_(e["y"], alpha=0.5)),
+    "add_with_alpha_then_other_modified": _then(
+        lambda e: e.update(y=e["x"] * 1, w=e["x"] * 2), lambda e: e["y"].add_(e["w"], alpha=3),
+        lambda e: e["w"].mul_(2), lambda e: e["y"]),
+    "sub_with_alpha_then_other_modified": _then(
+        lambda e: e.update(y=e["x"] * 1, w=e["x"] * 2), lambda e: e["y"].sub_(e["w"], alpha=-2),
+        lambda e: e["w"].zero_(), lambda e: e["y"]),
+    "clamp_then_output_modified": _then(lambda e: e.update(y=e["x"].clamp(0, 2)), lambda e: e["y"].mul_(3)),
+    "add_then_inputs_modified": _then(lambda e: e.update(a=e["x"] * 1, b=e["x"] * 2),
+                                      lambda e: e.update(y=e["a"] + e["b"]), lambda e: e["a"].add_(1),
+                                      lambda e: e["b"].mul_(2), lambda e: e["y"]),
+    "neg_then_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=-e["a"]),
+                                     lambda e: e["a"].exp_(), lambda e: e["y"]),
+}
+
+NEEDED = {  # torch raises in the backward: a tensor its formula reads was modified after it was saved
+    "mul_then_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=e["a"] * e["a"]),
+                                     lambda e: e["a"].add_(1), lambda e: e["y"]),
+    "div_then_divisor_modified": _then(lambda e: e.update(a=e["x"] * 1, b=e["x"] * 2),
+                                       lambda e: e.update(y=e["a"] / e["b"]), lambda e: e["b"].add_(1),
+                                       lambda e: e["y"]),
+    "pow_scalar_then_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=e["a"] ** 3),
+                                            lambda e: e["a"].add_(1), lambda e: e["y"]),
+    "exp_then_output_modified": _then(lambda e: e.update(y=e["x"].exp()), lambda e: e["y"].add_(1)),
+    "exp_inplace_then_modified": _then(lambda e: e.update(y=e["x"] * 1), lambda e: e["y"].exp_(),
+                                       lambda e: e["y"].add_(1)),
+    "relu_inplace_then_modified": _then(lambda e: e.update(y=e["x"] * 1), lambda e: e["y"].relu_(),
+                                        lambda e: e["y"].mul_(2)),
+    "sigmoid_inplace_then_modified": _then(lambda e: e.update(y=e["x"] * 1), lambda e: e["y"].sigmoid_(),
+                                           lambda e: e["y"].sub_(1)),
+    "tanh_then_output_modified": _then(lambda e: e.update(y=e["x"].tanh()), lambda e: e["y"].mul_(2)),
+    "clamp_then_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=e["a"].clamp(0, 2)),
+                                       lambda e: e["a"].add_(1), lambda e: e["y"]),
+    "mul_self_inplace": _then(lambda e: e.update(y=e["x"] * 1), lambda e: e["y"].mul_(e["y"])),
+    "mul_inplace_then_other_modified": _then(lambda e: e.update(y=e["x"] * 1, w=e["x"] * 2),
+                                             lambda e: e["y"].mul_(e["w"]), lambda e: e["w"].add_(1),
+                                             lambda e: e["y"]),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name", sorted(SPURIOUS))
+def test_inplace_after_save_does_not_raise_where_torch_does_not(torch, name, dtype):
+    check(torch, SPURIOUS[name], V4, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", sorted(NEEDED))
+def test_inplace_after_save_raises_where_torch_does(torch, name):
+    check(torch, NEEDED[name], V4, raises="backward")

@@ -104,14 +104,14 @@ class OpNode(Node):
         inputs = self.inputs
         if inputs is None:
             raise RuntimeError(FREED_GRAPH_ERROR)
-        self._check_versions()
         g, out, attrs, op = grads[0], self._saved_out(), self.attrs, self.op
+        values, out = self._unpacked(inputs, out)
         result = []
         for i, edge in enumerate(self.next_edges):
             if edge is None:
                 result.append(None)
                 continue
-            gi = op.vjp_rule(i)(g, out, *inputs, **attrs)
+            gi = op.vjp_rule(i)(g, out, *values, **attrs)
             result.append(fit_gradient(gi, inputs[i]))
         return result
 
@@ -123,15 +123,22 @@ class OpNode(Node):
             out._grad_fn, out._rg = self, True
         return out
 
-    def _check_versions(self) -> None:
-        stale = [(self.inputs[i], i, seen) for i, seen in self.saved_versions if self.inputs[i]._vc()[0] != seen]
+    def _unpacked(self, inputs, out):
+        """The rules' inputs and output; a saved one modified in place since is a _Stale, which raises torch's
+        error only if a rule that runs reads it (torch saves, per input, only what that input's formula needs)."""
+        stale = [i for i, seen in self.saved_versions if inputs[i]._vc()[0] != seen]
         if self.out_data is not None and self.out_version[0] != self.out_version_seen:
-            stale.append((None, "out", self.out_version_seen))
-        for tensor, which, seen in stale:
-            now = tensor._vc()[0] if tensor is not None else self.out_version[0]
-            what = "its output" if which == "out" else f"input {which}"
-            raise RuntimeError(
-                f"one of the variables needed for gradient computation has been modified by an inplace "
+            out = _Stale(out, self._stale_message("its output", self.out_version[0], self.out_version_seen))
+        if not stale:
+            return inputs, out
+        values = list(inputs)
+        for i, seen in self.saved_versions:
+            if i in stale:
+                values[i] = _Stale(inputs[i], self._stale_message(f"input {i}", inputs[i]._vc()[0], seen))
+        return values, out
+
+    def _stale_message(self, what, now, seen) -> str:
+        return (f"one of the variables needed for gradient computation has been modified by an inplace "
                 f"operation: {what} of {self.name()} is at version {now}; expected version {seen} instead. "
                 f"Hint: use an out-of-place op, or .clone() the tensor before modifying it in place.")
 
@@ -139,6 +146,34 @@ class OpNode(Node):
         if self.op.saves:
             self.inputs = None
             self.out_data = None
+
+
+class _Stale:
+    """A saved tensor modified in place after it was saved: a rule may read its shape and dtype; anything that
+    reads its values (an op, a method, an operator) raises torch's error."""
+
+    __slots__ = ("shape", "dtype", "ndim", "_message")
+
+    def __init__(self, tensor, message: str):
+        self.shape, self.dtype, self.ndim, self._message = tensor.shape, tensor.dtype, tensor.ndim, message
+
+    def _fail(self, *args, **kwargs):
+        raise RuntimeError(self._message)
+
+    def __getattr__(self, name):
+        self._fail()
+
+    @staticmethod
+    def _apply_op(op, inputs, attrs):
+        next(x for x in inputs if isinstance(x, _Stale))._fail()
+
+
+for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "floordiv", "rfloordiv", "mod",
+              "rmod", "pow", "rpow", "matmul", "rmatmul", "neg", "pos", "abs", "invert", "and", "rand", "or", "ror",
+              "xor", "rxor", "eq", "ne", "lt", "le", "gt", "ge", "getitem", "bool", "float", "int", "index", "len",
+              "iter", "array"):
+    setattr(_Stale, f"__{_name}__", _Stale._fail)
+del _name
 
 
 def fit_gradient(g, x):
