@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from runtime.ops import Kind
+
 from .graph import Node
 from .prims import Prim
 
@@ -19,7 +21,7 @@ class Kernel:
     kind:
       - "elementwise": every node is elementwise with the same output shape `shape`; inputs broadcast to it.
       - "reduction": one pass over `shape` (the reductions' input shape) computes the elementwise prologue nodes
-        and accumulates one or more reduction nodes (sum/amax/amin/prod), all siblings: the same input shape, the
+        and accumulates one or more reduction nodes (ops with an OpDef.reducer), all siblings: the same input shape, the
         same reduced dims and the same output shape, none reading another's result. Then elementwise epilogue
         nodes run on the reduced shape (they may read every reduction of the kernel, never a prologue value).
         Prologue nodes read outside the kernel are outputs, written by the pass (e.g. an input gradient written
@@ -48,21 +50,20 @@ class Kernel:
         return f"Kernel({self.name}: {self.kind} [{ops}] shape={list(self.shape)} reason={self.reason!r})"
 
 
-# Shape ops whose result numpy makes as a view of their one input (a copy where it cannot): the executor and the
-# whole-graph function run them on arrays, with no generated code.
-VIEW_OPS = ("reshape", "permute", "expand")
-
-
 def view_node(kernel: Kernel) -> Node | None:
-    """The node of an opaque kernel that is one reshape/permute/expand of a tensor, else None."""
+    """The node of an opaque kernel that is one view of one tensor, else None: a shape op whose result may alias its
+    input (`is_view`) and that reads nothing but that input and attributes (reshape, permute, expand; not getitem,
+    which also reads index tensors). numpy makes it a view where it can (a copy where it cannot): the executor and
+    the whole-graph function run it on arrays, with no generated code."""
     if kernel.kind != "opaque" or len(kernel.nodes) != 1:
         return None
     node = kernel.nodes[0]
-    if isinstance(node.target, Prim) and node.target.op.name in VIEW_OPS and isinstance(node.args[0], Node):
-        return node
-    return None
+    if not isinstance(node.target, Prim) or not node.args or not isinstance(node.args[0], Node):
+        return None
+    op = node.target.op
+    return node if op.kind == Kind.SHAPE and op.is_view and op.arity == 1 else None
 
 
 def matmul_nodes(kernel: Kernel) -> list[Node]:
     """The matmul/linear nodes of a kernel (a "matmul" kernel has exactly one, its anchor)."""
-    return [n for n in kernel.nodes if isinstance(n.target, Prim) and n.target.op.kind == "matmul"]
+    return [n for n in kernel.nodes if isinstance(n.target, Prim) and n.target.op.kind == Kind.MATMUL]

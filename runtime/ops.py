@@ -36,6 +36,28 @@ class DataDependentShape(Exception):
 
 
 @dataclass(frozen=True)
+class Reducer:
+    """How a reduction folds values into one: what a code generator needs to accumulate it.
+
+    combine: a scalar template of the accumulator {0} and a value {1} (both already in the accumulator's dtype),
+      in the language of elementwise templates, giving the new accumulator: "({0} + {1})", "max({0}, {1})".
+    identity: identity(numpy dtype) -> the accumulator's start value.
+    accumulator: accumulator(input numpy dtype, output numpy dtype) -> the accumulator's numpy dtype.
+    block: how a block of values may be reduced out of order (in vector lanes): "fold" (the combine reassociates),
+      "max" / "min" (lanes keep the greater / lesser; a nan is checked apart, as numpy's max propagates it), or
+      None (in order only).
+    additive: the combine adds, so spans of values may be summed in their own dtype before they are widened to the
+      accumulator's (the error of a span's sum is bounded by its length).
+    """
+
+    combine: str
+    identity: Callable
+    accumulator: Callable
+    block: str | None = None
+    additive: bool = False
+
+
+@dataclass(frozen=True)
 class OpDef:
     """One primitive op. `vjp[i]` is the derivative rule for input i (None: not differentiable)."""
 
@@ -54,6 +76,15 @@ class OpDef:
     # The same value written with other primitives (tensor methods, as the rules are). A fused op eager runs
     # in one dispatch has one; nnc's decompose expands it, so the compiler sees only the primitives it fuses.
     decomposition: Callable | None = None
+    # Reductions that code generation can accumulate (nnc fuses them with their prologues and epilogues).
+    reducer: Reducer | None = None
+    # noop(in_shape, in_dtype, out_shape, out_dtype, attrs) -> whether a call returns its first input unchanged
+    # (nnc's remove_noops drops those calls). Shapes are tuples; either shape or dtype may be None (unknown).
+    noop: Callable | None = None
+
+    def is_noop(self, in_shape, in_dtype, out_shape, out_dtype, attrs) -> bool:
+        """Whether a call with these input and result shapes/dtypes and attributes returns its input unchanged."""
+        return self.noop is not None and bool(self.noop(in_shape, in_dtype, out_shape, out_dtype, attrs))
 
     @property
     def differentiable(self) -> bool:
@@ -792,6 +823,63 @@ SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
 
 
 # ---------------------------------------------------------------------------------------------
+# Reducers and no-op rules (read by nnc: fusion, code generation, remove_noops).
+# ---------------------------------------------------------------------------------------------
+
+def _widened(in_dtype, out_dtype):
+    # NOTE: float32 sums and products accumulate in float64: numpy sums pairwise (error ~ log n), a serial float32
+    # loop would lose ~n * eps; one float64 accumulator is at least as accurate as numpy.
+    if out_dtype.kind == "f":
+        return np.dtype(np.float64)
+    return np.dtype(np.int64) if out_dtype.kind in "iub" else out_dtype
+
+
+def _lowest(d):
+    """The identity of max over numpy dtype d: its lowest value."""
+    if d.kind == "f":
+        return -math.inf
+    return False if d.kind == "b" else int(np.iinfo(d).min)
+
+
+def _highest(d):
+    """The identity of min over numpy dtype d: its highest value."""
+    if d.kind == "f":
+        return math.inf
+    return True if d.kind == "b" else int(np.iinfo(d).max)
+
+
+def _output_dtype(in_dtype, out_dtype):
+    return out_dtype
+
+
+def _bool_dtype(in_dtype, out_dtype):
+    return np.dtype(np.bool_)
+
+
+_SUM = Reducer("({0} + {1})", lambda d: 0, _widened, block="fold", additive=True)
+_PROD = Reducer("({0} * {1})", lambda d: 1, _widened, block="fold")
+# max/min of the template language propagate nan, as numpy's amax/amin do
+_AMAX = Reducer("max({0}, {1})", _lowest, _output_dtype, block="max")
+_AMIN = Reducer("min({0}, {1})", _highest, _output_dtype, block="min")
+_ALL = Reducer("({0} and {1})", lambda d: True, _bool_dtype)
+_ANY = Reducer("({0} or {1})", lambda d: False, _bool_dtype)
+
+
+def _unchanged(in_shape, in_dtype, out_shape, out_dtype, attrs):
+    """A reshape or expand to the input's own shape, a cast to its own dtype."""
+    return in_shape is not None and in_shape == out_shape and in_dtype is not None and in_dtype == out_dtype
+
+
+def _identity_permutation(in_shape, in_dtype, out_shape, out_dtype, attrs):
+    return tuple(attrs["dims"]) == tuple(range(len(attrs["dims"])))
+
+
+def _reduces_nothing(in_shape, in_dtype, out_shape, out_dtype, attrs):
+    """A reduction over no dims (the primitive's dims=() keeps every element) that keeps the dtype."""
+    return not attrs.get("dims") and _unchanged(in_shape, in_dtype, out_shape, out_dtype, attrs)
+
+
+# ---------------------------------------------------------------------------------------------
 # The table.
 # ---------------------------------------------------------------------------------------------
 
@@ -859,22 +947,25 @@ E("where", _np_where, "({1} if {0} else {2})", _where_dtype,
 _register(OpDef("clamp", Kind.ELEMENTWISE, 1, _np_clamp, _same_shape_rule, _clamp_dtype, template="clamp({0})",
                 vjp=(_clamp_vjp,), saves=(0,), attr_names=("min", "max")))
 _register(OpDef("cast", Kind.ELEMENTWISE, 1, _np_cast, _same_shape_rule, _cast_dtype, template="{dtype}({0})",
-                vjp=(lambda g, out, x, dtype: g,), attr_names=("dtype",)))
+                vjp=(lambda g, out, x, dtype: g,), attr_names=("dtype",), noop=_unchanged))
 _register(OpDef("clone", Kind.ELEMENTWISE, 1, _np_copy, _same_shape_rule, _keep, template="{0}",
                 vjp=(lambda g, out, x: g,)))
 _register(OpDef("detach", Kind.ELEMENTWISE, 1, _np_detach, _same_shape_rule, _keep, template="{0}",
                 is_view=True))
 
 # reductions: attrs dims (a tuple of non-negative dims) and keepdim
-_R = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_reduce_rule, attr_names=("dims", "keepdim"))
-_register(OpDef("sum", forward=_np_sum, dtype_rule=_sum_dtype, saves=(),
+_R = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_reduce_rule, attr_names=("dims", "keepdim"), noop=_reduces_nothing)
+_register(OpDef("sum", forward=_np_sum, dtype_rule=_sum_dtype, saves=(), reducer=_SUM,
                 vjp=(lambda g, out, x, dims, keepdim: _unreduce(g, x, dims, keepdim),), **_R))
-_register(OpDef("prod", forward=_np_prod, dtype_rule=_sum_dtype, vjp=(_prod_vjp,), saves=(0, "out"), **_R))
+_register(OpDef("prod", forward=_np_prod, dtype_rule=_sum_dtype, vjp=(_prod_vjp,), saves=(0, "out"), reducer=_PROD,
+                **_R))
 _X = dict(_R, shape_rule=_extremum_rule)
-_register(OpDef("amax", forward=_np_amax, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), **_X))
-_register(OpDef("amin", forward=_np_amin, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), **_X))
-_register(OpDef("all", forward=_np_all, dtype_rule=_logical, **_R))
-_register(OpDef("any", forward=_np_any, dtype_rule=_logical, **_R))
+_register(OpDef("amax", forward=_np_amax, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), reducer=_AMAX,
+                **_X))
+_register(OpDef("amin", forward=_np_amin, dtype_rule=_keep, vjp=(_extremum_vjp,), saves=(0, "out"), reducer=_AMIN,
+                **_X))
+_register(OpDef("all", forward=_np_all, dtype_rule=_logical, reducer=_ALL, **_R))
+_register(OpDef("any", forward=_np_any, dtype_rule=_logical, reducer=_ANY, **_R))
 _A = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_arg_reduce_rule, dtype_rule=_arg_dtype,
           attr_names=("dim", "keepdim"))
 _register(OpDef("argmax", forward=_arg_reduce(np.argmax), **_A))
@@ -893,11 +984,12 @@ _register(OpDef("linear", Kind.MATMUL, 2, _np_linear, _linear_rule, _same_requir
 
 # shape and view ops
 _register(OpDef("reshape", Kind.SHAPE, 1, _np_reshape, _reshape_rule, _keep, is_view=True,
-                vjp=(lambda g, out, x, shape: g.reshape(x.shape),), attr_names=("shape",)))
+                vjp=(lambda g, out, x, shape: g.reshape(x.shape),), attr_names=("shape",), noop=_unchanged))
 _register(OpDef("permute", Kind.SHAPE, 1, _np_permute, _permute_rule, _keep, is_view=True,
-                vjp=(lambda g, out, x, dims: g.permute(tuple(np.argsort(dims).tolist())),), attr_names=("dims",)))
+                vjp=(lambda g, out, x, dims: g.permute(tuple(np.argsort(dims).tolist())),), attr_names=("dims",),
+                noop=_identity_permutation))
 _register(OpDef("expand", Kind.SHAPE, 1, _np_expand, _expand_rule, _keep, is_view=True,
-                vjp=(lambda g, out, x, shape: g.sum_to_size(x.shape),), attr_names=("shape",)))
+                vjp=(lambda g, out, x, shape: g.sum_to_size(x.shape),), attr_names=("shape",), noop=_unchanged))
 _register(OpDef("getitem", Kind.SHAPE, None, _np_getitem, _getitem_rule, _keep, is_view=True,
                 vjp=(lambda g, out, x, *idx, key, index: (
                     apply("index_put", g.new_zeros(x.shape), g, *idx, key=key, accumulate=bool(idx))

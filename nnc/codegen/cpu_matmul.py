@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from runtime.ops import Kind
+
 from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, flat_view, indent
@@ -94,7 +96,7 @@ def _anchor(kernel: Kernel):
         raise Unsupported("a matmul kernel has exactly one matmul/linear node")
     mm = anchors[0]
     op, args, _ = op_and_attrs(mm)
-    if op.name not in ("matmul", "linear") or len(args) != 2 or not all(isinstance(a, Node) for a in args):
+    if op.kind != Kind.MATMUL or len(args) != 2 or not all(isinstance(a, Node) for a in args):
         raise Unsupported(f"matmul anchor {mm.name} ({op.name}) is not a matmul/linear of two tensors")
     return mm, op, args
 

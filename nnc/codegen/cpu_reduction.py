@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
-from runtime.ops import Kind
+from runtime.ops import Kind, Reducer
 
 from ..graph import Node
 from ..kernel import Kernel
@@ -243,11 +242,11 @@ def _row_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept, 
         reduce_lines += indent([f"n = min({block}, {length} - r0)", "for q in range(n):"])
         fills = [f"{a.buf}[q] = {v.name}" for a, v in zip(accs, values)]
         reduce_lines += indent(["r = r0 + q"] + per_element + fills, 2)
-        combines = [f"{a.acc} = {a.reducer.combine(a.acc, f'{_block_helper_of(kb, a)}({a.buf}, n)')}"
+        combines = [f"{a.acc} = {_combine(kb, a, a.acc, f'{_block_helper_of(kb, a)}({a.buf}, n)')}"
                     for a in accs]
         reduce_lines += indent(combines)
     else:
-        combines = [f"{a.acc} = {a.reducer.combine(a.acc, _acc_term(kb.dialect, v, a))}"
+        combines = [f"{a.acc} = {_combine(kb, a, a.acc, _acc_term(kb.dialect, v, a))}"
                     for a, v in zip(accs, values)]
         reduce_lines = [f"{a.acc} = {a.identity}" for a in accs] + [f"for r in range({length}):"]
         reduce_lines += indent(per_element + combines)
@@ -263,7 +262,7 @@ def _row_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept, 
                         + [f"{a.partial}[t] = {a.acc}" for a in accs])
         lines += [f"for o in range({n_outer}):"]
         lines += indent([f"{a.acc} = {a.partial}[o * {chunks}]" for a in accs] + [f"for c in range(1, {chunks}):"])
-        lines += indent([f"{a.acc} = {a.reducer.combine(a.acc, f'{a.partial}[o * {chunks} + c]')}" for a in accs],
+        lines += indent([f"{a.acc} = {_combine(kb, a, a.acc, f'{a.partial}[o * {chunks} + c]')}" for a in accs],
                         2)
         lines += indent(finish_lines([a.acc for a in accs]))
     return lines
@@ -279,8 +278,8 @@ def accumulators(kernel: Kernel, dialect: Dialect) -> list[_Accumulator]:
     accs = []
     for i, red in enumerate(reductions):
         op, args, attrs = op_and_attrs(red)
-        if op.name not in _REDUCERS:
-            raise Unsupported(f"reduction {op.name} has no accumulator in the CPU code generator")
+        if op.reducer is None:
+            raise Unsupported(f"reduction {op.name} has no reducer (runtime.ops.OpDef.reducer) to accumulate it")
         if len(args) != 1 or not isinstance(args[0], Node):
             raise Unsupported(f"reduction {red.name} must read one tensor")
         shape = node_shape(args[0])
@@ -289,9 +288,9 @@ def accumulators(kernel: Kernel, dialect: Dialect) -> list[_Accumulator]:
                               f"reduction {red.name}")
         ndim = len(shape)
         dims = sorted({d % ndim if ndim else 0 for d in attrs.get("dims", ())} & set(range(ndim)))
-        reducer = _REDUCERS[op.name]
+        reducer = op.reducer
         in_dtype, out_dtype = node_dtype(args[0]), node_dtype(red)
-        acc_dtype = reducer.acc_dtype(in_dtype, out_dtype)
+        acc_dtype = np.dtype(reducer.accumulator(in_dtype, out_dtype))
         suffix = "" if len(reductions) == 1 else str(i)
         accs.append(_Accumulator(red, op.name, reducer, args[0], dims, node_shape(red), in_dtype, out_dtype,
                                  acc_dtype, dialect.literal(reducer.identity(acc_dtype), acc_dtype), suffix))
@@ -301,6 +300,11 @@ def accumulators(kernel: Kernel, dialect: Dialect) -> list[_Accumulator]:
             raise Unsupported(f"reductions {first.node.name} and {a.node.name} reduce different dims or to "
                               f"different shapes, so they cannot share one pass")
     return accs
+
+
+def _combine(kb: KernelBuilder, acc: _Accumulator, accumulated: str, value: str) -> str:
+    """acc's reducer combining an accumulator expression with a value expression (both in its accumulator dtype)."""
+    return kb.body.fold(acc.reducer.combine, accumulated, value, acc.acc_dtype)
 
 
 def _acc_term(dialect: Dialect, value: Value, acc: _Accumulator) -> str:
@@ -351,12 +355,12 @@ def column_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept
     # float64's width (half as many lanes): the sweep stores the values to a tile buffer and a second loop
     # accumulates them (measured 1.5x faster on the chain backward).
     def accumulate(a: _Accumulator, value: Value) -> str:
-        return f"{a.acc}[oo] = {a.reducer.combine(f'{a.acc}[oo]', _acc_term(kb.dialect, value, a))}"
+        return f"{a.acc}[oo] = {_combine(kb, a, f'{a.acc}[oo]', _acc_term(kb.dialect, value, a))}"
 
     # float32 sums add float32 values over spans of at most _SPAN reduced positions, then each span's total
     # into the float64 accumulator (see _SPAN); other widened reductions (products) store, then accumulate.
     widened = [a for a in accs if env[a.source].dtype != a.acc_dtype]
-    spanned = [a for a in widened if a.op_name == "sum" and a.out_dtype == a.in_dtype]
+    spanned = [a for a in widened if a.reducer.additive and a.out_dtype == a.in_dtype]
     stored = [a for a in widened if a not in spanned]
     sweep += indent([f"{a.vals}[oo] += {env[a.source].name}" for a in spanned])
     sweep += indent([f"{a.vals}[oo] = {env[a.source].name}" for a in stored])
@@ -390,29 +394,30 @@ def column_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept
                                                for a in accs])
     lines += indent(task) + [f"for o in range({n_outer}):"]
     lines += indent([f"{a.total} = {a.partial}[o]" for a in accs] + [f"for c in range(1, {chunks}):"])
-    lines += indent([f"{a.total} = {a.reducer.combine(a.total, f'{a.partial}[c * {n_outer} + o]')}"
+    lines += indent([f"{a.total} = {_combine(kb, a, a.total, f'{a.partial}[c * {n_outer} + o]')}"
                      for a in accs], 2)
     return lines + indent(finish_lines([a.total for a in accs]))
 
 
-def block_helper(kb: KernelBuilder, op_name: str, reducer, in_dtype: np.dtype, acc_dtype: np.dtype) -> str:
+def block_helper(kb: KernelBuilder, op_name: str, reducer: Reducer, in_dtype: np.dtype, acc_dtype: np.dtype) -> str:
     """The name of a module-level helper reducing buf[:n] (buf of in_dtype) into acc_dtype; defines it once."""
     name = f"block_{op_name}_{in_dtype.name}"
     if name in kb.helpers:
         return name
     one = ctor(acc_dtype)
     if reducer.block == "fold":
+        value = kb.dialect.cast("buf[q]", acc_dtype)
         lines = ["@njit(fastmath={'reassoc'}, error_model='numpy')", f"def {name}(buf, n):",
                  f'    """{op_name} of buf[:n] in {acc_dtype} (reassociated, so it vectorizes)."""',
                  f"    acc = {kb.dialect.literal(reducer.identity(acc_dtype), acc_dtype)}",
                  "    for q in range(n):",
-                 f"        acc = {reducer.combine('acc', kb.dialect.cast('buf[q]', acc_dtype))}",
+                 f"        acc = {kb.body.fold(reducer.combine, 'acc', value, acc_dtype)}",
                  "    return acc"]
     else:
         # NOTE: one serial max chain runs at one element per compare latency and does not vectorize (not even
         # under nnan); eight independent accumulators do (measured 0.52 -> 0.15 ns per element, numpy 0.13).
         # The select ignores nan, so a float block is checked for nan separately (numpy's max propagates it).
-        pick = ">" if op_name == "amax" else "<"
+        pick = ">" if reducer.block == "max" else "<"
         lanes = [f"a{k}" for k in range(8)]
         pick_into = lambda a, v: f"{a} = {v} if {v} {pick} {a} else {a}"  # noqa: E731
         lines = ["@njit(error_model='numpy')", f"def {name}(buf, n):",
@@ -435,14 +440,6 @@ def block_helper(kb: KernelBuilder, op_name: str, reducer, in_dtype: np.dtype, a
     return name
 
 
-@dataclass(frozen=True)
-class _Reducer:
-    combine: Callable[[str, str], str]
-    identity: Callable[[np.dtype], object]
-    acc_dtype: Callable[[np.dtype, np.dtype], np.dtype]
-    block: str | None = None  # the block helper's kind: "fold" (sum/prod) or "extreme" (amax/amin); None: none
-
-
 @dataclass
 class _Accumulator:
     """One reduction of a reduction kernel: what it reads and accumulates, and its variables in generated code
@@ -450,7 +447,7 @@ class _Accumulator:
 
     node: Node
     op_name: str
-    reducer: _Reducer
+    reducer: Reducer
     source: Node
     dims: list
     out_shape: tuple
@@ -464,7 +461,8 @@ class _Accumulator:
     buf = property(lambda self: f"buf{self.suffix}")
     partial = property(lambda self: f"partial{self.suffix}")
     vals = property(lambda self: f"vals{self.suffix}")
-    identity_of_values = property(lambda self: format_literal(0, self.in_dtype))  # a sum's zero, in in_dtype
+    # the identity in the values' own dtype (a span of float32 values starts at float32 zero)
+    identity_of_values = property(lambda self: format_literal(self.reducer.identity(self.in_dtype), self.in_dtype))
     total = property(lambda self: f"total{self.suffix}")
 
 
@@ -495,33 +493,3 @@ def _split_reduction_kernel(nodes: list[Node], reductions: list[Node]) -> tuple[
         if late:
             after.add(n)
     return [n for n in nodes if n not in after], [n for n in nodes if n in after and n not in reductions]
-
-
-def _wide_acc(in_dtype, out_dtype):
-    # NOTE: float32 sums and products accumulate in float64: numpy sums pairwise (error ~ log n), a serial float32
-    # loop would lose ~n * eps; one float64 accumulator is at least as accurate as numpy.
-    if out_dtype.kind == "f":
-        return np.dtype(np.float64)
-    return np.dtype(np.int64) if out_dtype.kind in "iub" else out_dtype
-
-
-def _extreme(low: bool):
-    def identity(d):
-        if d.kind == "f":
-            return -math.inf if low else math.inf
-        if d.kind == "b":
-            return not low
-        info = np.iinfo(d)
-        return int(info.min if low else info.max)
-    return identity
-
-
-_REDUCERS = {
-    "sum": _Reducer(lambda a, b: f"{a} + {b}", lambda d: 0, _wide_acc, "fold"),
-    "prod": _Reducer(lambda a, b: f"{a} * {b}", lambda d: 1, _wide_acc, "fold"),
-    # numpy's max/min propagate nan: np.maximum does
-    "amax": _Reducer(lambda a, b: f"np.maximum({a}, {b})", _extreme(True), lambda i, o: o, "extreme"),
-    "amin": _Reducer(lambda a, b: f"np.minimum({a}, {b})", _extreme(False), lambda i, o: o, "extreme"),
-    "all": _Reducer(lambda a, b: f"{a} and np.bool_({b})", lambda d: True, lambda i, o: np.dtype(np.bool_)),
-    "any": _Reducer(lambda a, b: f"{a} or np.bool_({b})", lambda d: False, lambda i, o: np.dtype(np.bool_)),
-}

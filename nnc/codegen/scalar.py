@@ -219,7 +219,7 @@ class ScalarBody:
             else:
                 raise Unsupported(f"node {node.name}: operand {k} is {type(a).__name__}, not a node or a scalar")
         try:
-            expr = self.render_template(op.template, texts, attrs, compute, node)
+            expr = self.render_template(op.template, texts, attrs, compute, f"node {node.name}")
         except Unsupported as e:
             message = str(e)
             raise Unsupported(message if message.startswith(f"node {node.name}") else
@@ -228,27 +228,32 @@ class ScalarBody:
         env[node] = Value(f"v_{node.name}", out)
         return f"v_{node.name} = {expr if same_var else self.dialect.cast(_strip(expr), out)}"
 
-    def render_template(self, template: str, operands: list[str], attrs: dict, compute: np.dtype, node) -> str:
+    def render_template(self, template: str, operands: list[str], attrs: dict, compute: np.dtype, where: str) -> str:
+        """A template on operand expressions (their text) as one expression; `where` starts error messages."""
         fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
         named = {}
         for f in fields:
             if f.isdigit():
                 continue
             if f not in attrs:
-                raise Unsupported(f"node {node.name}: template {template!r} needs attribute {f!r}")
+                raise Unsupported(f"{where}: template {template!r} needs attribute {f!r}")
             value = attrs[f]
             if isinstance(value, dt.dtype):
-                named[f] = f"__cast_{check_dtype(value.np, f'cast target of {node.name}').name}"
+                named[f] = f"__cast_{check_dtype(value.np, f'cast target of {where}').name}"
             elif isinstance(value, (bool, int, float)):
                 named[f] = f"({value!r})"
             else:
-                raise Unsupported(f"node {node.name}: attribute {f}={value!r} cannot appear in a scalar expression")
+                raise Unsupported(f"{where}: attribute {f}={value!r} cannot appear in a scalar expression")
         placeholders = [f"__o{k}" for k in range(len(operands))]
         try:
             tree = ast.parse(template.format(*placeholders, **named), mode="eval").body
         except (SyntaxError, IndexError, KeyError) as e:
-            raise Unsupported(f"node {node.name}: template {template!r} does not parse: {e}") from None
+            raise Unsupported(f"{where}: template {template!r} does not parse: {e}") from None
         return _strip(self._render(tree, operands, attrs, compute))
+
+    def fold(self, template: str, acc: str, value: str, dtype: np.dtype) -> str:
+        """A reducer's combine template (runtime.ops.Reducer) on an accumulator and a value, both in dtype."""
+        return self.render_template(template, [acc, value], {}, dtype, "reducer")
 
     def _render(self, t, operands, attrs, compute) -> str:
         r = lambda x: self._render(x, operands, attrs, compute)  # noqa: E731

@@ -62,9 +62,12 @@ def unsupported_reason(kernels: list[Kernel], graph: Graph) -> str | None:
         except Exception as error:
             return str(error)
     for kernel in kernels:
-        if kernel.kind == "opaque" and view_node(kernel) is None:
+        view = view_node(kernel)
+        if kernel.kind == "opaque" and view is None:
             node = kernel.nodes[0]
             return f"opaque node {node.name} ({getattr(node.target, '__name__', node.target)}) runs in Python"
+        if view is not None and view.target.op.name not in _VIEWS:
+            return f"view {view.name} ({view.target.op.name}) has no whole-graph spelling"
         elif kernel.kind == "matmul" and not all(_dot_matmul(n) for n in matmul_nodes(kernel)):
             return f"matmul {matmul_nodes(kernel)[0].name} is batched (numba's np.dot takes 2-D operands)"
     return None
@@ -172,22 +175,31 @@ class _Emitter:
 
     def view(self, node: Node) -> None:
         op, args, attrs = op_and_attrs(node)
-        source = args[0]
-        shape = tuple(int(d) for d in node.meta["shape"])
-        name = self.var[source]
         self.var[node] = f"v_{node.name}"
-        if op.name == "reshape":
-            expr = f"{self.read(source)}.reshape({shape!r})"
-        elif op.name == "permute":
-            ndim = len(source.meta["shape"])
-            axes = tuple(int(d) % ndim for d in attrs["dims"])
-            expr = f"np.transpose({name}, {axes!r})"
-            if axes != tuple(range(ndim)) or source in self.non_contiguous:
-                self.non_contiguous.add(node)
-        else:  # expand
-            expr = f"np.broadcast_to({name}, {shape!r})"
+        expr, contiguous = _VIEWS[op.name](self, node, args[0], attrs)
+        if not contiguous:
             self.non_contiguous.add(node)
         self.lines.append(f"v_{node.name} = {expr}")
+
+
+def _reshape(emitter: _Emitter, node: Node, source: Node, attrs: dict) -> tuple[str, bool]:
+    return f"{emitter.read(source)}.reshape({tuple(int(d) for d in node.meta['shape'])!r})", True
+
+
+def _permute(emitter: _Emitter, node: Node, source: Node, attrs: dict) -> tuple[str, bool]:
+    ndim = len(source.meta["shape"])
+    axes = tuple(int(d) % ndim for d in attrs["dims"])
+    contiguous = axes == tuple(range(ndim)) and source not in emitter.non_contiguous
+    return f"np.transpose({emitter.var[source]}, {axes!r})", contiguous
+
+
+def _expand(emitter: _Emitter, node: Node, source: Node, attrs: dict) -> tuple[str, bool]:
+    return f"np.broadcast_to({emitter.var[source]}, {tuple(int(d) for d in node.meta['shape'])!r})", False
+
+
+# How numba's numpy spells each view op nnc.kernel.view_node lets through (the op table says what is a view; this
+# CPU-side table says how to write one): (expression, whether its result is C-contiguous).
+_VIEWS = {"reshape": _reshape, "permute": _permute, "expand": _expand}
 
 
 def _tuple(names: list[str]) -> str:

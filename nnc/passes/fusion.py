@@ -11,8 +11,8 @@ OpDef's kind and its shapes:
   ELEMENTWISE  an elementwise prim whose inputs all have its output shape
   BROADCAST    an elementwise prim with an input of another (smaller) shape: that input is read with broadcasting
   INJECTIVE    a shape/view prim (`kind == "shape"` and `is_view`: reshape, permute, expand, getitem)
-  REDUCTION    a reduction prim codegen can fuse (sum, amax, amin, prod: the one place names are read, to tell
-               codegen which accumulator to use; argmax/argmin/all/any are OPAQUE)
+  REDUCTION    a reduction prim whose OpDef has a `reducer` (how code generation accumulates it: sum, prod, amax,
+               amin, all, any); the others (argmax, argmin) are OPAQUE
   OPAQUE       everything else: matmul/linear (an *anchor* that takes epilogues), gather, scatter_add, index_put,
                cat (a shape op that copies), full, and nodes that are not prims at all
 
@@ -77,8 +77,6 @@ from ..graph import Graph, Node, target_name
 from ..kernel import BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel
 from ..prims import Prim
 
-# NOTE: the only names fusion reads: which reductions codegen has an accumulator for (the rest are OPAQUE).
-FUSABLE_REDUCTIONS = ("sum", "amax", "amin", "prod")
 _NON_COMPUTE = ("placeholder", "get_attr", "output")
 
 
@@ -117,7 +115,7 @@ def rank(node: Node) -> int:
     if op.kind == Kind.SHAPE:
         return INJECTIVE if op.is_view else OPAQUE  # cat copies: it is not an indexing view
     if op.kind == Kind.REDUCTION:
-        return REDUCTION if op.name in FUSABLE_REDUCTIONS else OPAQUE
+        return REDUCTION if op.reducer is not None else OPAQUE
     return OPAQUE  # matmul (an anchor that takes epilogues, see is_matmul) and other
 
 
@@ -573,7 +571,7 @@ def _opaque_reason(node: Node) -> str:
     if r == INJECTIVE:
         return f"injective: view/shape op {op.name} runs as is (no code generation)"
     if op.kind == Kind.REDUCTION:
-        return f"opaque: reduction {op.name} has no fusable accumulator; run as is"
+        return f"opaque: reduction {op.name} has no fusable accumulator (OpDef.reducer); run as is"
     return f"opaque: {op.kind} op {op.name} runs as is"
 
 

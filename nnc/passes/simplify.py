@@ -30,23 +30,17 @@ def _key(value):
 
 
 def _is_noop(node: Node) -> bool:
-    """A view or cast that returns its input unchanged (same shape, same dtype, identity permutation)."""
+    """A primitive call that returns its input unchanged, by its op's no-op rule (OpDef.noop)."""
     if not is_pure_prim(node) or not node.args or not isinstance(node.args[0], Node):
         return False
-    source, name = node.args[0], node.target.op.name
-    same_shape = tuple(source.meta.get("shape", ())) == tuple(node.meta.get("shape", ()))
-    same_dtype = source.meta.get("dtype") is node.meta.get("dtype")
-    if name in ("reshape", "expand"):
-        return same_shape and same_dtype
-    if name == "permute":
-        return tuple(node.kwargs["dims"]) == tuple(range(len(node.kwargs["dims"])))
-    if name == "cast":
-        return same_dtype
-    return False
+    source = node.args[0]
+    shapes = [tuple(n.meta["shape"]) if n.meta.get("shape") is not None else None for n in (source, node)]
+    return node.target.op.is_noop(shapes[0], source.meta.get("dtype"), shapes[1], node.meta.get("dtype"), node.kwargs)
 
 
 def remove_noops(gm):
-    """Drop reshapes/expands to the same shape, identity permutes and casts to the same dtype."""
+    """Drop calls that return their input unchanged (reshapes and expands to the same shape, identity permutes,
+    casts to the same dtype, reductions over no dims: OpDef.noop)."""
     for node in list(gm.graph.nodes):
         if _is_noop(node):
             node.replace_all_uses_with(node.args[0])
