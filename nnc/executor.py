@@ -96,6 +96,15 @@ class InterpretedStep:
             env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
 
 
+def _has_empty_value(nodes) -> bool:
+    """Whether any of the nodes (or the tensors they read) has a dimension of size 0."""
+    for node in nodes:
+        for n in (node, *node.all_input_nodes):
+            if 0 in tuple(n.meta.get("shape", ()) or ()):
+                return True
+    return False
+
+
 def _attr_reader(gm: GraphModule, path: str):
     """A cheap reader for a get_attr target: its owner is resolved once, the registry is read on every call
     (so a parameter or buffer rebound later, e.g. by load_state_dict(assign=True), is still seen)."""
@@ -171,6 +180,9 @@ class Plan:
     def _whole_graph_step(self, requested: bool | None):
         from .codegen.whole_graph import WholeGraphUnsupported, compile_graph
 
+        if _has_empty_value(self.gm.graph.nodes):
+            self.whole_graph_reason = "size-0 values"
+            return None
         try:
             compiled = compile_graph(self.kernels, self.gm.graph, name=self.gm._get_name())
         except WholeGraphUnsupported as reason:
@@ -196,6 +208,8 @@ class Plan:
             return ViewStep(view)
         if kernel.kind == "opaque" or not use_codegen:
             return InterpretedStep(kernel.nodes, self.interpreter, "opaque" if use_codegen else "codegen off")
+        if _has_empty_value(kernel.nodes):  # nothing to loop over; numpy gets size-0 edge cases right
+            return InterpretedStep(kernel.nodes, self.interpreter, "size-0 values")
         from .codegen.cpu import compile_kernel
 
         try:

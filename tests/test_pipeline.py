@@ -173,3 +173,21 @@ def test_debug_below_3_prints_no_sources(monkeypatch, capsys):
 def test_each_stage_is_timed_in_order():
     c = pipeline.compile_arguments(_mlp(), {}, {"input": runtime.randn(3, 5)}, needs_grad=True)
     assert list(c.seconds) == list(pipeline.STAGE_NAMES) and all(s >= 0 for s in c.seconds.values())
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (1, 5)])
+def test_size_0_and_size_1_batches_compile_forward_and_backward(shape):
+    """A size-0 dimension once reached a generated matmul as reshape(-1, 0), which numpy cannot do: kernels with
+    size-0 values run through the interpreter (nothing to loop over), and their gradients are eager's."""
+    runtime.manual_seed(0)
+    eager = _mlp().double()
+    compiled = nnc.compile(_mlp().double())
+    x = runtime.randn(*shape, dtype=runtime.float64)
+    for model in (eager, compiled):
+        model(x).pow(2).sum().backward()
+    assert compiled(x).shape == (shape[0], 2)
+    for got, want in zip(compiled.parameters(), eager.parameters()):
+        np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy(), rtol=1e-9, atol=1e-12)
+    if shape[0] == 0:
+        c = pipeline.compile_arguments(_mlp(), {}, {"input": runtime.randn(*shape)}, needs_grad=True)
+        assert all(type(step).__name__ != "KernelStep" for plan in c.plans for step in plan.steps)
