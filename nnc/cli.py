@@ -15,7 +15,7 @@ PROG = "nnc"
 FORMATS = ("text", "table", "python", "dot", "json")
 # NOTE: the compiler's stages (nnc.pipeline.STAGE_NAMES, kept here so --help needs no compiler import; a test holds
 # them equal), then the inference view; the old stage names stay as aliases so existing commands keep working.
-STAGES = ("trace", "shapes", "decompose", "simplify", "split", "autodiff", "simplify_backward", "fuse", "memory",
+STAGES = ("trace", "shapes", "decompose", "functionalize", "simplify", "split", "autodiff", "simplify_backward", "fuse", "memory",
           "codegen", "inference")
 STAGE_ALIASES = {"traced": "trace", "decomposed": "simplify", "backward": "simplify_backward", "fused": "fuse",
                  "kernels": "codegen"}
@@ -58,6 +58,7 @@ Stages, in the order nnc.compile runs them (graph stages print in any --format):
   trace              the traced graph; without --input, traced symbolically (sizes stay symbolic)
   shapes             the traced graph with each node's shape and dtype
   decompose          primitive ops from runtime's op table
+  functionalize      in-place writes gone: an input or buffer written in forward is an extra output
   simplify           the forward after no-op removal, CSE, constant folding and dead-code removal
   split              the graphs compiled: the forward, or with eager (opaque) nodes its pieces
   autodiff           the backward graph derived for the parameters (and inputs) that require grad

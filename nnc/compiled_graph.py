@@ -20,7 +20,7 @@ class CompiledGraph:
     The pipeline fills it in stage by stage: `differentiate` (autodiff), `finish_backward` (its cleanup), then
     `make_plans`, whose plans the fuse, memory and codegen stages complete."""
 
-    def __init__(self, gm: GraphModule, needs_grad: bool, inputs_requiring_grad: tuple):
+    def __init__(self, gm: GraphModule, needs_grad: bool, inputs_requiring_grad: tuple, written_inputs=()):
         self.forward = gm
         graph = gm.graph
         self.needs_grad = needs_grad
@@ -31,6 +31,7 @@ class CompiledGraph:
         self.backward = None
         self.backward_error = None
         self.inputs_requiring_grad = tuple(inputs_requiring_grad)
+        self.written_inputs = tuple(written_inputs)  # positions of inputs forward writes in place (copied in later)
         self.params, self.param_nodes = [], []
         self.forward_plan = self.training_plan = self.backward_plan = None
 
@@ -132,6 +133,10 @@ class _CompiledFunction(Function):
         inputs = tensors[:n_inputs]
         user, saved = graph.training_plan.run(*inputs)
         ctx.graph = graph
+        if graph.written_inputs:
+            # NOTE: an input written in place gets its new value after this call; the backward needs the old one
+            written = {id(inputs[k]) for k in graph.written_inputs}
+            saved = [s.clone() if id(s) in written else s for s in saved]
         ctx.save_for_backward(*saved)
         flat = pytree.tensor_leaves(user)
         structure.append(user)

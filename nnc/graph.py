@@ -316,11 +316,20 @@ class Graph:
         return format_graph(self, "text")
 
 
+# Python's spellings of an in-place write as call_function targets: x[i] = v, setattr, x += v and the rest.
+INPLACE_FUNCTIONS = (operator.setitem, builtins.setattr, operator.iadd, operator.isub, operator.imul,
+                     operator.itruediv, operator.ifloordiv, operator.imod, operator.ipow, operator.iand,
+                     operator.ior, operator.ixor, operator.imatmul)
+
+
 def has_side_effect(node: Node) -> bool:
-    """Writes whose result nobody reads but which must run: x[i] = v, in-place methods, buffer assignment."""
+    """Writes whose result nobody reads but which must run: x[i] = v, x += v, in-place methods, functions called
+    with inplace=True, attribute assignment."""
     if node.op == "call_method":
         return node.target.endswith("_") and not node.target.endswith("__")
-    return node.op == "call_function" and node.target in (operator.setitem, builtins.setattr)
+    if node.op != "call_function":
+        return False
+    return node.target in INPLACE_FUNCTIONS or node.kwargs.get("inplace") is True
 
 
 def attr_path(target: str) -> list[str]:

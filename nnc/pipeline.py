@@ -1,6 +1,7 @@
 """The compiler's stages, in order: nnc.compile, nnc.explain and `nnc dump` all run this one list.
 
-    trace -> shapes -> decompose -> simplify -> split -> autodiff -> simplify_backward -> fuse -> memory -> codegen
+    trace -> shapes -> decompose -> functionalize -> simplify -> split -> autodiff -> simplify_backward
+          -> fuse -> memory -> codegen
 
 A `Compilation` holds what the stages make of one module for one set of example arguments; `run_stages` fills it
 in, stage by stage, up to a chosen stage or to the end. After codegen, `Compilation.run` runs the result. What the
@@ -22,6 +23,7 @@ from runtime.nn import Module
 from . import pytree
 from .compiled_graph import CompiledGraph
 from .graph_module import GraphModule
+from .passes import functionalize
 from .passes.decompose import decompose
 from .passes.shapes import propagate_shapes
 from .passes.simplify import cse, dce, fold_constants, remove_noops
@@ -111,7 +113,9 @@ class Compilation:
         self.tensors = pytree.tensor_leaves(list(examples.values()))
         self.traced: GraphModule | None = None    # trace (shapes fills in its meta)
         self.graph_breaks: list[GraphBreak] = []
-        self.forward: GraphModule | None = None   # decompose, then simplify
+        self.forward: GraphModule | None = None   # decompose, then functionalize and simplify
+        self.writes: list[functionalize.Write] = []  # functionalize: what forward writes in place, in order
+        self.returned_inputs: dict[int, int] = {}   # output leaf position -> input written and returned as is
         self.opaque: list = []                    # split: the forward's nodes that run eagerly
         self.main: CompiledGraph | None = None    # split: the forward compiled whole ...
         self.split: SplitGraph | None = None      # ... or in pieces around its eager nodes
@@ -138,8 +142,19 @@ class Compilation:
     backward = property(lambda self: self.main.backward if self.main else None)
 
     def run(self, tensors: list, wants_grad: bool):
-        """What the compiled module returns for these input tensors (after the codegen stage)."""
-        return (self.main or self.split).run(tensors, wants_grad)
+        """What the compiled module returns for these input tensors (after the codegen stage); the tensors forward
+        writes in place get their new values."""
+        result = (self.main or self.split).run(tensors, wants_grad)
+        if not self.writes:
+            return result
+        user, values = result
+        functionalize.apply_writes(self.writes, values, tensors, self.forward)
+        if self.returned_inputs:
+            leaves, spec = pytree.flatten(user)
+            for position, k in self.returned_inputs.items():
+                leaves[position] = tensors[k]
+            user = pytree.unflatten(leaves, spec)
+        return user
 
     def graph_names(self) -> list[str]:
         """A label per compiled graph: the module's name, or each piece's."""
@@ -152,15 +167,48 @@ class Compilation:
 
 
 def _trace(c: Compilation) -> None:
-    c.traced, c.graph_breaks = trace_for_compile(c.module, c.concrete, c.examples)
+    with _read_only(c.module.parameters()):
+        c.traced, c.graph_breaks = trace_for_compile(c.module, c.concrete,
+                                                     pytree.replace_tensors(c.examples, _copies(c.tensors)))
 
 
 def _shapes(c: Compilation) -> None:
-    propagate_shapes(c.traced, *[t.detach() for t in c.tensors])
+    with _read_only(c.module.parameters()):
+        propagate_shapes(c.traced, *_copies(c.tensors))
+
+
+@contextlib.contextmanager
+def _read_only(parameters):
+    """Parameters cannot be written while tracing and shape propagation run the model (those restore buffers and
+    copy inputs, but copying every parameter would cost a model's size): a forward that writes one fails to
+    compile and runs eagerly instead of being written twice."""
+    # NOTE: numpy refuses the write itself ("assignment destination is read-only"), so nothing is half done
+    arrays = [p._data for p in parameters if p._data.flags.writeable]
+    for array in arrays:
+        array.flags.writeable = False
+    try:
+        yield
+    finally:
+        for array in arrays:
+            array.flags.writeable = True
+
+
+def _copies(tensors: list) -> list:
+    """Detached copies of the example tensors (one per distinct tensor): tracing and shape propagation run the
+    model on them, and an in-place op in forward must not write the caller's tensors while compiling."""
+    memo: dict = {}
+    return [memo.setdefault(id(t), t.detach().clone()) for t in tensors]
 
 
 def _decompose(c: Compilation) -> None:
     c.forward = decompose(c.traced)
+
+
+def _functionalize(c: Compilation) -> None:
+    c.writes = functionalize.writes_as_outputs(c.forward, c.needs_grad)
+    names = [n.name for n in c.forward.graph.placeholders if "shape" in n.meta]
+    c.returned_inputs = {position: names.index(name)
+                         for position, name in c.forward.graph.meta.get("returned_inputs", {}).items()}
 
 
 def _simplify(c: Compilation) -> None:
@@ -170,12 +218,16 @@ def _simplify(c: Compilation) -> None:
 def _split(c: Compilation) -> None:
     c.opaque = [n for n in c.forward.graph.nodes if "opaque_reason" in n.meta]
     requiring = tuple(t.requires_grad for t in c.tensors)
+    tensor_inputs = [n for n in c.forward.graph.placeholders if "shape" in n.meta]
+    written = {tensor_inputs[w.where] for w in c.writes if w.kind == "input"}
     if c.needs_grad and c.opaque:
         c.split = SplitGraph(c.forward, requiring)
         for piece in c.split.pieces:
-            piece.compiled = CompiledGraph(piece.gm, piece.needs_grad, piece.wants_grad)
+            piece.compiled = CompiledGraph(piece.gm, piece.needs_grad, piece.wants_grad,
+                                           written_inputs=[k for k, n in enumerate(piece.inputs) if n in written])
     else:
-        c.main = CompiledGraph(c.forward, c.needs_grad, requiring)
+        c.main = CompiledGraph(c.forward, c.needs_grad, requiring,
+                               written_inputs=[w.where for w in c.writes if w.kind == "input"])
 
 
 def _autodiff(c: Compilation) -> None:
@@ -218,6 +270,8 @@ STAGES = (
     Stage("trace", "the graph the tracer records, sizes specialized to the example inputs", _trace),
     Stage("shapes", "the traced graph with each node's shape and dtype", _shapes),
     Stage("decompose", "primitive ops from runtime's op table (opaque nodes where that is impossible)", _decompose),
+    Stage("functionalize", "in-place writes to inputs and buffers as extra outputs, copied in after the run",
+          _functionalize),
     Stage("simplify", "the forward after no-op removal, CSE, constant folding and dead-code removal", _simplify),
     Stage("split", "with gradients and opaque nodes: compiled pieces between the nodes that run eagerly", _split),
     Stage("autodiff", "the backward graph derived for the inputs and parameters that require grad", _autodiff),
@@ -282,7 +336,7 @@ def stage_graphs(c: Compilation, stage: str) -> list[tuple[str, GraphModule]]:
     """(label, graph module) of each graph a graph-making stage left (trace .. simplify_backward)."""
     if stage in ("trace", "shapes"):
         return [("traced", c.traced)]
-    if stage in ("decompose", "simplify"):
+    if stage in ("decompose", "functionalize", "simplify"):
         return [("forward", c.forward)]
     if stage == "split":
         return [(name, graph.forward) for name, graph in zip(c.graph_names(), c.graphs)]

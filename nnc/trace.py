@@ -81,9 +81,10 @@ _DUNDER_TARGETS = {
 
 # Methods recorded as call_method: runtime's API methods plus Tensor's own (to, view, detach, ...).
 _TENSOR_METHODS = {"to", "type", "type_as", "float", "double", "half", "long", "int", "bool", "cpu", "view",
-                   "contiguous", "detach", "size", "dim", "numel", "new_tensor", "new_empty", "masked_fill_",
-                   "add_", "sub_", "mul_", "div_", "clamp_", "relu_", "zero_", "fill_", "copy_"}
-METHOD_NAMES = frozenset(api.METHODS) | _TENSOR_METHODS
+                   "contiguous", "detach", "size", "dim", "numel", "new_tensor", "new_empty"}
+# Every in-place method (add_, tanh_, addcmul_, ...): a call_method node, which passes know writes its argument.
+_INPLACE_METHODS = {n for n in dir(Tensor) if n.endswith("_") and not n.startswith("_")}
+METHOD_NAMES = frozenset(api.METHODS) | _TENSOR_METHODS | _INPLACE_METHODS
 # What a tracer with example inputs answers from the example values instead of recording: sizes, rank, dtype and
 # device. The compiled module's guards check exactly these, so the answers hold for every call that reuses the graph.
 SIZE_QUERIES = frozenset({"size", "shape", "dim", "ndim", "numel", "nelement", "dtype", "device",
@@ -190,7 +191,17 @@ def _dunder(target, reflected: bool):
     return lambda self, other: self.tracer.create_proxy("call_function", target, (self, other), {})
 
 
+_INPLACE_DUNDERS = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
+                    "__itruediv__": operator.itruediv, "__ifloordiv__": operator.ifloordiv, "__imod__": operator.imod,
+                    "__ipow__": operator.ipow, "__iand__": operator.iand, "__ior__": operator.ior,
+                    "__ixor__": operator.ixor, "__imatmul__": operator.imatmul}
+
+
 def _install_dunders() -> None:
+    # NOTE: `x += v` is recorded as operator.iadd (not x + v): on a tensor it writes x's memory, which views of x
+    # and later readers see; on a Python number it is plain addition.
+    for name, target in _INPLACE_DUNDERS.items():
+        setattr(Proxy, name, _dunder(target, reflected=False))
     for name in api.DUNDERS:
         if name.startswith("__r") and f"__{name[3:]}" in _DUNDER_TARGETS:
             setattr(Proxy, name, _dunder(_DUNDER_TARGETS[f"__{name[3:]}"], reflected=True))

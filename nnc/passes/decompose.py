@@ -7,6 +7,7 @@ mutates real state) stays as it was: an opaque node, run by the interpreter, wit
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import math
 
@@ -16,10 +17,12 @@ from runtime import api, dtypes as dt
 from runtime.nn import Module
 from runtime.tensor import Tensor
 
-from ..graph import Graph, Node, fetch_attr, map_arg
+from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
 from ..trace import has_hooks
+from . import functionalize
+from .functionalize import FunctionalizeError
 from .shapes import propagate_shapes
 
 
@@ -33,10 +36,21 @@ _RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "rand_like", "randn
 class MetaValue:
     """A tensor in the graph being built: its node, shape and dtype. Operations on it record primitives."""
 
-    __slots__ = ("node", "builder")
+    __slots__ = ("_node", "builder", "storage", "chain", "seen", "detached")
 
     def __init__(self, node: Node, builder: "GraphBuilder"):
-        self.node, self.builder = node, builder
+        self._node, self.builder = node, builder
+        self.storage = builder.storage_for(node)  # the memory it shares with its views (nnc.passes.functionalize)
+        self.chain = ()                           # the view ops from the storage's value to this one
+        self.seen = self.storage.version          # the storage version self._node reflects
+        self.detached = False                     # detach_ was called on it
+
+    @property
+    def node(self) -> Node:
+        """The node of this value's current contents (a write to its storage since the last read regenerates it)."""
+        if self.seen != self.storage.version:
+            self._node, self.seen = functionalize.current_node(self), self.storage.version
+        return self._node
 
     @staticmethod
     def _apply_op(op, inputs, attrs):
@@ -114,6 +128,7 @@ def _install_api_methods() -> None:
     for name, fn in {**api.METHODS, **api.DUNDERS}.items():
         if name not in MetaValue.__dict__:
             setattr(MetaValue, name, fn)
+    functionalize.install(MetaValue)
 
 
 _install_api_methods()
@@ -130,6 +145,7 @@ class GraphBuilder:
         self.graph.meta = dict(gm.graph.meta) if gm is not None else {}
         self.origin: Node | None = None
         self._attr_nodes: dict[str, Node] = {}
+        self.storages: dict[Node, functionalize.Storage] = {}  # by the node that first held each value
         self._tensor_paths, self.constants = {}, {}
         if gm is not None:
             named = [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
@@ -155,14 +171,26 @@ class GraphBuilder:
     def emit(self, op, inputs, attrs) -> MetaValue:
         if op.decomposition is not None:  # a fused eager op: record the primitives it is made of
             return op.decomposition(*inputs, **attrs)
-        compute, out_dtype = op.dtype_rule(op, inputs, attrs)
+        result = MetaValue(self.emit_node(op, inputs, attrs), self)
+        functionalize.track_view(result, op, inputs, attrs)
+        return result
+
+    def emit_node(self, op, inputs, attrs) -> Node:
+        """The node of one primitive (inputs: MetaValues, nodes, tensors or Python values), casts made explicit."""
         args = [self.graph_arg(x) for x in inputs]
+        compute, out_dtype = op.dtype_rule(op, [self._meta_of(a) for a in args], attrs)
         if compute is not None:
             args = [self._cast(a, compute) if (op.cast_inputs is None or i in op.cast_inputs) else a
                     for i, a in enumerate(args)]
         shape, _ = op.infer(*[self._meta_of(a) for a in args], **attrs)
-        node = self.node("call_function", prims[op.name], tuple(args), dict(attrs), shape=shape, dtype=out_dtype)
-        return MetaValue(node, self)
+        return self.node("call_function", prims[op.name], tuple(args), dict(attrs), shape=shape, dtype=out_dtype)
+
+    def storage_for(self, node: Node):
+        """The storage whose value `node` first was (a new one for a new node)."""
+        storage = self.storages.get(node)
+        if storage is None:
+            storage = self.storages[node] = functionalize.Storage(node)
+        return storage
 
     def _cast(self, arg, dtype):
         if isinstance(arg, Node) and arg.meta.get("dtype") is not dtype:
@@ -295,24 +323,46 @@ def _replay(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
             return _OpaqueValue(builder.node("get_attr", ""))
         return builder.value_of_attr(node.target, fetch_attr(gm, node.target))
     if node.op == "output":
+        functionalize.add_write_backs(builder)
+        builder.graph.meta["returned_inputs"] = functionalize.returned_inputs(map_arg(node.args[0], env.__getitem__))
         builder.node("output", "output", (map_arg(node.args[0], lambda n: builder.graph_arg(env[n])),))
         return None
     args = map_arg(node.args, env.__getitem__)
     kwargs = map_arg(node.kwargs, env.__getitem__)
     if node.op == "call_module" and has_hooks(fetch_attr(gm, node.target)):
+        if getattr(fetch_attr(gm, node.target), "inplace", False):
+            raise FunctionalizeError(f"{node.target} works in place and has hooks, so it must run eagerly, and "
+                                     f"its write would be lost to the compiled graph")
         return _opaque(builder, node, args, kwargs, "the module has hooks, which must see real values")
     module = fetch_attr(gm, node.target) if node.op == "call_module" else None
     snapshot = _StateSnapshot(module)
     existing = set(builder.graph.nodes)
+    writes = _write_count(builder)
     try:
         result = _run_symbolically(node, module, args, kwargs)
         if snapshot.changed():
             raise DecomposeError("the module changes its own state (buffers) in forward")
         return result
+    except FunctionalizeError:
+        raise
     except Exception as error:  # any failure: keep the node as it was, with real state untouched
         snapshot.restore()
+        if _write_count(builder) != writes or _writes_in_place(node):
+            # NOTE: an opaque node's own writes would be invisible to the pure graph around it: refuse instead
+            raise FunctionalizeError(f"{node.name} writes in place and cannot be decomposed "
+                                     f"({type(error).__name__}: {error})") from error
         _erase_new_nodes(builder, existing)
         return _opaque(builder, node, args, kwargs, f"{type(error).__name__}: {error}")
+
+
+def _write_count(builder: GraphBuilder) -> int:
+    return sum(storage.version for storage in builder.storages.values())
+
+
+def _writes_in_place(node: Node) -> bool:
+    """Whether a traced node writes a tensor's memory (an in-place method, `x[i] = v`, `x += v`, inplace=True);
+    rebinding an attribute (setattr) writes no tensor and may stay an opaque call."""
+    return has_side_effect(node) and not (node.op == "call_function" and node.target is builtins.setattr)
 
 
 class _StateSnapshot:

@@ -62,7 +62,7 @@ def cse(gm):
         else:
             node.replace_all_uses_with(first)
             gm.graph.erase_node(node)
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(is_impure=lambda n: "opaque_reason" in n.meta)  # opaque calls may write state
     gm.recompile()
     return gm
 

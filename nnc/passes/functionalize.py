@@ -1,0 +1,342 @@
+"""Functionalization: in-place writes become pure ops, and writes into inputs and buffers extra graph outputs.
+
+Pure ops are recorded in decompose; the extra outputs are made by the pipeline's functionalize stage.
+
+As torch's functionalization does, every MetaValue belongs to a *storage*: the value it was computed as, or, for
+a view (reshape, permute, expand, basic indexing, detach, wherever numpy makes a view), the value it views. A
+storage's current value is a graph node. An in-place op `x.add_(y)` records `add(x, y)` (cast to x's dtype,
+broadcast to its shape) and makes it x's current value; through a view, the new value is scattered back into the
+base (`index_put` for an indexed view, the inverse permute or reshape otherwise). Every other MetaValue of that
+storage sees the write on its next read: a view is regenerated from the new base by replaying its view ops. So
+the decomposed graph is pure, and CSE, DCE, fusion and memory planning never see a mutation.
+
+A written storage whose root is a graph input or a parameter/buffer ends in a `write_back(dest, value)` node.
+The functionalize stage turns those into extra outputs: the graph returns (outputs, final values), and the
+compiled module copies each value into its tensor after the run (same memory, version bumped and, while
+recording, the new history), as eager's in-place op would have. BatchNorm's running statistics are written so.
+
+What cannot be expressed (a write into an expanded view, an in-place op that would change the dtype category or
+the shape, a random in-place fill, a trainable parameter written while recording) raises FunctionalizeError,
+which decompose does not turn into an opaque node: the compile fails and the module runs eagerly, which raises
+the user's error or does the right thing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from runtime import api, factories
+from runtime.autograd import grad_mode, no_grad
+from runtime.ops import OPS, apply
+from runtime.tensor import Tensor
+
+from ..graph import fetch_attr, has_side_effect
+
+
+class FunctionalizeError(RuntimeError):
+    """A mutation the compiler cannot turn into pure ops (the whole compile falls back to eager)."""
+
+
+class Storage:
+    """The memory a base value and its views share: its current value (a node), its root and a version."""
+
+    __slots__ = ("root", "node", "version", "layout")
+
+    def __init__(self, node):
+        self.root = node      # the node that first computed this memory (a placeholder, get_attr or any op)
+        self.node = node      # its current value
+        self.version = 0      # bumped by every write
+        # NOTE: a byte array of the root's shape, never touched (np.empty maps no pages): replaying view ops on it
+        # tells whether numpy makes a view or a copy, exactly as eager decides for the real arrays.
+        self.layout = None
+
+    @property
+    def written(self) -> bool:
+        return self.version > 0
+
+    def layout_array(self) -> np.ndarray:
+        if self.layout is None:
+            self.layout = np.empty(self.root.meta["shape"], dtype=np.int8)
+        return self.layout
+
+
+_VIEW_OPS = ("reshape", "permute", "expand", "getitem", "detach")
+
+
+def track_view(result, op, inputs, attrs) -> None:
+    """Make `result` (just emitted) a view of inputs[0]'s storage when eager's op would return a view."""
+    source = inputs[0] if inputs else None
+    if op.name not in _VIEW_OPS or not hasattr(source, "storage") or source.storage is None:
+        return
+    if op.name == "getitem" and len(inputs) > 1:  # indexing with tensors copies, in numpy as in torch
+        return
+    step = (op, dict(attrs))
+    parent_layout = _layout_of(source)
+    child_layout = op.forward(parent_layout, **attrs)
+    if not np.may_share_memory(child_layout, parent_layout):
+        return  # numpy copies here (a reshape of a non-contiguous view): a value of its own
+    result.storage, result.chain, result.seen = source.storage, source.chain + (step,), source.storage.version
+
+
+def _layout_of(value) -> np.ndarray:
+    layout = value.storage.layout_array()
+    for op, attrs in value.chain:
+        layout = op.forward(layout, **attrs)
+    return layout
+
+
+def current_node(value):
+    """The node holding `value`'s current contents: its storage's value, through its view ops (and detached when
+    detach_ was called on it)."""
+    builder = value.builder
+    node = value.storage.node
+    for op, attrs in value.chain:
+        node = builder.emit_node(op, (node,), attrs)
+    if value.detached:
+        node = builder.emit_node(OPS["detach"], (node,), {})
+    return node
+
+
+def write(target, new) -> object:
+    """target's contents become `new` (cast to its dtype, broadcast to its shape); returns target."""
+    builder = target.builder
+    new = _as_written(target, new)
+    storage = target.storage
+    if not target.chain:
+        storage.node = builder.graph_arg(new)
+    else:
+        storage.node = _scatter(target, new)
+    storage.version += 1
+    target._node, target.seen = builder.graph_arg(new), storage.version
+    if target.detached:
+        target._node = builder.emit_node(OPS["detach"], (target._node,), {})
+    return target
+
+
+def _as_written(target, new):
+    """`new` as eager writes it into target's memory: same dtype (a same-category cast), same shape."""
+    if not isinstance(new, Tensor) and not hasattr(new, "node"):
+        new = factories.tensor(new, dtype=target.dtype)  # a constant, broadcast below
+    if new.dtype is not target.dtype:
+        if new.dtype.category > target.dtype.category:
+            raise FunctionalizeError(f"result type {new.dtype.name} can't be cast to the desired output type "
+                                     f"{target.dtype.name}")
+        new = api.to_dtype(new, target.dtype)
+    if tuple(new.shape) != tuple(target.shape):
+        try:
+            new = api.expand(new, tuple(target.shape))
+        except Exception as error:
+            raise FunctionalizeError(f"in-place result of shape {list(new.shape)} does not fit a tensor of shape "
+                                     f"{list(target.shape)}") from error
+    return new
+
+
+def _scatter(view, new):
+    """The root's new value after writing `new` through view's chain of view ops."""
+    builder = view.builder
+    values = [view.storage.node]  # the value at each level of the chain, root first
+    for op, attrs in view.chain[:-1]:
+        values.append(builder.emit_node(op, (values[-1],), attrs))
+    current = builder.graph_arg(new)
+    for (op, attrs), parent in zip(reversed(view.chain), reversed(values)):
+        current = _inverse(builder, op, attrs, parent, current)
+    return current
+
+
+def _inverse(builder, op, attrs, parent, child):
+    """parent's new value when its view `op(parent, **attrs)` now holds `child` (both nodes)."""
+    name = op.name
+    if name == "reshape":
+        return builder.emit_node(op, (child,), {"shape": tuple(parent.meta["shape"])})
+    if name == "permute":
+        dims = attrs["dims"]
+        inverse = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+        return builder.emit_node(op, (child,), {"dims": inverse})
+    if name == "getitem":
+        return builder.emit_node(OPS["index_put"], (parent, child), {"key": attrs["key"], "accumulate": False})
+    if name == "detach":  # the new value, with the gradient path of the old one (autograd never saw the write)
+        difference = builder.emit_node(OPS["sub"], (child, parent), {})
+        return builder.emit_node(OPS["add"], (parent, builder.emit_node(OPS["detach"], (difference,), {})), {})
+    raise FunctionalizeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                             "single memory location (a write into an expanded view)")
+
+
+# -- in-place methods on MetaValue -------------------------------------------------------------------------
+
+
+def _method(base: str):
+    def inplace(self, *args, **kwargs):
+        return write(self, api.METHODS[base](self, *args, **kwargs))
+
+    inplace.__name__ = base + "_"
+    return inplace
+
+
+def _addcmul_(self, tensor1, tensor2, *, value=1):
+    return write(self, api.add(self, tensor1 * tensor2 * value if value != 1 else tensor1 * tensor2))
+
+
+def _addcdiv_(self, tensor1, tensor2, *, value=1):
+    return write(self, api.add(self, tensor1 / tensor2 * value if value != 1 else tensor1 / tensor2))
+
+
+def _lerp_(self, end, weight):
+    return write(self, api.add(self, (end - self) * weight))
+
+
+# NOTE: as eager does, fill_, zero_ and copy_ are `self[...] = value`: the result still depends on self (with a zero
+# gradient), so it requires grad when self does.
+def _fill_(self, value):
+    _setitem(self, Ellipsis, value)
+    return self
+
+
+def _zero_(self):
+    return _fill_(self, 0)
+
+
+def _copy_(self, src, non_blocking=False):
+    return _fill_(self, src)
+
+
+def _detach_(self):
+    """Eager's detach_ changes the tensor object, not its memory: only this value stops carrying gradients."""
+    if self.storage.root.op in ("placeholder", "get_attr"):
+        raise FunctionalizeError("detach_ on an input or attribute changes the caller's tensor; it runs eagerly")
+    self.detached = True
+    self._node = self.builder.emit_node(OPS["detach"], (self._node,), {})
+    return self
+
+
+def _setitem(self, key, value) -> None:
+    encoded, index_tensors = api.encode_index(self, key)
+    write(self, apply("index_put", self, value, *index_tensors, key=encoded, accumulate=False))
+
+
+def _refuse(name: str):
+    def refuse(self, *args, **kwargs):
+        raise FunctionalizeError(f"in-place {name} cannot be compiled (it draws random numbers or changes "
+                                 f"metadata)")
+
+    return refuse
+
+
+_OVERRIDES = {"detach_": _detach_, "addcmul_": _addcmul_, "addcdiv_": _addcdiv_, "lerp_": _lerp_,
+              "fill_": _fill_, "zero_": _zero_, "copy_": _copy_}
+
+
+def inplace_method_names() -> list[str]:
+    """Tensor's public in-place methods (names ending in one underscore)."""
+    return sorted(n for n in dir(Tensor) if n.endswith("_") and not n.startswith("_"))
+
+
+def install(cls) -> None:
+    """Give MetaValue every in-place method of Tensor, functionalized, plus __setitem__ and the __i*__ family."""
+    for name in inplace_method_names():
+        if name in _OVERRIDES:
+            setattr(cls, name, _OVERRIDES[name])
+        elif name[:-1] in api.METHODS:
+            setattr(cls, name, _method(name[:-1]))
+        else:
+            setattr(cls, name, _refuse(name))
+    cls.__setitem__ = _setitem
+    for dunder, method in (("__iadd__", "add_"), ("__isub__", "sub_"), ("__imul__", "mul_"),
+                           ("__itruediv__", "div_")):
+        setattr(cls, dunder, getattr(cls, method))
+
+
+# -- write-backs ----------------------------------------------------------------------------------------------
+
+
+def write_back(dest: Tensor, value: Tensor) -> None:
+    """Copy the final value of an input or buffer written in forward into the real tensor, as eager's in-place op
+    would have: same memory, version bumped, and (while recording) its history now that of the new value."""
+    recording = grad_mode.is_grad_enabled()
+    if recording and dest._rg and dest._grad_fn is None:
+        raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
+    with no_grad():
+        np.copyto(dest._data, value._data, casting="unsafe")
+    if recording and (dest._rg or value._rg):  # eager rebases the written tensor onto the write's history
+        dest._grad_fn, dest._out_nr, dest._rg = value._grad_fn, value._out_nr, value._rg
+    dest._bump_version()
+
+
+def add_write_backs(builder) -> list:
+    """A write_back node for every written storage whose root is a graph input or a parameter or buffer (it keeps
+    the final value alive until the functionalize stage makes it a graph output)."""
+    nodes = []
+    for storage in builder.storages.values():
+        root = storage.root
+        if not storage.written or root.op not in ("placeholder", "get_attr"):
+            continue
+        node = builder.node("call_function", write_back, (root, storage.node))
+        node.meta["opaque_reason"] = f"writes the new value of {root.name} back (an in-place write in forward)"
+        nodes.append(node)
+    return nodes
+
+
+def returned_inputs(outputs) -> dict:
+    """{output leaf position: placeholder name} for outputs that are an input written in place, returned as it
+    is: eager returns that very tensor, so the caller substitutes it after the write."""
+    from ..pytree import flatten
+
+    leaves, _ = flatten(outputs)
+    found = {}
+    for position, leaf in enumerate(leaves):
+        storage = getattr(leaf, "storage", None)
+        if storage is not None and storage.written and not leaf.chain and storage.root.op == "placeholder" \
+                and leaf.node is storage.node:
+            found[position] = storage.root.name
+    return found
+
+
+@dataclass(frozen=True)
+class Write:
+    """A tensor forward writes in place: an input (its position among the tensor inputs) or an attribute (its
+    path); the graph returns its final value after the user's outputs, and the caller copies it in."""
+
+    kind: str          # "input" or "attribute"
+    where: int | str
+    name: str
+
+
+def writes_as_outputs(gm, needs_grad: bool) -> list[Write]:
+    """Turn the graph's write_back nodes into extra outputs: the graph returns (outputs, (final values...)).
+
+    A write into a parameter that requires grad while recording is refused (FunctionalizeError: the module runs
+    eagerly, which raises torch's leaf error); an input that requires grad gets its new history when written."""
+    graph = gm.graph
+    inputs = [n for n in graph.placeholders if "shape" in n.meta]
+    writes, values = [], []
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is write_back]:
+        dest, value = node.args
+        if dest.op == "placeholder":
+            writes.append(Write("input", inputs.index(dest), dest.name))
+        else:
+            if needs_grad and fetch_attr(gm, dest.target).requires_grad:
+                raise FunctionalizeError(f"forward writes in place into {dest.target}, which requires grad")
+            writes.append(Write("attribute", dest.target, dest.name))
+        values.append(value)
+        graph.erase_node(node)
+    if writes:
+        output = graph.output_node
+        output.args = ((output.args[0], tuple(values)),)
+    _check_pure(graph)
+    gm.recompile()
+    return writes
+
+
+def _check_pure(graph) -> None:
+    """No node left that writes its arguments, except opaque calls (hooked modules), which run eagerly on values
+    no later node shares."""
+    for node in graph.nodes:
+        if has_side_effect(node) and "opaque_reason" not in node.meta:
+            raise FunctionalizeError(f"{node.name} still writes in place after functionalization")
+
+
+def apply_writes(writes: list[Write], values, tensors: list, root) -> None:
+    """Copy each written tensor's final value into it: inputs from `tensors`, attributes found from `root`."""
+    for write, value in zip(writes, values):
+        dest = tensors[write.where] if write.kind == "input" else fetch_attr(root, write.where)
+        write_back(dest, value)
