@@ -171,6 +171,27 @@ def test_backward_through_embedding_and_integer_indexing():
     np.testing.assert_allclose(compiled.emb.weight.grad.numpy(), eager.emb.weight.grad.numpy(), rtol=1e-6)
 
 
+# -- C7: a no-op view of a parameter is not the parameter ------------------------------------------------------------
+
+
+def test_same_shape_reshape_of_a_parameter_is_a_new_tensor_under_no_grad():
+    model = nn.Linear(4, 4)
+
+    class Weight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = model
+
+        def forward(self, x):
+            return self.lin.weight.reshape(4, 4)
+
+    compiled = nnc.compile(Weight())
+    with runtime.no_grad():
+        got = compiled(runtime.randn(2, 4))
+    assert got is not model.weight and not got.requires_grad  # as torch: a new view, recording nothing
+    np.testing.assert_array_equal(got.numpy(), model.weight.detach().numpy())
+
+
 # -- writes into inputs and buffers ---------------------------------------------------------------------------------
 
 

@@ -42,11 +42,18 @@ def remove_noops(gm):
     """Drop calls that return their input unchanged (reshapes and expands to the same shape, identity permutes,
     casts to the same dtype, reductions over no dims: OpDef.noop)."""
     for node in list(gm.graph.nodes):
-        if _is_noop(node):
+        if _is_noop(node) and not _returns_a_new_view_of_an_input(node):
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
     gm.recompile()
     return gm
+
+
+def _returns_a_new_view_of_an_input(node: Node) -> bool:
+    """A view of an input or parameter that is a graph output: eager returns a new tensor there, never the
+    parameter itself, so the node stays (it runs as a numpy view)."""
+    return (node.target.op.is_view and node.args[0].op in ("placeholder", "get_attr")
+            and any(user.op == "output" for user in node.users))
 
 
 def cse(gm):
