@@ -9,7 +9,7 @@ import pytest
 import runtime
 from runtime import nn
 
-torch = pytest.importorskip("torch")
+from helpers import needs_torch, torch
 
 rng = np.random.default_rng(3)
 
@@ -108,6 +108,7 @@ def _run(lib, module, arrays, target):
     return inputs, out
 
 
+@needs_torch
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_layer_matches_torch_forward_and_backward(name):
     ours, theirs, arrays, target = _build(name)
@@ -129,6 +130,7 @@ def test_layer_matches_torch_forward_and_backward(name):
         np.testing.assert_allclose(buf.numpy(), their_buffers[key].numpy(), rtol=1e-9, err_msg=key)
 
 
+@needs_torch
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_layer_repr_and_state_dict_keys_match_torch(name):
     make = LAYERS[name][0]
@@ -158,6 +160,7 @@ def test_factory_kwargs_dtype_and_device():
         nn.Conv2d(1, 1, 1, device="cuda")
 
 
+@needs_torch
 def test_batchnorm_running_stats_momentum_and_eval():
     bn_r, bn_t = nn.BatchNorm1d(3), torch.nn.BatchNorm1d(3).double()
     bn_r.double()

@@ -6,10 +6,11 @@ import operator
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import runtime
 
-import runtime  # noqa: E402
-from helpers import dname  # noqa: E402
+from helpers import dname, needs_torch, torch
+
+pytestmark = needs_torch  # every test here compares with torch
 
 DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
 SCALARS = {"pybool": True, "pyint": 2, "pyfloat": 2.5}

@@ -1,11 +1,11 @@
-"""Tensor attributes, methods, factories, in-place ops, indexing and module functions vs torch."""
+"""Tensor attributes, methods, factories, in-place ops, indexing and module functions vs torch (those tests skip
+without torch; the runtime-only ones here still run)."""
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import runtime
 
-import runtime  # noqa: E402
-from helpers import dname  # noqa: E402
+from helpers import dname, needs_torch, torch
 
 RNG_SEED = 1234
 DTYPE_NAMES = ["bool", "int32", "int64", "float16", "float32", "float64"]
@@ -55,6 +55,7 @@ def sample(shape, dtype_name, gen=None):
 # attributes
 # ---------------------------------------------------------------------------------------------
 
+@needs_torch
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_dtype_and_shape_attributes(name):
     data = sample((2, 3, 4), name)
@@ -73,6 +74,7 @@ def test_dtype_and_shape_attributes(name):
     assert repr(r.shape) == repr(t.shape).replace("torch.", "runtime.")
 
 
+@needs_torch
 def test_size_dim_out_of_range():
     r, t = pair(np.zeros((2, 3)))
     with pytest.raises(IndexError) as t_err:
@@ -81,6 +83,7 @@ def test_size_dim_out_of_range():
         r.size(2)
 
 
+@needs_torch
 def test_zero_dim_attributes():
     r, t = pair(np.float32(2.5))
     assert tuple(r.shape) == tuple(t.shape) == ()
@@ -89,6 +92,7 @@ def test_zero_dim_attributes():
     assert r.item() == t.item()
 
 
+@needs_torch
 def test_device():
     r = runtime.zeros(2)
     t = torch.zeros(2)
@@ -98,6 +102,7 @@ def test_device():
     assert r.is_cuda is t.is_cuda is False
 
 
+@needs_torch
 def test_autograd_attributes_on_leaf_and_result():
     data = sample((3,), "float32")
     r = runtime.tensor(data, requires_grad=True)
@@ -135,6 +140,7 @@ def test_requires_grad_setter():
 # conversions
 # ---------------------------------------------------------------------------------------------
 
+@needs_torch
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_item_and_tolist(name):
     data = sample((2, 3), name)
@@ -160,6 +166,7 @@ def test_numpy_shares_memory():
     np.testing.assert_array_equal(a, [11.0, 3.0, 4.0])
 
 
+@needs_torch
 def test_numpy_on_requires_grad_raises():
     r = runtime.ones(2, requires_grad=True)
     t = torch.ones(2, requires_grad=True)
@@ -183,6 +190,7 @@ def test_detach_shares_memory_and_drops_grad():
     assert np.shares_memory(d.numpy(), y.detach().numpy())
 
 
+@needs_torch
 def test_clone_copies_and_keeps_grad():
     data = sample((2, 2), "float32")
     r = runtime.tensor(data, requires_grad=True)
@@ -201,6 +209,7 @@ def test_clone_copies_and_keeps_grad():
     assert plain[0, 0].item() == data[0, 0]
 
 
+@needs_torch
 def test_contiguous():
     data = sample((3, 4), "float32")
     r, t = pair(data)
@@ -215,6 +224,7 @@ def test_contiguous():
     assert_same(rc.view(12), tc.view(12))
 
 
+@needs_torch
 @pytest.mark.parametrize("src", DTYPE_NAMES)
 @pytest.mark.parametrize("dst", DTYPE_NAMES)
 def test_to_dtype(src, dst):
@@ -224,6 +234,7 @@ def test_to_dtype(src, dst):
     assert_same(r.to(dtype=rt_dtype(dst)), t.to(dtype=th_dtype(dst)))
 
 
+@needs_torch
 @pytest.mark.parametrize("pytype", [float, int, bool], ids=["float", "int", "bool"])
 def test_python_types_as_dtype(pytype):
     """torch maps dtype=float to float64 (not the default dtype), int to int64, bool to bool."""
@@ -244,6 +255,7 @@ def test_to_same_dtype_and_cpu_return_self():
     assert out.dtype is runtime.float64
 
 
+@needs_torch
 @pytest.mark.parametrize("method", ["float", "double", "half", "long", "int", "bool"])
 def test_conversion_methods(method):
     data = sample((2, 3), "float64") * 4
@@ -285,6 +297,7 @@ def _repr_cases():
     ]
 
 
+@needs_torch
 @pytest.mark.parametrize("name,make", _repr_cases(), ids=[c[0] for c in _repr_cases()])
 def test_repr_matches_torch(name, make):
     r, t = make(runtime), make(torch)
@@ -301,6 +314,7 @@ def test_repr_grad_fn_suffix():
 # factories
 # ---------------------------------------------------------------------------------------------
 
+@needs_torch
 @pytest.mark.parametrize("data", [
     [1, 2, 3], [1.0, 2.0], [True, False], [[1, 2], [3, 4]], 5, 2.5, True, [1, 2.5], [],
 ])
@@ -308,6 +322,7 @@ def test_tensor_from_python_data(data):
     assert_same(runtime.tensor(data), torch.tensor(data))
 
 
+@needs_torch
 @pytest.mark.parametrize("make", [
     lambda m: m.tensor(np.float64(1.5)), lambda m: m.tensor(np.int32(3)), lambda m: m.tensor(np.bool_(True)),
     lambda m: m.tensor([m.tensor(1.5), m.tensor(2.5)]), lambda m: m.tensor(m.tensor([1, 2], dtype=m.int32)),
@@ -322,6 +337,7 @@ def test_tensor_from_other_data(make):
         assert_same(make(runtime), make(torch))
 
 
+@needs_torch
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_tensor_from_numpy_keeps_dtype_and_copies(name):
     data = sample((2, 3), name)
@@ -332,11 +348,13 @@ def test_tensor_from_numpy_keeps_dtype_and_copies(name):
     np.testing.assert_array_equal(r.numpy(), original)
 
 
+@needs_torch
 def test_tensor_with_dtype_argument():
     for name in DTYPE_NAMES:
         assert_same(runtime.tensor([0, 1, 2], dtype=rt_dtype(name)), torch.tensor([0, 1, 2], dtype=th_dtype(name)))
 
 
+@needs_torch
 def test_as_tensor_shares_memory_with_numpy_and_tensor():
     a = np.arange(4, dtype=np.float32)
     r = runtime.as_tensor(a)
@@ -353,6 +371,7 @@ def test_as_tensor_shares_memory_with_numpy_and_tensor():
     assert_same(runtime.as_tensor([1, 2]), torch.as_tensor([1, 2]))
 
 
+@needs_torch
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_from_numpy_shares_memory(name):
     a = sample((3,), name)
@@ -369,6 +388,7 @@ def test_from_numpy_rejects_non_array():
         runtime.from_numpy([1, 2, 3])
 
 
+@needs_torch
 @pytest.mark.parametrize("factory", ["zeros", "ones", "empty"])
 def test_zeros_ones_empty(factory):
     for size_args in [(2, 3), ((2, 3),), ([4],), ((),), (0, 2)]:
@@ -389,31 +409,37 @@ def test_zeros_requires_grad():
     assert r.requires_grad and r.is_leaf
 
 
+@needs_torch
 @pytest.mark.parametrize("fill", [3, 2.5, True, -1, 0.0, False])
 def test_full_infers_dtype_from_fill_value(fill):
     assert_same(runtime.full((2, 3), fill), torch.full((2, 3), fill))
 
 
+@needs_torch
 @pytest.mark.parametrize("name", DTYPE_NAMES)
 def test_full_with_dtype(name):
     assert_same(runtime.full((3,), 1, dtype=rt_dtype(name)), torch.full((3,), 1, dtype=th_dtype(name)))
 
 
+@needs_torch
 @pytest.mark.parametrize("args", [(5,), (2, 9), (1, 10, 3), (10, 1, -2), (0,), (3, 3)])
 def test_arange_int(args):
     assert_same(runtime.arange(*args), torch.arange(*args))
 
 
+@needs_torch
 @pytest.mark.parametrize("args", [(2.5,), (0.0, 1.0, 0.1), (1, 4.5), (0, 1, 0.25), (-1.0, 1.0, 0.3)])
 def test_arange_float(args):
     assert_same(runtime.arange(*args), torch.arange(*args), exact=False)
 
 
+@needs_torch
 def test_arange_dtype():
     assert_same(runtime.arange(5, dtype=runtime.float64), torch.arange(5, dtype=torch.float64))
     assert_same(runtime.arange(0, 6, 2, dtype=runtime.int32), torch.arange(0, 6, 2, dtype=torch.int32))
 
 
+@needs_torch
 @pytest.mark.parametrize("args", [(0, 1, 5), (-2.0, 3.0, 7), (1, 1, 1), (0, 10, 0), (5, -5, 11)])
 def test_linspace(args):
     assert_same(runtime.linspace(*args), torch.linspace(*args), exact=False)
@@ -421,12 +447,14 @@ def test_linspace(args):
                 exact=False)
 
 
+@needs_torch
 @pytest.mark.parametrize("args", [(3,), (2, 4), (4, 2), (0,)])
 def test_eye(args):
     assert_same(runtime.eye(*args), torch.eye(*args))
     assert_same(runtime.eye(*args, dtype=runtime.int64), torch.eye(*args, dtype=torch.int64))
 
 
+@needs_torch
 def test_rand_randn_shapes_dtypes_ranges():
     for size in [(3, 4), ((2, 5),), (7,)]:
         r, t = runtime.rand(*size), torch.rand(*size)
@@ -443,6 +471,7 @@ def test_rand_randn_shapes_dtypes_ranges():
     assert runtime.rand(2, requires_grad=True).requires_grad
 
 
+@needs_torch
 def test_randint_forms():
     r, t = runtime.randint(10, (3, 4)), torch.randint(10, (3, 4))
     assert tuple(r.shape) == tuple(t.shape) and dname(r.dtype) == dname(t.dtype)
@@ -456,6 +485,7 @@ def test_randint_forms():
     assert r.dtype is runtime.float32
 
 
+@needs_torch
 @pytest.mark.parametrize("name", ["float32", "float64", "int32", "int64", "bool", "float16"])
 def test_like_factories(name):
     data = sample((2, 3), name)
@@ -469,6 +499,7 @@ def test_like_factories(name):
     assert_same(runtime.zeros_like(r, dtype=runtime.float64), torch.zeros_like(t, dtype=torch.float64))
 
 
+@needs_torch
 def test_random_like_factories():
     data = sample((3, 2), "float64")
     r, t = pair(data)
@@ -555,6 +586,7 @@ FLOAT_DATA = rng().standard_normal((4, 3)).astype(np.float32)
 INT_DATA = rng().integers(-9, 10, size=(4, 3))
 
 
+@needs_torch
 @pytest.mark.parametrize("name,op", [
     ("add_scalar", lambda x: x.add_(2)),
     ("add_tensor", lambda x: x.add_(x.new_ones(3) * 0.5)),
@@ -576,6 +608,7 @@ def test_inplace_float(name, op):
     _inplace_check(lambda: FLOAT_DATA, op)
 
 
+@needs_torch
 @pytest.mark.parametrize("name,op", [
     ("add_scalar", lambda x: x.add_(2)),
     ("mul_scalar", lambda x: x.mul_(3)),
@@ -588,6 +621,7 @@ def test_inplace_int(name, op):
     _inplace_check(lambda: INT_DATA, op)
 
 
+@needs_torch
 def test_copy_converts_dtype():
     r, t = pair(np.zeros(3, dtype=np.int32))
     src = np.array([1.7, -2.2, 3.9])
@@ -596,6 +630,7 @@ def test_copy_converts_dtype():
     assert_same(r, t)
 
 
+@needs_torch
 def test_inplace_on_transposed_view():
     r, t = pair(FLOAT_DATA)
     r.t().mul_(2)
@@ -606,6 +641,7 @@ def test_inplace_on_transposed_view():
     assert_same(r, t)
 
 
+@needs_torch
 def test_inplace_on_nonleaf_is_recorded():
     data = sample((3,), "float32")
     r = runtime.tensor(data, requires_grad=True)
@@ -638,12 +674,14 @@ BASIC_KEYS = [
 ]
 
 
+@needs_torch
 @pytest.mark.parametrize("key", BASIC_KEYS, ids=[repr(k) for k in BASIC_KEYS])
 def test_basic_indexing(key):
     r, t = pair(IDX_DATA)
     assert_same(r[key], t[key])
 
 
+@needs_torch
 def test_basic_indexing_returns_view():
     r, t = pair(IDX_DATA)
     rv, tv = r[1, ::2], t[1, ::2]
@@ -652,6 +690,7 @@ def test_basic_indexing_returns_view():
     assert_same(r, t)
 
 
+@needs_torch
 def test_index_by_zero_dim_int_tensor():
     r, t = pair(IDX_DATA)
     assert_same(r[runtime.tensor(2)], t[torch.tensor(2)])
@@ -678,12 +717,14 @@ def _adv_keys(m):
     ]
 
 
-@pytest.mark.parametrize("k", range(len(_adv_keys(torch))))
+@needs_torch
+@pytest.mark.parametrize("k", range(len(_adv_keys(runtime))))
 def test_advanced_indexing(k):
     r, t = pair(IDX_DATA)
     assert_same(r[_adv_keys(runtime)[k]], t[_adv_keys(torch)[k]])
 
 
+@needs_torch
 @pytest.mark.parametrize("key", [
     np.array([3, 1]), np.array([[0], [2]]), (np.array([0, 1]), np.array([1, 4])),
     IDX_DATA[:, 0, 0] > 0, [True, False, True, True], ([0, 1], [2, 3]),
@@ -693,6 +734,7 @@ def test_advanced_indexing_with_numpy_and_list_keys(key):
     assert_same(r[key], t[key])
 
 
+@needs_torch
 def test_advanced_indexing_returns_copy():
     r, t = pair(IDX_DATA)
     r_sel, t_sel = r[[0, 1]], t[[0, 1]]
@@ -701,11 +743,13 @@ def test_advanced_indexing_returns_copy():
     assert_same(r, t)
 
 
+@needs_torch
 def test_int32_index_tensor():
     r, t = pair(IDX_DATA)
     assert_same(r[runtime.tensor([2, 0], dtype=runtime.int32)], t[torch.tensor([2, 0], dtype=torch.int32)])
 
 
+@needs_torch
 def test_indexing_gradient():
     data = sample((4, 3), "float32")
     r = runtime.tensor(data, requires_grad=True)
@@ -739,7 +783,8 @@ def _setitem_cases(m):
     ]
 
 
-@pytest.mark.parametrize("k", range(len(_setitem_cases(torch))))
+@needs_torch
+@pytest.mark.parametrize("k", range(len(_setitem_cases(runtime))))
 def test_setitem(k):
     r, t = pair(IDX_DATA)
     r_key, r_val = _setitem_cases(runtime)[k]
@@ -754,6 +799,7 @@ def test_setitem(k):
     assert_same(r, t)
 
 
+@needs_torch
 def test_setitem_into_int_tensor_truncates_float():
     r, t = pair(INT_DATA)
     r[0] = 2.7
@@ -763,6 +809,7 @@ def test_setitem_into_int_tensor_truncates_float():
     assert_same(r, t)
 
 
+@needs_torch
 def test_setitem_writes_through_views():
     r, t = pair(IDX_DATA)
     rv, tv = r[1], t[1]
@@ -772,6 +819,7 @@ def test_setitem_writes_through_views():
     assert_same(rv, tv)
 
 
+@needs_torch
 def test_setitem_bumps_version_and_grad_flows():
     data = sample((4,), "float32")
     r = runtime.tensor(data, requires_grad=True)
@@ -793,6 +841,7 @@ UNARY = ["abs", "exp", "log", "sqrt", "sin", "cos", "tanh", "sigmoid", "relu", "
          "sign", "log1p", "rsqrt", "reciprocal", "erf", "square", "round", "isnan", "isinf", "isfinite"]
 
 
+@needs_torch
 @pytest.mark.parametrize("name", UNARY)
 def test_module_unary_functions(name):
     data = np.abs(sample((3, 4), "float32")) + 0.1
@@ -803,6 +852,7 @@ def test_module_unary_functions(name):
     assert_same(getattr(r, name)(), tt, exact=False)
 
 
+@needs_torch
 @pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "maximum", "minimum", "pow", "eq", "lt", "ge",
                                   "floor_divide", "remainder"])
 def test_module_binary_functions(name):
@@ -817,6 +867,7 @@ def test_module_binary_functions(name):
         assert_same(getattr(runtime, name)(ra, 2), getattr(torch, name)(ta, 2), exact=False)
 
 
+@needs_torch
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_cat_and_stack(dim):
     gen = rng()
@@ -828,6 +879,7 @@ def test_cat_and_stack(dim):
     assert_same(runtime.cat(tuple(rs), dim=dim), torch.cat(tuple(ts), dim=dim))
 
 
+@needs_torch
 def test_cat_uneven_sizes():
     gen = rng()
     a, b = gen.standard_normal((2, 3)).astype(np.float32), gen.standard_normal((4, 3)).astype(np.float32)
@@ -837,6 +889,7 @@ def test_cat_uneven_sizes():
                 torch.cat([torch.tensor(a), torch.tensor(c)], 1))
 
 
+@needs_torch
 def test_where():
     gen = rng()
     cond = gen.random((3, 4)) > 0.5
@@ -851,6 +904,7 @@ def test_where():
     assert_same(ra.where(rc, rb), ta.where(tc, tb))
 
 
+@needs_torch
 @pytest.mark.parametrize("name,kwargs", [
     ("sum", {}), ("sum", {"dim": 1}), ("sum", {"dim": (0, 1), "keepdim": True}),
     ("mean", {}), ("mean", {"dim": -1}), ("prod", {"dim": 0}),
@@ -866,6 +920,7 @@ def test_module_reductions(name, kwargs):
     assert_same(getattr(runtime, name)(r, **kwargs), getattr(torch, name)(t, **kwargs), exact=False)
 
 
+@needs_torch
 def test_module_max_min_with_dim():
     data = sample((3, 4), "float32")
     r, t = pair(data)
@@ -880,6 +935,7 @@ def test_module_max_min_with_dim():
     assert_same(runtime.max(r), torch.max(t))
 
 
+@needs_torch
 @pytest.mark.parametrize("name,args", [
     ("reshape", ((4, 3),)), ("transpose", (0, 1)), ("permute", ((1, 0),)), ("flatten", ()),
     ("unsqueeze", (1,)), ("squeeze", ()), ("t", ()), ("clamp", (-0.5, 0.5)), ("matmul", None),
@@ -904,6 +960,7 @@ def test_module_shape_and_misc_functions(name, args):
         assert rr == tt
 
 
+@needs_torch
 def test_module_functions_accept_keywords():
     data = sample((2, 3), "float32")
     r, t = pair(data)
@@ -914,6 +971,7 @@ def test_module_functions_accept_keywords():
     assert_same(runtime.div(r, 0.7, rounding_mode="trunc"), torch.div(t, 0.7, rounding_mode="trunc"), exact=False)
 
 
+@needs_torch
 def test_operators_with_python_scalars_on_left():
     data = np.abs(sample((3,), "float32")) + 0.5
     r, t = pair(data)
@@ -922,6 +980,7 @@ def test_operators_with_python_scalars_on_left():
         assert_same(fn(r), fn(t), exact=False)
 
 
+@needs_torch
 def test_numpy_scalar_operands():
     data = sample((3,), "float32")
     r, t = pair(data)
