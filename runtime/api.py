@@ -898,7 +898,8 @@ def multinomial(input, num_samples, replacement=False, *, generator=None):
 METHODS = {name: globals()[name] for name in """
     add sub mul div floor_divide remainder pow maximum minimum neg negative abs absolute sign floor ceil round
     exp log log1p log2 log10 sqrt rsqrt reciprocal sin cos tanh sigmoid relu erf square
-    eq ne lt le gt ge equal isclose allclose logical_and logical_or logical_xor logical_not bitwise_not bitwise_and bitwise_or bitwise_xor isnan isinf isfinite
+    eq ne lt le gt ge equal isclose allclose logical_and logical_or logical_xor logical_not
+    bitwise_not bitwise_and bitwise_or bitwise_xor isnan isinf isfinite
     masked_fill clamp clip softmax log_softmax logsumexp addcmul addcdiv lerp
     sum mean var std max min amax amin argmax argmin prod all any sum_to_size
     matmul mm bmm reshape view view_as reshape_as flatten unflatten squeeze unsqueeze permute transpose swapaxes

@@ -1,4 +1,5 @@
-"""The code of PyTorch's "Modules" note (docs/source/notes/modules.rst), run unchanged with `import runtime as torch`."""
+"""The code of PyTorch's "Modules" note (docs/source/notes/modules.rst), run unchanged with `import runtime as torch`;
+where torch is installed, the same source also runs under it (bound as `real`) and the two are compared."""
 from __future__ import annotations
 
 import inspect

@@ -65,12 +65,12 @@ except ImportError:  # run as `python tools/bench_compile.py`: put the repo root
     from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead, selected_names
     from tools.bench_mlp import LR, MOMENTUM, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
 
-import numba
-import numpy as np
-from numba import njit, prange
+import numba  # noqa: E402  (imported after the thread flags above are applied)
+import numpy as np  # noqa: E402
+from numba import njit, prange  # noqa: E402
 
-import nnc
-from nnc.codegen.approx import sigmoid_f32, tanh_f32
+import nnc  # noqa: E402
+from nnc.codegen.approx import sigmoid_f32, tanh_f32  # noqa: E402
 
 try:
     import torch

@@ -671,14 +671,14 @@ def _conv(name, nd, input, weight, bias, stride, padding, dilation, groups):
             raise RuntimeError("negative padding is not supported")
         pads = [(p, p) for p in padding]
     spatial = tuple(x.shape[2:])
-    padded = tuple(s + l + r for s, (l, r) in zip(spatial, pads))
+    padded = tuple(s + left + right for s, (left, right) in zip(spatial, pads))
     effective = tuple(d * (k - 1) + 1 for d, k in zip(dilation, kernel))
     if any(p < e for p, e in zip(padded, effective)):
         raise RuntimeError(f"Calculated padded input size per channel: ({_fmt_sizes(padded)}). Kernel size: "
                            f"({_fmt_sizes(effective)}). Kernel size can't be greater than actual input size")
     out_sizes = tuple((p - e) // s + 1 for p, e, s in zip(padded, effective, stride))
-    for i, (l, r) in enumerate(pads):
-        x = _pad_dim(x, 2 + i, l, r, 0)
+    for i, (left, right) in enumerate(pads):
+        x = _pad_dim(x, 2 + i, left, right, 0)
     n = x.shape[0]
     k = math.prod(kernel)
     cols = _windows(x, kernel, stride, dilation, out_sizes)  # (N, C, K, *out)
@@ -752,8 +752,8 @@ def _pool_setup(name, nd, input, kernel_size, stride, padding, dilation, ceil_mo
 
 
 def _padded(x, pads, value):
-    for i, (l, r) in enumerate(pads):
-        x = _pad_dim(x, 2 + i, l, r, value)
+    for i, (left, right) in enumerate(pads):
+        x = _pad_dim(x, 2 + i, left, right, value)
     return x
 
 
@@ -818,7 +818,7 @@ def _avg_pool(name, nd, input, kernel_size, stride, padding, ceil_mode, count_in
         ones = x.new_ones((1, 1) + tuple(x.shape[2:]))
         if count_include_pad:
             ones = _padded(ones, [(p, p) for p in padding], 1)
-            extra = [(0, r - p) for (l, r), p in zip(pads, padding)]
+            extra = [(0, right - p) for (_, right), p in zip(pads, padding)]
             ones = _padded(ones, extra, 0)
         else:
             ones = _padded(ones, pads, 0)
