@@ -1,4 +1,4 @@
-"""nnc: trace runtime Modules into a graph IR (and, as it lands, compile them into fused kernels)."""
+"""nnc: trace runtime Modules into a graph IR and compile them into fused numba kernels (`nnc.compile`)."""
 from . import passes  # noqa: F401
 from .graph import Graph, GraphError, Node  # noqa: F401
 from .graph_module import GraphModule  # noqa: F401
