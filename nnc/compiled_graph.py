@@ -134,9 +134,10 @@ class _CompiledFunction(Function):
         user, saved = graph.training_plan.run(*inputs)
         ctx.graph = graph
         if graph.written_inputs:
-            # NOTE: an input written in place gets its new value after this call; the backward needs the old one
-            written = {id(inputs[k]) for k in graph.written_inputs}
-            saved = [s.clone() if id(s) in written else s for s in saved]
+            # NOTE: an input written in place gets its new value after this call, and the write bumps its version
+            # counter, which views of it (run through the interpreter) share: the backward keeps copies of those
+            written = {id(inputs[k]._vc()) for k in graph.written_inputs}
+            saved = [s.clone() if id(s._vc()) in written else s for s in saved]
         ctx.save_for_backward(*saved)
         flat = pytree.tensor_leaves(user)
         structure.append(user)

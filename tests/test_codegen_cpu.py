@@ -26,9 +26,10 @@ from nnc.codegen.cpu_matmul import FEW_COLUMNS, FEW_ROWS
 from nnc.graph import Graph
 from nnc.kernel import Kernel
 from nnc.passes import propagate_shapes
-from nnc.prims import prims
 from runtime import nn
 from runtime.ops import OPS, Kind, apply
+
+from helpers import call
 
 ELEMENTWISE_OPS = sorted(name for name, op in OPS.items() if op.kind == Kind.ELEMENTWISE)
 SMALL, LARGE = (5, 7), (512, 520)
@@ -41,16 +42,7 @@ INT_FOR = {"float32": torch.int32, "float64": torch.int64}
 TOL = {"float32": dict(rtol=1e-6, atol=1e-7), "float64": dict(rtol=4e-15, atol=1e-15)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache_dir(tmp_path_factory):
-    """A fresh kernel cache for this module (so it tests compilation, not a cache left by an earlier run)."""
-    old = os.environ.get(cache.ENV_VAR)
-    os.environ[cache.ENV_VAR] = str(tmp_path_factory.mktemp("nnc_kernels"))
-    yield os.environ[cache.ENV_VAR]
-    if old is None:
-        os.environ.pop(cache.ENV_VAR, None)
-    else:
-        os.environ[cache.ENV_VAR] = old
+pytestmark = pytest.mark.usefixtures("fresh_kernel_cache")  # compile, not load a cache an earlier run left
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -78,10 +70,6 @@ class Case:
     def expected(self, tensors=None):
         result = nnc.Interpreter(self.gm).run(*(tensors or self.tensors))
         return [r.numpy() for r in result]
-
-
-def call(g, name, *args, **attrs):
-    return g.call_function(prims[name], args, attrs)
 
 
 def assert_close(got, want, tol, what=""):

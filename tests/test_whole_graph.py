@@ -3,8 +3,6 @@ to kernel-by-kernel execution (with a reason, and a warning when asked for or wh
 from __future__ import annotations
 
 import copy
-import os
-import sys
 import warnings
 
 import numpy as np
@@ -16,20 +14,10 @@ from nnc.codegen import cache, cpu_matmul, whole_graph
 from nnc.executor import Plan
 from runtime import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-import models  # noqa: E402
+import models
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernel_cache_dir(tmp_path_factory):
-    """A fresh kernel cache for this module (so it tests compilation, not a cache left by an earlier run)."""
-    old = os.environ.get(cache.ENV_VAR)
-    os.environ[cache.ENV_VAR] = str(tmp_path_factory.mktemp("nnc_whole_graph"))
-    yield
-    if old is None:
-        os.environ.pop(cache.ENV_VAR, None)
-    else:
-        os.environ[cache.ENV_VAR] = old
+pytestmark = pytest.mark.usefixtures("fresh_kernel_cache")  # compile, not load a cache an earlier run left
 
 
 def forward_plan(compiled) -> Plan:
