@@ -1,5 +1,5 @@
-"""pytest set-up shared by every test module: hypothesis profiles, the examples/ folder on sys.path, and a fixture for
-the optional torch oracle. Plain helper functions live in tests/helpers.py."""
+"""pytest set-up shared by every test module: hypothesis profiles, the examples/ folder on sys.path, per-test seeds,
+and fixtures for the optional torch oracle and a private kernel cache. Plain helpers live in tests/helpers.py."""
 from __future__ import annotations
 
 import os
@@ -29,6 +29,18 @@ def torch():
     """The real torch, for a test that compares with it; the test skips where torch is not installed."""
     return helpers.require_torch()
 
+
+
+@pytest.fixture(scope="module")
+def fresh_kernel_cache(tmp_path_factory):
+    """A kernel cache of the module's own, so its tests compile rather than load what an earlier run left; use with
+    `pytestmark = pytest.mark.usefixtures("fresh_kernel_cache")`. Yields the cache directory."""
+    from nnc.codegen import cache
+
+    with pytest.MonkeyPatch.context() as patch:
+        path = tmp_path_factory.mktemp("nnc_kernels")
+        patch.setenv(cache.ENV_VAR, str(path))
+        yield path
 
 
 @pytest.fixture(autouse=True)
