@@ -274,8 +274,12 @@ def test_float32_stays_float32_in_the_source():
     assert schedule(large_case.kernel) == ElementwiseSchedule(math.prod(LARGE), True, LARGE[0], LARGE[1])  # prange
     compile(src, "<kernel>", "exec")
     assert kernel.path.read_text() == src and kernel.path.parent == cache.cache_dir()
-    again = compile_kernel(case.kernel)  # same source in the same process: nothing to compile
-    assert again.cache_hit and again.source == src and again.compile_seconds < kernel.compile_seconds
+    # same source in the same process: the module already imported, its launcher reused, no numba compilation
+    module, _, already_loaded = cache.load_module(src)
+    overloads = {name: len(f.overloads) for name, f in vars(module).items() if hasattr(f, "overloads")}
+    again = compile_kernel(case.kernel)
+    assert already_loaded and again.cache_hit and again.source == src and again._launch is kernel._launch
+    assert {name: len(f.overloads) for name, f in vars(module).items() if hasattr(f, "overloads")} == overloads
 
 
 @pytest.mark.parametrize("x_shape,y_shape,parallel", [
