@@ -1,0 +1,65 @@
+"""nnc.codegen.cache keeps a bounded number of imported kernel modules (an LRU); evicted ones come back from disk."""
+import sys
+
+import numpy as np
+
+import nnc
+import runtime
+from nnc.codegen import cache
+from runtime import nn
+
+
+def _compile_width(width: int):
+    model = nn.Sequential(nn.Linear(width, width), nn.Tanh())
+    compiled = nnc.compile(model)
+    x = runtime.randn(2, width)
+    with runtime.no_grad():
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    return compiled
+
+
+def test_only_the_most_recent_modules_stay_imported(monkeypatch, tmp_path):
+    monkeypatch.setenv("NNC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NNC_KERNEL_MODULES", "2")
+    cache.forget()
+    first = _compile_width(3)
+    (oldest,) = [m for m in cache._modules.values()][:1]
+    for width in (4, 5):
+        _compile_width(width)
+    assert cache.loaded() == 2
+    assert oldest.__name__ not in sys.modules  # dropped from the memo and from sys.modules
+    x = runtime.randn(2, 3)
+    with runtime.no_grad():  # a plan that still runs an evicted kernel keeps it alive and working
+        np.testing.assert_allclose(first(x).numpy(), first._module(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_evicted_kernel_is_imported_again_from_the_disk_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("NNC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NNC_KERNEL_MODULES", "1")
+    cache.forget()
+    source = "def f():\n    return 41\n"
+    other = "def f():\n    return 42\n"
+    module, path, again = cache.load_module(source)
+    assert not again and module.f() == 41
+    cache.load_module(other)
+    reloaded, same_path, again = cache.load_module(source)
+    assert not again and same_path == path and reloaded.f() == 41 and cache.loaded() == 1
+
+
+def test_a_memo_hit_moves_a_module_to_the_recent_end(monkeypatch, tmp_path):
+    monkeypatch.setenv("NNC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NNC_KERNEL_MODULES", "2")
+    cache.forget()
+    a = cache.load_module("A = 1\n")[0]
+    cache.load_module("B = 1\n")
+    assert cache.load_module("A = 1\n")[2]  # a hit
+    cache.load_module("C = 1\n")  # evicts B, the least recently used
+    assert a.__name__ in sys.modules and cache.loaded() == 2
+    assert cache.load_module("A = 1\n")[2] and not cache.load_module("B = 1\n")[2]
+
+
+def test_a_bad_limit_falls_back_to_the_default(monkeypatch):
+    monkeypatch.setenv("NNC_KERNEL_MODULES", "many")
+    assert cache.module_limit() == cache.DEFAULT_MODULES
+    monkeypatch.setenv("NNC_KERNEL_MODULES", "0")
+    assert cache.module_limit() == 1
