@@ -61,13 +61,10 @@ class Storage:
         return self.layout
 
 
-_VIEW_OPS = ("reshape", "permute", "expand", "getitem", "detach")
-
-
 def track_view(result, op, inputs, attrs) -> None:
     """Make `result` (just emitted) a view of inputs[0]'s storage when eager's op would return a view."""
     source = inputs[0] if inputs else None
-    if op.name not in _VIEW_OPS or not hasattr(source, "storage") or source.storage is None:
+    if not op.is_view or not hasattr(source, "storage") or source.storage is None:
         return
     if op.name == "getitem" and len(inputs) > 1:  # indexing with tensors copies, in numpy as in torch
         return
