@@ -3,7 +3,8 @@
 Opaque nodes (a submodule that could not be traced, a random draw, a hooked module) must run eagerly, with real
 autograd. Everything between them is pure primitives: each maximal run of those becomes a piece of its own, compiled
 with its own backward (nnc.compiled_graph.CompiledGraph), so gradients flow piece -> eager call -> piece through
-ordinary autograd. What each piece needs from earlier ones (and what later ones need from it) are its inputs and outputs.
+ordinary autograd. What each piece needs from earlier ones (and what later ones need from it) are its inputs and
+outputs.
 """
 from __future__ import annotations
 

@@ -141,7 +141,8 @@ class Proxy:
             count = _unpack_count(sys._getframe(1))
         if count is None:
             raise TraceError(f"a traced value cannot be iterated {_where()}: its length is not known while tracing. "
-                             f"Unpack it into names (a, b = x.chunk(2)) or index it (parts[0]), or use concrete_args or a leaf module")
+                             "Unpack it into names (a, b = x.chunk(2)) or index it (parts[0]), "
+                             "or use concrete_args or a leaf module")
         return iter([self[i] for i in range(count)])
 
     def _known_length(self) -> int | None:
