@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import warnings
 
@@ -20,19 +21,65 @@ from .passes.memory import plan_memory
 class KernelStep:
     """One fused kernel compiled to numba; reads its inputs' arrays and produces its outputs' tensors.
 
-    Outputs with a planned buffer are written into it (the same memory on every call); the others, graph
-    outputs among them, get fresh arrays, since the caller keeps them.
+    Outputs with a planned buffer are written into it (the same memory on every call of a thread); the others,
+    graph outputs among them, get fresh arrays, since the caller keeps them. Where the arrays come from is a
+    thread's OutputBuffers, so two threads calling one plan never share memory.
     """
 
-    def __init__(self, kernel: Kernel, compiled, planned: list, reuse_outputs: bool = True):
+    def __init__(self, kernel: Kernel, compiled, reuse_outputs: bool = True):
         self.kernel, self.compiled = kernel, compiled
         self.inputs, self.outputs = kernel.inputs, kernel.outputs
-        self.planned = planned
         self.out_specs = [(tuple(n.meta["shape"]), n.meta["dtype"].np) for n in kernel.outputs]
-        self.previous = [None] * len(kernel.outputs)  # the last unplanned outputs handed out
         self.reuse_outputs = reuse_outputs
 
-    def _out_buffers(self) -> list:
+    def buffers(self, memory, arenas) -> "OutputBuffers":
+        """This step's output arrays for one thread: planned views into its arenas, and a memo of the rest."""
+        return OutputBuffers([memory.view(arenas, n) if n in memory.slots else None for n in self.outputs],
+                             self.out_specs, self.reuse_outputs)
+
+    def run(self, env: dict, buffers: "OutputBuffers") -> None:
+        arrays = buffers.arrays()
+        inputs = [env[n]._data for n in self.inputs]
+        if getattr(self.compiled, "parallel", False) and not threading_layer_is_threadsafe():
+            with _PARALLEL_REGIONS:
+                self.compiled.run_into(inputs, arrays)
+        else:
+            self.compiled.run_into(inputs, arrays)
+        buffers.handed_out(arrays)
+        for node, array in zip(self.outputs, arrays):
+            env[node] = Tensor._from_array(array)
+
+
+_PARALLEL_REGIONS = threading.Lock()
+_threadsafe_layer: bool | None = None
+
+
+def threading_layer_is_threadsafe() -> bool:
+    """Whether numba's threading layer lets two threads run parallel regions at once (tbb and omp do; the
+    workqueue layer, numba's fallback when neither is installed, aborts the process instead)."""
+    global _threadsafe_layer
+    if _threadsafe_layer is None:
+        try:
+            import numba
+            from numba.np.ufunc import parallel
+
+            parallel._launch_threads()  # NOTE: picks the layer, as numba's first parallel call would
+            _threadsafe_layer = numba.threading_layer() in ("tbb", "omp")
+        except Exception:  # no way to tell: serialise parallel regions, which is always safe
+            _threadsafe_layer = False
+    return _threadsafe_layer
+
+
+class OutputBuffers:
+    """Where one thread's calls of a kernel step write: planned buffers, or graph outputs reused once dropped."""
+
+    __slots__ = ("planned", "specs", "reuse", "previous")
+
+    def __init__(self, planned: list, specs: list, reuse: bool):
+        self.planned, self.specs, self.reuse = planned, specs, reuse
+        self.previous = [None] * len(planned)  # the last unplanned outputs handed out
+
+    def arrays(self) -> list:
         return [p if p is not None else self._unplanned(i) for i, p in enumerate(self.planned)]
 
     def _unplanned(self, i: int) -> np.ndarray:
@@ -43,16 +90,14 @@ class KernelStep:
         last = self.previous[i]
         if last is not None and sys.getrefcount(last) <= 3:
             return last
-        shape, dtype = self.out_specs[i]
+        shape, dtype = self.specs[i]
         return np.empty(shape, dtype)
 
-    def run(self, env: dict) -> None:
-        arrays = self._out_buffers()
-        self.compiled.run_into([env[n]._data for n in self.inputs], arrays)
-        for i, (node, array) in enumerate(zip(self.outputs, arrays)):
-            if self.planned[i] is None and self.reuse_outputs:
-                self.previous[i] = array
-            env[node] = Tensor._from_array(array)
+    def handed_out(self, arrays: list) -> None:
+        if self.reuse:
+            for i, array in enumerate(arrays):
+                if self.planned[i] is None:
+                    self.previous[i] = array
 
 
 class WholeGraphStep:
@@ -79,7 +124,7 @@ class ViewStep:
         self.node, self.source, self.forward = node, args[0], op.forward
         self.nodes = [node]
 
-    def run(self, env: dict) -> None:
+    def run(self, env: dict, buffers=None) -> None:
         env[self.node] = Tensor._from_array(self.forward(env[self.source]._data, **self.attrs))
 
 
@@ -89,7 +134,7 @@ class InterpretedStep:
     def __init__(self, nodes: list[Node], interpreter: Interpreter, reason: str):
         self.nodes, self.interpreter, self.reason = nodes, interpreter, reason
 
-    def run(self, env: dict) -> None:
+    def run(self, env: dict, buffers=None) -> None:
         interpreter = self.interpreter
         for node in self.nodes:
             args, kwargs = map_arg(node.args, env.__getitem__), map_arg(node.kwargs, env.__getitem__)
@@ -141,7 +186,8 @@ class Plan:
         self.gm = gm
         self.use_codegen, self.requested_whole_graph, self.reuse_outputs = use_codegen, whole_graph, reuse_outputs
         self.interpreter = Interpreter(gm)
-        self.kernels, self.memory, self._arenas = [], None, None
+        self.kernels, self.memory = [], None
+        self._local = threading.local()  # each thread's buffers (see _buffers)
         self.steps, self.fallbacks, self.cache_hits = [], [], 0
         self.whole_graph_reason = ("codegen off" if not use_codegen else
                                    "not asked for (whole-graph mode is for forwards without gradients)")
@@ -169,9 +215,23 @@ class Plan:
             self.steps = [whole]
             self.memory = None  # one numba function holds its intermediates itself
         else:
-            self._arenas = self.memory.allocate()
             self.steps = [self._step_for(kernel, use_codegen) for kernel in self.kernels]
+            self._buffers()  # the compiling thread's, allocated now rather than on its first call
         self.compile_seconds += time.perf_counter() - start
+
+    def _buffers(self) -> list:
+        """This thread's output buffers, one entry per step (None for steps that need none).
+
+        NOTE: intermediate buffers are per thread: two threads running one plan at once (BLAS and numba release
+        the GIL) would otherwise write each other's intermediates. A thread allocates its arenas on its first call.
+        """
+        buffers = getattr(self._local, "buffers", None)
+        if buffers is None:
+            arenas = self.memory.allocate() if self.memory is not None else []
+            buffers = [step.buffers(self.memory, arenas) if isinstance(step, KernelStep) else None
+                       for step in self.steps]
+            self._local.buffers = buffers
+        return buffers
 
     @property
     def whole_graph(self) -> bool:
@@ -222,8 +282,7 @@ class Plan:
             return InterpretedStep(kernel.nodes, self.interpreter, reason)
         self.cache_hits += bool(getattr(compiled, "cache_hit", False))
         kernel.meta["source"] = getattr(compiled, "source", "")
-        planned = [self.memory.view(self._arenas, n) if n in self.memory.slots else None for n in kernel.outputs]
-        return KernelStep(kernel, compiled, planned, self.reuse_outputs)
+        return KernelStep(kernel, compiled, self.reuse_outputs)
 
     def run(self, *inputs):
         if self.whole_graph:
@@ -233,8 +292,8 @@ class Plan:
             env[node] = value
         for node, read in self.attrs:
             env[node] = read()
-        for step in self.steps:
-            step.run(env)
+        for step, buffers in zip(self.steps, self._buffers()):
+            step.run(env, buffers)
         return map_arg(self.output, env.__getitem__)
 
     def _run_whole(self, inputs):

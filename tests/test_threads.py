@@ -1,0 +1,133 @@
+"""A compiled module called from several threads at once gives each call eager's result, and no threading layer
+can crash the process."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+
+import nnc
+import runtime
+from runtime import nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _model():
+    runtime.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 16), nn.Softmax(-1))
+
+
+def _hammer(call, inputs, expected, threads=4, calls=40) -> list:
+    """Run `call` on the inputs from several threads; the (thread, call) pairs whose result was wrong."""
+    wrong, errors = [], []
+
+    def work(k):
+        try:
+            for i in range(calls):
+                j = (k + i) % len(inputs)
+                if not np.allclose(call(inputs[j]), expected[j], rtol=1e-4, atol=1e-5):
+                    wrong.append((k, i))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors, errors
+    return wrong
+
+
+def test_inference_from_threads_kernel_by_kernel():
+    """Each thread has its own intermediate buffers (they were shared: 28-80 of 300 calls came out wrong)."""
+    model = _model()
+    compiled = nnc.compile(model, whole_graph=False)
+    inputs = [runtime.randn(64, 32) for _ in range(6)]
+    with runtime.no_grad():
+        expected = [model(x).numpy().copy() for x in inputs]
+
+        def call(x):
+            with runtime.no_grad():
+                return compiled(x).numpy()
+
+        call(inputs[0])
+        assert _hammer(call, inputs, expected) == []
+
+
+def test_training_mode_forwards_from_threads():
+    model = _model()
+    compiled = nnc.compile(model)
+    inputs = [runtime.randn(16, 32) for _ in range(6)]
+    expected = [model(x).detach().numpy().copy() for x in inputs]
+
+    def call(x):
+        out = compiled(x)
+        assert out.requires_grad
+        return out.detach().numpy()
+
+    call(inputs[0])
+    assert _hammer(call, inputs, expected, calls=20) == []
+
+
+def test_each_thread_reuses_only_its_own_dropped_outputs():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    compiled = nnc.compile(model, whole_graph=False)
+    x = runtime.randn(4, 8)
+    with runtime.no_grad():
+        kept = compiled(x)
+    seen = []
+
+    def work():
+        with runtime.no_grad():
+            seen.append(compiled(x).numpy().__array_interface__["data"][0])
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen[0] != kept.numpy().__array_interface__["data"][0]  # the main thread still holds its output
+
+
+def test_workqueue_threading_layer_does_not_abort_under_threads():
+    """numba's workqueue layer (its fallback without TBB or OpenMP) aborts when two threads enter parallel
+    regions at once; compiled kernels then take turns. Forced here with NUMBA_THREADING_LAYER."""
+    script = textwrap.dedent("""
+        import threading
+        import numpy as np
+        import nnc, runtime
+        from runtime import nn
+        from nnc.executor import threading_layer_is_threadsafe
+
+        class Chain(nn.Module):
+            def forward(self, x):
+                return (x.tanh() * 2 + 1).sigmoid().sum(-1)
+
+        compiled = nnc.compile(Chain(), whole_graph=False)
+        x = runtime.randn(1024, 1024)
+        with runtime.no_grad():
+            want = Chain()(x).numpy().copy()
+            compiled(x)
+        (artifact,) = compiled._cache.values()
+        assert any(getattr(s, "compiled", None) is not None and s.compiled.parallel
+                   for s in artifact.forward_plan.steps)  # a parallel region, which workqueue cannot share
+        assert not threading_layer_is_threadsafe()
+        wrong = []
+        def work():
+            for _ in range(30):
+                with runtime.no_grad():
+                    if not np.allclose(compiled(x).numpy(), want, rtol=1e-4, atol=1e-3):
+                        wrong.append(1)
+        pool = [threading.Thread(target=work) for _ in range(6)]
+        [t.start() for t in pool]
+        [t.join() for t in pool]
+        import numba
+        print(numba.threading_layer(), len(wrong))
+    """)
+    env = dict(os.environ, NUMBA_THREADING_LAYER="workqueue", NUMBA_NUM_THREADS="2")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=ROOT,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["workqueue", "0"]
