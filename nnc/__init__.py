@@ -11,5 +11,5 @@ from .explain import explain  # noqa: E402,F401  (shadows the builtin inside thi
 
 trace = symbolic_trace
 
-__all__ = ["compile", "explain", "Graph", "GraphError", "GraphModule", "Interpreter", "Node", "Proxy", "TraceError", "Tracer", "prims",
-           "symbolic_trace", "trace"]
+__all__ = ["compile", "explain", "Graph", "GraphError", "GraphModule", "Interpreter", "Node", "Proxy", "TraceError",
+           "Tracer", "prims", "symbolic_trace", "trace"]

@@ -15,8 +15,8 @@ PROG = "nnc"
 FORMATS = ("text", "table", "python", "dot", "json")
 # NOTE: the compiler's stages (nnc.pipeline.STAGE_NAMES, kept here so --help needs no compiler import; a test holds
 # them equal), then the inference view; the old stage names stay as aliases so existing commands keep working.
-STAGES = ("trace", "shapes", "decompose", "functionalize", "simplify", "split", "autodiff", "simplify_backward", "fuse", "memory",
-          "codegen", "inference")
+STAGES = ("trace", "shapes", "decompose", "functionalize", "simplify", "split", "autodiff", "simplify_backward",
+          "fuse", "memory", "codegen", "inference")
 STAGE_ALIASES = {"traced": "trace", "decomposed": "simplify", "backward": "simplify_backward", "fused": "fuse",
                  "kernels": "codegen"}
 GRAPH_STAGES = STAGES[:STAGES.index("fuse")]

@@ -86,7 +86,8 @@ def trace_for_compile(module: Module, concrete: dict, examples: dict, max_breaks
     while True:
         tracer = Tracer(leaf_paths=[b.path for b in breaks])
         try:
-            return symbolic_trace(module, concrete_args=concrete or None, tracer=tracer, example_inputs=examples), breaks
+            traced = symbolic_trace(module, concrete_args=concrete or None, tracer=tracer, example_inputs=examples)
+            return traced, breaks
         except TraceError as error:
             path = getattr(error, "module_path", "")
             if not path or len(breaks) >= max_breaks:
