@@ -6,6 +6,7 @@ import difflib
 import importlib.machinery
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -22,6 +23,7 @@ STAGE_ALIASES = {"traced": "trace", "decomposed": "simplify", "backward": "simpl
 GRAPH_STAGES = STAGES[:STAGES.index("fuse")]
 DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
 SEED = 0
+MAX_INPUT_BYTES = 4 * 2**30  # example inputs are for shapes: a bigger one is a typo, not a model
 
 INPUT_GRAMMAR = ("an input spec is DTYPE[DIMS]: DTYPE is one of " + ", ".join(DTYPES)
                  + "; DIMS is a comma-separated list of non-negative integers, empty for a scalar "
@@ -152,7 +154,7 @@ def parse_input_spec(spec: str) -> tuple[str, tuple[int, ...]]:
     if dims_text:
         for part in dims_text.split(","):
             part = part.strip()
-            if not part.isdigit():
+            if not re.fullmatch(r"[0-9]+", part):  # NOTE: str.isdigit also accepts '²', which int() refuses
                 raise CliError(f"bad --input {spec!r}: dimension {part!r} is not a non-negative integer; "
                                f"{INPUT_GRAMMAR}.")
             dims.append(int(part))
@@ -172,10 +174,17 @@ def make_inputs(specs: list[tuple[str, tuple[int, ...]]], seed: int = SEED) -> l
     tensors = []
     for dtype_name, dims in specs:
         dtype = getattr(runtime, dtype_name)
-        if dtype_name.startswith("float"):
-            tensors.append(runtime.randn(*dims, generator=generator, dtype=dtype))
-        else:
-            tensors.append(runtime.zeros(*dims, dtype=dtype))
+        nbytes = math.prod(dims) * dtype.itemsize
+        if nbytes > MAX_INPUT_BYTES:
+            raise CliError(f"--input {format_spec(dtype_name, dims)} would take {nbytes / 2**30:.3g} GiB; example "
+                           f"inputs are limited to {MAX_INPUT_BYTES // 2**30} GiB (shapes are what matter here).")
+        try:
+            if dtype_name.startswith("float"):
+                tensors.append(runtime.randn(*dims, generator=generator, dtype=dtype))
+            else:
+                tensors.append(runtime.zeros(*dims, dtype=dtype))
+        except MemoryError as exc:
+            raise CliError(f"not enough memory for --input {format_spec(dtype_name, dims)}.", exc) from exc
     return tensors
 
 
@@ -212,7 +221,10 @@ def load_file(path: str):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's file failed at import (SystemExit too)
+    except KeyboardInterrupt:
+        sys.modules.pop(name, None)
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the user's file failed at import (SystemExit and the like too)
         sys.modules.pop(name, None)
         raise CliError(f"could not load {_rel(path)}: {_describe(exc)}{_user_location(exc, path)}.", exc) from exc
     finally:

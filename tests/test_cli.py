@@ -413,3 +413,23 @@ def test_readme_dump_example_is_current(capsys):
     args = [os.path.join(ROOT, a) if a.startswith("examples/") else a.strip("'") for a in args]
     assert dump(*args) == 0
     assert capsys.readouterr().out.rstrip("\n") == shown.rstrip("\n")
+
+
+# -- user mistakes that once read as internal errors ---------------------------------------------------------------
+
+
+def test_a_digit_python_accepts_but_int_does_not_is_a_bad_dimension(capsys):
+    err = _error(capsys, f"{MODELS}:mlp", "--input", "float32[8,\u00b2]")
+    assert "dimension '\u00b2' is not a non-negative integer" in err and "internal error" not in err
+
+
+def test_an_absurd_input_size_is_refused_before_allocating(capsys):
+    err = _error(capsys, f"{MODELS}:mlp", "--input", "float32[99999999999999,4]")
+    assert "would take" in err and "GiB" in err and "internal error" not in err
+
+
+def test_a_file_raising_a_base_exception_at_import_is_one_error_line(capsys, tmp_path):
+    path = tmp_path / "boom.py"
+    path.write_text("class Boom(BaseException):\n    pass\n\nraise Boom('at import')\n")
+    err = _error(capsys, f"{path}:net")
+    assert "could not load" in err and "Boom: at import" in err and "boom.py:4" in err
