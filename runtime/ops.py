@@ -597,7 +597,10 @@ def _np_expand(x, shape):
 
 
 def _np_getitem(x, *index_arrays, key):
-    return x[decode_key(key, index_arrays)]
+    index = decode_key(key, index_arrays)
+    out = x[index]
+    # NOTE: an integer for every dim gives a numpy scalar (a copy) where torch gives a 0-d view; `...` keeps a view
+    return out if type(out) is np.ndarray else x[index + (Ellipsis,)]
 
 
 def _np_index_put(x, values, *index_arrays, key, accumulate):
