@@ -11,7 +11,7 @@ from . import dtypes as dt
 from . import ops
 from ._tensor_str import format_tensor
 from .autograd import grad_mode
-from .autograd.graph import OpNode, accumulator_for
+from .autograd.graph import CopySlices, OpNode, _retains_grad, accumulator_for, edge_of
 from .device import CPU, check_device
 from .ops import OPS
 
@@ -42,7 +42,10 @@ class Tensor:
     _grad_fn = None
     _out_nr = 0
     _grad = None
-    _base = None
+    _base = None  # a view's base: the tensor whose memory it shares, never itself a view
+    _view_fn = None  # a view's steps from its base, ((op, extra inputs, attrs), ...), to replay it after an in-place op
+    _view_version = 0  # the memory's version when the view's grad_fn was recorded
+    _no_grad_view = False  # made while grad mode was off (or from such a view): torch forbids rebasing it
     _version_counter = None
     _backward_hooks = None
     _acc_ref = None
@@ -75,6 +78,10 @@ class Tensor:
         for x in inputs:
             if isinstance(x, Tensor):
                 arrays.append(x._data)
+                if x._base is not None:  # a view requires grad where its base does (torch's rule)
+                    if _grad_state.enabled:
+                        x._refresh_view()
+                    requires = requires or x._base._rg
                 requires = requires or x._rg
             elif type(x) in _SCALARS or x is None:
                 arrays.append(x)
@@ -97,10 +104,20 @@ class Tensor:
             out = out.astype(out_dtype.np)
         result = object.__new__(Tensor)
         result._data = out
-        if op.is_view and np.may_share_memory(out, arrays[0]):
+        # NOTE: numpy says an empty array shares no memory; torch's empty slice is a view all the same
+        if op.is_view and (np.may_share_memory(out, arrays[0]) or (out.size == 0 and len(inputs) == 1)):
             src = inputs[0]
-            result._version_counter = src._vc()
-            result._base = src._base if src._base is not None else src
+            vc = result._version_counter = src._vc()
+            if op.differentiable:  # detach shares the memory but starts a history of its own: not a view
+                step = ((op, inputs[1:], attrs),)
+                if src._base is None:
+                    result._base, result._view_fn = src, step
+                else:
+                    result._base, result._view_fn = src._base, src._view_fn + step
+                    result._no_grad_view = src._no_grad_view
+                result._view_version = vc[0]
+                if not _grad_state.enabled:
+                    result._no_grad_view = True
         if requires and _grad_state.enabled and out_dtype.is_floating_point and op.differentiable:
             result._grad_fn = OpNode(op, inputs, attrs, out, result._vc(), [_edge(x) for x in inputs])
             result._rg = True
@@ -134,7 +151,8 @@ class Tensor:
 
     @property
     def requires_grad(self) -> bool:
-        return self._rg
+        self._refresh_view()
+        return self._rg or (self._base is not None and self._base._rg)
 
     @requires_grad.setter
     def requires_grad(self, value: bool) -> None:
@@ -163,10 +181,12 @@ class Tensor:
 
     @property
     def grad_fn(self):
+        self._refresh_view()
         return self._grad_fn
 
     @property
     def is_leaf(self) -> bool:
+        self._refresh_view()
         return self._grad_fn is None
 
     @property
@@ -243,7 +263,7 @@ class Tensor:
         return self._data.tolist()
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
-        if self._rg and not force:
+        if self.requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
         return self._data
 
@@ -282,6 +302,7 @@ class Tensor:
         return iter(self.unbind(0))
 
     def __repr__(self) -> str:
+        self._refresh_view()
         d = self.dtype
         suffixes = []
         if self._grad_fn is not None:
@@ -337,6 +358,8 @@ class Tensor:
         return out
 
     def detach_(self) -> "Tensor":
+        if self._base is not None:
+            raise RuntimeError("Can't detach views in-place. Use detach() instead.")
         self._grad_fn, self._rg, self._out_nr = None, False, 0
         return self
 
@@ -360,8 +383,35 @@ class Tensor:
             return self
         if copy:
             return api.clone(self)
-        self._base, self._version_counter = None, None
+        self._base = self._view_fn = self._version_counter = None
         return self
+
+    def _refresh_view(self) -> None:
+        """A view whose memory was modified in place since its grad_fn was recorded gets a new one, replayed from
+        its base's current history (torch's view replay), so its gradient flows through what the base became."""
+        base = self._base
+        if base is None or self._view_version == self._version_counter[0]:
+            return
+        if self._grad_fn is None and not base._rg:
+            return  # no history to replay (torch checks again at the next read, as here)
+        if self._no_grad_view:
+            raise RuntimeError("A view was created in no_grad mode and its base or another view of its base has been "
+                               "modified inplace with grad mode enabled. Given that this use case is ambiguous and "
+                               "error-prone, it is forbidden. You can clarify your code by moving both the view and "
+                               "the inplace either both inside the no_grad block (if you don't want the inplace to be "
+                               "tracked) or both outside (if you want the inplace to be tracked).")
+        retained = _retains_grad(self)
+        enabled, _grad_state.enabled = _grad_state.enabled, True
+        try:
+            view = base
+            for op, extra, attrs in self._view_fn:
+                view = Tensor._apply_op(op, (view,) + extra, attrs)
+        finally:
+            _grad_state.enabled = enabled
+        self._grad_fn, self._out_nr, self._rg = view._grad_fn, 0, view._rg
+        self._view_version = self._version_counter[0]
+        if retained:
+            self.retain_grad()
 
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False) -> "Tensor":
         from .factories import tensor
@@ -388,6 +438,7 @@ class Tensor:
         return self
 
     def retain_grad(self) -> None:
+        self._refresh_view()
         if not self._rg:
             raise RuntimeError("can't retain_grad on Tensor that has requires_grad=False")
         node = self._grad_fn
@@ -398,11 +449,12 @@ class Tensor:
 
     @property
     def retains_grad(self) -> bool:
-        node = self._grad_fn
-        return bool(node is not None and node.retained and self._out_nr in node.retained)
+        self._refresh_view()
+        return _retains_grad(self)
 
     def register_hook(self, hook):
         """Call hook(grad) when this tensor's gradient is computed; it may return a replacement."""
+        self._refresh_view()
         if not self._rg:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
         if self._grad_fn is not None:
@@ -435,7 +487,8 @@ class Tensor:
         if out_dtype.category > self.dtype.category:
             raise RuntimeError(f"result type {out_dtype.name} can't be cast to the desired output type "
                                f"{self.dtype.name} (in-place {name})")
-        if _grad_state.enabled and (self._rg or any(isinstance(a, Tensor) and a._rg for a in args)):
+        if _grad_state.enabled and (self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad
+                                                              for a in args)):
             return self._inplace_recorded(lambda old: Tensor._apply_op(op, (old,) + args, attrs), 0 in op.saves)
         if isinstance(op.forward, np.ufunc) and all(not isinstance(a, Tensor) or a.dtype.category <= self.dtype.category
                                                     for a in args):
@@ -449,7 +502,9 @@ class Tensor:
         return self
 
     def _inplace_recorded(self, compute, copy_old: bool) -> "Tensor":
-        """Rebase self onto the node that `compute(old_self)` records, then write the result in place."""
+        """Rebase self onto the node that `compute(old_self)` records, then write the result in place. On a view,
+        the base's history is rebased instead (CopySlices) and the view's replayed from it."""
+        self._refresh_view()
         self._check_inplace_allowed()
         old = Tensor._from_array(self._data.copy() if copy_old else self._data)
         old._rg, old._grad_fn, old._out_nr = self._rg, self._grad_fn, self._out_nr
@@ -459,27 +514,39 @@ class Tensor:
         except ValueError:
             raise RuntimeError(f"in-place result of shape {list(result.shape)} does not fit a tensor of shape "
                                f"{list(self.shape)}") from None
-        retained = self.retains_grad
-        node = self._grad_fn = result._grad_fn
-        self._out_nr, self._rg = 0, result._rg
-        if retained:
-            self.retain_grad()
+        node, base = result._grad_fn, self._base
+        if base is not None and node is not None:
+            old_index = next(k for k, x in enumerate(node.inputs) if x is old)
+            retained = base.retains_grad
+            base._grad_fn = CopySlices(edge_of(base), self._view_fn, node, old_index)
+            base._out_nr, base._rg = 0, True
+            if retained:
+                base.retain_grad()
+        else:
+            retained = self.retains_grad
+            self._grad_fn, self._out_nr, self._rg = node, 0, result._rg
+            if retained:
+                self.retain_grad()
         self._bump_version()
         if isinstance(node, OpNode) and node.out_data is result._data:
             # the output the node saved is self now: a later in-place op on self fails the backward, as in torch
             node.out_data, node.out_version, node.out_version_seen = self._data, self._vc(), self._vc()[0]
+        self._refresh_view()
         return self
 
     def _check_inplace_allowed(self) -> None:
         if self._rg and self._grad_fn is None:
             raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
         base = self._base
-        if base is not None:
-            if base._rg and base._grad_fn is None:
-                raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place "
-                                   "operation.")
-            raise RuntimeError("in-place modification of a view is not supported while recording gradients; "
-                               "write into the base tensor with indexing (x[idx] = value) or use an out-of-place op")
+        if base is not None and self._no_grad_view:
+            raise RuntimeError("A view was created in no_grad mode and is being modified inplace with grad mode "
+                               "enabled. Given that this use case is ambiguous and error-prone, it is forbidden. You "
+                               "can clarify your code by moving both the view and the inplace either both inside the "
+                               "no_grad block (if you don't want the inplace to be tracked) or both outside (if you "
+                               "want the inplace to be tracked).")
+        if base is not None and base._rg and base._grad_fn is None:
+            raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place "
+                               "operation.")
 
     def add_(self, other, *, alpha=1):
         return self._inplace("add", other if alpha == 1 else other * alpha)
@@ -531,7 +598,9 @@ class Tensor:
         return self._inplace("add", (end - self) * weight)
 
     def masked_fill_(self, mask, value):
-        if _grad_state.enabled and (self._rg or (isinstance(value, Tensor) and value._rg)):
+        if _grad_state.enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
+            if isinstance(value, Tensor) and value.dtype is not self.dtype:
+                value = value.to(self.dtype)  # so that the op recorded reads self directly (CopySlices needs that)
             return self._inplace_recorded(lambda old: api.masked_fill(old, mask, value), False)
         np.copyto(self._data, value._data if isinstance(value, Tensor) else value,
                   where=np.broadcast_to(mask._data, self._data.shape), casting="unsafe")
@@ -566,7 +635,7 @@ class Tensor:
         return self._fill_random(rng(generator).normal(mean, std, self._data.shape))
 
     def _fill_random(self, values: np.ndarray):
-        if _grad_state.enabled and self._rg:
+        if _grad_state.enabled and self.requires_grad:
             self._check_inplace_allowed()
         self._data[...] = values
         self._bump_version()
@@ -574,7 +643,7 @@ class Tensor:
 
     def __setitem__(self, key, value) -> None:
         encoded, index_tensors = api.encode_index(self, key)
-        recording = _grad_state.enabled and (self._rg or (isinstance(value, Tensor) and value._rg))
+        recording = _grad_state.enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad))
         if recording:
             attrs = {"key": encoded, "accumulate": False}
             self._inplace_recorded(lambda old: Tensor._apply_op(OPS["index_put"], (old, value, *index_tensors), attrs),
@@ -600,8 +669,8 @@ class Tensor:
         return self.div_(other)
 
 
-_INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_version_counter",
-                   "_backward_hooks", "_acc_ref"}
+_INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_view_fn", "_view_version",
+                   "_no_grad_view", "_version_counter", "_backward_hooks", "_acc_ref"}
 
 
 def _rebuild_tensor(cls, data, requires_grad):
@@ -610,7 +679,7 @@ def _rebuild_tensor(cls, data, requires_grad):
     return t
 
 
-def _edge(x):
+def _edge(x):  # NOTE: _apply_op has refreshed a view's grad_fn before
     if isinstance(x, Tensor):
         if x._grad_fn is not None:
             return (x._grad_fn, x._out_nr)

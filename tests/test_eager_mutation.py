@@ -259,6 +259,8 @@ NEEDED = {  # torch raises in the backward: a tensor its formula reads was modif
     "clamp_then_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=e["a"].clamp(0, 2)),
                                        lambda e: e["a"].add_(1), lambda e: e["y"]),
     "mul_self_inplace": _then(lambda e: e.update(y=e["x"] * 1), lambda e: e["y"].mul_(e["y"])),
+    "view_of_saved_input_modified": _then(lambda e: e.update(a=e["x"] * 1), lambda e: e.update(y=e["a"] * e["a"]),
+                                          lambda e: e["a"][1:].add_(1), lambda e: e["y"]),
     "mul_inplace_then_other_modified": _then(lambda e: e.update(y=e["x"] * 1, w=e["x"] * 2),
                                              lambda e: e["y"].mul_(e["w"]), lambda e: e["w"].add_(1),
                                              lambda e: e["y"]),
@@ -274,6 +276,168 @@ def test_inplace_after_save_does_not_raise_where_torch_does_not(torch, name, dty
 @pytest.mark.parametrize("name", sorted(NEEDED))
 def test_inplace_after_save_raises_where_torch_does(torch, name):
     check(torch, NEEDED[name], V4, raises="backward")
+
+
+# -- E3: views and in-place ops: a view follows its base's new history, an in-place op on a view rewrites it ---------
+
+VIEWS = {  # a view of y, a [3, 4] non-leaf
+    "slice": lambda y: y[1:],
+    "slice_columns_step": lambda y: y[:, ::2],
+    "select": lambda y: y[1],
+    "element": lambda y: y[2, 3],
+    "reshape": lambda y: y.reshape(4, 3),
+    "view_flat": lambda y: y.view(-1),
+    "transpose": lambda y: y.t(),
+    "permute_unsqueeze": lambda y: y.unsqueeze(0).permute(2, 0, 1),
+    "view_of_view": lambda y: y[1:].t()[1:3],
+    "narrow": lambda y: y.narrow(1, 1, 2),
+}
+
+INPLACE = {  # an in-place op on a tensor t, with w (a [3, 4] non-leaf) available
+    "mul_": lambda t, w: t.mul_(2.0),
+    "add_tensor": lambda t, w: t.add_(w.reshape(-1)[:t.numel()].reshape(t.shape)),
+    "mul_tensor": lambda t, w: t.mul_(w.reshape(-1)[:t.numel()].reshape(t.shape)),
+    "exp_": lambda t, w: t.exp_(),
+    "zero_": lambda t, w: t.zero_(),
+    "copy_": lambda t, w: t.copy_(w.reshape(-1)[:t.numel()].reshape(t.shape) * 3),
+    "fill_": lambda t, w: t.fill_(0.5),
+    "masked_fill_": lambda t, w: t.masked_fill_(t > 0, -1.0),
+    "clamp_": lambda t, w: t.clamp_(-0.5, 0.5),
+    "setitem": lambda t, w: t.__setitem__(..., w.reshape(-1)[0]),
+}
+
+
+@pytest.mark.parametrize("inplace", sorted(INPLACE))
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_view_taken_before_an_inplace_op_on_its_base(torch, view, inplace):
+    def program(lib, x, w):
+        y = x * 1
+        v = VIEWS[view](y)
+        INPLACE[inplace](y, w * 1)
+        return v, y
+
+    check(torch, program, M34, M34[::-1] + 0.5)
+
+
+@pytest.mark.parametrize("inplace", sorted(INPLACE))
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_inplace_op_on_a_view_rewrites_its_base(torch, view, inplace):
+    def program(lib, x, w):
+        y = x * 1
+        other = y[:2]  # a second view, taken before: it follows too
+        v = VIEWS[view](y)
+        INPLACE[inplace](v, w * 1)
+        return y, v, other
+
+    check(torch, program, M34, M34[::-1] + 0.5)
+
+
+E3_PROGRAMS = {
+    "view_then_base_mul": lambda lib, x, w: (lambda y: (y[1:], y.mul_(2))[0])(x * 1),
+    "view_of_constant_base_gets_grad": lambda lib, x, w: _constant_base(lib, x),
+    "base_of_constant_gets_grad_through_view": lambda lib, x, w: _constant_base(lib, x, return_base=True),
+    "two_inplace_ops_on_two_views": lambda lib, x, w: _two_views(x, w),
+    "inplace_on_view_then_view_reads_base": lambda lib, x, w: _view_after(x, w),
+    "retain_grad_on_view_then_base_modified": lambda lib, x, w: _retained(x),
+    "view_used_after_inplace_on_view": lambda lib, x, w: (lambda y: (y.t()[0].mul_(w[0, :3]), y.t() * 2)[1])(x * 1),
+    "expand_then_inplace_on_base": lambda lib, x, w: (lambda y: (y[0].expand(2, 4), y.add_(w))[0])(x * 1),
+    "inplace_on_expanded_view_raises": lambda lib, x, w: (x * 1)[:1].expand(3, 4).add_(1),
+    "inplace_on_view_of_leaf_raises": lambda lib, x, w: x[1:].mul_(2),
+    "detached_view_is_not_rebased": lambda lib, x, w: (lambda y: (y.detach()[1:], y.mul_(w))[0])(x * 1),
+    "saved_output_modified_through_a_view": lambda lib, x, w: (lambda r: (r[0].add_(1), r)[1])((x * 1).exp()),
+    "unsaved_input_modified_through_a_view": lambda lib, x, w: (lambda y: (y.exp(), y[0].add_(1))[0])(x * 1),
+    "cast_then_view_modified": lambda lib, x, w: (lambda y: (y, y[1:].mul_(w[1:].float()))[0])(x.float() * 1),
+}
+
+
+def _constant_base(lib, x, return_base=False):
+    base = lib.zeros(3, 4, dtype=x.dtype)
+    v = base[1:]
+    before = base[:, 1]
+    v.add_(x[1:] * 2)
+    return (base, before) if return_base else (v, before)
+
+
+def _two_views(x, w):
+    y = x * 1
+    a, b = y[0], y[:, 1]
+    a.mul_(w[0])
+    b.add_(w[:, 2])
+    return y, a, b
+
+
+def _view_after(x, w):
+    y = x * 1
+    y[1:].mul_(w[1:])
+    return y[:2] * y[2]
+
+
+def _retained(x):
+    y = x * 1
+    v = y[1:]
+    v.retain_grad()
+    y.mul_(3)
+    return (v * v).sum()
+
+
+@pytest.mark.parametrize("name", sorted(E3_PROGRAMS))
+def test_views_and_inplace_ops(torch, name):
+    raises = "forward" if name.endswith("_raises") else "backward" if name.startswith("saved") else None
+    check(torch, E3_PROGRAMS[name], M34, M34[::-1] + 0.5, raises=raises)
+
+
+def test_retained_view_grad_follows_the_rebase(torch):
+    grads = {}
+    for lib in (runtime, torch):
+        x = lib.tensor(M34, requires_grad=True)
+        y = x * 1
+        v = y[1:]
+        v.retain_grad()
+        y.mul_(3)
+        (v * v).sum().backward()
+        grads[lib.__name__] = v.grad.numpy()
+    np.testing.assert_allclose(grads["runtime"], grads["torch"])
+
+
+def test_double_backward_through_an_inplace_op_on_a_view(torch):
+    results = {}
+    for lib in (runtime, torch):
+        x = lib.tensor(M34, requires_grad=True)
+        y = x * 1
+        y[1:].mul_(x[1:])
+        y.t()[0].pow_(2)
+        (g,) = lib.autograd.grad((y * y).sum(), x, create_graph=True)
+        (gg,) = lib.autograd.grad((g * g).sum(), x)
+        results[lib.__name__] = (g.detach().numpy(), gg.numpy())
+    for got, want in zip(results["runtime"], results["torch"]):
+        np.testing.assert_allclose(got, want, rtol=1e-9)
+
+
+@pytest.mark.parametrize("case", ["inplace_on_view", "base_modified"])
+def test_views_made_under_no_grad_may_not_be_rebased(torch, case):
+    def program(lib, x, w):
+        y = x * 1
+        with lib.no_grad():
+            v = y[1:]
+        if case == "inplace_on_view":
+            v.mul_(w[1:])
+        else:
+            y.mul_(2)
+        return v * 2
+
+    got = check(torch, program, M34, M34, raises="forward")
+    assert "no_grad mode" in got.error
+
+
+def test_views_track_their_base_as_torch_does(torch):
+    for lib in (runtime, torch):
+        x = lib.tensor(M34, requires_grad=True)
+        y = x * 1
+        v = y[1:].t()
+        assert v._base is y and v.t()._base is y
+        assert y.detach()._base is None and y.detach()[1:]._base is not y
+        with pytest.raises(RuntimeError, match="Can't detach views in-place"):
+            v.detach_()
 
 
 # -- what is a view: an element, views that change nothing, copies of expanded tensors -----------------------------

@@ -187,6 +187,44 @@ def fit_gradient(g, x):
     return g
 
 
+class CopySlices(Node):
+    """A base's history after an in-place op on a view of it (torch's CopySlices). The base's gradient passes to
+    its previous history, except in the view's region, which the in-place op overwrote: there it passes through
+    that op's node `fn` to the view's old value (fn's input `old_index`); fn's other inputs get theirs."""
+
+    def __init__(self, base_edge, view_fn, fn, old_index: int):
+        others = [e for k, e in enumerate(fn.next_edges) if k != old_index]
+        super().__init__([base_edge] + others)
+        self.view_fn, self.fn, self.old_index = view_fn, fn, old_index
+
+    def apply(self, grads):
+        g = grads[0]
+        views = [g]  # the view's steps replayed on the gradient: views[-1] is the gradient of the view's region
+        for op, extra, attrs in self.view_fn:
+            views.append(_tensor_mod.Tensor._apply_op(op, (views[-1],) + extra, attrs))
+        fn_grads = self.fn.apply([views[-1]])
+        with grad_mode.no_grad():
+            region = self._spread(views[-1].new_ones(views[-1].shape), views) != 0
+        old = fn_grads[self.old_index]
+        base_grad = g.where(~region, 0.0) if old is None else self._spread(old, views).where(region, g)
+        return [base_grad] + [gi for k, gi in enumerate(fn_grads) if k != self.old_index]
+
+    def _spread(self, t, views):
+        """t, shaped like the view, placed where the view lies in its base: the view steps' own rules in reverse."""
+        for k in range(len(self.view_fn) - 1, -1, -1):
+            op, extra, attrs = self.view_fn[k]
+            t = op.vjp_rule(0)(t, views[k + 1], views[k], *extra, **attrs)
+        return t
+
+    def release(self) -> None:
+        self.fn.release()
+
+
+def _retains_grad(tensor) -> bool:
+    node = tensor._grad_fn
+    return bool(node is not None and node.retained and tensor._out_nr in node.retained)
+
+
 class AccumulateGrad(Node):
     """The sink for a leaf tensor: runs the leaf's hooks, then adds the gradient into `.grad`."""
 
@@ -236,6 +274,7 @@ def _owned_detached(g, stealable: bool):
 
 def edge_of(tensor):
     """The backward edge a tensor feeds: its grad_fn, or its leaf accumulator."""
+    tensor._refresh_view()
     if tensor._grad_fn is not None:
         return (tensor._grad_fn, tensor._out_nr)
     if tensor._rg:
