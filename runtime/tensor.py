@@ -487,6 +487,9 @@ class Tensor:
         if out_dtype.category > self.dtype.category:
             raise RuntimeError(f"result type {out_dtype.name} can't be cast to the desired output type "
                                f"{self.dtype.name} (in-place {name})")
+        self._check_writeable()
+        for a in args:
+            _check_no_partial_overlap(self._data, a)
         if _grad_state.enabled and (self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad
                                                               for a in args)):
             return self._inplace_recorded(lambda old: Tensor._apply_op(op, (old,) + args, attrs), 0 in op.saves)
@@ -548,10 +551,17 @@ class Tensor:
             raise RuntimeError("a view of a leaf Variable that requires grad is being used in an in-place "
                                "operation.")
 
+    def _check_writeable(self) -> None:
+        if not self._data.flags.writeable:
+            raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                               "single memory location. Please clone() the tensor before performing the operation.")
+
     def add_(self, other, *, alpha=1):
+        _check_no_partial_overlap(self._data, other)
         return self._inplace("add", other if alpha == 1 else other * alpha)
 
     def sub_(self, other, *, alpha=1):
+        _check_no_partial_overlap(self._data, other)
         return self._inplace("sub", other if alpha == 1 else other * alpha)
 
     def mul_(self, other):
@@ -598,6 +608,7 @@ class Tensor:
         return self._inplace("add", (end - self) * weight)
 
     def masked_fill_(self, mask, value):
+        self._check_writeable()
         if _grad_state.enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad)):
             if isinstance(value, Tensor) and value.dtype is not self.dtype:
                 value = value.to(self.dtype)  # so that the op recorded reads self directly (CopySlices needs that)
@@ -621,6 +632,7 @@ class Tensor:
         return self
 
     def copy_(self, src, non_blocking=False):
+        _check_no_partial_overlap(self._data, src)  # before src broadcasts, as torch's copy_ checks
         self[...] = src
         return self
 
@@ -635,6 +647,7 @@ class Tensor:
         return self._fill_random(rng(generator).normal(mean, std, self._data.shape))
 
     def _fill_random(self, values: np.ndarray):
+        self._check_writeable()
         if _grad_state.enabled and self.requires_grad:
             self._check_inplace_allowed()
         self._data[...] = values
@@ -643,6 +656,13 @@ class Tensor:
 
     def __setitem__(self, key, value) -> None:
         encoded, index_tensors = api.encode_index(self, key)
+        self._check_writeable()
+        if not index_tensors and isinstance(value, Tensor):  # torch expands the value to the region first
+            region = self._data[ops.decode_key(encoded, [])]
+            if type(region) is np.ndarray and region.shape == value._data.shape:
+                _check_no_partial_overlap(region, value)
+            elif type(region) is np.ndarray and _broadcastable(value._data.shape, region.shape):
+                _check_no_partial_overlap(region, Tensor._from_array(np.broadcast_to(value._data, region.shape)))
         recording = _grad_state.enabled and (self.requires_grad or (isinstance(value, Tensor) and value.requires_grad))
         if recording:
             attrs = {"key": encoded, "accumulate": False}
@@ -671,6 +691,42 @@ class Tensor:
 
 _INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_view_fn", "_view_version",
                    "_no_grad_view", "_version_counter", "_backward_hooks", "_acc_ref"}
+
+
+def _check_no_partial_overlap(out, src) -> None:
+    """torch's check that an in-place op reads the memory it writes only element for element (the same tensor, or
+    memory laid out alike): a partly overlapping source would be read after it is partly written."""
+    if not isinstance(src, Tensor) or type(out) is not np.ndarray:
+        return
+    b = src._data
+    if out.size == 0 or b.size == 0 or not _dense(out) or not _dense(b) or not np.may_share_memory(out, b):
+        return  # as torch, memory with gaps (slices with steps) is not checked
+    a_begin, b_begin = out.__array_interface__["data"][0], b.__array_interface__["data"][0]
+    if a_begin == b_begin and out.nbytes == b.nbytes:
+        # NOTE: torch compares the strides of size-1 dims too, but numpy and torch set those differently
+        if out.shape == b.shape and all(n < 2 or sa == sb for n, sa, sb in zip(out.shape, out.strides, b.strides)):
+            return
+    elif not (a_begin < b_begin + b.nbytes and b_begin < a_begin + out.nbytes):
+        return
+    raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                       "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def _broadcastable(shape, target) -> bool:
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
+
+
+def _dense(a) -> bool:
+    """Elements without gaps or overlaps, in some order of dims (torch's is_non_overlapping_and_dense)."""
+    expected = a.itemsize
+    for stride, n in sorted((s, n) for s, n in zip(a.strides, a.shape) if n > 1):
+        if stride != expected:
+            return False
+        expected *= n
+    return True
 
 
 def _rebuild_tensor(cls, data, requires_grad):
