@@ -493,8 +493,11 @@ class Tensor:
         if _grad_state.enabled and (self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad
                                                               for a in args)):
             return self._inplace_recorded(lambda old: Tensor._apply_op(op, (old,) + args, attrs), 0 in op.saves)
-        if isinstance(op.forward, np.ufunc) and all(not isinstance(a, Tensor) or a.dtype.category <= self.dtype.category
-                                                    for a in args):
+        # NOTE: numpy 2.4's negative computes wrong values in place on strided memory (a column: x[:, 1].neg_()),
+        # so the ufunc writes in place only into contiguous memory
+        contiguous = self._data.flags.c_contiguous or self._data.flags.f_contiguous
+        if contiguous and isinstance(op.forward, np.ufunc) and all(
+                not isinstance(a, Tensor) or a.dtype.category <= self.dtype.category for a in args):
             arrays = [a._data if isinstance(a, Tensor) else a for a in args]
             _wrap_numpy_errors(op, inputs, attrs, lambda: op.forward(self._data, *arrays, out=self._data,
                                                                        casting="unsafe"))

@@ -500,3 +500,16 @@ def test_inplace_on_expanded_memory_raises(torch, write):
 
     got = check(torch, program, M34, raises="forward")
     assert "more than one element of the written-to tensor" in got.error
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("view", ["column", "columns_of_transpose"])
+@pytest.mark.parametrize("dtype,columns", [("float32", 4), ("float64", 8)])
+def test_neg_in_place_on_strided_memory(torch, view, grad, dtype, columns):
+    """numpy 2.4's in-place negative went wrong on a column 16 or 64 bytes apart (float32 [3, 4], float64 [3, 8])."""
+    def program(lib, x):
+        y = x * 1 if grad else x.detach().clone()
+        (y[:, 1] if view == "column" else y.t()[1:3]).neg_()
+        return y
+
+    check(torch, program, np.arange(3.0 * columns).reshape(3, columns) - 4, dtype=dtype)
