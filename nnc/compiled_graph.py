@@ -1,6 +1,8 @@
 """CompiledGraph: one decomposed graph with its backward and plans, run as one autograd node (built by nnc.pipeline)."""
 from __future__ import annotations
 
+import numpy as np
+
 from runtime.autograd import Function, no_grad
 
 from . import pytree
@@ -56,6 +58,7 @@ class CompiledGraph:
             return
         self.backward.gm = cleanup(self.backward.gm)
         self.differentiable_outputs = set(self.backward.grad_outputs)
+        self.gradient_seeds = _seeds_of_gradients(self.backward.gm.graph, len(self.backward.grad_outputs))
         self.training_forward = self._forward_returning_saved(self.backward.saved)
 
     def make_plans(self, codegen: bool, whole_graph: bool | None) -> None:
@@ -139,6 +142,7 @@ class _CompiledFunction(Function):
             written = {id(inputs[k]._vc()) for k in graph.written_inputs}
             saved = [s.clone() if id(s._vc()) in written else s for s in saved]
         ctx.save_for_backward(*saved)
+        ctx.set_materialize_grads(False)  # which outputs got no gradient decides which inputs get None
         flat = pytree.tensor_leaves(user)
         structure.append(user)
         ctx.n_outputs = len(flat)
@@ -154,12 +158,37 @@ class _CompiledFunction(Function):
         backward = graph.backward
         saved = ctx.saved_tensors
         seeds = [_sum_for(n, graph.output_leaves, grads) for n in backward.grad_outputs]
+        given = {j for j, seed in enumerate(seeds) if seed is not None}
+        seeds = [seed if seed is not None else _zeros_like_node(n) for seed, n in zip(seeds, backward.grad_outputs)]
         with no_grad():
             results = graph.backward_plan.run(*saved, *seeds)
-        by_node = dict(zip(backward.wrt, results))
+        # NOTE: as eager's engine, an input no given gradient reaches gets None, not zeros
+        by_node = {n: r if graph.gradient_seeds[j] & given else None for j, (n, r) in enumerate(zip(backward.wrt,
+                                                                                                   results))}
         input_grads = [by_node.get(n) for n in graph.tensor_inputs]
         param_grads = [by_node.get(n) for n in graph.param_nodes]
         return (None, None, None, *input_grads, *param_grads)
+
+
+def _zeros_like_node(node):
+    from runtime.tensor import Tensor
+
+    return Tensor._from_array(np.zeros(node.meta["shape"], dtype=node.meta["dtype"].np))
+
+
+def _seeds_of_gradients(graph, n_seeds: int) -> list[frozenset]:
+    """For each gradient the backward graph returns, which of its seed placeholders (the last n_seeds) it reads."""
+    seeds = graph.placeholders[len(graph.placeholders) - n_seeds:]
+    position = {node: j for j, node in enumerate(seeds)}
+    reads: dict = {}
+    for node in graph.nodes:
+        found = {position[node]} if node in position else set()
+        for arg in node.all_input_nodes:
+            found |= reads.get(arg, set())
+        reads[node] = found
+    outputs = graph.output_node.args[0]
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    return [frozenset(reads.get(out, ())) if isinstance(out, Node) else frozenset() for out in outputs]
 
 
 def _leaves(value) -> list:

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import dtypes as dt
+from . import ops as _ops
 from .ops import apply, is_tensor_like
 from .random import rng
 
@@ -68,12 +69,22 @@ def _resolve_shape(shape: tuple, numel: int) -> tuple:
     return shape
 
 
+def _is_eager(t) -> bool:
+    """An eager tensor, as opposed to a tracer's proxy (which has no memory to alias or own)."""
+    return isinstance(t, _ops._default_handler)
+
+
 def _own(t, copy=False):
     """t as a tensor of its own where torch returns a new tensor but the composition here ends in a view: of a
     temporary no one else reads (forgotten: no base, its own version counter) or, with copy, maybe of the input
-    (copied). Graph proxies have no views and pass through."""
-    own = getattr(type(t), "_own", None)
-    return own(t, copy) if own is not None else t
+    (copied). Graph proxies pass through."""
+    return t._own(copy) if _is_eager(t) else t
+
+
+def _alias(t):
+    """A view of all of t, as torch's view ops return even when they change nothing (squeeze of no size-1 dim,
+    expand to the same size, t() of a vector). Graph proxies get t itself: a graph needs no no-op node."""
+    return apply("reshape", t, shape=tuple(t.shape)) if _is_eager(t) else t
 
 
 def _numel(x) -> int:
@@ -524,7 +535,7 @@ def squeeze(input, dim=None):
     shape = tuple(input.shape)
     dims = wrap_dims(dim, input.ndim)
     keep = tuple(s for i, s in enumerate(shape) if not (i in dims and s == 1))
-    return input if keep == shape else apply("reshape", input, shape=keep)
+    return _alias(input) if keep == shape else apply("reshape", input, shape=keep)
 
 
 def unsqueeze(input, dim):
@@ -551,7 +562,7 @@ swapaxes = transpose
 def t(input):
     if input.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {input.ndim}D")
-    return input if input.ndim < 2 else transpose(input, 0, 1)
+    return _alias(input) if input.ndim < 2 else transpose(input, 0, 1)
 
 
 def expand(input, *sizes):
@@ -562,7 +573,7 @@ def expand(input, *sizes):
         raise RuntimeError(f"expand: the number of sizes provided ({len(sizes)}) must be greater or equal to the "
                            f"number of dimensions in the tensor ({len(shape)})")
     target = tuple(shape[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(sizes))
-    return input if target == shape else apply("expand", input, shape=target)
+    return _alias(input) if target == shape else apply("expand", input, shape=target)
 
 
 def expand_as(input, other):

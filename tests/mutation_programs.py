@@ -25,10 +25,11 @@ VIEWS = ("rows", "cols", "select", "reshape", "transpose", "unsqueeze", "detach"
 
 
 def random_program(rng: np.random.Generator, length: int | None = None) -> list:
-    """Steps over a growing list of values; value 0 is the input x ([B, WIDTH]), steps refer to earlier values."""
+    """Steps over a growing list of values; value 0 is the input x ([B, WIDTH]), steps refer to earlier values.
+    Value shapes are tracked as labels ("full", "full.rows", ...) so binary ops pair equal shapes."""
     steps, shapes = [], ["full"]
     for _ in range(length or int(rng.integers(2, 9))):
-        kind = rng.choice(["linear", "unary", "binary", "view", "inplace", "inplace", "inplace", "cast"])
+        kind = rng.choice(["linear", "unary", "binary", "view", "inplace", "inplace", "inplace", "cast", "index"])
         i = int(rng.integers(len(shapes)))
         if kind == "linear":
             full = [k for k, s in enumerate(shapes) if s == "full"]
@@ -48,6 +49,14 @@ def random_program(rng: np.random.Generator, length: int | None = None) -> list:
         elif kind == "cast":
             steps.append(("cast", i))
             shapes.append(shapes[i])
+        elif kind == "index":  # integer-tensor indexing and an embedding of w's rows: gathers with scatter backwards
+            full = [k for k, s in enumerate(shapes) if s == "full"]
+            if rng.integers(2):
+                steps.append(("index", int(rng.choice(full))))
+                shapes.append("full.index")
+            else:
+                steps.append(("embedding", 0))
+                shapes.append("embedding")
         else:
             steps.append(_inplace_step(rng, i, shapes))
     outputs = sorted({int(k) for k in rng.choice(len(shapes), size=min(3, len(shapes)), replace=False)})
@@ -102,6 +111,10 @@ def _run(step, values, w, b, lib, functional):
         return _view(v, step[2])
     if kind == "cast":
         return (v * 4).long().to(v.dtype) * 0.25 + v.detach() * 0.0
+    if kind == "index":
+        return v[..., lib.tensor([1, 4, 4, 0])]
+    if kind == "embedding":
+        return functional.embedding(lib.tensor([[0, 5], [2, 2]]), w)
     if kind == "inplace_functional":
         return _functional_inplace(v, step[2], functional)
     return _inplace(v, step[2], values[step[3]] if len(step) > 3 and isinstance(step[3], int) else

@@ -454,6 +454,29 @@ def test_an_element_is_a_0d_view(torch):
     assert got.flags[0][2]
 
 
+NO_OP_VIEWS = {
+    "squeeze_nothing": lambda y: y.squeeze(0),
+    "expand_same": lambda y: y.expand(3, 4),
+    "t_vector": lambda y: y[0].t(),
+    "reshape_same": lambda y: y.reshape(3, 4),
+    "element": lambda y: y[1, 2],
+    "empty_slice": lambda y: y[3:],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_OP_VIEWS))
+def test_views_that_change_nothing_are_views(torch, name):
+    def program(lib, x):
+        y = x * 1
+        v = NO_OP_VIEWS[name](y)
+        assert v is not y
+        v.mul_(2)  # writes through to y, and rebases y's history
+        return v, y
+
+    got = check(torch, program, M34)
+    assert got.flags[0][2]
+
+
 # -- in-place ops that read memory they write, or write memory shared by several elements ---------------------------
 
 OVERLAPS = {  # in-place ops whose source overlaps what they write: torch raises where the overlap is partial

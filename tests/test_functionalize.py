@@ -347,6 +347,29 @@ def test_fallbacks_in_random_programs_only_refuse_what_eager_must_run():
 
 def test_case_generator_covers_the_mutation_mix():
     kinds = {step[0] for seed in range(200) for step in random_case(seed).steps}
-    assert {"inplace", "inplace_functional", "view", "cast", "linear"} <= kinds
+    assert {"inplace", "inplace_functional", "view", "cast", "linear", "index", "embedding"} <= kinds
     case = random_case(3)
     assert isinstance(case, Case) and case.batch in (0, 1, 3)
+
+
+def test_an_input_no_gradient_reaches_gets_none_as_in_eager():
+    """The compiled backward returned zeros for an input whose outputs the loss never read; eager's engine never
+    reaches it, so its .grad stays None."""
+
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x, y):
+            return x.tanh(), self.lin(y)
+
+    grads = []
+    for model in (TwoHeads(), nnc.compile(TwoHeads())):
+        x, y = runtime.randn(2, 4, requires_grad=True), runtime.randn(2, 4, requires_grad=True)
+        _, out = model(x, y)
+        out.sum().backward()
+        grads.append((x.grad, y.grad))
+    (eager_x, eager_y), (compiled_x, compiled_y) = grads
+    assert eager_x is None and compiled_x is None
+    np.testing.assert_allclose(compiled_y.numpy(), eager_y.numpy(), rtol=1e-6)
