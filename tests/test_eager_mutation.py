@@ -477,6 +477,15 @@ def test_views_that_change_nothing_are_views(torch, name):
     assert got.flags[0][2]
 
 
+def test_cast_of_an_expanded_tensor_is_contiguous(torch):
+    def program(lib, x):
+        c = (x * 1)[0].expand(2, 4).to(lib.float32)
+        return c, c.reshape(-1)  # a view of the contiguous copy, as in torch
+
+    got = check(torch, program, M34)
+    assert got.flags[1][2]
+
+
 # -- in-place ops that read memory they write, or write memory shared by several elements ---------------------------
 
 OVERLAPS = {  # in-place ops whose source overlaps what they write: torch raises where the overlap is partial
