@@ -779,7 +779,7 @@ def _op_error(op, inputs, attrs, error: Exception) -> Exception:
     except Exception:
         pass
     message = str(error).replace("axis", "dimension")
-    kind = IndexError if isinstance(error, IndexError) else (TypeError if isinstance(error, TypeError) else RuntimeError)
+    kind = next((k for k in (IndexError, TypeError) if isinstance(error, k)), RuntimeError)
     return kind(f"{op.name}: {message} (inputs: {_describe(inputs)})")
 
 
