@@ -545,3 +545,319 @@ def test_neg_in_place_on_strided_memory(torch, view, grad, dtype, columns):
         return y
 
     check(torch, program, np.arange(3.0 * columns).reshape(3, columns) - 4, dtype=dtype)
+
+
+# -- random programs: in-place ops, views, detach and casts, run in runtime and in torch -----------------------------
+
+SCALARS = (0.5, -1.5, 2.0, 3.0)
+UNARY_OPS = ("tanh", "sigmoid", "neg", "relu", "abs", "exp")
+BINARY_OPS = ("add", "sub", "mul", "div")
+INPLACE_UNARY = ("relu_", "tanh_", "exp_", "neg_", "sigmoid_", "zero_")
+INPLACE_BINARY = ("add_", "sub_", "mul_", "div_")
+
+
+def _fits(src, dst) -> bool:
+    """src broadcasts to exactly dst."""
+    try:
+        return np.broadcast_shapes(tuple(src), tuple(dst)) == tuple(dst)
+    except ValueError:
+        return False
+
+
+def _reshape_targets(shape):
+    n = int(np.prod(shape))
+    targets = [(-1,), (n, 1), (1, n)]
+    targets += [(a, n // a) for a in range(2, n) if n % a == 0]
+    targets += [(a, b, n // (a * b)) for a in (2, 3) for b in (2, 3) if n % (a * b) == 0]
+    return targets
+
+
+def _draw_view(rng, shape):
+    nd = len(shape)
+    choices = ["reshape", "view", "unsqueeze"]
+    if nd:
+        choices += ["slice", "select", "narrow"]
+    if nd >= 2:
+        choices += ["transpose", "permute"]
+    if 1 in shape or nd < 3:
+        choices += ["expand"]
+    if 1 in shape:
+        choices += ["squeeze"]
+    kind = str(rng.choice(choices))
+    if kind in ("reshape", "view"):
+        targets = _reshape_targets(shape) if shape else [(1,), (-1,)]
+        return kind, tuple(targets[rng.integers(len(targets))])
+    if kind == "unsqueeze":
+        return kind, (int(rng.integers(-nd - 1, nd + 1)),)
+    if kind == "slice":
+        d = int(rng.integers(nd))
+        start = int(rng.integers(0, max(shape[d], 1)))
+        return kind, (d, start, int(rng.integers(start, shape[d] + 1)) if rng.random() < 0.5 else None,
+                      int(rng.choice([1, 1, 2])))
+    if kind == "select":
+        d = int(rng.integers(nd))
+        return (kind, (d, int(rng.integers(-shape[d], shape[d])))) if shape[d] else ("unsqueeze", (0,))
+    if kind == "narrow":
+        d = int(rng.integers(nd))
+        start = int(rng.integers(0, shape[d] + 1))
+        return kind, (d, start, int(rng.integers(0, shape[d] - start + 1)))
+    if kind == "transpose":
+        return kind, tuple(int(d) for d in rng.choice(nd, 2, replace=False))
+    if kind == "permute":
+        return kind, tuple(int(d) for d in rng.permutation(nd))
+    if kind == "squeeze":
+        return kind, (int(rng.choice([d for d, s in enumerate(shape) if s == 1])),)
+    target = tuple(int(rng.integers(2, 4)) if s == 1 else s for s in shape)  # expand
+    return kind, ((2,) + target if rng.random() < 0.4 or not shape else target)
+
+
+def _view(t, kind, args):
+    if kind == "slice":
+        d, start, stop, step = args
+        return t[(slice(None),) * d + (slice(start, stop, step),)]
+    if kind == "expand":
+        return t.expand(*args[0]) if isinstance(args[0], tuple) else t.expand(*args)
+    return getattr(t, kind)(*args)
+
+
+def _draw_step(rng, lib_pool, expanded):
+    """One random step over the pool (its tensors' shapes and dtypes read from the torch run). No in-place op
+    writes into expanded memory (expanded[k]: pool[k] views an expand): see test_inplace_on_expanded_memory."""
+    n = len(lib_pool)
+    i = int(rng.integers(n))
+    t = lib_pool[i]
+    shape = tuple(t.shape)
+    fitting = [j for j in range(n) if _fits(lib_pool[j].shape, shape)]
+    roll = rng.random()
+    if roll < 0.12:
+        return ("unary", i, str(rng.choice(UNARY_OPS)))
+    if roll < 0.24:
+        j = int(rng.integers(n))
+        j = j if _broadcastable(shape, lib_pool[j].shape) else i
+        if rng.random() < 0.3:
+            name = str(rng.choice(("mul", "add", "rsub", "div", "pow")))
+            return ("scalar", i, name, float(rng.choice((2.0, 3.0) if name == "pow" else SCALARS)))
+        return ("binary", i, j, str(rng.choice(BINARY_OPS)))
+    if roll < 0.42:
+        return ("view", i) + _draw_view(rng, shape)
+    if roll < 0.47:
+        return ("detach", i)
+    if roll < 0.53:
+        return ("cast", i, str(rng.choice(["float32", "float64", "float64", "int64"])))
+    if roll < 0.56:
+        return ("clone", i)
+    # in-place ops, seldom on a leaf that requires grad or a view of one (torch raises: the rest would not run)
+    targets = [k for k in range(n) if not expanded[k] and (rng.random() < 0.01 or not _grad_leaf(lib_pool[k]))]
+    if not targets:
+        return ("unary", i, str(rng.choice(UNARY_OPS)))
+    i = int(rng.choice(targets))
+    t, shape = lib_pool[i], tuple(lib_pool[i].shape)
+    fitting = [j for j in range(n) if _fits(lib_pool[j].shape, shape) and not _overlaps(lib_pool[j], t)]
+    kind = rng.random()
+    other = int(rng.choice(fitting)) if fitting and rng.random() < 0.6 else None
+    scalar = float(rng.choice(SCALARS))
+    value = other if other is not None else scalar
+    # NOTE: torch lets copying a tensor that requires grad into an integer one make that require grad: not drawn
+    floating = t.dtype.is_floating_point
+    if kind < 0.3:
+        name = str(rng.choice(INPLACE_BINARY))
+        alpha = float(rng.choice(SCALARS)) if name in ("add_", "sub_") and rng.random() < 0.4 else None
+        return ("inplace", i, name, value, alpha)
+    if kind < 0.5:
+        return ("inplace", i, str(rng.choice(INPLACE_UNARY)), None, None)
+    if kind < 0.58:
+        return ("inplace", i, "pow_", float(rng.choice([2.0, 3.0])), None)
+    if kind < 0.66:
+        bounds = [(-0.5, 0.5), (None, 1.0), (0.0, None)][int(rng.integers(3))]
+        return ("inplace", i, "clamp_", bounds, None)
+    if kind < 0.72:
+        return ("inplace", i, "fill_", scalar, None)
+    if kind < 0.8:  # a copy of another tensor, or of itself
+        return ("inplace", i, "copy_", other if other is not None and floating else i, None)
+    if kind < 0.88:
+        return ("masked_fill_", i, scalar, float(rng.choice(SCALARS)))
+    if not shape:
+        return ("setitem", i, (), scalar)
+    d = int(rng.integers(len(shape)))
+    last = (int(rng.integers(shape[d])) if shape[d] and rng.random() < 0.4 else
+            slice(int(rng.integers(0, shape[d] + 1)), None))
+    key = (slice(None),) * d + (last,)
+    region = t[key]
+    sources = [j for j in range(n) if _fits(lib_pool[j].shape, region.shape) and not _overlaps(lib_pool[j], region)]
+    sources = sources if floating else []
+    return ("setitem", i, key, int(rng.choice(sources)) if sources and rng.random() < 0.6 else scalar)
+
+
+def _overlaps(src, dst) -> bool:
+    """src's memory meets dst's, other than as dst's own elements in dst's layout. torch then raises by rules that
+    read the strides of size-1 dims (set otherwise by numpy) or, where it cannot tell (memory with gaps), computes
+    an order-dependent result (numpy's, as if src were read first): not drawn; see test_partial_overlap_raises."""
+    if src is dst or src.numel() == 0 or dst.numel() == 0:
+        return False
+    if (src.data_ptr(), tuple(src.shape), src.stride()) == (dst.data_ptr(), tuple(dst.shape), dst.stride()):
+        return False
+
+    def span(t):
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+    (s0, s1), (d0, d1) = span(src), span(dst)
+    return s0 < d1 and d0 < s1
+
+
+def _grad_leaf(t) -> bool:
+    """A leaf that requires grad, or a view of one."""
+    t = t._base if t._base is not None else t
+    return t.is_leaf and t.requires_grad
+
+
+def _broadcastable(a, b) -> bool:
+    try:
+        np.broadcast_shapes(tuple(a), tuple(b))
+        return True
+    except ValueError:
+        return False
+
+
+def _operand(pool, value):
+    return pool[value] if isinstance(value, int) else value
+
+
+def _run_step(lib, pool, step) -> None:
+    """Apply one step: a new tensor joins the pool, or an in-place op changes one (and so its views)."""
+    kind, i = step[0], step[1]
+    t = pool[i]
+    if kind == "unary":
+        pool.append((t * 0.5).exp() if step[2] == "exp" else getattr(t, step[2])())
+    elif kind == "binary":
+        pool.append(getattr(lib, step[3])(t, pool[step[2]]))
+    elif kind == "scalar":
+        name, c = step[2], step[3]
+        pool.append(c - t if name == "rsub" else t ** c if name == "pow" else getattr(lib, name)(t, c))
+    elif kind == "view":
+        pool.append(_view(t, step[2], step[3]))
+    elif kind == "detach":
+        pool.append(t.detach())
+    elif kind == "cast":
+        pool.append(t.to(getattr(lib, step[2])))
+    elif kind == "clone":
+        pool.append(t.clone())
+    elif kind == "inplace":
+        name, value, alpha = step[2], step[3], step[4]
+        if name in INPLACE_UNARY:
+            getattr(t, name)()
+        elif name == "clamp_":
+            t.clamp_(*value)
+        elif name in ("pow_", "fill_"):
+            getattr(t, name)(value)
+        elif name == "copy_":
+            t.copy_(_operand(pool, value))
+        elif alpha is not None:
+            getattr(t, name)(_operand(pool, value), alpha=alpha)
+        else:
+            getattr(t, name)(_operand(pool, value))
+    elif kind == "masked_fill_":
+        t.masked_fill_(t > step[2], step[3])
+    elif kind == "setitem":
+        t[step[2]] = _operand(pool, step[3])
+
+
+@dataclass
+class Program:
+    seed: int
+    dtype: str
+    arrays: list
+    steps: list
+    loss_terms: list  # pool positions whose weighted sums make the loss
+
+
+def make_program(seed: int, dtype: str = "float64") -> Program:
+    """A random program, drawn step by step against torch (so each step fits the shapes it meets)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    arrays = [rng.uniform(-2, 2, s).round(2) for s in ((3, 4), (4,), (3, 1))]
+    pool = [torch.tensor(a, dtype=getattr(torch, dtype), requires_grad=True) for a in arrays]
+    steps, expanded = [], [False] * len(pool)
+    for _ in range(int(rng.integers(4, 14))):
+        step = _draw_step(rng, pool, expanded)
+        steps.append(step)
+        try:
+            _run_step(torch, pool, step)
+        except Exception:
+            break
+        if len(pool) > len(expanded):  # what views, detaches or is (a cast to its own dtype) an expanded tensor
+            source = expanded[step[1]] and (step[0] in ("view", "detach") or pool[-1] is pool[step[1]])
+            expanded.append(source or step[:3] == ("view", step[1], "expand"))
+    k = len(pool)
+    loss_terms = sorted({int(j) for j in rng.choice(k, min(k, 2), replace=False)} | {k - 1})
+    return Program(seed, dtype, arrays, steps, loss_terms)
+
+
+def run_program(lib, program: Program) -> Outcome:
+    leaves = [lib.tensor(a, dtype=getattr(lib, program.dtype), requires_grad=True) for a in program.arrays]
+    pool = list(leaves)
+    for k, step in enumerate(program.steps):
+        try:
+            _run_step(lib, pool, step)
+            # NOTE: torch regenerates a view's grad_fn when it is read; until then its in-place check sees the old
+            # one (a view made before its base started requiring grad counts as a leaf there). Reading every
+            # grad_fn after each step keeps the comparison to torch's consistent behaviour.
+            [t.grad_fn for t in pool]
+        except Exception as e:
+            return Outcome(raised=f"step {k}", error=f"{type(e).__name__}: {e}")
+    result = Outcome()
+    for o in pool:
+        result.values.append(np.array(o.detach().numpy()))
+        result.flags.append((str(o.dtype).split(".")[-1], o.requires_grad, o._base is not None))
+    terms = [(pool[j] * _weights(lib, pool[j])).sum() for j in program.loss_terms
+             if pool[j].requires_grad and pool[j].dtype.is_floating_point]
+    if terms:
+        try:
+            sum(terms[1:], terms[0]).backward()
+        except Exception as e:
+            result.raised, result.error = "backward", f"{type(e).__name__}: {e}"
+            return result
+    result.grads = [None if x.grad is None else np.array(x.grad.numpy()) for x in leaves]
+    return result
+
+
+def program_differences(program: Program) -> list:
+    import torch
+
+    want = run_program(torch, program)
+    float32 = any(dtype == "float32" for dtype, _, _ in want.flags)  # a cast, or an int tensor's float math
+    return differences(run_program(runtime, program), want, "float32" if float32 else program.dtype)
+
+
+def random_program_report(count: int, dtype: str, first_seed: int = 0) -> dict:
+    """{seed: differences} for the programs that differ; used by the test and by hand (see the module's end)."""
+    found = {}
+    for seed in range(first_seed, first_seed + count):
+        diffs = program_differences(make_program(seed, dtype))
+        if diffs:
+            found[seed] = diffs
+    return found
+
+
+# NOTE: numpy warns where a sum meets inf - inf or a cast overflows; torch is silent (the values still compare)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_random_programs_match_torch(torch, dtype):
+    found = random_program_report(500, dtype)
+    assert not found, "\n".join(f"seed {s} ({dtype}): {make_program(s, dtype).steps}\n  {d}"
+                                for s, d in list(found.items())[:5])
+
+
+if __name__ == "__main__":  # a larger run by hand: python tests/test_eager_mutation.py 3000
+    import sys
+    import warnings
+
+    warnings.simplefilter("ignore", RuntimeWarning)
+
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    for dtype in ("float64", "float32"):
+        report = random_program_report(count, dtype)
+        for seed, diffs in report.items():
+            print(f"seed {seed} ({dtype}): {make_program(seed, dtype).steps}\n  " + "\n  ".join(diffs))
+        print(f"{dtype}: {count} programs, {len(report)} with differences")
