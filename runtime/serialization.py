@@ -7,9 +7,11 @@ import json
 import math
 import os
 import pickle
+import pickletools
 import reprlib
 import struct
 import sys
+import warnings
 import zipfile
 import zlib
 from collections import OrderedDict
@@ -22,14 +24,32 @@ from .device import check_device
 from .factories import from_numpy
 from .tensor import Tensor
 
-__all__ = ["save", "load", "save_safetensors", "load_safetensors"]
+__all__ = ["save", "load", "save_safetensors", "load_safetensors", "UnreadableFileError"]
 
 _PLAIN = (bool, int, float, str)
 _DTYPES_BY_NAME = {d.name: d for d in dt.ALL_DTYPES}
 
 
+class UnreadableFileError(RuntimeError):
+    """A file that `load` or `load_safetensors` cannot read, whatever its bytes: damaged, truncated, hostile or
+    in another format. The message names the function and the file and says what is wrong; `filename` and
+    `reason` hold those two parts. Errors opening the file (missing, no permission) stay the usual OSError."""
+
+    def __init__(self, message: str, filename: str = "", reason: str = ""):
+        super().__init__(message)
+        self.filename, self.reason = filename, reason
+
+
+class _UnpicklingFileError(UnreadableFileError, pickle.UnpicklingError):
+    """A torch data.pkl that is refused or malformed: also a pickle.UnpicklingError, as torch.load raises."""
+
+
 class _FileError(Exception):
     """What is wrong with a file being read; the public functions re-raise it naming the file."""
+
+
+class _BinaryModeError(TypeError):
+    """The caller passed a text stream: a mistake in the call, not in the file."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -57,15 +77,14 @@ def load(f, map_location=None, *, weights_only=True):
 
     `map_location` may name the CPU (or be a dict or callable, which runtime ignores: its tensors are
     always on the CPU); `weights_only` is accepted for torch compatibility and has no effect, since
-    loading is always restricted to data.
+    loading is always restricted to data. Any file it cannot read raises UnreadableFileError.
     """
     _check_map_location(map_location)
     name = _file_name(f)
     with _open_binary(f, "rb") as handle, _reporting("runtime.load", name):
         stream = _seekable(handle)
-        archive = _open_zip(stream)
-        with archive:
-            names = set(archive.namelist())
+        with _Archive(stream) as archive:
+            names = set(archive.zip.namelist())
             if _STRUCTURE in names:
                 return _load_runtime(archive)
             entry = _torch_pickle_entry(names)
@@ -98,13 +117,15 @@ def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
 
 
 def load_safetensors(path) -> dict:
-    """Read a safetensors file into a dict of tensors, validating its header against its contents."""
+    """Read a safetensors file into a dict of tensors, validating its header against its contents.
+
+    Any file it cannot read raises UnreadableFileError."""
     with open(path, "rb") as handle, _reporting("runtime.load_safetensors", _file_name(path)):
         size = os.fstat(handle.fileno()).st_size
         header_size = _read_header_size(handle, size)
-        header = _parse_json(handle.read(header_size), "header")
+        header = _parse_json(_read_exactly(handle, header_size), "header")
         buffer = bytearray(size - 8 - header_size)
-        handle.readinto(buffer)
+        _read_into(handle, buffer)
         entries = _check_safetensors_header(header, len(buffer))
         return {name: _safetensors_tensor(buffer, *entry) for name, entry in entries.items()}
 
@@ -133,34 +154,150 @@ def _open_binary(f, mode: str):
 
 @contextlib.contextmanager
 def _reporting(action: str, name: str):
-    """Turn any failure to read the file into one clear error naming the function and the file."""
+    """Turn any failure to read the file, whatever its bytes, into one UnreadableFileError naming the function
+    and the file. Only MemoryError (the data a valid file holds did not fit) and BaseExceptions pass through."""
     try:
         yield
+    except _BinaryModeError:
+        raise
     except _FileError as e:
-        raise RuntimeError(f"{action}: {name} {e}") from None
+        raise UnreadableFileError(f"{action}: {name} {e}", name, str(e)) from None
     except pickle.UnpicklingError as e:
-        raise pickle.UnpicklingError(f"{action}: {name}: {e}") from None
-    except (zipfile.BadZipFile, zlib.error, EOFError, struct.error, ValueError, OverflowError,
-            NotImplementedError) as e:
-        raise RuntimeError(f"{action}: {name} is corrupted or truncated ({type(e).__name__}: {e})") from None
+        raise _UnpicklingFileError(f"{action}: {name}: {e}", name, str(e)) from None
+    except RecursionError:
+        reason = "is nested too deeply to read (corrupted or hostile)"
+        raise UnreadableFileError(f"{action}: {name} {reason}", name, reason) from None
+    except MemoryError:
+        raise
+    except Exception as e:  # NOTE: the bytes are untrusted: whatever a library raises on them is a file problem
+        reason = f"is corrupted or truncated ({type(e).__name__}: {e})"
+        raise UnreadableFileError(f"{action}: {name} {reason}", name, reason) from e
 
 
 def _seekable(handle):
     """The handle itself, or its contents in memory when it cannot seek (zip reading needs to)."""
+    if isinstance(handle, io.TextIOBase):
+        raise _BinaryModeError("runtime.load: expected a binary file object (open the file with 'rb')")
     seekable = getattr(handle, "seekable", None)
     return handle if seekable is not None and seekable() else io.BytesIO(handle.read())
 
 
-def _open_zip(stream) -> zipfile.ZipFile:
-    start = stream.tell()
-    head = stream.read(16)
-    if not isinstance(head, bytes):
-        raise TypeError("runtime.load: expected a binary file object (open the file with 'rb')")
-    stream.seek(start)
-    try:
-        return zipfile.ZipFile(stream)
-    except zipfile.BadZipFile:
-        raise _FileError(_describe_foreign(head)) from None
+class _Archive:
+    """A zip archive read without trusting its directory: entries must be stored (uncompressed), unencrypted
+    and inside the file, and all entries read together may not claim more bytes than the file holds. So
+    reading allocates no more than the file's size, however large the sizes the directory declares."""
+
+    _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+
+    def __init__(self, stream):
+        start = stream.tell()
+        head = stream.read(16)
+        if not isinstance(head, bytes):
+            raise _BinaryModeError("runtime.load: expected a binary file object (open the file with 'rb')")
+        self.size = stream.seek(0, io.SEEK_END)
+        stream.seek(start)
+        try:
+            self.zip = zipfile.ZipFile(stream)
+        except zipfile.BadZipFile:
+            raise _FileError(_describe_foreign(head)) from None
+        self.stream, self.unread = stream, self.size
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.zip.close()
+
+    def read(self, name: str) -> bytes:
+        """The bytes of a small entry (a pickle, JSON or text)."""
+        start, size, crc = self._locate(name)
+        self.stream.seek(start)
+        data = self.stream.read(size)
+        self._check(name, data, size, crc)
+        return data
+
+    def read_storage(self, name: str, nbytes: int) -> np.ndarray:
+        """A writable uint8 array with the bytes of one entry, which must hold exactly nbytes."""
+        try:
+            declared = self.zip.getinfo(name).file_size
+        except KeyError:
+            raise _FileError(f"has no entry {name!r}") from None
+        if declared != nbytes:
+            raise _FileError(f"has an entry {name!r} of {declared} bytes, but its tensors need {nbytes}")
+        start, size, crc = self._locate(name)
+        buffer = bytearray(size)
+        self.stream.seek(start)
+        _read_into(self.stream, buffer)
+        self._check(name, buffer, size, crc)
+        return np.frombuffer(buffer, np.uint8)
+
+    def _locate(self, name: str) -> tuple:
+        """(start, size, crc) of an entry's data, after checking it before anything is allocated for it."""
+        try:
+            info = self.zip.getinfo(name)
+        except KeyError:
+            raise _FileError(f"has no entry {name!r}") from None
+        if info.flag_bits & 0x1:
+            raise _FileError(f"has an encrypted entry {name!r}; runtime.save and torch.save never encrypt")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise _FileError(f"has a compressed entry {name!r} (zip method {info.compress_type}); runtime.save and "
+                             f"torch.save store entries uncompressed, and runtime does not inflate them")
+        size = info.file_size
+        if info.compress_size != size:
+            raise _FileError(f"has a damaged directory: stored entry {name!r} declares {info.compress_size} bytes "
+                             f"stored for {size}")
+        if not 0 <= info.header_offset <= self.size - self._LOCAL_HEADER.size:
+            raise _FileError(f"has a damaged directory: entry {name!r} starts at byte {info.header_offset}, outside "
+                             f"the {self.size}-byte file")
+        self.stream.seek(info.header_offset)
+        fields = self._LOCAL_HEADER.unpack(self.stream.read(self._LOCAL_HEADER.size))
+        signature, method, name_size, extra_size = fields[0], fields[3], fields[9], fields[10]
+        raw_name = self.stream.read(name_size)
+        if signature != b"PK\x03\x04" or method != zipfile.ZIP_STORED or raw_name != _zip_name(info):
+            raise _FileError(f"has a damaged zip entry {name!r}: its local header does not match the directory")
+        start = info.header_offset + self._LOCAL_HEADER.size + name_size + extra_size
+        if start + size > self.size:
+            raise _FileError(f"has an entry {name!r} of {size} bytes that runs past the end of the "
+                             f"{self.size}-byte file (truncated?)")
+        if size > self.unread:
+            raise _FileError(f"has entries that together claim more bytes than the {self.size}-byte file holds "
+                             f"(overlapping entries)")
+        self.unread -= size
+        return start, size, info.CRC
+
+    @staticmethod
+    def _check(name: str, data, size: int, crc: int) -> None:
+        if len(data) != size:
+            raise _FileError(f"is truncated: entry {name!r} has {len(data)} of its {size} bytes")
+        if zlib.crc32(data) != crc:
+            raise _FileError(f"is corrupted or truncated (entry {name!r} fails its CRC-32 check)")
+
+
+def _zip_name(info: zipfile.ZipInfo) -> bytes:
+    return info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+
+
+def _read_into(stream, buffer: bytearray) -> None:
+    """Fill buffer from stream (stopping early at the end of the file) without a second copy of the data."""
+    view, filled = memoryview(buffer), 0
+    readinto = getattr(stream, "readinto", None)
+    while filled < len(buffer):
+        if readinto is not None:
+            n = readinto(view[filled:filled + (1 << 26)])
+        else:
+            chunk = stream.read(min(len(buffer) - filled, 1 << 20))
+            n = len(chunk)
+            view[filled:filled + n] = chunk
+        if not n:
+            raise _FileError(f"is truncated: it ends {len(buffer) - filled} bytes into a stored entry")
+        filled += n
+
+
+def _read_exactly(handle, n: int) -> bytes:
+    data = handle.read(n)
+    if len(data) != n:
+        raise _FileError(f"is truncated: it ends {n - len(data)} bytes early")
+    return data
 
 
 def _describe_foreign(head: bytes) -> str:
@@ -193,33 +330,13 @@ def _write_entry(archive: zipfile.ZipFile, name: str, data) -> None:
     archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
 
 
-def _read_entry(archive: zipfile.ZipFile, name: str) -> bytes:
-    try:
-        return archive.read(name)
-    except KeyError:
-        raise _FileError(f"has no entry {name!r}") from None
-
-
-def _read_storage(archive: zipfile.ZipFile, name: str, nbytes: int) -> np.ndarray:
-    """A writable uint8 array with the bytes of one archive entry, which must hold exactly nbytes."""
-    try:
-        info = archive.getinfo(name)
-    except KeyError:
-        raise _FileError(f"has no entry {name!r}") from None
-    if info.file_size != nbytes:
-        raise _FileError(f"has an entry {name!r} of {info.file_size} bytes, but its tensors need {nbytes}")
-    buffer = bytearray(nbytes)
-    with archive.open(info) as stream:
-        if stream.readinto(buffer) != nbytes:
-            raise _FileError(f"has a truncated entry {name!r}")
-    return np.frombuffer(buffer, np.uint8)
-
-
 def _parse_json(raw: bytes, what: str):
     try:
         return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, ValueError) as e:  # JSONDecodeError, and ints beyond Python's digit limit
         raise _FileError(f"has a corrupted {what}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise _FileError(f"has a corrupted {what}: JSON nested too deeply") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -378,10 +495,10 @@ def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
 
-def _load_runtime(archive: zipfile.ZipFile):
-    structure = _parse_json(_read_entry(archive, _STRUCTURE), _STRUCTURE)
+def _load_runtime(archive: _Archive):
+    structure = _parse_json(archive.read(_STRUCTURE), _STRUCTURE)
     _check_structure(structure)
-    storages = [_read_storage(archive, f"{_PREFIX}storages/{i}", _as_int(n, "storage size"))
+    storages = [archive.read_storage(f"{_PREFIX}storages/{i}", _as_int(n, "storage size"))
                 for i, n in enumerate(structure["storages"])]
     tensors = [_decode_tensor(record, storages, i) for i, record in enumerate(structure["tensors"])]
     return _decode(structure["object"], tensors)
@@ -407,7 +524,7 @@ def _decode_tensor(record, storages: list, index: int) -> Tensor:
     what = f"tensor {index}"
     if not isinstance(record, dict):
         raise _FileError(f"has a malformed {what}: expected an object, got {reprlib.repr(record)}")
-    dtype = _DTYPES_BY_NAME.get(record.get("dtype"))
+    dtype = _DTYPES_BY_NAME.get(record.get("dtype")) if isinstance(record.get("dtype"), str) else None
     if dtype is None:
         raise _FileError(f"has a malformed {what}: unknown dtype {reprlib.repr(record.get('dtype'))}")
     storage = _as_int(record.get("storage"), f"{what} storage index")
@@ -500,7 +617,7 @@ _TORCH_GLOBALS = {("collections", "OrderedDict"): OrderedDict,
 class _WeightsUnpickler(pickle.Unpickler):
     """Unpickles a torch data.pkl allowing only the globals of weights-only state dicts; reads storages lazily."""
 
-    def __init__(self, file, archive: zipfile.ZipFile, prefix: str, swap_bytes: bool):
+    def __init__(self, file, archive: _Archive, prefix: str, swap_bytes: bool):
         super().__init__(file)
         self._archive, self._prefix, self._swap_bytes = archive, prefix, swap_bytes
         self._storages: dict[str, np.ndarray] = {}
@@ -528,7 +645,7 @@ class _WeightsUnpickler(pickle.Unpickler):
         nbytes = _as_int(numel, "storage size") * dtype.itemsize
         data = self._storages.get(key)
         if data is None:
-            data = self._storages[key] = _read_storage(self._archive, f"{self._prefix}data/{key}", nbytes)
+            data = self._storages[key] = self._archive.read_storage(f"{self._prefix}data/{key}", nbytes)
             if self._swap_bytes:
                 data.view(dtype.np).byteswap(inplace=True)
         elif data.nbytes != nbytes:
@@ -543,23 +660,48 @@ def _torch_pickle_entry(names) -> str | None:
     return entries[0] if entries else None
 
 
-def _load_torch(archive: zipfile.ZipFile, entry: str):
+def _load_torch(archive: _Archive, entry: str):
     prefix = entry[: -len("data.pkl")]
-    names = set(archive.namelist())
+    names = set(archive.zip.namelist())
     if prefix + "constants.pkl" in names:
         raise _FileError("is a TorchScript archive (torch.jit.save), not a torch.save file")
     byteorder = "little"
     if prefix + "byteorder" in names:
-        byteorder = _read_entry(archive, prefix + "byteorder").decode("ascii", "replace").strip()
+        byteorder = archive.read(prefix + "byteorder").decode("ascii", "replace").strip()
     if byteorder not in ("little", "big"):
-        raise _FileError(f"has an unknown byte order {byteorder!r}")
-    unpickler = _WeightsUnpickler(io.BytesIO(_read_entry(archive, entry)), archive, prefix, byteorder != sys.byteorder)
+        raise _FileError(f"has an unknown byte order {reprlib.repr(byteorder)}")
+    pickled = archive.read(entry)
+    _check_pickle(pickled, entry)
+    unpickler = _WeightsUnpickler(io.BytesIO(pickled), archive, prefix, byteorder != sys.byteorder)
     try:
         return unpickler.load()
-    except (_FileError, pickle.UnpicklingError, zipfile.BadZipFile):
+    except (_FileError, pickle.UnpicklingError, MemoryError, RecursionError):
         raise
     except Exception as e:  # NOTE: data.pkl is untrusted input; any failure to rebuild it is a file problem.
         raise _FileError(f"has a malformed {entry} ({type(e).__name__}: {e})") from None
+
+
+_MEMO_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
+
+
+def _check_pickle(pickled: bytes, entry: str) -> None:
+    """Walk the opcodes before unpickling: every argument must be present in full, and a memo index may not
+    exceed the number of objects memoized so far. The C unpickler sizes its memo by the largest index and a
+    bytes object by its declared length before reading it, so either could allocate gigabytes for a few bytes."""
+    memoized = 0
+    # NOTE: warnings off while walking: genops decodes a text STRING's escapes; the unpickler judges those itself
+    with warnings.catch_warnings(action="ignore"):
+        try:
+            for opcode, arg, position in pickletools.genops(pickled):
+                if opcode.name in _MEMO_PUTS:
+                    if arg > memoized:
+                        raise _FileError(f"has a malformed {entry}: memo index {arg} at byte {position}, but only "
+                                         f"{memoized} objects were memoized before it")
+                    memoized += 1
+                elif opcode.name == "MEMOIZE":
+                    memoized += 1
+        except ValueError as e:  # genops: an unknown opcode, or an argument the data ends before
+            raise _FileError(f"has a malformed {entry} ({e})") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -588,7 +730,7 @@ def _check_safetensors_args(tensors, metadata) -> None:
 def _read_header_size(handle, file_size: int) -> int:
     if file_size < 8:
         raise _FileError(f"is {file_size} bytes long: too short for a safetensors header")
-    (header_size,) = struct.unpack("<Q", handle.read(8))
+    (header_size,) = struct.unpack("<Q", _read_exactly(handle, 8))
     if header_size > min(_MAX_HEADER_SIZE, file_size - 8):
         raise _FileError(f"declares a {header_size}-byte header, but only {file_size - 8} bytes follow "
                          f"(truncated, or not a safetensors file)")
@@ -616,9 +758,10 @@ def _check_safetensors_entry(name: str, info, buffer_size: int) -> tuple:
     what = f"header entry {name!r}"
     if not isinstance(info, dict):
         raise _FileError(f"has a malformed {what}: expected an object")
-    dtype = _SAFETENSORS_DTYPES.get(info.get("dtype"))
+    code = info.get("dtype")
+    dtype = _SAFETENSORS_DTYPES.get(code) if isinstance(code, str) else None
     if dtype is None:
-        raise _FileError(f"has tensor {name!r} of dtype {info.get('dtype')!r}, which runtime does not support "
+        raise _FileError(f"has tensor {name!r} of dtype {reprlib.repr(code)}, which runtime does not support "
                          f"(supported: {', '.join(_SAFETENSORS_DTYPES)})")
     shape = _as_ints(info.get("shape"), f"{what} shape")
     offsets = _as_ints(info.get("data_offsets"), f"{what} data_offsets")
