@@ -9,6 +9,8 @@ import os
 import pickle
 import pickletools
 import reprlib
+import secrets
+import stat
 import struct
 import sys
 import warnings
@@ -66,7 +68,7 @@ def save(obj, f) -> None:
     structure = {"format": _FORMAT, "version": _VERSION, "byteorder": sys.byteorder,
                  "object": encoder.encode(obj, "obj"), "tensors": encoder.tensors,
                  "storages": [int(s.nbytes) for s in encoder.storages]}
-    with _open_binary(f, "wb") as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
+    with _writing(f) as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
         _write_entry(archive, _STRUCTURE, json.dumps(structure).encode())
         for index, storage in enumerate(encoder.storages):
             _write_entry(archive, f"{_PREFIX}storages/{index}", storage.data)
@@ -109,7 +111,7 @@ def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
         offset += array.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as handle:
+    with _writing(path) as handle:
         handle.write(struct.pack("<Q", len(raw)))
         handle.write(raw)
         for array in arrays:
@@ -150,6 +152,38 @@ def _open_binary(f, mode: str):
         yield f
     else:
         raise TypeError(f"expected a path or a binary file object, got {type(f).__name__}")
+
+
+@contextlib.contextmanager
+def _writing(f):
+    """A binary handle to write f through. A path is written atomically: into a temporary file beside it,
+    flushed and fsynced, then renamed over it, so readers see the old file or the new one, never a part."""
+    if not isinstance(f, (str, os.PathLike)):
+        with _open_binary(f, "wb") as handle:
+            yield handle
+        return
+    target = os.path.realpath(f)  # NOTE: through a symlink to its target, as open(path, "wb") writes
+    directory, base = os.path.split(target)
+    temporary = os.path.join(directory, f".{base}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with open(fd, "wb") as handle:
+            with contextlib.suppress(FileNotFoundError):  # an existing file keeps its permissions
+                os.chmod(fd, stat.S_IMODE(os.stat(target).st_mode))
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (not possible on every system)
+        directory_fd = os.open(directory or ".", os.O_RDONLY)
+        try:
+            os.fsync(directory_fd)
+        finally:
+            os.close(directory_fd)
 
 
 @contextlib.contextmanager

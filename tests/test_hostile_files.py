@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import random
 import struct
+import threading
 import tracemalloc
 import zipfile
 import zlib
@@ -487,4 +489,104 @@ def test_fuzzed_files_load_or_raise_the_documented_error(tmp_path):
                     assert_unreadable(outcome, path)
                 assert peak < 2 * len(variant) + SLACK, (kind, i, peak)
     assert counts["loaded"] > 20 and counts["refused"] > 300, counts
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. saving is atomic: the previous file, or the new one, never a part
+# ------------------------------------------------------------------------------------------------
+
+class _CutShort(Exception):
+    pass
+
+
+def _cut_writer(monkeypatch, how: str, exception):
+    def raise_it(*args, **kwargs):
+        raise exception("the writer stops here")
+
+    if how == "second entry":
+        written = []
+        original = runtime.serialization._write_entry
+
+        def write_entry(archive, name, data):
+            if written:
+                raise_it()
+            written.append(name)
+            original(archive, name, data)
+
+        monkeypatch.setattr(runtime.serialization, "_write_entry", write_entry)
+    else:
+        monkeypatch.setattr(runtime.serialization.os, "fsync", raise_it)
+
+
+@pytest.mark.parametrize("exception", [_CutShort, KeyboardInterrupt])
+@pytest.mark.parametrize("saver, how", [(save, "second entry"), (save, "fsync"), (save_safetensors, "fsync")])
+def test_a_save_cut_short_leaves_the_previous_file(tmp_path, monkeypatch, saver, how, exception):
+    path = tmp_path / "model.bin"
+    loader = load_safetensors if saver is save_safetensors else load
+    saver({"w": runtime.ones(256)}, path)
+    previous = path.read_bytes()
+    _cut_writer(monkeypatch, how, exception)
+    with pytest.raises(exception, match="stops here"):
+        saver({"w": runtime.zeros(256), "b": runtime.zeros(3)}, path)
+    monkeypatch.undo()
+    assert path.read_bytes() == previous
+    assert loader(path)["w"].tolist() == [1.0] * 256
+    assert os.listdir(tmp_path) == ["model.bin"]  # no temporary file left behind
+
+
+def test_a_save_cut_short_leaves_no_file_where_there_was_none(tmp_path, monkeypatch):
+    _cut_writer(monkeypatch, "second entry", _CutShort)
+    with pytest.raises(_CutShort):
+        save({"w": runtime.ones(3)}, tmp_path / "new.pt")
+    assert os.listdir(tmp_path) == []
+
+
+def test_saving_keeps_permissions_and_writes_through_symlinks(tmp_path):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    fresh = tmp_path / "fresh.pt"
+    save({"w": runtime.ones(2)}, fresh)
+    assert fresh.stat().st_mode & 0o777 == 0o666 & ~umask
+    existing = tmp_path / "existing.pt"
+    existing.write_bytes(b"old")
+    existing.chmod(0o640)
+    save({"w": runtime.ones(2)}, existing)
+    assert existing.stat().st_mode & 0o777 == 0o640
+    link = tmp_path / "link.pt"
+    link.symlink_to(existing)
+    save({"w": runtime.zeros(2)}, link)
+    assert link.is_symlink() and load(existing)["w"].tolist() == [0.0, 0.0]
+    assert sorted(os.listdir(tmp_path)) == ["existing.pt", "fresh.pt", "link.pt"]
+
+
+@pytest.mark.parametrize("saver", [save, save_safetensors])
+def test_readers_see_the_old_file_or_the_new_one(tmp_path, saver):
+    path = tmp_path / "shared.bin"
+    loader = load_safetensors if saver is save_safetensors else load
+    versions = [{"w": runtime.full((4096,), float(i))} for i in range(2)]
+    saver(versions[0], path)
+    done, seen, errors = threading.Event(), set(), []
+
+    def writer():
+        try:
+            for i in range(60):
+                saver(versions[i % 2], path)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while not done.is_set() or len(seen) < 2:
+        try:
+            values = loader(path)["w"].numpy()
+        except Exception as e:  # noqa: BLE001 - collected and reported below
+            errors.append(e)
+            break
+        assert len(set(values.tolist())) == 1
+        seen.add(float(values[0]))
+        if done.is_set():
+            break
+    thread.join()
+    assert not errors, errors[0]
+    assert os.listdir(tmp_path) == ["shared.bin"]
 
