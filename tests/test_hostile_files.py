@@ -590,3 +590,97 @@ def test_readers_see_the_old_file_or_the_new_one(tmp_path, saver):
     assert not errors, errors[0]
     assert os.listdir(tmp_path) == ["shared.bin"]
 
+
+# ------------------------------------------------------------------------------------------------
+# 4. load_state_dict: a failed load changes nothing, versions included, for every exception type
+# ------------------------------------------------------------------------------------------------
+
+def _model():
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    model.train()
+    return model
+
+
+def _observe(model) -> list:
+    return [(name, t, t.detach().numpy().copy(), t._version, t.requires_grad, type(t))
+            for name, t in [*model.named_parameters(), *model.named_buffers()]]
+
+
+def _assert_unchanged(model, before) -> None:
+    after = _observe(model)
+    assert [(n, id(t)) for n, t, *_ in after] == [(n, id(t)) for n, t, *_ in before]
+    for (name, _, old, version, rg, cls), (_, _, new, new_version, new_rg, new_cls) in zip(before, after):
+        assert np.array_equal(old, new), name
+        assert (new_version, new_rg, new_cls) == (version, rg, cls), name
+
+
+def _new_state(model) -> dict:
+    return {k: v + 1 if v.dtype.is_floating_point else v + 1 for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("exception", [ValueError, RuntimeError, KeyboardInterrupt, SystemExit, GeneratorExit])
+@pytest.mark.parametrize("assign", [False, True])
+def test_an_exception_from_a_load_pre_hook_midway_changes_nothing(exception, assign):
+    model = _model()
+    state = _new_state(model)
+    before = _observe(model)
+
+    def hook(module, *args):
+        raise exception("interrupted while loading")
+
+    model[2].register_load_state_dict_pre_hook(hook)  # after Linear 0 and BatchNorm 1 were loaded
+    with pytest.raises(exception, match="interrupted"):
+        model.load_state_dict(state, assign=assign)
+    _assert_unchanged(model, before)
+
+
+def test_an_exception_from_a_post_hook_changes_nothing():
+    model = _model()
+    before = _observe(model)
+    model.register_load_state_dict_post_hook(lambda module, keys: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        model.load_state_dict(_new_state(model))
+    _assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("problem", ["size mismatch", "missing key", "not a tensor"])
+def test_a_failed_load_keeps_the_recorded_graph_usable(problem):
+    model = _model()
+    x = runtime.randn(5, 3, requires_grad=True)
+    loss = (model(x) ** 2).sum()  # Linear 0 and 2 save their weights for the backward
+    state = _new_state(model)
+    if problem == "size mismatch":
+        state["2.weight"] = runtime.zeros(7, 7)
+    elif problem == "missing key":
+        del state["2.bias"]
+    else:
+        state["2.weight"] = [[0.0] * 4] * 2
+    before = _observe(model)
+    with pytest.raises(RuntimeError, match="Error\\(s\\) in loading state_dict"):
+        model.load_state_dict(state)
+    _assert_unchanged(model, before)
+    loss.backward()  # used to raise the in-place error: the versions stayed bumped
+    reference = _model()
+    xr = runtime.from_numpy(x.detach().numpy().copy()).requires_grad_(True)
+    (reference(xr) ** 2).sum().backward()
+    assert np.allclose(x.grad.numpy(), xr.grad.numpy())
+    assert np.allclose(model[0].weight.grad.numpy(), reference[0].weight.grad.numpy())
+
+
+def test_versions_restore_through_views():
+    model = _model()
+    weight_t = model[0].weight.t()  # a view sharing the weight's version counter
+    version = weight_t._version
+    state = _new_state(model)
+    state["2.weight"] = runtime.zeros(7, 7)
+    with pytest.raises(RuntimeError):
+        model.load_state_dict(state)
+    assert weight_t._version == version and model[0].weight._version == version
+
+
+def test_a_successful_load_still_bumps_versions():
+    model = _model()
+    versions = [p._version for p in model.parameters()]
+    model.load_state_dict(_new_state(model))
+    assert all(p._version > v for p, v in zip(model.parameters(), versions))

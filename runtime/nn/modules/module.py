@@ -604,7 +604,7 @@ class Module:
 
         try:
             load(self, state_dict)
-        except Exception:
+        except BaseException:  # NOTE: KeyboardInterrupt from a hook too: a failed load changes nothing
             snapshot.restore()
             raise
         if strict:
@@ -653,7 +653,8 @@ def _insert(hooks: dict, key, hook, prepend: bool) -> None:
 
 
 class _Snapshot:
-    """The registries and tensor contents of a module tree, to undo a failed load_state_dict."""
+    """The registries and tensors of a module tree, to undo a failed load_state_dict: contents, classes,
+    requires_grad and version counters, so a graph recorded before the failed load still runs backward."""
 
     def __init__(self, root: Module):
         self.entries = []
@@ -662,7 +663,7 @@ class _Snapshot:
                        if t is not None]
             saved_extra = module.get_extra_state() if module._has_extra_state() else None
             self.entries.append((module, dict(module._parameters), dict(module._buffers),
-                                 [(t, t._data, t._data.copy(), t.__class__) for t in tensors], saved_extra))
+                                 [_TensorState(t) for t in tensors], saved_extra))
 
     def restore(self) -> None:
         for module, params, buffers, tensors, extra in self.entries:
@@ -670,12 +671,28 @@ class _Snapshot:
             module._parameters.update(params)
             module._buffers.clear()
             module._buffers.update(buffers)
-            for tensor, array, contents, cls in tensors:
-                tensor._data = array
-                array[...] = contents
-                tensor.__class__ = cls
+            for state in tensors:
+                state.restore()
             if extra is not None:
                 module.set_extra_state(extra)
+
+
+class _TensorState:
+    """One tensor's memory, contents, class, requires_grad and version, as they were before a load."""
+
+    def __init__(self, t: Tensor):
+        self.tensor, self.array, self.contents, self.cls, self.rg = t, t._data, t._data.copy(), t.__class__, t._rg
+        # NOTE: the counter object is shared with the tensor's views; restoring its value in place restores theirs
+        self.counter = t._vc()
+        self.version = self.counter[0]
+
+    def restore(self) -> None:
+        t = self.tensor
+        t._data = self.array
+        self.array[...] = self.contents
+        t.__class__, t._rg = self.cls, self.rg
+        t._version_counter = self.counter
+        self.counter[0] = self.version
 
 
 class _BackwardHookFunction(Function):
