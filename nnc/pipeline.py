@@ -189,6 +189,10 @@ def _read_only(parameters):
         array.flags.writeable = False
     try:
         yield
+    except (RuntimeError, ValueError) as error:
+        if "read-only" in str(error) or "written-to tensor" in str(error):
+            error.add_note("nnc: parameters are read-only while compiling; a forward that writes one runs eagerly")
+        raise
     finally:
         for array in arrays:
             array.flags.writeable = True
