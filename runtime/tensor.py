@@ -555,9 +555,14 @@ class Tensor:
                                "operation.")
 
     def _check_writeable(self) -> None:
-        if not self._data.flags.writeable:
+        data = self._data
+        if data.flags.writeable:
+            return
+        if any(stride == 0 and n > 1 for stride, n in zip(data.strides, data.shape)):
             raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
                                "single memory location. Please clone() the tensor before performing the operation.")
+        raise RuntimeError(f"an in-place operation on read-only memory (a tensor of shape {list(self.shape)} that "
+                           f"views an expanded tensor, or a read-only numpy array): clone() it first")
 
     def add_(self, other, *, alpha=1):
         _check_no_partial_overlap(self._data, other)
