@@ -1,12 +1,22 @@
-"""On-disk kernel cache: generated source saved as a real .py file named by its content hash, then imported.
+"""On-disk kernel cache: generated source saved as a real .py file named by its content hash, run from that text.
 
-A kernel's source is written once to `cache_dir()/k_<sha256>.py` (never rewritten: numba's on-disk cache keys on
-the file's path and modification time, so rewriting it would throw away the compiled code) and imported with
-importlib. The module's `numba.njit(cache=True)` functions then keep their compiled machine code in
-`cache_dir()/__pycache__`, so a second process that generates the same source imports the same file and loads the
+A kernel's source is written once to `cache_dir()/k_<sha256>.py` (never rewritten: numba's on-disk cache is found
+from the file's path and checked against its contents, so a stable file keeps the compiled code valid) and run as a
+module from the text this process generated. The module's `numba.njit(cache=True)` functions then keep their
+compiled machine code in `cache_dir()/__pycache__`, so a second process that generates the same source loads the
 kernel instead of compiling it.
 
 The directory is `$NNC_CACHE_DIR` when set, else `~/.cache/nnc/kernels`. Deleting it is always safe.
+
+Trust (docs/security.md, "The kernel cache"): nothing in the directory runs unless this user could have written it.
+- `cache_dir()` creates missing directories with mode 0700 and refuses, with a KernelCacheWarning, a directory that
+  another user could write to: one not owned by this user, writable by group or others, or below a directory where
+  someone other than this user and root could replace it. This process then uses a private temporary directory.
+- A module runs from the source text this process generated (compile + exec): Python never reads or writes a .pyc
+  in the cache, so a planted `__pycache__/k_*.pyc` is never loaded.
+- numba unpickles its index (.nbi) and objects (.nbc): they are trusted because they live in the checked directory.
+  A function whose cache numba puts elsewhere (`$NUMBA_CACHE_DIR`) keeps it only where the same check passes, and
+  otherwise compiles in memory.
 
 This process keeps the most recently used `$NNC_KERNEL_MODULES` imported modules (default 128). An older one is
 dropped from the memo and sys.modules: plans that run it keep it alive, and once none does it can be freed;
@@ -16,13 +26,18 @@ itself keeps for each function it compiles (functions a jitted caller linked sta
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
+import importlib.abc
 import importlib.util
 import os
+import shutil
+import stat
 import sys
 import tempfile
 import threading
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +51,19 @@ DEFAULT_MODULES = 128
 _modules: OrderedDict[tuple[str, str], ModuleType] = OrderedDict()  # (directory, digest) -> module, LRU order
 _lock = threading.Lock()
 
+_PYCACHE = "__pycache__"  # numba's in-tree cache directory next to the sources
+_dir_lock = threading.Lock()
+_fallback: Path | None = None  # this process's private directory when the configured one is refused
+_warned: set[tuple[str, str]] = set()
+
+
+class KernelCacheWarning(UserWarning):
+    """A kernel cache directory other users could write to is not used (see docs/security.md)."""
+
+
+class _Untrusted(Exception):
+    """Why a directory is not private to this user (the message names the path and what is wrong)."""
+
 
 def module_limit() -> int:
     """How many imported kernel modules this process keeps ($NNC_KERNEL_MODULES, default 128, at least 1)."""
@@ -46,11 +74,114 @@ def module_limit() -> int:
 
 
 def cache_dir() -> Path:
-    """The kernel cache directory (created if missing); read from the environment on every call."""
+    """The kernel cache directory, created if missing and checked to be private to this user on every call.
+
+    Read from the environment on every call. A directory another user could write to is refused with a
+    KernelCacheWarning (once per directory and reason) and this process's private temporary directory is returned
+    instead, so compiling still works (nothing is kept for the next process)."""
     configured = os.environ.get(ENV_VAR)
     path = Path(configured).expanduser() if configured else DEFAULT_DIR.expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    try:
+        return _private_dir(path)
+    except _Untrusted as problem:
+        fallback = _fallback_dir()
+        _warn_once(path, str(problem),
+                   f"nnc is not using the kernel cache directory {path}: {problem}. Whoever can write there could "
+                   f"run code in this process, so kernels are compiled in {fallback}, private to this process "
+                   f"(nothing is kept for the next one). Point {ENV_VAR} at a directory only you can write, or "
+                   f"delete this one (it only holds a cache) so that nnc creates it again with mode 0700.")
+        return fallback
+
+
+def _problem(directory: Path, own: bool = True) -> str | None:
+    """Why someone other than this user and root could put files into `directory` (absolute, resolved), or None.
+
+    `directory` must be a real directory of this user's (`own`; else root's will do) that group and others cannot
+    write; each directory above it must belong to this user or root and be unwritable by group and others, or be
+    sticky like /tmp (then no one can rename or replace another user's entry)."""
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:  # no POSIX owners and modes (Windows): the profile's ACLs decide, see docs/security.md
+        return None
+    uid = getuid()
+    for depth, path in enumerate([directory, *directory.parents]):
+        try:
+            st = os.lstat(path)
+        except OSError as error:
+            return f"{path} cannot be examined ({error.strerror or error})"
+        if stat.S_ISLNK(st.st_mode):
+            return f"{path} is a symbolic link"
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a directory"
+        leaf = depth == 0 and own
+        if st.st_uid != uid and (leaf or st.st_uid != 0):
+            who = "this user" if leaf else "this user or root"
+            return f"{path} is owned by uid {st.st_uid}, not by {who} (uid {uid})"
+        writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and (leaf or not st.st_mode & stat.S_ISVTX):
+            who = {stat.S_IWGRP: "its group", stat.S_IWOTH: "others"}.get(writable, "its group and others")
+            mode = f"mode {stat.S_IMODE(st.st_mode):04o}"
+            if leaf:
+                return f"{path} is writable by {who} ({mode})"
+            return f"{path} is writable by {who} ({mode}, not sticky), who could replace what is below it"
+    return None
+
+
+def _mkdir_private(path: Path) -> None:
+    """Create `path` with mode 0700 whatever the umask (left as it is when it exists already)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        return
+    except OSError as error:
+        raise _Untrusted(f"{path} cannot be created ({error.strerror or error})") from error
+    os.chmod(path, 0o700)  # the umask may have taken bits from 0700 (e.g. 0277); no one else can reach it yet
+
+
+def _private_dir(path: Path) -> Path:
+    """`path` resolved, with every missing directory (its `__pycache__` included) created 0700, checked by
+    _problem; raises _Untrusted naming what is wrong. Later steps use the resolved path only, so a symbolic link
+    on the way that someone else could change afterwards is never followed again."""
+    real = Path(os.path.realpath(path))
+    existing = real
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if existing != real:  # check where the new directories go before making them
+        problem = _problem(existing, own=False)
+        if problem:
+            raise _Untrusted(problem)
+        for missing in reversed([real, *real.parents][:len(real.parents) - len(existing.parents)]):
+            _mkdir_private(missing)
+    problem = _problem(real)
+    if problem:
+        raise _Untrusted(problem)
+    pycache = real / _PYCACHE
+    _mkdir_private(pycache)  # numba would create it with the umask's mode (group-writable under 002)
+    problem = _problem(pycache)
+    if problem:
+        raise _Untrusted(problem)
+    return real
+
+
+def _fallback_dir() -> Path:
+    """This process's private kernel directory (made by mkdtemp, removed at exit); OSError when even that fails."""
+    global _fallback
+    with _dir_lock:
+        if _fallback is None or not os.path.isdir(_fallback):
+            made = Path(tempfile.mkdtemp(prefix="nnc-kernels-"))
+            atexit.register(shutil.rmtree, made, True)
+            _fallback = made
+        try:
+            return _private_dir(_fallback)
+        except _Untrusted as problem:
+            raise OSError(f"no private directory for generated kernels: {problem}") from None
+
+
+def _warn_once(path: Path | str, problem: str, message: str) -> None:
+    with _dir_lock:
+        if (str(path), problem) in _warned:
+            return
+        _warned.add((str(path), problem))
+    warnings.warn(message, KernelCacheWarning, stacklevel=3)
 
 
 def digest(source: str) -> str:
@@ -62,18 +193,18 @@ def module_name(source: str) -> str:
     return f"nnc_kernel_{digest(source)[:32]}"
 
 
-def source_path(source: str) -> Path:
+def source_path(source: str, directory: Path | None = None) -> Path:
     """Where `source` lives in the cache (whether or not it has been written yet)."""
-    return cache_dir() / f"k_{digest(source)[:32]}.py"
+    return (cache_dir() if directory is None else directory) / f"k_{digest(source)[:32]}.py"
 
 
-def write_source(source: str) -> Path:
+def write_source(source: str, directory: Path | None = None) -> Path:
     """Write `source` to its content-addressed file unless it is already there; returns the path.
 
-    The write is atomic (a temporary file renamed into place), so concurrent processes never see half a file, and
-    an existing file is left untouched so that its modification time (part of numba's cache key) stays the same.
+    The write is atomic (a temporary file, mode 0600, renamed into place), so concurrent processes never see half a
+    file, and an existing file with the same text is left untouched so that numba's cache for it stays valid.
     """
-    path = source_path(source)
+    path = source_path(source, directory)
     if path.exists():
         try:
             if path.read_text(encoding="utf-8") == source:
@@ -92,30 +223,76 @@ def write_source(source: str) -> Path:
     return path
 
 
+class _SourceTextLoader(importlib.abc.Loader):
+    """Runs a kernel module from the source text this process generated: Python's own loader would prefer a
+    `__pycache__/*.pyc` whose header matches the .py (anyone able to write there could plant one) and write one.
+
+    The code object gets the .py's path as its file name, as an import would, so numba finds its cache next to it
+    and tracebacks and inspect show the file."""
+
+    def __init__(self, source: str, path: Path):
+        self.source, self.path = source, path
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        exec(compile(self.source, str(self.path), "exec", dont_inherit=True), module.__dict__)
+
+    def get_source(self, fullname: str) -> str:
+        return self.source
+
+
 def load_module(source: str) -> tuple[ModuleType, Path, bool]:
     """Import the module for `source` from the cache; returns (module, path, already_loaded_in_this_process)."""
-    key = (str(cache_dir()), digest(source))
+    directory = cache_dir()
+    key = (str(directory), digest(source))
     with _lock:
         module = _modules.get(key)
         if module is not None:
             _modules.move_to_end(key)
             sys.modules.setdefault(module.__name__, module)
             return module, Path(module.__file__), True
-        path = write_source(source)
+        path = write_source(source, directory)
         name = module_name(source)
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import the generated kernel module {path}")
+        spec = importlib.util.spec_from_loader(name, _SourceTextLoader(source, path), origin=str(path))
         module = importlib.util.module_from_spec(spec)
+        module.__file__ = str(path)  # set by hand: a spec "with a location" would also name a .pyc as __cached__
         sys.modules[name] = module  # numba's cache and pickling look modules up by name
         try:
             spec.loader.exec_module(module)
+            _keep_numba_caches_private(module, directory / _PYCACHE)
         except BaseException:
             sys.modules.pop(name, None)
             raise
         _modules[key] = module
         _evict(module_limit())
         return module, path, False
+
+
+def _keep_numba_caches_private(module: ModuleType, pycache: Path) -> None:
+    """Let each numba function of `module` use its on-disk cache only in a directory that passes _problem.
+
+    numba picks the directory when the decorator runs (`$NUMBA_CACHE_DIR` when set, else `__pycache__` next to the
+    source, else a user-wide one) and reads nothing from it before the first compile, which comes after this."""
+    dispatcher = sys.modules.get("numba.core.dispatcher")
+    if dispatcher is None:  # numba not imported: the module holds no numba function
+        return
+    from numba.core.caching import NullCache
+
+    for value in vars(module).values():
+        if not isinstance(value, dispatcher.Dispatcher) or isinstance(value._cache, NullCache):
+            continue
+        where = value._cache.cache_path
+        real = Path(os.path.realpath(where))
+        if real == pycache:
+            continue
+        problem = _problem(real)
+        if problem:
+            value._cache = NullCache()  # compiles in memory, reads and writes nothing
+            _warn_once(real, problem, f"numba's cache directory {where} is not used for nnc's kernels: {problem}. "
+                                      f"They are compiled in memory; set NUMBA_CACHE_DIR to a directory only you "
+                                      f"can write, or unset it.")
 
 
 def _evict(limit: int) -> None:
@@ -137,4 +314,3 @@ def forget() -> None:
         for module in _modules.values():
             sys.modules.pop(module.__name__, None)
         _modules.clear()
-
