@@ -290,7 +290,8 @@ def _getitem_rule(op, shapes, attrs, dtypes):
         return dummy[decode_key(attrs["key"], index_arrays)].shape
     except IndexError as e:
         message = str(e).replace("axis", "dimension")
-        raise IndexError(f"{message} (index {describe_key(attrs['key'])} on a tensor of shape {_fmt(shapes[0])})") from None
+        where = f"index {describe_key(attrs['key'])} on a tensor of shape {_fmt(shapes[0])}"
+        raise IndexError(f"{message} ({where})") from None
 
 
 def _gather_rule(op, shapes, attrs, dtypes):
@@ -896,7 +897,8 @@ def _elementwise(name, forward, template, dtype_rule=_promote, vjp=(), saves=(),
 E = _elementwise
 # binary arithmetic
 E("add", np.add, "({0} + {1})", vjp=(lambda g, out, x, y: g, lambda g, out, x, y: g))
-E("sub", np.subtract, "({0} - {1})", _no_bool(_promote, "Subtraction"), vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g))
+E("sub", np.subtract, "({0} - {1})", _no_bool(_promote, "Subtraction"),
+  vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g))
 E("mul", np.multiply, "({0} * {1})", vjp=(lambda g, out, x, y: g * y, lambda g, out, x, y: g * x),
   saves=(0, 1))
 E("div", _quiet(np.true_divide), "({0} / {1})", _to_float,
