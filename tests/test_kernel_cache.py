@@ -1,5 +1,6 @@
 """nnc.codegen.cache keeps a bounded number of imported kernel modules (an LRU); evicted ones come back from disk."""
 import sys
+import warnings
 
 import numpy as np
 
@@ -63,3 +64,20 @@ def test_a_bad_limit_falls_back_to_the_default(monkeypatch):
     assert cache.module_limit() == cache.DEFAULT_MODULES
     monkeypatch.setenv("NNC_KERNEL_MODULES", "0")
     assert cache.module_limit() == 1
+
+
+def test_a_whole_graph_with_more_kernels_than_the_limit_still_imports_them(monkeypatch, tmp_path):
+    """run_graph imports its kernels' modules by name: they are re-imported and kept while it loads."""
+    monkeypatch.setenv("NNC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NNC_KERNEL_MODULES", "1")
+    cache.forget()
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 6), nn.Sigmoid(), nn.Linear(6, 3))
+    compiled = nnc.compile(model, whole_graph=True)
+    x = runtime.randn(1, 6)
+    with warnings.catch_warnings(), runtime.no_grad():
+        warnings.simplefilter("error")  # a failed whole-graph import would warn and run kernel by kernel
+        got = compiled(x)
+    (artifact,) = compiled._cache.values()
+    assert artifact.forward_plan.whole_graph and len(artifact.forward_plan.kernels) > 1
+    np.testing.assert_allclose(got.numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -243,8 +243,9 @@ class _SourceTextLoader(importlib.abc.Loader):
         return self.source
 
 
-def load_module(source: str) -> tuple[ModuleType, Path, bool]:
-    """Import the module for `source` from the cache; returns (module, path, already_loaded_in_this_process)."""
+def load_module(source: str, keep: int = 0) -> tuple[ModuleType, Path, bool]:
+    """Import the module for `source` from the cache; returns (module, path, already_loaded_in_this_process).
+    `keep`: keep at least this many modules imported for now (a module about to import others by name)."""
     directory = cache_dir()
     key = (str(directory), digest(source))
     with _lock:
@@ -266,8 +267,15 @@ def load_module(source: str) -> tuple[ModuleType, Path, bool]:
             sys.modules.pop(name, None)
             raise
         _modules[key] = module
-        _evict(module_limit())
+        _evict(max(module_limit(), keep))
         return module, path, False
+
+
+def ensure_imported(sources: list) -> None:
+    """Make the modules of `sources` importable by name until the next load (re-importing evicted ones from the
+    disk cache): a whole-graph module imports its kernels' modules that way."""
+    for source in sources:
+        load_module(source, keep=len(sources) + 1)
 
 
 def _keep_numba_caches_private(module: ModuleType, pycache: Path) -> None:

@@ -252,8 +252,11 @@ def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> C
     """Generate, cache and compile the whole graph; WholeGraphUnsupported or KernelCompileError when it cannot."""
     start = time.perf_counter()
     source, arg_nodes, returned, generated = generate_graph(kernels, graph, name)
-    hits = [compile_generated(kernel, g).cache_hit for kernel, g in generated]  # imports (and compiles) them
-    module, path, _ = cache.load_module(source)
+    compiled = [compile_generated(kernel, g) for kernel, g in generated]  # imports (and compiles) them
+    hits = [c.cache_hit for c in compiled]
+    # NOTE: run_graph imports the kernels' modules by name; loading many can have evicted early ones (the LRU)
+    cache.ensure_imported([g.source for _, g in generated])
+    module, path, _ = cache.load_module(source, keep=len(generated) + 1)
     function = module.run_graph
     specs = [(tuple(int(d) for d in n.meta["shape"]), np_dtype(n.meta["dtype"])) for n in arg_nodes]
     signature = numba_signature_nd(specs)
