@@ -374,3 +374,23 @@ def test_an_input_no_gradient_reaches_gets_none_as_in_eager():
     (eager_x, eager_y), (compiled_x, compiled_y) = grads
     assert eager_x is None and compiled_x is None
     np.testing.assert_allclose(compiled_y.numpy(), eager_y.numpy(), rtol=1e-6)
+
+
+def test_detach_of_an_input_in_forward_detaches_the_callers_tensor():
+    class Detach(nn.Module):
+        def forward(self, x):
+            y = x * 2
+            x.detach_()
+            return y + x
+
+    results = []
+    for model in (Detach(), nnc.compile(Detach())):
+        leaf = runtime.linspace(-1, 1, 4).requires_grad_()
+        inp = leaf * 1
+        out = model(inp)
+        out.sum().backward()
+        results.append((inp.requires_grad, inp.grad_fn, out.detach().numpy(), leaf.grad.numpy()))
+    (eager_rg, eager_fn, eager_out, eager_grad), (rg, fn, out, grad) = results
+    assert rg is eager_rg is False and fn is None and eager_fn is None
+    np.testing.assert_allclose(out, eager_out)
+    np.testing.assert_allclose(grad, eager_grad)

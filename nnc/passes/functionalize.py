@@ -198,9 +198,15 @@ def _copy_(self, src, non_blocking=False):
 
 
 def _detach_(self):
-    """Eager's detach_ changes the tensor object, not its memory: only this value stops carrying gradients."""
-    if self.storage.root.op in ("placeholder", "get_attr"):
-        raise FunctionalizeError("detach_ on an input or attribute changes the caller's tensor; it runs eagerly")
+    """Eager's detach_ changes the tensor object, not its memory: only this value stops carrying gradients (an
+    input's is detached after the run too; an attribute's, or a view's, which eager refuses, runs eagerly)."""
+    root = self.storage.root
+    if root.op == "get_attr" or (root.op == "placeholder" and self.chain):
+        raise FunctionalizeError("detach_ of a parameter, a buffer or a view changes state the compiled graph "
+                                 "cannot; it runs eagerly")
+    if root.op == "placeholder" and not self.detached:
+        node = self.builder.node("call_function", detach_back, (root,))
+        node.meta["opaque_reason"] = f"detaches the input {root.name} after the run (detach_ in forward)"
     self.detached = True
     self._node = self.builder.emit_node(OPS["detach"], (self._node,), {})
     return self
@@ -288,12 +294,17 @@ def returned_inputs(outputs) -> dict:
     return found
 
 
+def detach_back(dest: Tensor) -> None:
+    """An input detach_ed in forward is detached after the run, as eager's detach_ detaches the caller's tensor."""
+    dest.detach_()
+
+
 @dataclass(frozen=True)
 class Write:
     """A tensor forward writes in place: an input (its position among the tensor inputs) or an attribute (its
     path); the graph returns its final value after the user's outputs, and the caller copies it in."""
 
-    kind: str          # "input" or "attribute"
+    kind: str          # "input", "attribute", or "detach" (an input detach_ed: no value)
     where: int | str
     name: str
 
@@ -306,6 +317,9 @@ def writes_as_outputs(gm, needs_grad: bool) -> list[Write]:
     graph = gm.graph
     inputs = [n for n in graph.placeholders if "shape" in n.meta]
     writes, values = [], []
+    for node in [n for n in graph.nodes if n.op == "call_function" and n.target is detach_back]:
+        writes.append(Write("detach", inputs.index(node.args[0]), node.args[0].name))
+        graph.erase_node(node)
     for node in [n for n in graph.nodes if n.op == "call_function" and n.target is write_back]:
         dest, value = node.args
         if dest.op == "placeholder":
@@ -334,6 +348,10 @@ def _check_pure(graph) -> None:
 
 def apply_writes(writes: list[Write], values, tensors: list, root) -> None:
     """Copy each written tensor's final value into it: inputs from `tensors`, attributes found from `root`."""
-    for write, value in zip(writes, values):
+    values = iter(values)
+    for write in writes:
+        if write.kind == "detach":
+            detach_back(tensors[write.where])
+            continue
         dest = tensors[write.where] if write.kind == "input" else fetch_attr(root, write.where)
-        write_back(dest, value)
+        write_back(dest, next(values))
