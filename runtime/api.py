@@ -113,10 +113,19 @@ def div(input, other, *, rounding_mode=None):
     if rounding_mode == "floor":
         return apply("floordiv", input, other)
     if rounding_mode == "trunc":
+        if result_type(input, other).is_floating_point is False and _any_zero(other):
+            raise RuntimeError("ZeroDivisionError")
         q = apply("div", input, other)
         trunc = q.sign() * q.abs().floor()
         return trunc if q.dtype is result_type(input, other) else trunc.to(result_type(input, other))
     raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
+
+
+def _any_zero(value) -> bool:
+    """Whether a divisor holds a zero (a tensor's values are read: integer division must check them)."""
+    if is_tensor_like(value):
+        return bool((value == 0).any())
+    return value == 0
 
 
 def result_type(*operands) -> dt.dtype:

@@ -81,6 +81,9 @@ class OpDef:
     # noop(in_shape, in_dtype, out_shape, out_dtype, attrs) -> whether a call returns its first input unchanged
     # (nnc's remove_noops drops those calls). Shapes are tuples; either shape or dtype may be None (unknown).
     noop: Callable | None = None
+    # Integer division: the input position whose zero raises torch's ZeroDivisionError for integer dtypes (the
+    # forward checks it; nnc runs such nodes with integer dtypes through the interpreter, which does too).
+    divisor: int | None = None
 
     def is_noop(self, in_shape, in_dtype, out_shape, out_dtype, attrs) -> bool:
         """Whether a call with these input and result shapes/dtypes and attributes returns its input unchanged."""
@@ -888,10 +891,23 @@ def _reduces_nothing(in_shape, in_dtype, out_shape, out_dtype, attrs):
 # The table.
 # ---------------------------------------------------------------------------------------------
 
-def _elementwise(name, forward, template, dtype_rule=_promote, vjp=(), saves=(), cast_inputs=None):
+def _elementwise(name, forward, template, dtype_rule=_promote, vjp=(), saves=(), cast_inputs=None, divisor=None):
     arity = 1 + max(int(k) for k in re.findall(r"\{(\d)\}", template))
     return _register(OpDef(name, Kind.ELEMENTWISE, arity, forward, _broadcast_rule, dtype_rule,
-                           template=template, vjp=tuple(vjp), saves=tuple(saves), cast_inputs=cast_inputs))
+                           template=template, vjp=tuple(vjp), saves=tuple(saves), cast_inputs=cast_inputs,
+                           divisor=divisor))
+
+
+def _integer_division(fn):
+    """numpy's integer // and % give 0 for a zero divisor; torch raises: so does this forward."""
+
+    def divide(x, y):
+        if np.result_type(x, y).kind in "iu" and np.any(np.asarray(y) == 0):
+            raise RuntimeError("ZeroDivisionError")
+        return fn(x, y)
+
+    divide.__name__ = getattr(fn, "__name__", "divide")
+    return divide
 
 
 E = _elementwise
@@ -908,9 +924,9 @@ E("maximum", np.maximum, "max({0}, {1})",
   vjp=(lambda g, out, x, y: _maximum_vjp(g, x, y), lambda g, out, x, y: _maximum_vjp(g, y, x)), saves=(0, 1))
 E("minimum", np.minimum, "min({0}, {1})",
   vjp=(lambda g, out, x, y: _maximum_vjp(g, y, x), lambda g, out, x, y: _maximum_vjp(g, x, y)), saves=(0, 1))
-E("floordiv", _quiet(np.floor_divide), "({0} // {1})")
-E("remainder", _quiet(np.remainder), "({0} % {1})",
-  vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g * (x // y)), saves=(0, 1))
+E("floordiv", _integer_division(_quiet(np.floor_divide)), "({0} // {1})", divisor=1)
+E("remainder", _integer_division(_quiet(np.remainder)), "({0} % {1})",
+  vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g * (x // y)), saves=(0, 1), divisor=1)
 # comparisons and logic
 E("eq", np.equal, "({0} == {1})", _compare)
 E("ne", np.not_equal, "({0} != {1})", _compare)

@@ -106,6 +106,8 @@ def rank(node: Node) -> int:
     if op is None:
         return OPAQUE
     if op.kind == Kind.ELEMENTWISE:
+        if op.divisor is not None and _integral(node):
+            return OPAQUE  # its forward raises on a zero divisor, as eager does; a kernel would give 0
         out = node.meta.get("shape")
         for arg in node.all_input_nodes:
             shape = arg.meta.get("shape")
@@ -117,6 +119,11 @@ def rank(node: Node) -> int:
     if op.kind == Kind.REDUCTION:
         return REDUCTION if op.reducer is not None else OPAQUE
     return OPAQUE  # matmul (an anchor that takes epilogues, see is_matmul) and other
+
+
+def _integral(node: Node) -> bool:
+    dtype = node.meta.get("dtype")
+    return dtype is not None and not dtype.is_floating_point and dtype.name != "bool"
 
 
 def is_pointwise(node: Node) -> bool:
