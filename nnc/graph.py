@@ -324,12 +324,13 @@ INPLACE_FUNCTIONS = (operator.setitem, builtins.setattr, operator.iadd, operator
 
 def has_side_effect(node: Node) -> bool:
     """Writes whose result nobody reads but which must run: x[i] = v, x += v, in-place methods, functions called
-    with inplace=True, attribute assignment."""
+    with inplace=True or out=, attribute assignment."""
     if node.op == "call_method":
         return node.target.endswith("_") and not node.target.endswith("__")
     if node.op != "call_function":
         return False
-    return node.target in INPLACE_FUNCTIONS or node.kwargs.get("inplace") is True
+    return (node.target in INPLACE_FUNCTIONS or node.kwargs.get("inplace") is True
+            or node.kwargs.get("out") is not None)
 
 
 def attr_path(target: str) -> list[str]:

@@ -174,15 +174,17 @@ def _trace(c: Compilation) -> None:
 
 
 def _shapes(c: Compilation) -> None:
-    with _read_only(c.module.parameters()):
+    meta = c.traced.graph.meta
+    captured = [t for path, t in meta.get("constants", {}).items() if path not in meta.get("fresh_constants", ())]
+    with _read_only([*c.module.parameters(), *captured]):
         propagate_shapes(c.traced, *_copies(c.tensors))
 
 
 @contextlib.contextmanager
 def _read_only(parameters):
-    """Parameters cannot be written while tracing and shape propagation run the model (those restore buffers and
-    copy inputs, but copying every parameter would cost a model's size): a forward that writes one fails to
-    compile and runs eagerly instead of being written twice."""
+    """Parameters (and tensors captured from outside the model) cannot be written while tracing and shape
+    propagation run the model (those restore buffers and copy inputs, but copying every parameter would cost a
+    model's size): a forward that writes one fails to compile and runs eagerly instead of being written twice."""
     # NOTE: numpy refuses the write itself ("assignment destination is read-only"), so nothing is half done
     arrays = [p._data for p in parameters if p._data.flags.writeable]
     for array in arrays:

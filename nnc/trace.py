@@ -302,6 +302,8 @@ class Tracer:
             path = f"_tensor_constant{len(self.constants)}"
             self.constants[path] = tensor
             self._tensor_paths[id(tensor)] = path
+            if self._made.get(id(tensor)) is tensor:
+                self.fresh_constants.add(path)
         node = self._attr_nodes.get(path)
         if node is None:
             node = self._attr_nodes[path] = self._create_attr_node(path)
@@ -339,6 +341,10 @@ class Tracer:
         for name, t in [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]:
             self._tensor_paths.setdefault(id(t), name)  # a tied tensor is named by its first path, as torch does
         self._attr_nodes, self._module_stack, self._assigned = {}, [""], {}
+        # NOTE: tensors a runtime function made during this trace (runtime.zeros(3) in forward): eager makes them
+        # anew on every call, so a constant holding one is fresh per call (functionalize need not write it back)
+        self._made: dict[int, Tensor] = {}
+        self.fresh_constants: set[str] = set()
         args = self._placeholders(root, concrete_args or {}, example_inputs)
         with self._patched(), _state_kept(root, self.specializes_sizes):
             try:
@@ -349,6 +355,8 @@ class Tracer:
         self.graph.output(self._to_graph_args(result))
         self.graph.meta.update(training=root.training, constants=self.constants,
                                concrete_args=dict(concrete_args or {}))
+        if self.fresh_constants:
+            self.graph.meta["fresh_constants"] = sorted(self.fresh_constants)
         return self.graph
 
     def _placeholders(self, root: Module, concrete_args: dict, example_inputs: dict | None):
@@ -511,8 +519,16 @@ def _recording(fn, tracer: Tracer):
 
     def recorder(*args, **kwargs):
         if _has_proxy(args) or _has_proxy(kwargs):
+            if isinstance(kwargs.get("out"), Tensor):
+                # NOTE: the write would happen in the graph only; the real tensor, which later Python code reads
+                # while tracing, would keep its old value
+                raise TraceError(f"out= a tensor that is not a traced value cannot be traced {_where()}: write "
+                                 f"into a traced value, or use the result instead of out=")
             return tracer.create_proxy("call_function", fn, args, kwargs)
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        if isinstance(result, Tensor):
+            tracer._made[id(result)] = result
+        return result
 
     recorder.__wrapped__ = fn
     return recorder

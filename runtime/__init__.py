@@ -25,6 +25,8 @@ _MODULE_FUNCTIONS = {name: fn for name, fn in _api.METHODS.items()
 _MODULE_FUNCTIONS.update(where=_api.where, cat=_api.cat, concat=_api.cat, concatenate=_api.cat, stack=_api.stack,
                          result_type=_api.result_type, is_tensor=lambda obj: isinstance(obj, Tensor),
                          numel=lambda input: input.numel(), is_floating_point=lambda input: input.is_floating_point())
+_MODULE_FUNCTIONS.update({name: _api.with_out(fn) for name, fn in _MODULE_FUNCTIONS.items()
+                          if getattr(fn, "__module__", "") == "runtime.api" and name != "result_type"})
 globals().update(_MODULE_FUNCTIONS)
 inf, nan, pi, e = _math.inf, _math.nan, _math.pi, _math.e
 

@@ -5,7 +5,9 @@ proxy can reuse them; composite ops live here and need no derivative or kernel o
 from __future__ import annotations
 
 import builtins
+import functools
 import math
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -119,6 +121,56 @@ def div(input, other, *, rounding_mode=None):
         trunc = q.sign() * q.abs().floor()
         return trunc if q.dtype is result_type(input, other) else trunc.to(result_type(input, other))
     raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
+
+
+def with_out(fn):
+    """`fn` with torch's `out=` keyword: the result is written into `out` (resized, with torch's warning, when its
+    shape differs) and `out` is returned. As in torch, not while an argument requires grad and grad is recorded."""
+
+    @functools.wraps(fn)
+    def call(*args, out=None, **kwargs):
+        if out is None:
+            return fn(*args, **kwargs)
+        name = fn.__name__
+        if not is_tensor_like(out):
+            raise TypeError(f"{name}(): argument 'out' must be Tensor, not {type(out).__name__}")
+        if _records_grad(args, kwargs, out):
+            raise RuntimeError(f"{name}(): functions with out=... arguments don't support automatic "
+                               f"differentiation, but one of the arguments requires grad.")
+        return _write_out(name, fn(*args, **kwargs), out)
+
+    return call
+
+
+def _records_grad(args, kwargs, out) -> bool:
+    from .autograd import grad_mode
+
+    if not grad_mode.is_grad_enabled():
+        return False
+    values = [out, *args, *kwargs.values()]
+    values += [v for x in list(values) if isinstance(x, (list, tuple)) for v in x]
+    return builtins.any(is_tensor_like(v) and getattr(v, "requires_grad", False) for v in values)
+
+
+def _write_out(name: str, result, out):
+    from .autograd import no_grad
+
+    if not is_tensor_like(result):
+        raise TypeError(f"{name}(): out= takes one tensor result")
+    if result.dtype.category > out.dtype.category:
+        raise RuntimeError(f"result type {result.dtype.name} can't be cast to the desired output type "
+                           f"{out.dtype.name}")
+    if tuple(out.shape) != tuple(result.shape):
+        if math.prod(out.shape):
+            warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, "
+                          f"which does not match the required output shape {list(result.shape)}. This behavior is "
+                          f"deprecated, and in a future PyTorch release outputs will not be resized unless they "
+                          f"have zero elements. You can explicitly reuse an out tensor t by resizing it, inplace, "
+                          f"to zero elements with t.resize_(0).", UserWarning, stacklevel=3)
+        out._resize_for_out(tuple(result.shape))
+    with no_grad():
+        out.copy_(result)
+    return out
 
 
 def _any_zero(value) -> bool:

@@ -632,6 +632,11 @@ class Tensor:
     def triu_(self, diagonal=0):
         return self.masked_fill_(api._off_triangle(self, diagonal, False, "triu"), 0)
 
+    def _resize_for_out(self, shape: tuple) -> None:
+        """New memory of `shape` for a tensor passed as out= (torch resizes such outputs)."""
+        self._data = np.empty(shape, dtype=self.dtype.np)
+        self._bump_version()
+
     def zero_(self):
         return self.fill_(0)
 

@@ -154,6 +154,8 @@ class GraphBuilder:
             for name, value in gm.graph.meta.get("constants", {}).items():
                 self._tensor_paths.setdefault(id(value), name)
             self.constants = dict(gm.graph.meta.get("constants", {}))
+        # constants eager makes anew on every call: made by a runtime function while tracing, or while decomposing
+        self.fresh_constants = set(gm.graph.meta.get("fresh_constants", ())) if gm is not None else set()
 
     # -- nodes ---------------------------------------------------------------------------------------
 
@@ -219,6 +221,7 @@ class GraphBuilder:
             while path in self.constants:
                 path += "_"
             self.constants[path] = tensor
+            self.fresh_constants.add(path)
             self._tensor_paths[id(tensor)] = path
         return path
 

@@ -273,6 +273,11 @@ def add_write_backs(builder) -> list:
         root = storage.root
         if not storage.written or root.op not in ("placeholder", "get_attr"):
             continue
+        if root.op == "get_attr" and root.target in builder.constants:
+            if root.target in builder.fresh_constants:
+                continue  # made anew on every call in eager: its writes matter only within the graph
+            raise FunctionalizeError(f"forward writes in place into {root.target}, a tensor from outside the model; "
+                                     f"it runs eagerly")
         node = builder.node("call_function", write_back, (root, storage.node))
         node.meta["opaque_reason"] = f"writes the new value of {root.name} back (an in-place write in forward)"
         nodes.append(node)
