@@ -394,3 +394,28 @@ def test_detach_of_an_input_in_forward_detaches_the_callers_tensor():
     assert rg is eager_rg is False and fn is None and eager_fn is None
     np.testing.assert_allclose(out, eager_out)
     np.testing.assert_allclose(grad, eager_grad)
+
+
+def test_a_write_after_detach_gives_the_tensor_the_writes_history():
+    class DetachThenWrite(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(runtime.linspace(0.5, 1.5, 4))
+
+        def forward(self, x):
+            x.detach_()
+            x.addcmul_(self.w, self.w)
+            return x, x * 2
+
+    results = []
+    runtime.manual_seed(0)
+    eager = DetachThenWrite()
+    for model in (eager, nnc.compile(copy.deepcopy(eager))):
+        inp = runtime.ones(4, requires_grad=True) * 1
+        first, second = model(inp)
+        (first.sum() + second.sum()).backward()
+        results.append((first is inp, inp.requires_grad, second.detach().numpy(), model.w.grad.numpy()))
+    (e_same, e_rg, e_out, e_grad), (same, rg, out, grad) = results
+    assert e_same and same and e_rg and rg
+    np.testing.assert_allclose(out, e_out)
+    np.testing.assert_allclose(grad, e_grad)

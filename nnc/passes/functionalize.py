@@ -106,8 +106,7 @@ def write(target, new) -> object:
         storage.node = _scatter(target, new)
     storage.version += 1
     target._node, target.seen = builder.graph_arg(new), storage.version
-    if target.detached:
-        target._node = builder.emit_node(OPS["detach"], (target._node,), {})
+    target.detached = False  # as eager: a write after detach_ rebases the tensor onto the write's history
     return target
 
 
