@@ -41,7 +41,7 @@ class FunctionalizeError(RuntimeError):
 class Storage:
     """The memory a base value and its views share: its current value (a node), its root and a version."""
 
-    __slots__ = ("root", "node", "version", "layout")
+    __slots__ = ("root", "node", "version", "layout", "views")
 
     def __init__(self, node):
         self.root = node      # the node that first computed this memory (a placeholder, get_attr or any op)
@@ -50,6 +50,7 @@ class Storage:
         # NOTE: a byte array of the root's shape, never touched (np.empty maps no pages): replaying view ops on it
         # tells whether numpy makes a view or a copy, exactly as eager decides for the real arrays.
         self.layout = None
+        self.views = 0        # views taken of it so far
 
     @property
     def written(self) -> bool:
@@ -74,6 +75,7 @@ def track_view(result, op, inputs, attrs) -> None:
     if not np.may_share_memory(child_layout, parent_layout):
         return  # numpy copies here (a reshape of a non-contiguous view): a value of its own
     result.storage, result.chain, result.seen = source.storage, source.chain + (step,), source.storage.version
+    source.storage.views += 1
 
 
 def _layout_of(value) -> np.ndarray:
@@ -199,10 +201,12 @@ def _copy_(self, src, non_blocking=False):
 def _detach_(self):
     """Eager's detach_ changes the tensor object, not its memory: only this value stops carrying gradients (an
     input's is detached after the run too; an attribute's, or a view's, which eager refuses, runs eagerly)."""
-    root = self.storage.root
-    if root.op == "get_attr" or (root.op == "placeholder" and self.chain):
-        raise FunctionalizeError("detach_ of a parameter, a buffer or a view changes state the compiled graph "
-                                 "cannot; it runs eagerly")
+    root, storage = self.storage.root, self.storage
+    if root.op == "get_attr" or (root.op == "placeholder" and (self.chain or storage.views or storage.written)):
+        # NOTE: what eager then does to the input's views and earlier writes (rebases, leaf errors) is torch's
+        # view bookkeeping, which the compiled graph does not keep: only a plain input is detached after the run
+        raise FunctionalizeError("detach_ of a parameter, a buffer, a view, or an input with views or writes "
+                                 "changes state the compiled graph cannot; it runs eagerly")
     if root.op == "placeholder" and not self.detached:
         node = self.builder.node("call_function", detach_back, (root,))
         node.meta["opaque_reason"] = f"detaches the input {root.name} after the run (detach_ in forward)"
