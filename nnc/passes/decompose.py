@@ -36,7 +36,7 @@ _RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "rand_like", "randn
 class MetaValue:
     """A tensor in the graph being built: its node, shape and dtype. Operations on it record primitives."""
 
-    __slots__ = ("_node", "builder", "storage", "chain", "seen", "detached")
+    __slots__ = ("_node", "builder", "storage", "chain", "seen", "detached", "own_history")
 
     def __init__(self, node: Node, builder: "GraphBuilder"):
         self._node, self.builder = node, builder
@@ -44,6 +44,7 @@ class MetaValue:
         self.chain = ()                           # the view ops from the storage's value to this one
         self.seen = self.storage.version          # the storage version self._node reflects
         self.detached = False                     # detach_ was called on it
+        self.own_history = False                  # a .detach() alias written in place: autograd follows the write
 
     @property
     def node(self) -> Node:

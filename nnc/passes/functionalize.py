@@ -88,6 +88,11 @@ def _layout_of(value) -> np.ndarray:
 def current_node(value):
     """The node holding `value`'s current contents: its storage's value, through its view ops (and detached when
     detach_ was called on it)."""
+    if value.own_history:
+        # NOTE: torch keeps such an alias's own history (the write's) while its data follows the base: not a
+        # value the graph can express
+        raise FunctionalizeError("a .detach() alias written in place, then its memory written again; it runs "
+                                 "eagerly")
     builder = value.builder
     node = value.storage.node
     for op, attrs in value.chain:
@@ -109,6 +114,7 @@ def write(target, new) -> object:
     storage.version += 1
     target._node, target.seen = builder.graph_arg(new), storage.version
     target.detached = False  # as eager: a write after detach_ rebases the tensor onto the write's history
+    target.own_history = any(op.name == "detach" for op, _ in target.chain)
     return target
 
 
