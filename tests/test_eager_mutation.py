@@ -861,3 +861,19 @@ if __name__ == "__main__":  # a larger run by hand: python tests/test_eager_muta
         for seed, diffs in report.items():
             print(f"seed {seed} ({dtype}): {make_program(seed, dtype).steps}\n  " + "\n  ".join(diffs))
         print(f"{dtype}: {count} programs, {len(report)} with differences")
+
+
+def test_a_saved_tensor_detached_in_place_raises_when_its_rule_reads_it(torch):
+    for lib in (runtime, torch):
+        x = lib.ones(3, requires_grad=True)
+        h = x * 2
+        y = h * h  # saves h
+        h.detach_()
+        with pytest.raises(RuntimeError, match="saved tensor that has been detached in-place"):
+            y.sum().backward()
+        z = lib.ones(3, requires_grad=True)
+        k = z * 2
+        total = (k + 1).sum()  # add saves nothing: detaching k afterwards is harmless
+        k.detach_()
+        total.backward()
+        assert z.grad.tolist() == [2.0, 2.0, 2.0]

@@ -81,6 +81,10 @@ def _camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
 
 
+DETACHED_SAVED_ERROR = ("Trying to use a saved tensor that has been detached in-place, i.e. with .detach_().If "
+                        "you used detach_() on a tensor saved for backward, use detach() instead.")
+
+
 class OpNode(Node):
     """The backward of one primitive op; its rules come from the op table."""
 
@@ -92,6 +96,8 @@ class OpNode(Node):
         saves = op.saves
         self.saved_versions = tuple((i, inputs[i]._vc()[0]) for i in saves
                                     if i != "out" and isinstance(inputs[i], _tensor_mod.Tensor))
+        # saved inputs that had a history: detach_ on one later makes reading it torch's error
+        self.saved_with_history = tuple(i for i, _ in self.saved_versions if inputs[i]._grad_fn is not None)
         if "out" in saves:
             self.out_data, self.out_version, self.out_version_seen = out_array, out_version, out_version[0]
         else:
@@ -127,14 +133,17 @@ class OpNode(Node):
         """The rules' inputs and output; a saved one modified in place since is a _Stale, which raises torch's
         error only if a rule that runs reads it (torch saves, per input, only what that input's formula needs)."""
         stale = [i for i, seen in self.saved_versions if inputs[i]._vc()[0] != seen]
+        detached = [i for i in self.saved_with_history if inputs[i]._grad_fn is None]
         if self.out_data is not None and self.out_version[0] != self.out_version_seen:
             out = _Stale(out, self._stale_message("its output", self.out_version[0], self.out_version_seen))
-        if not stale:
+        if not stale and not detached:
             return inputs, out
         values = list(inputs)
         for i, seen in self.saved_versions:
             if i in stale:
                 values[i] = _Stale(inputs[i], self._stale_message(f"input {i}", inputs[i]._vc()[0], seen))
+            elif i in detached:
+                values[i] = _Stale(inputs[i], DETACHED_SAVED_ERROR)
         return values, out
 
     def _stale_message(self, what, now, seen) -> str:
