@@ -603,6 +603,10 @@ def _np_expand(x, shape):
 def _np_getitem(x, *index_arrays, key):
     index = decode_key(key, index_arrays)
     out = x[index]
+    if index_arrays:
+        # NOTE: indexing with tensors copies, and torch's copy is C-contiguous (so a reshape of it is a view);
+        # numpy's can come out in another order (x[..., idx])
+        return np.ascontiguousarray(out)
     # NOTE: an integer for every dim gives a numpy scalar (a copy) where torch gives a 0-d view; `...` keeps a view
     return out if type(out) is np.ndarray else x[index + (Ellipsis,)]
 

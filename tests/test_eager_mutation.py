@@ -877,3 +877,16 @@ def test_a_saved_tensor_detached_in_place_raises_when_its_rule_reads_it(torch):
         k.detach_()
         total.backward()
         assert z.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_indexing_with_a_tensor_gives_a_contiguous_copy(torch):
+    """numpy's x[..., idx] comes out in another memory order, so a reshape of it copied and an in-place op on the
+    reshape missed the indexed result; torch's is C-contiguous."""
+    data = np.arange(18, dtype=np.float32).reshape(3, 6)
+    results = []
+    for lib in (runtime, torch):
+        picked = lib.tensor(data)[..., lib.tensor([1, 4, 4, 0])]
+        assert picked.is_contiguous()
+        picked.reshape(-1).mul_(2)
+        results.append(picked.numpy())
+    np.testing.assert_array_equal(results[0], results[1])
