@@ -31,6 +31,7 @@ class KernelStep:
         self.inputs, self.outputs = kernel.inputs, kernel.outputs
         self.out_specs = [(tuple(n.meta["shape"]), n.meta["dtype"].np) for n in kernel.outputs]
         self.reuse_outputs = reuse_outputs
+        self.parallel = bool(getattr(compiled, "parallel", False))
 
     def buffers(self, memory, arenas) -> "OutputBuffers":
         """This step's output arrays for one thread: planned views into its arenas, and a memo of the rest."""
@@ -40,7 +41,7 @@ class KernelStep:
     def run(self, env: dict, buffers: "OutputBuffers") -> None:
         arrays = buffers.arrays()
         inputs = [env[n]._data for n in self.inputs]
-        if getattr(self.compiled, "parallel", False) and not threading_layer_is_threadsafe():
+        if self.parallel and not threading_layer_is_threadsafe():
             with _PARALLEL_REGIONS:
                 self.compiled.run_into(inputs, arrays)
         else:

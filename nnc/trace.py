@@ -83,8 +83,8 @@ _DUNDER_TARGETS = {
 _TENSOR_METHODS = {"to", "type", "type_as", "float", "double", "half", "long", "int", "bool", "cpu", "view",
                    "contiguous", "detach", "size", "dim", "numel", "new_tensor", "new_empty"}
 # Every in-place method (add_, tanh_, addcmul_, ...): a call_method node, which passes know writes its argument.
-_INPLACE_METHODS = {n for n in dir(Tensor) if n.endswith("_") and not n.startswith("_")}
-METHOD_NAMES = frozenset(api.METHODS) | _TENSOR_METHODS | _INPLACE_METHODS
+INPLACE_METHODS = tuple(sorted(n for n in dir(Tensor) if n.endswith("_") and not n.startswith("_")))
+METHOD_NAMES = frozenset(api.METHODS) | _TENSOR_METHODS | frozenset(INPLACE_METHODS)
 # What a tracer with example inputs answers from the example values instead of recording: sizes, rank, dtype and
 # device. The compiled module's guards check exactly these, so the answers hold for every call that reuses the graph.
 SIZE_QUERIES = frozenset({"size", "shape", "dim", "ndim", "numel", "nelement", "dtype", "device",

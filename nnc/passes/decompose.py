@@ -147,6 +147,7 @@ class GraphBuilder:
         self.origin: Node | None = None
         self._attr_nodes: dict[str, Node] = {}
         self.storages: dict[Node, functionalize.Storage] = {}  # by the node that first held each value
+        self.writes = 0  # in-place writes functionalized so far
         self._tensor_paths, self.constants = {}, {}
         if gm is not None:
             named = [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
@@ -341,7 +342,7 @@ def _replay(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
     module = fetch_attr(gm, node.target) if node.op == "call_module" else None
     snapshot = _StateSnapshot(module)
     existing = set(builder.graph.nodes)
-    writes = _write_count(builder)
+    writes = builder.writes
     try:
         result = _run_symbolically(node, module, args, kwargs)
         if snapshot.changed():
@@ -351,16 +352,12 @@ def _replay(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
         raise
     except Exception as error:  # any failure: keep the node as it was, with real state untouched
         snapshot.restore()
-        if _write_count(builder) != writes or _writes_in_place(node):
+        if builder.writes != writes or _writes_in_place(node):
             # NOTE: an opaque node's own writes would be invisible to the pure graph around it: refuse instead
             raise FunctionalizeError(f"{node.name} writes in place and cannot be decomposed "
                                      f"({type(error).__name__}: {error})") from error
         _erase_new_nodes(builder, existing)
         return _opaque(builder, node, args, kwargs, f"{type(error).__name__}: {error}")
-
-
-def _write_count(builder: GraphBuilder) -> int:
-    return sum(storage.version for storage in builder.storages.values())
 
 
 def _writes_in_place(node: Node) -> bool:

@@ -32,6 +32,7 @@ from runtime.ops import OPS, apply
 from runtime.tensor import Tensor
 
 from ..graph import fetch_attr, has_side_effect
+from ..trace import INPLACE_METHODS
 
 
 class FunctionalizeError(RuntimeError):
@@ -112,6 +113,7 @@ def write(target, new) -> object:
     else:
         storage.node = _scatter(target, new)
     storage.version += 1
+    builder.writes += 1
     target._node, target.seen = builder.graph_arg(new), storage.version
     target.detached = False  # as eager: a write after detach_ rebases the tensor onto the write's history
     target.own_history = any(op.name == "detach" for op, _ in target.chain)
@@ -238,14 +240,9 @@ _OVERRIDES = {"detach_": _detach_, "addcmul_": _addcmul_, "addcdiv_": _addcdiv_,
               "fill_": _fill_, "zero_": _zero_, "copy_": _copy_}
 
 
-def inplace_method_names() -> list[str]:
-    """Tensor's public in-place methods (names ending in one underscore)."""
-    return sorted(n for n in dir(Tensor) if n.endswith("_") and not n.startswith("_"))
-
-
 def install(cls) -> None:
     """Give MetaValue every in-place method of Tensor, functionalized, plus __setitem__ and the __i*__ family."""
-    for name in inplace_method_names():
+    for name in INPLACE_METHODS:
         if name in _OVERRIDES:
             setattr(cls, name, _OVERRIDES[name])
         elif name[:-1] in api.METHODS:
@@ -274,10 +271,9 @@ def write_back(dest: Tensor, value: Tensor) -> None:
     dest._bump_version()
 
 
-def add_write_backs(builder) -> list:
+def add_write_backs(builder) -> None:
     """A write_back node for every written storage whose root is a graph input or a parameter or buffer (it keeps
     the final value alive until the functionalize stage makes it a graph output)."""
-    nodes = []
     for storage in builder.storages.values():
         root = storage.root
         if not storage.written or root.op not in ("placeholder", "get_attr"):
@@ -289,8 +285,6 @@ def add_write_backs(builder) -> list:
                                      f"it runs eagerly")
         node = builder.node("call_function", write_back, (root, storage.node))
         node.meta["opaque_reason"] = f"writes the new value of {root.name} back (an in-place write in forward)"
-        nodes.append(node)
-    return nodes
 
 
 def returned_inputs(outputs) -> dict:
