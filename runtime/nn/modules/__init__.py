@@ -6,3 +6,4 @@ from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, BCE
                      MultiheadAttention, NLLLoss, ReLU, Sigmoid, SiLU, Softmax, Tanh, Unflatten)
 from .module import (Module, register_module_forward_hook, register_module_forward_pre_hook,  # noqa: F401
                      register_module_full_backward_hook)
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase  # noqa: F401

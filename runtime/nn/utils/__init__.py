@@ -1,14 +1,15 @@
-"""runtime.nn.utils: skip_init, and gradient clipping helpers."""
+"""runtime.nn.utils: skip_init, gradient clipping, parameter vectors, and the rnn packing helpers."""
 from __future__ import annotations
 
 import math
 
-from ..autograd import grad_mode
+from ...autograd import grad_mode
+from . import rnn  # noqa: F401
 
 
 def skip_init(module_cls, *args, **kwargs):
     """Build a module without running its nn.init initialisers: parameters keep their zero fill."""
-    from . import init
+    from .. import init
 
     with init.skipped():
         return module_cls(*args, **kwargs)
@@ -16,7 +17,7 @@ def skip_init(module_cls, *args, **kwargs):
 
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
     """Scale gradients in place so their joint norm is at most max_norm; returns the norm before clipping."""
-    from .. import factories
+    from ... import factories
 
     params = [parameters] if hasattr(parameters, "grad") else list(parameters)
     grads = [p.grad for p in params if p.grad is not None]
