@@ -33,3 +33,4 @@ inf, nan, pi, e = _math.inf, _math.nan, _math.pi, _math.e
 __version__ = "0.1.0"
 from . import optim  # noqa: E402,F401
 from .serialization import load, load_safetensors, save, save_safetensors  # noqa: E402,F401
+from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)

@@ -1,0 +1,5 @@
+"""runtime.utils.data: datasets, samplers, DataLoader and DistributedSampler, as torch.utils.data."""
+from .dataloader import DataLoader, default_collate, default_convert  # noqa: F401
+from .dataset import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset, random_split  # noqa: F401
+from .distributed import DistributedSampler  # noqa: F401
+from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler  # noqa: F401
