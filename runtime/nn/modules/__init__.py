@@ -7,3 +7,5 @@ from .layers import (AdaptiveAvgPool2d, AvgPool2d, BatchNorm1d, BatchNorm2d, BCE
 from .module import (Module, register_module_forward_hook, register_module_forward_pre_hook,  # noqa: F401
                      register_module_full_backward_hook)
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase  # noqa: F401
+from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,  # noqa: F401
+                          TransformerEncoderLayer)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+from ... import api
 from ... import dtypes as dt
 from ... import factories
 from ...autograd import grad_mode
@@ -461,36 +462,80 @@ class NonDynamicallyQuantizableLinear(Linear):
 
 
 class MultiheadAttention(Module):
-    """Multi-head attention with a packed in-projection, as torch.nn.MultiheadAttention."""
+    """Multi-head attention as torch.nn.MultiheadAttention: a packed in-projection when key and value have
+    embed_dim features, separate q/k/v projection weights for other kdim/vdim; add_bias_kv and add_zero_attn
+    append a learned or a zero key/value position."""
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
         super().__init__()
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError(f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} and "
+                             f"num_heads={num_heads} instead")
         if embed_dim % num_heads:
             raise AssertionError("embed_dim must be divisible by num_heads")
-        if add_bias_kv or add_zero_attn or (kdim not in (None, embed_dim)) or (vdim not in (None, embed_dim)):
-            raise NotImplementedError("MultiheadAttention: add_bias_kv, add_zero_attn and kdim/vdim are not supported")
         self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
         self.head_dim = embed_dim // num_heads
-        self.kdim = self.vdim = embed_dim
-        self._qkv_same_embed_dim = True
-        self.in_proj_weight = _empty(3 * embed_dim, embed_dim, device=device, dtype=dtype)
-        self.register_parameter("in_proj_bias", _empty(3 * embed_dim, device=device, dtype=dtype) if bias else None)
-        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, device=device, dtype=dtype)
+        kw = {"device": device, "dtype": dtype}
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = _empty(3 * embed_dim, embed_dim, **kw)
+            for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
+                self.register_parameter(name, None)
+        else:
+            self.q_proj_weight = _empty(embed_dim, embed_dim, **kw)
+            self.k_proj_weight = _empty(embed_dim, self.kdim, **kw)
+            self.v_proj_weight = _empty(embed_dim, self.vdim, **kw)
+            self.register_parameter("in_proj_weight", None)
+        self.register_parameter("in_proj_bias", _empty(3 * embed_dim, **kw) if bias else None)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **kw)
+        if add_bias_kv:
+            self.bias_k = _empty(1, 1, embed_dim, **kw)
+            self.bias_v = _empty(1, 1, embed_dim, **kw)
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
         self._reset_parameters()
 
     def _reset_parameters(self) -> None:
-        init.xavier_uniform_(self.in_proj_weight)
+        if self._qkv_same_embed_dim:
+            init.xavier_uniform_(self.in_proj_weight)
+        else:
+            for w in (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
+                init.xavier_uniform_(w)
         if self.in_proj_bias is not None:
             init.zeros_(self.in_proj_bias)
             init.zeros_(self.out_proj.bias)
+        if self.bias_k is not None:
+            init.xavier_normal_(self.bias_k)
+            init.xavier_normal_(self.bias_v)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        if self.batch_first:
+        batched = query.ndim == 3
+        if not batched:
+            if query.ndim != 2:
+                raise AssertionError(f"query should be unbatched 2D or batched 3D tensor but received "
+                                     f"{query.ndim}-D query tensor")
+            query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         length, batch, _ = query.shape
-        q, k, v = self._project(query, key, value)
+        q, k, v = self._project(query, key, value)  # (L, N, E), (S, N, E), (S, N, E)
+        if self.bias_k is not None:
+            k = api.cat([k, self.bias_k.expand(1, batch, self.embed_dim)], 0)
+            v = api.cat([v, self.bias_v.expand(1, batch, self.embed_dim)], 0)
+            attn_mask, key_padding_mask = _pad_last(attn_mask), _pad_last(key_padding_mask)
+        q, k, v = (t.reshape(t.shape[0], batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+                   for t in (q, k, v))
+        if self.add_zero_attn:
+            zeros = k.new_zeros((batch, self.num_heads, 1, self.head_dim))
+            k, v = api.cat([k, zeros], 2), api.cat([v, zeros], 2)
+            attn_mask, key_padding_mask = _pad_last(attn_mask), _pad_last(key_padding_mask)
         mask = _merge_masks(attn_mask, key_padding_mask, batch, self.num_heads, length, k.shape[2], is_causal)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         if mask is not None:
@@ -500,21 +545,28 @@ class MultiheadAttention(Module):
             weights = F.dropout(weights, self.dropout)
         out = (weights @ v).permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
         out = self.out_proj(out)
-        if self.batch_first:
+        if not batched:
+            out = out.squeeze(1)
+            weights = weights.squeeze(0)
+        elif self.batch_first:
             out = out.transpose(0, 1)
         if not need_weights:
             return out, None
-        return out, (weights.mean(1) if average_attn_weights else weights)
+        return out, (weights.mean(-3) if average_attn_weights else weights)
 
     def _project(self, query, key, value):
-        """(batch, heads, length, head_dim) projections of query, key and value."""
-        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        """The (length, batch, embed_dim) projections of query, key and value."""
+        if self._qkv_same_embed_dim:
+            w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        else:
+            w_q, w_k, w_v = self.q_proj_weight, self.k_proj_weight, self.v_proj_weight
         b_q, b_k, b_v = self.in_proj_bias.chunk(3) if self.in_proj_bias is not None else (None,) * 3
-        heads = []
-        for x, w, b in ((query, w_q, b_q), (key, w_k, b_k), (value, w_v, b_v)):
-            length, batch, _ = x.shape
-            heads.append(F.linear(x, w, b).reshape(length, batch, self.num_heads, self.head_dim).permute(1, 2, 0, 3))
-        return heads
+        return [F.linear(x, w, b) for x, w, b in ((query, w_q, b_q), (key, w_k, b_k), (value, w_v, b_v))]
+
+
+def _pad_last(mask):
+    """A mask with one more (unmasked) key position at the end."""
+    return None if mask is None else F.pad(mask, (0, 1))
 
 
 def _merge_masks(attn_mask, key_padding_mask, batch, heads, q_len, k_len, is_causal):

@@ -1,0 +1,226 @@
+"""MultiheadAttention (kdim/vdim, add_bias_kv, add_zero_attn, masks) and the Transformer family against torch:
+outputs, gradients, state_dict keys and reprs; a word-language-model style subclass of nn.Transformer; compiled
+encoder layer against eager."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import runtime
+import runtime.nn as nn
+from nn_oracle import run_both
+
+RNG = np.random.default_rng(0)
+L, S, N, E = 5, 4, 3, 8
+
+
+def _x(*shape):
+    return RNG.standard_normal(shape)
+
+
+def _mask(kind, rows, cols):
+    if kind == "bool":
+        m = RNG.random((rows, cols)) < 0.3
+        m[:, 0] = False  # every query keeps at least one key
+        return m
+    if kind == "float":
+        return RNG.standard_normal((rows, cols))
+    return None
+
+
+MHA_CASES = [
+    dict(),
+    dict(kdim=5, vdim=6),
+    dict(add_bias_kv=True),
+    dict(add_zero_attn=True),
+    dict(add_bias_kv=True, add_zero_attn=True, kdim=3, vdim=7),
+    dict(bias=False, batch_first=True),
+]
+
+
+@pytest.mark.parametrize("kw", MHA_CASES, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()) or "defaults")
+@pytest.mark.parametrize("masks", ["none", "bool", "float", "padding", "both"])
+@pytest.mark.parametrize("average", [True, False])
+def test_multihead_attention_matches_torch(torch, kw, masks, average):
+    kdim, vdim = kw.get("kdim", E), kw.get("vdim", E)
+    bf = kw.get("batch_first", False)
+    q = _x(N, L, E) if bf else _x(L, N, E)
+    k = _x(N, S, kdim) if bf else _x(S, N, kdim)
+    v = _x(N, S, vdim) if bf else _x(S, N, vdim)
+    attn = _mask("bool" if masks in ("bool", "both") else masks, L, S) if masks not in ("none", "padding") else None
+    pad = None
+    if masks in ("padding", "both"):
+        pad = np.zeros((N, S), bool)
+        pad[0, -2:] = True
+
+    def call(m, q, k, v):
+        lib = runtime if isinstance(q, runtime.Tensor) else torch
+        am = None if attn is None else lib.tensor(attn)
+        kp = None if pad is None else lib.tensor(pad)
+        return m(q, k, v, key_padding_mask=kp, attn_mask=am, average_attn_weights=average)
+
+    ours, theirs = run_both(torch, lambda lib: lib.nn.MultiheadAttention(E, 2, **kw), [q, k, v], call=call)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    assert repr(ours) == repr(theirs)
+
+
+def test_multihead_attention_unbatched_and_3d_mask(torch):
+    def call(m, q, k, v):
+        lib = runtime if isinstance(q, runtime.Tensor) else torch
+        return m(q, k, v, attn_mask=lib.tensor(mask3))
+
+    mask3 = _x(2 * N, L, S)
+    run_both(torch, lambda lib: lib.nn.MultiheadAttention(E, 2), [_x(L, N, E), _x(S, N, E), _x(S, N, E)], call=call)
+    run_both(torch, lambda lib: lib.nn.MultiheadAttention(E, 2, kdim=3, vdim=3), [_x(L, E), _x(S, 3), _x(S, 3)])
+
+
+LAYER_CASES = [dict(), dict(norm_first=True), dict(activation="gelu", batch_first=True), dict(bias=False)]
+LAYER_IDS = ["defaults", "norm_first", "gelu-batch_first", "no-bias"]
+
+
+@pytest.mark.parametrize("kw", LAYER_CASES, ids=LAYER_IDS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_encoder_matches_torch(torch, kw, masked):
+    bf = kw.get("batch_first", False)
+    src = _x(N, L, E) if bf else _x(L, N, E)
+    causal = np.triu(np.full((L, L), -np.inf), 1)
+    pad = np.zeros((N, L), bool)
+    pad[1, -1] = True
+
+    def make(lib):
+        layer = lib.nn.TransformerEncoderLayer(E, 2, 16, dropout=0.0, **kw)
+        return lib.nn.TransformerEncoder(layer, 2, norm=lib.nn.LayerNorm(E), enable_nested_tensor=False)
+
+    def call(m, src):
+        lib = runtime if isinstance(src, runtime.Tensor) else torch
+        if not masked:
+            return m(src)
+        return m(src, mask=lib.tensor(causal), src_key_padding_mask=lib.tensor(pad))
+
+    ours, theirs = run_both(torch, make, [src], call=call)
+    assert repr(ours) == repr(theirs)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+
+
+@pytest.mark.parametrize("kw", LAYER_CASES, ids=LAYER_IDS)
+def test_decoder_matches_torch(torch, kw):
+    bf = kw.get("batch_first", False)
+    tgt = _x(N, L, E) if bf else _x(L, N, E)
+    mem = _x(N, S, E) if bf else _x(S, N, E)
+    mem_pad = np.zeros((N, S), bool)
+    mem_pad[2, 0] = True
+
+    def make(lib):
+        return lib.nn.TransformerDecoder(lib.nn.TransformerDecoderLayer(E, 2, 16, dropout=0.0, **kw), 2)
+
+    def call(m, tgt, mem):
+        lib = runtime if isinstance(tgt, runtime.Tensor) else torch
+        mask = lib.nn.Transformer.generate_square_subsequent_mask(L, dtype=lib.float64)
+        return m(tgt, mem, tgt_mask=mask, memory_key_padding_mask=lib.tensor(mem_pad), tgt_is_causal=True)
+
+    ours, theirs = run_both(torch, make, [tgt, mem], call=call)
+    assert repr(ours) == repr(theirs)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(norm_first=True, batch_first=True, activation="gelu")])
+def test_transformer_matches_torch(torch, kw):
+    bf = kw.get("batch_first", False)
+    src = _x(N, S, E) if bf else _x(S, N, E)
+    tgt = _x(N, L, E) if bf else _x(L, N, E)
+
+    def make(lib):
+        return lib.nn.Transformer(E, 2, 2, 1, 16, dropout=0.0, **kw)
+
+    def call(m, src, tgt):
+        return m(src, tgt, tgt_mask=m.generate_square_subsequent_mask(L, dtype=src.dtype))
+
+    ours, theirs = run_both(torch, make, [src, tgt], call=call)
+    assert repr(ours) == repr(theirs)
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+
+
+def test_generate_square_subsequent_mask_matches_torch(torch):
+    ours = nn.Transformer.generate_square_subsequent_mask(4)
+    theirs = torch.nn.Transformer.generate_square_subsequent_mask(4)
+    assert ours.dtype is runtime.float32
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_transformer_initialisation_is_xavier_uniform():
+    m = nn.Transformer(16, 2, 1, 1, 32)
+    w = m.encoder.layers[0].linear1.weight.detach().numpy()
+    bound = math.sqrt(6 / (16 + 32))
+    assert np.abs(w).max() <= bound and np.abs(w).max() > 0.8 * bound
+
+
+class _PositionalEncoding(nn.Module):
+    def __init__(self, d_model, max_len=64):
+        super().__init__()
+        import runtime as torch
+
+        pe = torch.zeros(max_len, d_model)
+        position = torch.arange(0, max_len, dtype=torch.float).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, d_model, 2).float() * (-math.log(10000.0) / d_model))
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        self.register_buffer("pe", pe.unsqueeze(0).transpose(0, 1))
+
+    def forward(self, x):
+        return x + self.pe[:x.size(0), :]
+
+
+class _TransformerModel(nn.Transformer):
+    """The shape of pytorch/examples' word_language_model TransformerModel (written here, not copied)."""
+
+    def __init__(self, ntoken, ninp, nhead, nhid, nlayers):
+        super().__init__(d_model=ninp, nhead=nhead, dim_feedforward=nhid, num_encoder_layers=nlayers)
+        self.src_mask = None
+        self.pos_encoder = _PositionalEncoding(ninp)
+        self.input_emb = nn.Embedding(ntoken, ninp)
+        self.ninp = ninp
+        self.decoder = nn.Linear(ninp, ntoken)
+
+    def forward(self, src):
+        import runtime as torch
+
+        if self.src_mask is None or self.src_mask.size(0) != len(src):
+            self.src_mask = torch.log(torch.tril(torch.ones(len(src), len(src))))
+        src = self.pos_encoder(self.input_emb(src) * math.sqrt(self.ninp))
+        output = self.encoder(src, mask=self.src_mask)
+        return nn.functional.log_softmax(self.decoder(output), dim=-1)
+
+
+def test_word_language_model_style_subclass_trains():
+    runtime.manual_seed(0)
+    model = _TransformerModel(20, 16, 2, 32, 2)
+    opt = runtime.optim.SGD(model.parameters(), lr=0.1)
+    data = runtime.randint(0, 20, (7, 3))
+    target = runtime.randint(0, 20, (7 * 3,))
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = nn.functional.nll_loss(model(data).view(-1, 20), target)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
+
+
+def test_encoder_layer_compiles_like_eager():
+    import nnc
+
+    runtime.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(E, 2, 16, dropout=0.0).double()
+    x = runtime.tensor(_x(L, N, E))
+    mask = nn.Transformer.generate_square_subsequent_mask(L, dtype=runtime.float64)
+    eager = layer(x, src_mask=mask)
+    eager.sum().backward()
+    grads = {k: p.grad.numpy().copy() for k, p in layer.named_parameters()}
+    layer.zero_grad()
+    out = nnc.compile(layer)(x, src_mask=mask)
+    np.testing.assert_allclose(out.detach().numpy(), eager.detach().numpy(), rtol=1e-10, atol=1e-12)
+    out.sum().backward()
+    for k, p in layer.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), grads[k], rtol=1e-9, atol=1e-12, err_msg=k)
