@@ -95,6 +95,19 @@ examples:
   nnc dump examples/models.py:TransformerBlock --input 'float32[2,5,32]' --verbose"""
 
 
+_REPORT_DESCRIPTION = """\
+Compile FILE.py:ATTR for the --input tensors (loaded as nnc dump loads them) and write one HTML page that
+opens in any browser with no server and no network: the graph at every stage as SVG, the kernels with
+their nodes highlighted on the graph and their generated source, why each kernel boundary exists, the
+guards and recompiles of nnc.compile, and a time per kernel from a profiled run (forward and backward
+when parameters require grad)."""
+
+_REPORT_EPILOG = """\
+examples:
+  nnc report examples/models.py:block --input 'float32[2,5,32]' -o block.html
+  nnc report examples/models.py:mlp --input 'float32[8,784]' --renderer python"""
+
+
 class CliError(Exception):
     """A user-facing error: its message is printed as one paragraph, with no traceback unless --verbose."""
 
@@ -132,6 +145,20 @@ def build_parser() -> argparse.ArgumentParser:
     dump.add_argument("--verbose", "-v", action="store_true",
                       help="show full Python tracebacks for errors, and progress on standard error")
     dump.set_defaults(run=cmd_dump)
+    report = sub.add_parser("report", help="write one self-contained HTML page: graphs, kernels, timings, guards",
+                            description=_REPORT_DESCRIPTION, epilog=_REPORT_EPILOG, formatter_class=_Formatter)
+    report.add_argument("target", metavar="FILE.py:ATTR",
+                        help="the Python file and the attribute in it that holds the module")
+    report.add_argument("--input", "-i", action="append", default=[], metavar="SPEC", dest="inputs",
+                        help="one forward() argument as DTYPE[DIMS]; repeat for each argument, in order")
+    report.add_argument("--out", "-o", metavar="FILE", default="report.html", help="the page (default: report.html)")
+    report.add_argument("--renderer", choices=("auto", "dot", "python"), default="auto",
+                        help="how graphs are drawn: Graphviz's dot, nnc's own layout, or dot when installed (auto)")
+    report.add_argument("--profile-seconds", type=float, default=0.5, metavar="S",
+                        help="how long the profiled run of the compiled graphs lasts (default: 0.5)")
+    report.add_argument("--verbose", "-v", action="store_true",
+                        help="show full Python tracebacks for errors, and progress on standard error")
+    report.set_defaults(run=cmd_report)
     return parser
 
 
@@ -522,6 +549,31 @@ def cmd_dump(args) -> int:
     if stage in GRAPH_STAGES:
         return _write(args, _graph_stage(compilation, stage, args.fmt, where), stage)
     return _write(args, _kernel_stage(compilation, stage, args.fmt), stage)
+
+
+def cmd_report(args) -> int:
+    """`nnc report`: the HTML page of nnc.report for the module and inputs."""
+    from .pipeline import PipelineError
+    from .report import build_report
+
+    specs = [parse_input_spec(s) for s in args.inputs]
+    if not specs:
+        raise CliError("nnc report needs example inputs: give one --input DTYPE[DIMS] per forward() argument, "
+                       "e.g. --input 'float32[8,784]'.")
+    path, attr = split_target(args.target)
+    where = f"{path}:{attr}"
+    _progress(args, f"loading {path}")
+    module = resolve_module(load_file(path), attr, path)
+    _check_arity(module, specs, where)
+    inputs = make_inputs(specs)
+    try:
+        page = build_report(module, inputs, title=where, renderer=args.renderer,
+                            profile_seconds=max(0.0, args.profile_seconds),
+                            progress=lambda message: _progress(args, message))
+    except PipelineError as exc:
+        raise _stage_error(exc, [f"input {k}" for k in range(len(specs))], specs, where, path) from exc.cause
+    args.fmt = "html"
+    return _write(args, page, "all")
 
 
 def _format(gm, fmt: str) -> str:
