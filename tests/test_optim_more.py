@@ -1,0 +1,94 @@
+"""Adadelta, Adagrad, Adamax, NAdam, RAdam, ASGD and Rprop against torch: parameter trajectories (float64 and
+float32), state_dict layout and values, resuming from torch's state_dict, and hyperparameter errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import runtime
+import test_optim as base
+
+CONFIGS = [
+    ("Adadelta", dict()),
+    ("Adadelta", dict(lr=0.5, rho=0.5, eps=1e-4)),
+    ("Adadelta", dict(weight_decay=0.1, maximize=True)),
+    ("Adagrad", dict()),
+    ("Adagrad", dict(lr=0.1, lr_decay=0.05, initial_accumulator_value=0.3)),
+    ("Adagrad", dict(lr=0.1, weight_decay=0.1, eps=1e-4, maximize=True)),
+    ("Adamax", dict()),
+    ("Adamax", dict(lr=0.05, betas=(0.5, 0.8), weight_decay=0.1)),
+    ("Adamax", dict(lr=0.05, maximize=True)),
+    ("NAdam", dict()),
+    ("NAdam", dict(lr=0.05, momentum_decay=0.01, weight_decay=0.1)),
+    ("NAdam", dict(lr=0.05, weight_decay=0.1, decoupled_weight_decay=True, maximize=True)),
+    ("RAdam", dict()),
+    ("RAdam", dict(lr=0.05, betas=(0.5, 0.6))),  # rho_t passes 5 within the run
+    ("RAdam", dict(lr=0.05, betas=(0.5, 0.6), weight_decay=0.1, decoupled_weight_decay=True, maximize=True)),
+    ("RAdam", dict(lr=0.05, weight_decay=0.1)),
+    ("ASGD", dict()),
+    ("ASGD", dict(lr=0.1, lambd=0.01, alpha=0.5, t0=4, weight_decay=0.1)),
+    ("ASGD", dict(lr=0.1, t0=2, maximize=True)),
+    ("Rprop", dict()),
+    ("Rprop", dict(lr=0.1, etas=(0.3, 1.5), step_sizes=(1e-3, 0.2))),
+    ("Rprop", dict(lr=0.05, maximize=True)),
+]
+IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in kw.items()) or 'defaults'}" for name, kw in CONFIGS]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name,kwargs", CONFIGS, ids=IDS)
+def test_trajectory_matches_torch(name, kwargs, dtype, torch):
+    ours = base.trajectory_of(runtime, name, kwargs, dtype)
+    theirs = base.trajectory_of(torch, name, kwargs, dtype)
+    base.assert_trajectories_close(ours, theirs, dtype)
+
+
+@pytest.mark.parametrize("name,kwargs", CONFIGS, ids=IDS)
+def test_state_dict_layout_matches_torch(name, kwargs, torch):
+    dicts = []
+    for lib in (runtime, torch):
+        params = base.make_params(lib, base.initial_values("float64"))
+        opt = getattr(lib.optim, name)(params, **kwargs)
+        base.run_steps(lib, opt, params, base.gradient_sequence("float64", steps=5))
+        dicts.append(opt.state_dict())
+    ours, theirs = dicts
+    assert ours["param_groups"] == theirs["param_groups"]
+    assert list(ours["state"]) == list(theirs["state"])
+    for index, their_state in theirs["state"].items():
+        our_state = ours["state"][index]
+        assert list(our_state) == list(their_state)
+        for key, value in their_state.items():
+            assert our_state[key].dtype.name == str(value.dtype).replace("torch.", ""), key
+            np.testing.assert_allclose(base.to_numpy(our_state[key]), base.to_numpy(value), rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,kwargs", CONFIGS[::3], ids=IDS[::3])
+def test_resume_from_torch_state_dict(name, kwargs, torch):
+    """Run 4 steps in torch, load its state_dict into runtime, and continue: both trajectories agree."""
+    values, grads = base.initial_values("float64"), base.gradient_sequence("float64")
+    t_params = base.make_params(torch, values)
+    t_opt = getattr(torch.optim, name)(t_params, **kwargs)
+    base.run_steps(torch, t_opt, t_params, grads[:4])
+    state = t_opt.state_dict()
+    converted = {"param_groups": state["param_groups"],
+                 "state": {i: {k: runtime.tensor(v.numpy()) for k, v in s.items()} for i, s in state["state"].items()}}
+    r_params = [runtime.tensor(p.detach().numpy().copy(), requires_grad=True) for p in t_params]
+    r_opt = getattr(runtime.optim, name)(r_params, **kwargs)
+    r_opt.load_state_dict(converted)
+    ours = base.run_steps(runtime, r_opt, r_params, grads[4:])
+    theirs = base.run_steps(torch, t_opt, t_params, grads[4:])
+    base.assert_trajectories_close(ours, theirs, "float64")
+
+
+@pytest.mark.parametrize("name,kwargs", [("Adadelta", dict(rho=1.5)), ("Adagrad", dict(lr_decay=-1)),
+                                         ("Adamax", dict(betas=(1.0, 0.9))), ("NAdam", dict(momentum_decay=-1)),
+                                         ("RAdam", dict(eps=-1)), ("Rprop", dict(etas=(1.5, 1.2))),
+                                         ("ASGD", dict(lr=-1))])
+def test_invalid_hyperparameters_raise_value_error(name, kwargs):
+    with pytest.raises(ValueError):
+        getattr(runtime.optim, name)([runtime.zeros(2, requires_grad=True)], **kwargs)
+
+
+def test_unsupported_flags_raise_not_implemented():
+    with pytest.raises(NotImplementedError, match="capturable"):
+        runtime.optim.NAdam([runtime.zeros(2, requires_grad=True)], capturable=True)
