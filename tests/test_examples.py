@@ -1,0 +1,37 @@
+"""The examples run, on their tiny settings (the flag each has for a smoke run), as a user runs them: `python
+examples/NAME.py ...` in a fresh process. What they print is checked; their timings are not."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_example(name: str, *args: str, timeout: int = 300) -> str:
+    """Standard output of `python examples/NAME ARGS` (the repository importable, plots to files only)."""
+    env = dict(os.environ, MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                                                     os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert "Traceback" not in result.stderr
+    return result.stdout
+
+
+def test_quickstart_compiles_and_reports_both_step_times():
+    out = run_example("quickstart.py", "--quick")
+    assert re.search(r"eager:\s+loss [\d.]+, accuracy [\d.]+%", out)
+    assert re.search(r"compiled vs eager output differs by at most ([\d.e+-]+)", out)
+    difference = float(re.search(r"differs by at most ([\d.e+-]+)", out).group(1))
+    assert difference < 1e-4
+    assert re.search(r"eager\s+[\d.]+ ms", out) and re.search(r"compiled\s+[\d.]+ ms\s+[\d.]+x faster", out)
+    kernels = re.search(r"kernels: (\d+) forward \+ (\d+) backward", out)
+    assert kernels and int(kernels.group(1)) > 0 and int(kernels.group(2)) > 0
+    for pointer in ("nnc.explain", "nnc dump", "nnc report"):
+        assert pointer in out
