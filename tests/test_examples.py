@@ -35,3 +35,16 @@ def test_quickstart_compiles_and_reports_both_step_times():
     assert kernels and int(kernels.group(1)) > 0 and int(kernels.group(2)) > 0
     for pointer in ("nnc.explain", "nnc dump", "nnc report"):
         assert pointer in out
+
+
+def test_digits_trains_eager_and_compiled_alike_and_plots(tmp_path):
+    pytest.importorskip("sklearn", reason="the examples extra (scikit-learn) is not installed")
+    pytest.importorskip("matplotlib", reason="the examples extra (matplotlib) is not installed")
+    png = tmp_path / "digits.png"
+    out = run_example("digits.py", "--quick", "-o", str(png))
+    eager = re.search(r"eager\s*: test accuracy ([\d.]+)%, final loss ([\d.]+)", out)
+    compiled = re.search(r"compiled: test accuracy ([\d.]+)%, final loss ([\d.]+)", out)
+    assert eager and compiled
+    assert float(eager.group(1)) > 50  # two epochs learn most digits
+    assert abs(float(eager.group(2)) - float(compiled.group(2))) < 1e-3  # same weights, same batches
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
