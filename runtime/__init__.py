@@ -34,3 +34,4 @@ __version__ = "0.1.0"
 from . import optim  # noqa: E402,F401
 from .serialization import load, load_safetensors, save, save_safetensors  # noqa: E402,F401
 from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)
+from . import distributed  # noqa: E402,F401

@@ -1,0 +1,305 @@
+"""DistributedDataParallel: rank 0's state broadcast at construction, gradients averaged over MPI in buckets.
+
+How a step runs (as torch's Reducer):
+- construction broadcasts rank 0's parameters and buffers, and assigns the parameters that require grad to buckets
+  in reverse registration order (the order backward produces their gradients), one dtype per bucket, the first
+  bucket at most 1 MB and the others at most `bucket_cap_mb`;
+- each forward (a pre-hook on this module, so it also runs around `nnc.compile(DDP(model))`) broadcasts rank 0's
+  buffers and arms the reducer; with `find_unused_parameters` a forward hook walks the output's autograd graph and
+  marks the parameters it does not reach as ready;
+- during backward, a parameter's gradient is copied into its bucket right after it is accumulated into `.grad`; a
+  full bucket starts a non-blocking MPI all-reduce (buckets start in order, so every rank issues the same sequence
+  of collectives); when the last gradient is in, the reducer waits for all buckets and writes the averages back
+  into `.grad`.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+
+import numpy as np
+
+from ... import distributed as dist
+from ...autograd import grad_mode
+from ...autograd.graph import AccumulateGrad
+from ...tensor import Tensor
+from ..modules.module import Module
+
+_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+class _Bucket:
+    def __init__(self, index: int, dtype):
+        self.index, self.dtype = index, dtype
+        self.params, self.offsets = [], []
+        self.numel = 0
+        self.flat = None
+        self.pending = 0
+        self.request = None
+
+    def add(self, position: int, param) -> None:
+        self.params.append(position)
+        self.offsets.append((self.numel, param.numel(), tuple(param.shape)))
+        self.numel += param.numel()
+
+
+class DistributedDataParallel(Module):
+    """Data-parallel training over MPI with torch's API: wrap the model, train as usual, launch with mpiexec."""
+
+    def __init__(self, module, device_ids=None, output_device=None, dim: int = 0, broadcast_buffers: bool = True,
+                 process_group=None, bucket_cap_mb=None, find_unused_parameters: bool = False,
+                 check_reduction: bool = False, gradient_as_bucket_view: bool = False, static_graph: bool = False,
+                 init_sync: bool = True):
+        super().__init__()
+        if not dist.is_initialized():
+            raise ValueError(dist._NOT_INIT)
+        self.module = module
+        self.process_group = process_group
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
+        self.bucket_bytes_cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
+        self.require_backward_grad_sync = True
+        self.require_forward_param_sync = True
+        self._comm = dist._comm(process_group)
+        self._MPI = dist._state["MPI"]
+        self._world = self._comm.Get_size()
+        self._parameters_to_sync = [p for p in module.parameters() if p.requires_grad]
+        if not self._parameters_to_sync:
+            raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter that "
+                               "requires a gradient.")
+        if init_sync:
+            self._broadcast_state(list(module.parameters()) + list(module.buffers()))
+        self._build_buckets()
+        self._hook_accumulators()
+        self._armed = False  # a forward prepared this step's reduction
+        self._started = False  # a gradient of this step arrived
+        self._used_request = None
+        self.timings = {"wait_s": 0.0, "reduce_s": 0.0}  # the last reduction: time waiting at its end, first to last
+        self._expose_signature(module)
+        # NOTE: bound methods, not the hook's module argument: around nnc.compile(DDP(model)) the hooks are called
+        # with the compiled module, whose attribute writes would not reach this reducer
+        self.register_forward_pre_hook(self._pre_forward)
+        self.register_forward_hook(self._post_forward)
+
+    # -- construction --------------------------------------------------------------------------------------------
+
+    def _broadcast_state(self, tensors) -> None:
+        with grad_mode.no_grad():
+            for t in tensors:
+                dist.broadcast(t, src=0, group=self.process_group)
+
+    def _build_buckets(self) -> None:
+        self._buckets, self._where = [], {}
+        open_, count = {}, {}  # dtype -> the bucket being filled, and how many that dtype has
+        for position in reversed(range(len(self._parameters_to_sync))):
+            p = self._parameters_to_sync[position]
+            first = count.get(p.dtype, 0) <= 1
+            cap = min(_FIRST_BUCKET_BYTES, self.bucket_bytes_cap) if first else self.bucket_bytes_cap
+            bucket = open_.get(p.dtype)
+            if bucket is not None and bucket.numel and (bucket.numel + p.numel()) * p._data.itemsize > cap:
+                bucket = None
+            if bucket is None:
+                bucket = open_[p.dtype] = _Bucket(len(self._buckets), p.dtype)
+                count[p.dtype] = count.get(p.dtype, 0) + 1
+                self._buckets.append(bucket)
+            self._where[position] = (bucket, len(bucket.params))
+            bucket.add(position, p)
+        for bucket in self._buckets:
+            bucket.flat = np.zeros(bucket.numel, dtype=bucket.dtype.np)
+
+    def _hook_accumulators(self) -> None:
+        # NOTE: runtime has no post-accumulate-grad hook, so the reducer wraps each parameter's AccumulateGrad node
+        # (held here, as torch's DDP holds its grad accumulators, so the same node serves every backward, eager or
+        # compiled) to see .grad right after the gradient is added into it.
+        self._grad_accs = []
+        for position, p in enumerate(self._parameters_to_sync):
+            acc = p._accumulator()
+            if not isinstance(acc, AccumulateGrad):  # pragma: no cover - defensive
+                raise RuntimeError("DistributedDataParallel: a parameter without an AccumulateGrad node")
+            accumulate = acc.accumulate
+
+            def hooked(grads, _accumulate=accumulate, _position=position):
+                _accumulate(grads)
+                self._grad_ready(_position, from_backward=True)
+            acc.accumulate = hooked
+            self._grad_accs.append(acc)
+
+    # -- forward -------------------------------------------------------------------------------------------------
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    def _expose_signature(self, module) -> None:
+        # NOTE: forward takes *inputs, as torch's; an instance-level forward carrying the wrapped module's signature
+        # lets nnc.compile(DDP(model)) trace it (tracing names one placeholder per parameter of forward).
+        try:
+            signature = inspect.signature(module.forward)
+        except (TypeError, ValueError):
+            return
+        module_call = self.module.__call__
+
+        def forward(*inputs, **kwargs):
+            return module_call(*inputs, **kwargs)
+        forward.__signature__ = signature
+        object.__setattr__(self, "forward", forward)
+
+    def _pre_forward(self, module, args):
+        if self._started:
+            unready = [self._name_of(pos) for b in self._buckets for pos in b.params if b.pending and
+                       not self._ready[pos]]
+            self._disarm()
+            raise RuntimeError(
+                "Expected to have finished reduction in the prior iteration before starting a new one. This error "
+                "indicates that your module has parameters that were not used in producing loss. You can enable "
+                "unused parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+                "`DistributedDataParallel`, and by making sure all `forward` function outputs participate in "
+                f"calculating loss. Parameters that did not receive a gradient: {', '.join(unready)}")
+        if self.broadcast_buffers and self.require_forward_param_sync:
+            buffers = list(self.module.buffers())
+            if buffers:
+                self._broadcast_state(buffers)
+        self._disarm()
+        if grad_mode.is_grad_enabled() and self.require_backward_grad_sync:
+            self._arm()
+        return None
+
+    def _post_forward(self, module, args, output):
+        syncing = grad_mode.is_grad_enabled() and self.require_backward_grad_sync
+        self.require_forward_param_sync = syncing
+        if syncing and self.find_unused_parameters:
+            self._mark_unused(output)
+        return None
+
+    def _arm(self) -> None:
+        self._armed = True
+        self._ready = [False] * len(self._parameters_to_sync)
+        for bucket in self._buckets:
+            bucket.pending = len(bucket.params)
+            bucket.request = None
+        self._next_bucket = 0
+        self._first_ready_at = None
+
+    def _disarm(self) -> None:
+        self._armed = self._started = False
+        for bucket in self._buckets:
+            if bucket.request is not None:
+                bucket.request.Wait()  # a reduction cut short by an error: finish it so buffers are not in use
+                bucket.request = None
+        if self._used_request is not None:
+            self._used_request.Wait()
+            self._used_request = None
+
+    def _mark_unused(self, output) -> None:
+        reached = set()
+        stack = [t.grad_fn for t in _tensors_in(output) if t.grad_fn is not None]
+        stack += [t._accumulator() for t in _tensors_in(output) if t.grad_fn is None and t.requires_grad]
+        seen = set(stack)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, AccumulateGrad):
+                reached.add(id(node.variable))
+                continue
+            for edge in node.next_edges:
+                if edge is not None and edge[0] not in seen:
+                    seen.add(edge[0])
+                    stack.append(edge[0])
+        self._used_local = np.array([id(p) in reached for p in self._parameters_to_sync], dtype=np.int32)
+        self._used_global = np.empty_like(self._used_local)
+        self._used_request = self._comm.Iallreduce(self._used_local, self._used_global, op=self._MPI.MAX)
+        for position, used in enumerate(self._used_local):
+            if not used:
+                self._grad_ready(position)
+
+    # -- backward ------------------------------------------------------------------------------------------------
+
+    def _name_of(self, position: int) -> str:
+        target = self._parameters_to_sync[position]
+        for name, p in self.module.named_parameters():
+            if p is target:
+                return name
+        return f"#{position}"
+
+    def _grad_ready(self, position: int, from_backward: bool = False) -> None:
+        if not self._armed:
+            return  # no_sync, or a backward the last forward did not prepare: gradients stay local
+        if self._ready[position]:
+            self._disarm()
+            raise RuntimeError(f"Expected to mark a variable ready only once. Parameter {self._name_of(position)} "
+                               "received a gradient twice in one iteration (a second backward through the same "
+                               "forward, or a parameter used in a reentrant backward).")
+        if from_backward and not self._started:
+            self._started, self._first_ready_at = True, time.perf_counter()
+        self._ready[position] = True
+        bucket, slot = self._where[position]
+        start, numel, _ = bucket.offsets[slot]
+        grad = self._parameters_to_sync[position].grad
+        if grad is None:
+            bucket.flat[start:start + numel] = 0
+        else:
+            bucket.flat[start:start + numel] = grad._data.reshape(-1)
+        bucket.pending -= 1
+        MPI = self._MPI
+        while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
+            launch = self._buckets[self._next_bucket]
+            launch.request = self._comm.Iallreduce(MPI.IN_PLACE, launch.flat, op=MPI.SUM)
+            self._next_bucket += 1
+        if self._next_bucket == len(self._buckets):
+            self._finish()
+        else:
+            live = [b.request for b in self._buckets[:self._next_bucket] if b.request is not None]
+            if live:
+                MPI.Request.Testall(live)  # drive MPI's progress engine while backward runs
+
+    def _finish(self) -> None:
+        began = time.perf_counter()
+        MPI = self._MPI
+        MPI.Request.Waitall([b.request for b in self._buckets])
+        used = None
+        if self._used_request is not None:
+            self._used_request.Wait()
+            self._used_request, used = None, self._used_global
+        ended = time.perf_counter()
+        self.timings = {"wait_s": ended - began, "reduce_s": ended - (self._first_ready_at or began)}
+        params = self._parameters_to_sync
+        with grad_mode.no_grad():
+            for bucket in self._buckets:
+                bucket.request = None
+                bucket.flat /= self._world
+                for position, (start, numel, shape) in zip(bucket.params, bucket.offsets):
+                    p = params[position]
+                    if p.grad is None:
+                        if used is not None and not used[position]:
+                            continue  # unused on every rank: .grad stays None, as torch
+                        p.grad = Tensor._from_array(bucket.flat[start:start + numel].reshape(shape).copy())
+                    else:
+                        p.grad._data[...] = bucket.flat[start:start + numel].reshape(shape)
+                        p.grad._bump_version()
+        self._armed = self._started = False
+
+    # -- torch's API ---------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradients accumulate locally inside this context; the first backward after it all-reduces them."""
+        old = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = old
+
+    def bucket_sizes(self) -> list:
+        """Bytes in each gradient bucket, in launch order."""
+        return [b.numel * b.flat.itemsize for b in self._buckets]
+
+
+def _tensors_in(value):
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_in(v)
