@@ -27,6 +27,8 @@ from ...tensor import Tensor
 from ..modules.module import Module
 
 _FIRST_BUCKET_BYTES = 1024 * 1024
+_TWICE = ("Expected to mark a variable ready only once. Parameter {} received a gradient twice in one iteration (a "
+          "second backward through the same forward, or a parameter used in a reentrant backward).")
 
 
 class _Bucket:
@@ -72,7 +74,7 @@ class DistributedDataParallel(Module):
             self._broadcast_state(list(module.parameters()) + list(module.buffers()))
         self._build_buckets()
         self._hook_accumulators()
-        self._armed = False  # a forward prepared this step's reduction
+        self._armed = self._reduced = False  # a forward prepared this step's reduction; it is done
         self._started = False  # a gradient of this step arrived
         self._used_request = None
         self.timings = {"wait_s": 0.0, "reduce_s": 0.0}  # the last reduction: time waiting at its end, first to last
@@ -181,7 +183,7 @@ class DistributedDataParallel(Module):
         self._first_ready_at = None
 
     def _disarm(self) -> None:
-        self._armed = self._started = False
+        self._armed = self._started = self._reduced = False
         for bucket in self._buckets:
             if bucket.request is not None:
                 bucket.request.Wait()  # a reduction cut short by an error: finish it so buffers are not in use
@@ -222,12 +224,13 @@ class DistributedDataParallel(Module):
 
     def _grad_ready(self, position: int, from_backward: bool = False) -> None:
         if not self._armed:
+            if self._reduced and from_backward:
+                self._reduced = False
+                raise RuntimeError(_TWICE.format(self._name_of(position)))
             return  # no_sync, or a backward the last forward did not prepare: gradients stay local
         if self._ready[position]:
             self._disarm()
-            raise RuntimeError(f"Expected to mark a variable ready only once. Parameter {self._name_of(position)} "
-                               "received a gradient twice in one iteration (a second backward through the same "
-                               "forward, or a parameter used in a reentrant backward).")
+            raise RuntimeError(_TWICE.format(self._name_of(position)))
         if from_backward and not self._started:
             self._started, self._first_ready_at = True, time.perf_counter()
         self._ready[position] = True
@@ -276,6 +279,7 @@ class DistributedDataParallel(Module):
                         p.grad._data[...] = bucket.flat[start:start + numel].reshape(shape)
                         p.grad._bump_version()
         self._armed = self._started = False
+        self._reduced = True  # until the next forward: another backward through this one's graph is an error
 
     # -- torch's API ---------------------------------------------------------------------------------------------
 

@@ -1,0 +1,114 @@
+"""DDP's other behaviours on N ranks: no_sync, find_unused_parameters, buffers, errors, DistributedSampler."""
+from __future__ import annotations
+
+import numpy as np
+
+from common import dist, done, runtime, same_everywhere, start
+
+rank, world = start()
+nn, F = runtime.nn, runtime.nn.functional
+DDP = nn.parallel.DistributedDataParallel
+runtime.set_default_dtype(runtime.float64)
+
+
+def grads(model):
+    return [None if p.grad is None else p.grad.numpy().copy() for p in model.parameters()]
+
+
+def local_batch(step):
+    rng = np.random.default_rng(100 * step + rank)
+    return runtime.tensor(rng.standard_normal((3, 4)))
+
+
+# no_sync: gradients stay local inside, and the next synced backward averages everything accumulated
+runtime.manual_seed(0)
+net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+ddp = DDP(net)
+with ddp.no_sync():
+    ddp(local_batch(0)).pow(2).mean().backward()
+local = grads(net)
+assert not same_everywhere(local[0]), "no_sync must not all-reduce"
+ddp(local_batch(1)).pow(2).mean().backward()
+runtime.manual_seed(0)
+alone = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+for step in range(2):
+    for r in range(world):
+        rng = np.random.default_rng(100 * step + r)
+        (alone(runtime.tensor(rng.standard_normal((3, 4)))).pow(2).mean() / world).backward()
+for got, want in zip(grads(net), grads(alone)):
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+# find_unused_parameters: a branch used on rank 0 only is averaged (rank 0's gradient / world); one never used
+# anywhere keeps .grad None
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk, self.sometimes, self.never = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x, use_branch: bool):
+        h = self.trunk(x)
+        return self.sometimes(h) if use_branch else h
+
+
+runtime.manual_seed(0)
+branchy = Branchy()
+ddp = DDP(branchy, find_unused_parameters=True)
+for step in range(2):
+    for p in branchy.parameters():
+        p.grad = None
+    ddp(local_batch(step), rank == 0).sum().backward()
+    assert branchy.never.weight.grad is None and branchy.never.bias.grad is None
+    for p in (branchy.trunk.weight, branchy.sometimes.weight):
+        assert p.grad is not None and same_everywhere(p.grad.numpy())
+    runtime.manual_seed(0)
+    ref = Branchy()
+    ref(runtime.tensor(np.random.default_rng(100 * step).standard_normal((3, 4))), True).sum().backward()
+    np.testing.assert_allclose(branchy.sometimes.weight.grad.numpy(), ref.sometimes.weight.grad.numpy() / world,
+                               rtol=0, atol=1e-12)
+
+# without find_unused_parameters, a parameter that gets no gradient is reported at the next forward, as torch
+ddp = DDP(Branchy())
+ddp(local_batch(0), False).sum().backward()
+try:
+    ddp(local_batch(0), False)
+except RuntimeError as exc:
+    assert "find_unused_parameters=True" in str(exc) and "sometimes.weight" in str(exc), str(exc)
+else:
+    raise AssertionError("an unused parameter should make the next forward raise")
+
+# two backwards through one forward: a gradient would be reduced twice
+ddp = DDP(nn.Linear(4, 2))
+out = ddp(local_batch(0)).sum()
+out.backward(retain_graph=True)
+try:
+    out.backward()
+except RuntimeError as exc:
+    assert "only once" in str(exc)
+else:
+    raise AssertionError("a second backward through one DDP forward should raise")
+
+# buffers: rank 0's are broadcast at construction and before each forward; state_dict keys carry "module."
+runtime.manual_seed(rank)
+bn_net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+bn_net[1].running_mean.fill_(float(rank))
+ddp = DDP(bn_net)
+assert same_everywhere(bn_net[0].weight.detach().numpy()) and float(bn_net[1].running_mean[0]) == 0.0
+bn_net[1].running_mean.fill_(float(rank + 5))  # ranks drift apart; the next forward re-broadcasts rank 0's
+ddp.eval()  # (training would update the statistics from the local batch after the broadcast)
+ddp(local_batch(0)).sum().backward()
+assert float(bn_net[1].running_mean[0]) == 5.0 and same_everywhere(bn_net[1].running_mean.numpy())
+keys = list(ddp.state_dict())
+assert keys and all(k.startswith("module.") for k in keys) and "module.1.running_mean" in keys
+assert len(ddp.bucket_sizes()) >= 1
+
+# DistributedSampler takes rank and world size from the process group: shards are disjoint and cover the dataset
+sampler = runtime.utils.data.DistributedSampler(range(10), shuffle=True, seed=3)
+sampler.set_epoch(2)
+mine = runtime.tensor(list(sampler) + [-1] * (5 - len(sampler)))
+everyone = [runtime.zeros_like(mine) for _ in range(world)]
+dist.all_gather(everyone, mine)
+flat = [int(i) for t in everyone for i in t.tolist() if i >= 0]
+assert sorted(set(flat)) == list(range(10)) and len(flat) == -(-10 // world) * world
+done("ddp features")
