@@ -48,3 +48,17 @@ def test_digits_trains_eager_and_compiled_alike_and_plots(tmp_path):
     assert float(eager.group(1)) > 50  # two epochs learn most digits
     assert abs(float(eager.group(2)) - float(compiled.group(2))) < 1e-3  # same weights, same batches
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_hooks_fire_compiled_as_eager_and_clip_gradients():
+    out = run_example("hooks.py", "--quick")
+    losses = re.search(r"loss eager ([\d.]+), compiled ([\d.]+)", out)
+    assert losses and losses.group(1) == losses.group(2)
+    differences = re.findall(r"captured activations differ from eager's by ([\d.e+-]+)", out)
+    assert len(differences) == 2 and all(float(d) < 1e-5 for d in differences)
+    clipped = re.search(r"clipped ([\d,]+) of ([\d,]+) gradient entries to \+-([\d.]+); largest \|grad\| now ([\d.]+)",
+                        out)
+    assert clipped and int(clipped.group(2).replace(",", "")) > 0
+    assert float(clipped.group(4)) <= float(clipped.group(3)) + 1e-6
+    assert re.search(r"with hooks: 3 modules run as calls", out)
+    assert re.search(r"hooks removed: recompiled \(1 new variant\), \d+ forward \+ \d+ backward kernels, 0 calls", out)
