@@ -103,6 +103,22 @@ keys = list(ddp.state_dict())
 assert keys and all(k.startswith("module.") for k in keys) and "module.1.running_mean" in keys
 assert len(ddp.bucket_sizes()) >= 1
 
+# gradient_as_bucket_view: .grad is a view of its bucket (no copy back) and accumulates there; same values
+results = []
+for as_view in (False, True):
+    runtime.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    ddp = DDP(net, gradient_as_bucket_view=as_view)
+    opt = runtime.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad(set_to_none=False)
+        ddp(local_batch(step)).pow(2).mean().backward()
+        opt.step()
+    results.append([p.detach().numpy().copy() for p in net.parameters()])
+    assert all((p.grad._data.base is not None) == as_view for p in net.parameters())
+for a, b in zip(*results):
+    np.testing.assert_array_equal(a, b)
+
 # DistributedSampler takes rank and world size from the process group: shards are disjoint and cover the dataset
 sampler = runtime.utils.data.DistributedSampler(range(10), shuffle=True, seed=3)
 sampler.set_epoch(2)

@@ -60,6 +60,7 @@ class DistributedDataParallel(Module):
         self.process_group = process_group
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
+        self.gradient_as_bucket_view = gradient_as_bucket_view  # .grad becomes a view of its bucket: no copy back
         self.bucket_bytes_cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
         self.require_backward_grad_sync = True
         self.require_forward_param_sync = True
@@ -237,10 +238,12 @@ class DistributedDataParallel(Module):
         bucket, slot = self._where[position]
         start, numel, _ = bucket.offsets[slot]
         grad = self._parameters_to_sync[position].grad
+        target = bucket.flat[start:start + numel]
         if grad is None:
-            bucket.flat[start:start + numel] = 0
-        else:
-            bucket.flat[start:start + numel] = grad._data.reshape(-1)
+            target[...] = 0
+        else:  # the average is taken here (as torch, before the sum): one pass that also copies into the bucket
+            source = grad._data
+            np.divide(target if _is_slot(source, bucket.flat) else source.reshape(-1), self._world, out=target)
         bucket.pending -= 1
         MPI = self._MPI
         while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
@@ -268,15 +271,18 @@ class DistributedDataParallel(Module):
         with grad_mode.no_grad():
             for bucket in self._buckets:
                 bucket.request = None
-                bucket.flat /= self._world
                 for position, (start, numel, shape) in zip(bucket.params, bucket.offsets):
-                    p = params[position]
+                    p, reduced = params[position], bucket.flat[start:start + numel].reshape(shape)
                     if p.grad is None:
                         if used is not None and not used[position]:
                             continue  # unused on every rank: .grad stays None, as torch
-                        p.grad = Tensor._from_array(bucket.flat[start:start + numel].reshape(shape).copy())
+                        p.grad = Tensor._from_array(reduced if self.gradient_as_bucket_view else reduced.copy())
+                    elif _is_slot(p.grad._data, bucket.flat):
+                        p.grad._bump_version()  # a view of the bucket: reduced in place
+                    elif self.gradient_as_bucket_view:
+                        p.grad = Tensor._from_array(reduced)
                     else:
-                        p.grad._data[...] = bucket.flat[start:start + numel].reshape(shape)
+                        p.grad._data[...] = reduced
                         p.grad._bump_version()
         self._armed = self._started = False
         self._reduced = True  # until the next forward: another backward through this one's graph is an error
@@ -296,6 +302,11 @@ class DistributedDataParallel(Module):
     def bucket_sizes(self) -> list:
         """Bytes in each gradient bucket, in launch order."""
         return [b.numel * b.flat.itemsize for b in self._buckets]
+
+
+def _is_slot(array: np.ndarray, flat: np.ndarray) -> bool:
+    """True when `array` is a gradient's own slot in `flat` (gradient_as_bucket_view: accumulated there)."""
+    return array.base is flat
 
 
 def _tensors_in(value):
