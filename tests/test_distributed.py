@@ -101,3 +101,11 @@ def test_torch_names_without_a_process_group():
         runtime.nn.parallel.DistributedDataParallel(runtime.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="backend"):
         dist.init_process_group("nccl")
+
+
+def test_train_ddp_example_runs_on_two_ranks(launch):
+    example = os.path.join(os.path.dirname(WORKERS), os.pardir, "examples", "train_ddp.py")
+    result = launch(os.path.abspath(example), "--epochs", "2", expect_ok=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    losses = [float(line.split("mean loss ")[1].split()[0]) for line in result.stdout.splitlines() if "epoch" in line]
+    assert len(losses) == 2 and losses[1] < losses[0]  # one line per epoch from rank 0 only, and it learns
