@@ -62,3 +62,16 @@ def test_hooks_fire_compiled_as_eager_and_clip_gradients():
     assert float(clipped.group(4)) <= float(clipped.group(3)) + 1e-6
     assert re.search(r"with hooks: 3 modules run as calls", out)
     assert re.search(r"hooks removed: recompiled \(1 new variant\), \d+ forward \+ \d+ backward kernels, 0 calls", out)
+
+
+def test_char_gpt_trains_compiled_and_samples_text():
+    out = run_example("char_gpt.py", "--quick")
+    loss = re.search(r"held-out ([\d.]+) \(uniform guessing: ([\d.]+)\)", out)
+    assert loss and float(loss.group(1)) < float(loss.group(2))  # it learned something about the text
+    assert re.search(r"time per step: eager [\d.]+ ms, compiled [\d.]+ ms", out)
+    sample = out.split("--- sample (prompt, then the model's continuation) ---\n", 1)[1]
+    sample = sample.split("\n--- end of sample ---", 1)[0]
+    assert len(sample) == 16 + 40  # the prompt (one context) and 40 new characters
+    import string
+
+    assert set(sample) <= set(string.printable)
