@@ -25,7 +25,16 @@ def copy_weights(theirs, ours) -> None:
     ours.load_state_dict({k: runtime.tensor(v.detach().numpy().copy()) for k, v in theirs.state_dict().items()})
 
 
+class Const:
+    """An input that never requires grad (targets, masks, index tensors)."""
+
+    def __init__(self, value):
+        self.value = np.asarray(value)
+
+
 def to_lib(lib, value, grad: bool):
+    if isinstance(value, Const):
+        return lib.tensor(value.value.copy())
     if isinstance(value, np.ndarray):
         t = lib.tensor(value.copy())
         if grad and value.dtype.kind == "f":

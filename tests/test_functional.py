@@ -253,6 +253,55 @@ CASES = {
         [R(3, 4), G(U(3, 4)), U(4, seed=3), U(4, seed=4) * 3]),
 }
 
+# issue 15's additions (modules using them are checked in tests/test_nn_layers_more.py)
+SIGN = np.array([1.0, -1.0, -1.0, 1.0, 1.0])
+CASES.update({
+    # alpha exact in float32: torch computes celu through a float32 1 / alpha
+    "celu": (lambda lib, f, x: f.celu(x, 0.5), [R(4, 5, scale=3)]),
+    "threshold": (lambda lib, f, x: f.threshold(x, 0.3, -2.0), [R(4, 5)]),
+    "hardshrink": (lambda lib, f, x: f.hardshrink(x, 0.4), [R(4, 5)]),
+    "softshrink": (lambda lib, f, x: f.softshrink(x, 0.4), [R(4, 5)]),
+    "tanhshrink": (lambda lib, f, x: f.tanhshrink(x), [R(4, 5)]),
+    "prelu": (lambda lib, f, x, w: f.prelu(x, w), [R(2, 3, 4), R(3)]),
+    "rrelu_eval": (lambda lib, f, x: f.rrelu(x, 0.1, 0.3), [R(4, 5)]),
+    "instance_norm": (lambda lib, f, x, w, b: f.instance_norm(x, weight=w, bias=b), [R(2, 3, 5), R(3), R(3)]),
+    "rms_norm": (lambda lib, f, x, w: f.rms_norm(x, (5,), w), [R(3, 5), R(5)]),
+    "local_response_norm": (lambda lib, f, x: f.local_response_norm(x, 3, 0.2), [R(2, 5, 3)]),
+    "conv_transpose1d": (lambda lib, f, x, w, b: f.conv_transpose1d(x, w, b, 2, 1, 1), [R(2, 2, 5), R(2, 3, 3),
+                                                                                         R(3)]),
+    "conv_transpose2d": (lambda lib, f, x, w: f.conv_transpose2d(x, w, groups=2), [R(1, 4, 3, 3), R(4, 1, 2, 2)]),
+    "conv_transpose3d": (lambda lib, f, x, w: f.conv_transpose3d(x, w, stride=2), [R(1, 2, 2, 2, 2), R(2, 1, 2, 2, 2)]),
+    "unfold": (lambda lib, f, x: f.unfold(x, 2, padding=1), [R(1, 2, 3, 4)]),
+    "fold": (lambda lib, f, x: f.fold(x, (3, 4), 2), [R(1, 8, 6)]),
+    "max_pool3d": (lambda lib, f, x: f.max_pool3d(x, 2), [R(1, 2, 4, 4, 2)]),
+    "avg_pool3d": (lambda lib, f, x: f.avg_pool3d(x, 2, 1), [R(1, 2, 3, 3, 3)]),
+    "adaptive_max_pool1d": (lambda lib, f, x: f.adaptive_max_pool1d(x, 3), [R(2, 3, 7)]),
+    "adaptive_max_pool2d": (lambda lib, f, x: f.adaptive_max_pool2d(x, (2, 3)), [R(2, 3, 5, 7)]),
+    "adaptive_avg_pool3d": (lambda lib, f, x: f.adaptive_avg_pool3d(x, 2), [R(1, 2, 4, 5, 3)]),
+    "lp_pool1d": (lambda lib, f, x: f.lp_pool1d(x, 2.0, 2), [G(U(2, 2, 6))]),
+    "lp_pool2d": (lambda lib, f, x: f.lp_pool2d(x, 3.0, 2), [G(U(1, 2, 4, 4))]),
+    "interpolate": (lambda lib, f, x: f.interpolate(x, scale_factor=1.5, mode="bilinear"), [R(1, 2, 4, 4)]),
+    "upsample": (lambda lib, f, x: f.upsample(x, size=7, mode="linear", align_corners=True), [R(1, 2, 4)]),
+    "pixel_shuffle": (lambda lib, f, x: f.pixel_shuffle(x, 2), [R(2, 8, 2, 3)]),
+    "pixel_unshuffle": (lambda lib, f, x: f.pixel_unshuffle(x, 2), [R(2, 2, 4, 2)]),
+    "channel_shuffle": (lambda lib, f, x: f.channel_shuffle(x, 3), [R(2, 6, 2)]),
+    "pairwise_distance": (lambda lib, f, a, b: f.pairwise_distance(a, b), [R(3, 4), R(3, 4)]),
+    "embedding_bag": (lambda lib, f, i, w, o: f.embedding_bag(i, w, o, mode="sum"),
+                      [np.array([1, 2, 4, 3, 3]), R(5, 3), np.array([0, 2])]),
+    "margin_ranking_loss": (lambda lib, f, a, b, y: f.margin_ranking_loss(a, b, y, 0.1), [R(5), R(5), SIGN]),
+    "hinge_embedding_loss": (lambda lib, f, x, y: f.hinge_embedding_loss(x, y), [R(5), SIGN]),
+    "soft_margin_loss": (lambda lib, f, x, y: f.soft_margin_loss(x, y), [R(5), SIGN]),
+    "cosine_embedding_loss": (lambda lib, f, a, b, y: f.cosine_embedding_loss(a, b, y), [R(5, 3), R(5, 3), SIGN]),
+    "triplet_margin_loss": (lambda lib, f, a, p, n: f.triplet_margin_loss(a, p, n), [R(4, 3), R(4, 3), R(4, 3)]),
+    "triplet_margin_with_distance_loss": (lambda lib, f, a, p, n: f.triplet_margin_with_distance_loss(a, p, n),
+                                          [R(4, 3), R(4, 3), R(4, 3)]),
+    "poisson_nll_loss": (lambda lib, f, x, y: f.poisson_nll_loss(x, y, full=True), [R(4, 3), U(4, 3, high=4)]),
+    "gaussian_nll_loss": (lambda lib, f, x, y, v: f.gaussian_nll_loss(x, y, v), [R(4, 3), R(4, 3), G(U(4, 3))]),
+    "multilabel_soft_margin_loss": (lambda lib, f, x, y: f.multilabel_soft_margin_loss(x, y),
+                                    [R(4, 3), np.array([[1.0, 0, 1], [0, 0, 1], [1, 1, 1], [0, 0, 0]])]),
+    "multi_margin_loss": (lambda lib, f, x, y: f.multi_margin_loss(x, y), [R(4, 5), np.array([0, 4, 2, 2])]),
+})
+
 
 @needs_torch
 @pytest.mark.filterwarnings("ignore:Using padding='same'")

@@ -1146,3 +1146,641 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     if weight is not None:
         loss = loss * weight
     return _reduce(loss, reduction)
+
+
+# =============================================================================================
+# More of torch.nn.functional: activations, norms, transposed convolution, pooling, resampling,
+# unfold/fold, distances, embedding_bag and losses. Same rules as above: tensor methods only.
+# =============================================================================================
+
+__all__ += [
+    "celu", "threshold", "hardshrink", "softshrink", "tanhshrink", "prelu", "rrelu",
+    "instance_norm", "rms_norm", "local_response_norm",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "unfold", "fold",
+    "max_pool3d", "avg_pool3d", "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_avg_pool3d",
+    "lp_pool1d", "lp_pool2d", "interpolate", "upsample", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
+    "pairwise_distance", "embedding_bag",
+    "margin_ranking_loss", "hinge_embedding_loss", "soft_margin_loss", "cosine_embedding_loss",
+    "triplet_margin_loss", "triplet_margin_with_distance_loss", "poisson_nll_loss", "gaussian_nll_loss",
+    "multilabel_soft_margin_loss", "multi_margin_loss",
+]
+
+
+def _index(values):
+    return factories.tensor(list(values), dtype=dt.int64)
+
+
+def _reverse(x, d):
+    return x.index_select(d, _index(range(x.shape[d] - 1, -1, -1)))
+
+
+# --- activations ---------------------------------------------------------------------------------
+
+def celu(input, alpha=1.0, inplace=False):
+    if alpha == 0:
+        raise RuntimeError("ZeroDivisionError: alpha must not be 0 for celu")
+
+    def fn(x):
+        # NOTE: exp of min(x, 0) / alpha, so the unselected branch never overflows (see _elu).
+        return api.where(x > 0, x, ((x.clamp(max=0.0) / alpha).exp() - 1) * alpha)
+
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def threshold(input, threshold, value, inplace=False):
+    def fn(x):
+        return api.where(x > threshold, x, value)
+
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+def hardshrink(input, lambd=0.5):
+    return api.where(input.abs() > lambd, input, 0.0)
+
+
+def softshrink(input, lambd=0.5):
+    if lambd < 0:
+        raise RuntimeError(f"lambda must be greater or equal to 0, but found to be {lambd}.")
+    return api.where(input > lambd, input - lambd, api.where(input < -lambd, input + lambd, 0.0))
+
+
+def tanhshrink(input):
+    return input - input.tanh()
+
+
+def prelu(input, weight):
+    if weight.numel() != 1:
+        if input.ndim < 2 or weight.ndim != 1 or weight.shape[0] != input.shape[1]:
+            raise RuntimeError(f"Mismatch of parameter numbers and input channel size. Found parameter numbers = "
+                               f"{weight.numel()} and channel size = {input.shape[1] if input.ndim > 1 else 1}.")
+        weight = weight.reshape((input.shape[1],) + (1,) * (input.ndim - 2))
+    elif input.ndim:
+        weight = weight.reshape(())
+    return api.where(input > 0, input, input * weight)
+
+
+def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
+    if not training:
+        return leaky_relu(input, (lower + upper) / 2, inplace)
+    # training: one slope per element, uniform in [lower, upper], drawn from runtime's generator
+    slope = factories.rand(tuple(input.shape), dtype=input.dtype) * (upper - lower) + lower
+
+    def fn(x):
+        return api.where(x >= 0, x, x * slope)
+
+    return _inplace(input, fn) if inplace else fn(input)
+
+
+# --- normalisation --------------------------------------------------------------------------------
+
+def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                  momentum=0.1, eps=1e-5):
+    if input.ndim < 3:
+        raise ValueError(f"instance_norm: expected an input with a batch, a channel and spatial dims, got shape "
+                         f"{list(input.shape)}")
+    c = input.shape[1]
+    dims = tuple(range(2, input.ndim))
+    shape = (1, c) + (1,) * len(dims)
+    if use_input_stats:
+        count = math.prod(input.shape[2:])
+        if count <= 1:
+            raise ValueError(f"Expected more than 1 spatial element when training, got input size {input.shape}")
+        mean = input.mean(dims, keepdim=True)
+        centered = input - mean
+        var = (centered * centered).mean(dims, keepdim=True)
+        if running_mean is not None or running_var is not None:
+            with no_grad():
+                if running_mean is not None:
+                    m = mean.detach().reshape(input.shape[0], c).mean(0)
+                    running_mean.copy_(running_mean * (1 - momentum) + m * momentum)
+                if running_var is not None:
+                    v = var.detach().reshape(input.shape[0], c).mean(0) * (count / (count - 1))
+                    running_var.copy_(running_var * (1 - momentum) + v * momentum)
+        out = centered * (var + eps).rsqrt()
+    else:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("Expected running_mean and running_var to be defined when use_input_stats is false")
+        out = (input - running_mean.reshape(shape)) * (running_var.reshape(shape) + eps).rsqrt()
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out
+
+
+_EPS = {"float16": 0.0009765625, "bfloat16": 0.0078125, "float32": 1.1920928955078125e-07,
+        "float64": 2.220446049250313e-16}
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or input.ndim < k or tuple(input.shape[input.ndim - k:]) != shape:
+        raise RuntimeError(f"Given normalized_shape={list(shape)}, expected input with shape "
+                           f"[*, {', '.join(map(str, shape))}], but got input of size{list(input.shape)}")
+    if eps is None:
+        eps = _EPS.get(str(input.dtype).split(".")[-1], _EPS["float32"])
+    dims = tuple(range(input.ndim - k, input.ndim))
+    out = input * ((input * input).mean(dims, keepdim=True) + eps).rsqrt()
+    return out if weight is None else out * weight
+
+
+def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    if input.ndim < 3:
+        raise ValueError(f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions)")
+    if input.numel() == 0:
+        return input
+    sq = _pad_dim(input * input, 1, size // 2, (size - 1) // 2, 0)
+    c = input.shape[1]
+    total = sq.narrow(1, 0, c)
+    for offset in range(1, size):
+        total = total + sq.narrow(1, offset, c)
+    div = (total * (alpha / size) + k) ** beta
+    return input / div
+
+
+# --- transposed convolution, unfold and fold ----------------------------------------------------
+
+def _dilate(x, d, factor):
+    """Insert factor-1 zeros between neighbours along dim d (the stride of a transposed convolution)."""
+    if factor == 1 or x.shape[d] <= 1:
+        return x
+    shape = tuple(x.shape)
+    zeros = x.new_zeros(shape[:d + 1] + (factor - 1,) + shape[d + 1:])
+    stacked = api.cat([x.unsqueeze(d + 1), zeros], d + 1)  # (..., n, factor, ...)
+    merged = stacked.reshape(shape[:d] + (shape[d] * factor,) + shape[d + 1:])
+    return merged.narrow(d, 0, (shape[d] - 1) * factor + 1)
+
+
+def _conv_transpose(name, nd, input, weight, bias, stride, padding, output_padding, groups, dilation):
+    if input.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(f"Expected {nd + 1}D (unbatched) or {nd + 2}D (batched) input to {name}, but got input "
+                           f"of size: {list(input.shape)}")
+    unbatched = input.ndim == nd + 1
+    x = input.unsqueeze(0) if unbatched else input
+    if isinstance(padding, str):
+        raise RuntimeError(f"{name}: string padding ('{padding}') is not supported for transposed convolution")
+    stride, padding = _ntuple(stride, nd, "stride"), _ntuple(padding, nd, "padding")
+    output_padding, dilation = _ntuple(output_padding, nd, "output_padding"), _ntuple(dilation, nd, "dilation")
+    in_ch = weight.shape[0]
+    if x.shape[1] != in_ch:
+        raise RuntimeError(f"Given transposed=1, weight of size {list(weight.shape)}, expected input{list(x.shape)} "
+                           f"to have {in_ch} channels, but got {x.shape[1]} channels instead")
+    if in_ch % groups:
+        raise RuntimeError(f"{name}: in_channels ({in_ch}) must be divisible by groups ({groups})")
+    for op, s, d in zip(output_padding, stride, dilation):
+        if op >= s and op >= d:
+            raise RuntimeError("output padding must be smaller than either stride or dilation")
+    kernel = tuple(weight.shape[2:])
+    out_per_group = weight.shape[1]
+    # weight (C_in, C_out/g, *k) -> a forward convolution's (C_out, C_in/g, *k), flipped in space
+    w = weight.reshape((groups, in_ch // groups, out_per_group) + kernel).transpose(1, 2)
+    w = w.reshape((groups * out_per_group, in_ch // groups) + kernel)
+    for i in range(nd):
+        w = _reverse(w, 2 + i)
+    for i in range(nd):
+        x = _dilate(x, 2 + i, stride[i])
+        edge = dilation[i] * (kernel[i] - 1)
+        x = _pad_dim(x, 2 + i, edge - padding[i], edge - padding[i] + output_padding[i], 0)
+    out = _conv(name, nd, x, w, bias, 1, 0, dilation, groups)
+    return out.squeeze(0) if unbatched else out
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_transpose("conv_transpose1d", 1, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_transpose("conv_transpose2d", 2, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    return _conv_transpose("conv_transpose3d", 3, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
+    """(N, C, H, W) -> (N, C * kh * kw, L): every sliding block as a column (im2col)."""
+    if input.ndim not in (3, 4):
+        raise RuntimeError(f"Input Error: Only 3D or 4D input Tensors are supported (got {input.ndim}D)")
+    unbatched = input.ndim == 3
+    x = input.unsqueeze(0) if unbatched else input
+    kernel, dilation = _ntuple(kernel_size, 2, "kernel_size"), _ntuple(dilation, 2, "dilation")
+    padding, stride = _ntuple(padding, 2, "padding"), _ntuple(stride, 2, "stride")
+    x = _padded(x, [(p, p) for p in padding], 0)
+    out_sizes = tuple((n - d * (k - 1) - 1) // s + 1 for n, k, d, s in zip(x.shape[2:], kernel, dilation, stride))
+    if any(o < 1 for o in out_sizes):
+        raise RuntimeError(f"Given input with spatial size {list(input.shape[-2:])}, kernel_size={list(kernel)}, "
+                           f"dilation={list(dilation)}, padding={list(padding)}, calculated shape of the array of "
+                           f"sliding blocks as {list(out_sizes)}, but its components must be at least one.")
+    cols = _windows(x, kernel, stride, dilation, out_sizes)  # (N, C, K, oh, ow)
+    n, c = x.shape[0], x.shape[1]
+    out = cols.reshape(n, c * math.prod(kernel), math.prod(out_sizes))
+    return out.squeeze(0) if unbatched else out
+
+
+def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """The adjoint of unfold: (N, C * kh * kw, L) columns summed back into (N, C, H, W)."""
+    if input.ndim not in (2, 3):
+        raise RuntimeError(f"Input Error: Only unbatched (2D) or batched (3D) input Tensors are supported "
+                           f"(got {input.ndim}D)")
+    unbatched = input.ndim == 2
+    x = input.unsqueeze(0) if unbatched else input
+    size = _ntuple(output_size, 2, "output_size")
+    kernel, dilation = _ntuple(kernel_size, 2, "kernel_size"), _ntuple(dilation, 2, "dilation")
+    padding, stride = _ntuple(padding, 2, "padding"), _ntuple(stride, 2, "stride")
+    k = math.prod(kernel)
+    if x.shape[1] % k:
+        raise RuntimeError(f"Expected size of input's dimension 1 to be divisible by the product of kernel_size, "
+                           f"but got input.size(1)={x.shape[1]} and kernel_size={list(kernel)}")
+    padded = tuple(s + 2 * p for s, p in zip(size, padding))
+    blocks = tuple((n - d * (kk - 1) - 1) // s + 1 for n, kk, d, s in zip(padded, kernel, dilation, stride))
+    if math.prod(blocks) != x.shape[2]:
+        raise RuntimeError(f"Given output_size={list(size)}, kernel_size={list(kernel)}, dilation={list(dilation)}, "
+                           f"padding={list(padding)}, stride={list(stride)}, expected size of input's dimension 2 to "
+                           f"match the calculated number of sliding blocks {blocks[0]} * {blocks[1]} = "
+                           f"{math.prod(blocks)}, but got input.size(2)={x.shape[2]}.")
+    n, c = x.shape[0], x.shape[1] // k
+    cols = x.reshape((n, c, k) + blocks)
+    total = None
+    for j, offsets in enumerate(itertools.product(*(range(kk) for kk in kernel))):
+        part = cols.select(2, j)
+        for i in range(2):
+            part = _dilate(part, 2 + i, stride[i])
+            start = offsets[i] * dilation[i]
+            part = _pad_dim(part, 2 + i, start, padded[i] - start - part.shape[2 + i], 0)
+        total = part if total is None else total + part
+    out = total
+    for i in range(2):
+        out = _pad_dim(out, 2 + i, -padding[i], -padding[i], 0)
+    return out.squeeze(0) if unbatched else out
+
+
+# --- pooling ----------------------------------------------------------------------------------------
+
+def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    return _max_pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    return _avg_pool("avg_pool3d", 3, input, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                     divisor_override)
+
+
+def adaptive_avg_pool3d(input, output_size):
+    return _adaptive_avg("adaptive_avg_pool3d", 3, input, output_size)
+
+
+def _adaptive_max(name, nd, input, output_size, return_indices):
+    if return_indices:
+        raise NotImplementedError(f"{name}(return_indices=True) is not supported; the values are")
+    if input.ndim not in (nd + 1, nd + 2):
+        raise RuntimeError(f"{name}: Expected {nd + 1}D or {nd + 2}D tensor, but got input of size "
+                           f"{list(input.shape)}")
+    sizes = output_size if isinstance(output_size, (tuple, list)) else (output_size,) * nd
+    x = input
+    first = input.ndim - nd
+    for i, out in enumerate(sizes):
+        d = first + i
+        size = x.shape[d]
+        out = size if out is None else int(out)
+        if out <= 0:
+            raise RuntimeError(f"{name}: output size must be positive, got {list(sizes)}")
+        bins = []
+        for j in range(out):
+            start, stop = (j * size) // out, -((-(j + 1) * size) // out)
+            # NOTE: max(dim) rather than amax: the gradient goes to one maximal element, as torch's
+            bins.append(x.narrow(d, start, stop - start).max(d, keepdim=True)[0])
+        x = bins[0] if out == 1 else api.cat(bins, d)
+    return x
+
+
+def adaptive_max_pool1d(input, output_size, return_indices=False):
+    return _adaptive_max("adaptive_max_pool1d", 1, input, output_size, return_indices)
+
+
+def adaptive_max_pool2d(input, output_size, return_indices=False):
+    return _adaptive_max("adaptive_max_pool2d", 2, input, output_size, return_indices)
+
+
+def _lp_pool(nd, input, norm_type, kernel_size, stride, ceil_mode):
+    kernel = _ntuple(kernel_size, nd, "kernel_size")
+    pool = avg_pool1d if nd == 1 else avg_pool2d
+    out = pool(input ** norm_type, kernel, stride, 0, ceil_mode) * math.prod(kernel)
+    return (out.sign() * out.abs().relu()) ** (1.0 / norm_type)
+
+
+def lp_pool1d(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+    return _lp_pool(1, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+def lp_pool2d(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+    return _lp_pool(2, input, norm_type, kernel_size, stride, ceil_mode)
+
+
+# --- resampling -------------------------------------------------------------------------------------
+
+_INTERP_DIMS = {"linear": 1, "bilinear": 2, "trilinear": 3}
+
+
+def _source_positions(mode, in_size, out_size, scale, align_corners):
+    """(i0, i1, w1) per output position along one dim: out = in[i0] * (1 - w1) + in[i1] * w1."""
+    rows = []
+    for o in range(out_size):
+        if align_corners:
+            src = o * (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        else:
+            src = max((o + 0.5) * scale - 0.5, 0.0)
+        i0 = min(int(math.floor(src)), in_size - 1)
+        i1 = min(i0 + 1, in_size - 1)
+        rows.append((i0, i1, src - i0))
+    return rows
+
+
+def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                recompute_scale_factor=None, antialias=False):
+    nd = input.ndim - 2
+    if nd < 1:
+        raise ValueError(f"interpolate: expected an input with batch and channel dims, got shape {list(input.shape)}")
+    if antialias:
+        raise NotImplementedError("interpolate(antialias=True) is not supported")
+    if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"):
+        raise NotImplementedError(f"interpolate: mode {mode!r} is not supported (nearest, nearest-exact, linear, "
+                                  f"bilinear, trilinear are)")
+    if mode in _INTERP_DIMS and _INTERP_DIMS[mode] != nd:
+        raise ValueError(f"Got {input.ndim}D input, but {mode} mode needs {_INTERP_DIMS[mode] + 2}D input")
+    if mode.startswith("nearest") and align_corners is not None:
+        raise ValueError("align_corners option can only be set with the interpolating modes: linear | bilinear | "
+                         "bicubic | trilinear")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("only one of size or scale_factor should be defined")
+    in_sizes = tuple(input.shape[2:])
+    if size is not None:
+        out_sizes = _ntuple(size, nd, "size")
+        scales = [i / o for i, o in zip(in_sizes, out_sizes)]
+    else:
+        factors = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * nd
+        if len(factors) != nd:
+            raise ValueError(f"scale_factor shape must match input shape. Input is {nd}D, scale_factor size is "
+                             f"{len(factors)}")
+        out_sizes = tuple(int(math.floor(i * f)) for i, f in zip(in_sizes, factors))
+        scales = [i / o for i, o in zip(in_sizes, out_sizes)] if recompute_scale_factor else [1.0 / f for f in factors]
+    x = input
+    for i, (n_in, n_out, scale) in enumerate(zip(in_sizes, out_sizes, scales)):
+        d = 2 + i
+        if mode == "nearest":
+            idx = [min(int(math.floor(o * scale)), n_in - 1) for o in range(n_out)]
+            x = x.index_select(d, _index(idx))
+        elif mode == "nearest-exact":
+            idx = [min(int(math.floor((o + 0.5) * scale)), n_in - 1) for o in range(n_out)]
+            x = x.index_select(d, _index(idx))
+        else:
+            rows = _source_positions(mode, n_in, n_out, scale, bool(align_corners))
+            shape = [1] * x.ndim
+            shape[d] = n_out
+            w1 = factories.tensor([r[2] for r in rows], dtype=x.dtype).reshape(tuple(shape))
+            lo = x.index_select(d, _index(r[0] for r in rows))
+            hi = x.index_select(d, _index(r[1] for r in rows))
+            x = lo + (hi - lo) * w1
+    return x
+
+
+def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+def pixel_shuffle(input, upscale_factor):
+    r = upscale_factor
+    if input.ndim < 3:
+        raise RuntimeError(f"pixel_shuffle expects input to have at least 3 dimensions, but got input with "
+                           f"{input.ndim} dimension(s)")
+    lead, (c, h, w) = tuple(input.shape[:-3]), tuple(input.shape[-3:])
+    if c % (r * r):
+        raise RuntimeError(f"pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of "
+                           f"upscale_factor, but input.size(-3)={c} is not divisible by {r * r}")
+    k = len(lead)
+    x = input.reshape(lead + (c // (r * r), r, r, h, w))
+    x = x.permute(tuple(range(k)) + (k, k + 3, k + 1, k + 4, k + 2))
+    return x.reshape(lead + (c // (r * r), h * r, w * r))
+
+
+def pixel_unshuffle(input, downscale_factor):
+    r = downscale_factor
+    if input.ndim < 3:
+        raise RuntimeError(f"pixel_unshuffle expects input to have at least 3 dimensions, but got input with "
+                           f"{input.ndim} dimension(s)")
+    lead, (c, h, w) = tuple(input.shape[:-3]), tuple(input.shape[-3:])
+    if h % r or w % r:
+        raise RuntimeError(f"pixel_unshuffle expects height and width to be divisible by downscale_factor, but got "
+                           f"{h} and {w} with downscale_factor={r}")
+    k = len(lead)
+    x = input.reshape(lead + (c, h // r, r, w // r, r))
+    x = x.permute(tuple(range(k)) + (k, k + 2, k + 4, k + 1, k + 3))
+    return x.reshape(lead + (c * r * r, h // r, w // r))
+
+
+def channel_shuffle(input, groups):
+    if input.ndim < 3:
+        raise RuntimeError(f"channel_shuffle expects input to have at least 3 dimensions, but got input with "
+                           f"{input.ndim} dimension(s)")
+    n, c = input.shape[0], input.shape[1]
+    if groups <= 0 or c % groups:
+        raise RuntimeError(f"Number of channels must be divisible by groups. Got {c} channels and {groups} groups.")
+    rest = tuple(input.shape[2:])
+    return input.reshape((n, groups, c // groups) + rest).transpose(1, 2).reshape((n, c) + rest)
+
+
+# --- distances and embedding bags ------------------------------------------------------------------
+
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    diff = x1 - x2 + eps
+    d = -1 if diff.ndim else 0
+    if p == _INF:
+        out = diff.abs().amax(d, keepdim=keepdim)
+    elif p == 0:
+        out = (diff != 0).to(diff.dtype).sum(d, keepdim=keepdim)
+    else:
+        out = (diff.abs() ** p).sum(d, keepdim=keepdim) ** (1.0 / p)
+    return out
+
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
+                  sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    if mode not in ("sum", "mean", "max"):
+        raise ValueError(f"mode has to be one of sum, mean or max, got {mode}")
+    if per_sample_weights is not None and mode != "sum":
+        raise NotImplementedError(f"embedding_bag: per_sample_weights was not None. per_sample_weights is only "
+                                  f"supported for mode='sum' (got mode='{mode}'). Please open a feature request on "
+                                  f"GitHub.")
+    if input.ndim == 2:
+        if offsets is not None:
+            raise ValueError("if input is 2D, then offsets has to be None, as input is treated is a mini-batch of "
+                             "fixed length sequences.")
+        bags, length = input.shape
+        starts = [i * length for i in range(bags)]
+        flat = input.reshape(-1)
+        psw = per_sample_weights.reshape(-1) if per_sample_weights is not None else None
+    elif input.ndim == 1:
+        if offsets is None:
+            raise ValueError("offsets has to be a 1D Tensor but got None")
+        starts = [int(v) for v in offsets.tolist()]
+        if include_last_offset:
+            starts = starts[:-1]
+        flat, psw = input, per_sample_weights
+    else:
+        raise ValueError(f"input has to be 1D or 2D Tensor, but got Tensor of dimension {input.ndim}")
+    ends = starts[1:] + [flat.shape[0]]
+    if include_last_offset and input.ndim == 1:
+        ends = [int(v) for v in offsets.tolist()][1:]
+    num = weight.shape[0]
+    if padding_idx is not None:
+        padding_idx = padding_idx + num if padding_idx < 0 else padding_idx
+    if max_norm is not None:
+        _embedding_renorm_(weight, flat, max_norm, norm_type)
+    if not _is_eager(flat):
+        raise RuntimeError("embedding_bag reads its indices to form bags: it runs eagerly only")
+    ids = flat.tolist()
+    rows = weight.index_select(0, flat) if flat.numel() else weight.new_zeros((0, weight.shape[1]))
+    if psw is not None:
+        rows = rows * psw.unsqueeze(-1)
+    out = []
+    for s, e in zip(starts, ends):
+        keep = [i for i in range(s, e) if padding_idx is None or ids[i] != padding_idx]
+        if not keep:
+            out.append(weight.new_zeros((weight.shape[1],)))
+            continue
+        bag = rows.index_select(0, _index(keep))
+        if mode == "sum":
+            out.append(bag.sum(0))
+        elif mode == "mean":
+            out.append(bag.mean(0))
+        else:
+            out.append(bag.max(0)[0])
+    return api.stack(out, 0) if out else weight.new_zeros((0, weight.shape[1]))
+
+
+# --- more losses ------------------------------------------------------------------------------------
+
+def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    return _reduce((-target * (input1 - input2) + margin).clamp(min=0.0), reduction)
+
+
+def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    margin_part = (margin - input).clamp(min=0.0)
+    loss = api.where(target == 1, input, 0.0) + api.where(target == -1, margin_part, 0.0)
+    return _reduce(loss, reduction)
+
+
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    # NOTE: log(1 + exp(-y x)) as -logsigmoid(y x): no overflow for large margins
+    return _reduce(-logsigmoid(target * input), reduction)
+
+
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    eps = 1e-12
+    d = input1.ndim - 1
+    dot = (input1 * input2).sum(d)
+    mag1 = (input1 * input1).sum(d) + eps
+    mag2 = (input2 * input2).sum(d) + eps
+    cos = dot / (mag1 * mag2).sqrt()
+    loss = api.where(target == 1, 1 - cos, 0.0) + api.where(target == -1, (cos - margin).clamp(min=0.0), 0.0)
+    return _reduce(loss, reduction)
+
+
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
+                        reduce=None, reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    d_pos = pairwise_distance(anchor, positive, p, eps)
+    d_neg = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        d_neg = api.minimum(d_neg, pairwise_distance(positive, negative, p, eps))
+    return _reduce((d_pos - d_neg + margin).clamp(min=0.0), reduction)
+
+
+def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin=1.0, swap=False,
+                                      reduction="mean"):
+    _check_reduction(reduction)
+    dist = distance_function if distance_function is not None else pairwise_distance
+    d_pos, d_neg = dist(anchor, positive), dist(anchor, negative)
+    if swap:
+        d_neg = api.minimum(d_neg, dist(positive, negative))
+    return _reduce((d_pos - d_neg + margin).clamp(min=0.0), reduction)
+
+
+def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8, reduce=None,
+                     reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if log_input:
+        loss = input.exp() - target * input
+    else:
+        loss = input - target * (input + eps).log()
+    if full:
+        # Stirling's approximation of log(target!), for targets above 1
+        safe = target.masked_fill(target <= 1, 1.0)
+        stirling = safe * safe.log() - safe + (safe * (2 * math.pi)).log() * 0.5
+        loss = loss + api.where(target > 1, stirling, 0.0)
+    return _reduce(loss, reduction)
+
+
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    _check_reduction(reduction)
+    if tuple(var.shape) != tuple(input.shape):
+        if tuple(input.shape[:-1]) == tuple(var.shape):
+            var = var.unsqueeze(-1)
+        elif not (tuple(input.shape[:-1]) == tuple(var.shape[:-1]) and var.shape[-1] == 1):
+            raise ValueError("var is of incorrect size")
+    if _is_eager(var) and bool((var < 0).any()):
+        raise ValueError("var has negative entry/entries")
+    with no_grad():
+        floor = var.detach().clamp(min=eps) - var.detach()  # NOTE: clamp without touching var's gradient, as torch
+    var = var + floor
+    diff = input - target
+    loss = (var.log() + diff * diff / var) * 0.5
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    return _reduce(loss, reduction)
+
+
+def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    loss = -(target * logsigmoid(input) + (1 - target) * logsigmoid(-input))
+    if weight is not None:
+        loss = loss * weight
+    loss = loss.mean(input.ndim - 1)
+    return _reduce(loss, reduction)
+
+
+def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
+                      reduction="mean"):
+    reduction = _reduction(size_average, reduce, reduction)
+    _check_reduction(reduction)
+    if p not in (1, 2):
+        raise ValueError("only p == 1 and p == 2 supported")
+    x = input if input.ndim == 2 else input.reshape(1, -1)
+    t = target.reshape(-1)
+    c = x.shape[1]
+    picked = x.gather(1, t.unsqueeze(1))
+    terms = (x - picked + margin).clamp(min=0.0)
+    if p == 2:
+        terms = terms * terms
+    if weight is not None:
+        terms = terms * weight.index_select(0, t).unsqueeze(1)
+    not_target = factories.arange(c).reshape(1, c) != t.unsqueeze(1)
+    loss = api.where(not_target, terms, 0.0).sum(1) / c
+    if input.ndim != 2:
+        loss = loss.reshape(tuple(target.shape))
+    return _reduce(loss, reduction)

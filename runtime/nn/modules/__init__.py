@@ -9,3 +9,7 @@ from .module import (Module, register_module_forward_hook, register_module_forwa
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase  # noqa: F401
 from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,  # noqa: F401
                           TransformerEncoderLayer)
+from .activation import *  # noqa: F401,F403
+from .extra import *  # noqa: F401,F403
+from .layers import BatchNorm3d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d  # noqa: F401
+from .loss import *  # noqa: F401,F403

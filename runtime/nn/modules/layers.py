@@ -358,30 +358,69 @@ class BatchNorm2d(_BatchNorm):
     _expected_dims = (4,)
 
 
+class BatchNorm3d(_BatchNorm):
+    _expected_dims = (5,)
+
+
 # --- convolution and pooling ------------------------------------------------------------------------
 
 class _ConvNd(Module):
     _n = 0
+    _transposed = False
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, padding_mode="zeros", device=None, dtype=None):
+                 bias=True, padding_mode="zeros", device=None, dtype=None, output_padding=0):
         super().__init__()
-        if in_channels % groups or out_channels % groups:
-            raise ValueError("in_channels and out_channels must be divisible by groups")
-        if padding_mode != "zeros":
-            raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
+        if groups <= 0:
+            raise ValueError("groups must be a positive integer")
+        if in_channels % groups:
+            raise ValueError("in_channels must be divisible by groups")
+        if out_channels % groups:
+            raise ValueError("out_channels must be divisible by groups")
+        if padding_mode not in ("zeros", "reflect", "replicate", "circular"):
+            raise ValueError(f"padding_mode must be one of ['zeros', 'reflect', 'replicate', 'circular'], but got "
+                             f"padding_mode='{padding_mode}'")
         n = self._n
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride, self.dilation = _ntuple(kernel_size, n), _ntuple(stride, n), _ntuple(dilation, n)
+        if isinstance(padding, str):
+            if padding not in ("same", "valid"):
+                raise ValueError(f"Invalid padding string {padding!r}, should be one of ['valid', 'same']")
+            if padding == "same" and any(s != 1 for s in self.stride):
+                raise ValueError("padding='same' is not supported for strided convolutions")
         self.padding = padding if isinstance(padding, str) else _ntuple(padding, n)
-        self.output_padding, self.transposed, self.padding_mode = (0,) * n, False, padding_mode
-        self.weight = _empty(out_channels, in_channels // groups, *self.kernel_size, device=device, dtype=dtype)
+        self.output_padding, self.transposed, self.padding_mode = _ntuple(output_padding, n), self._transposed, \
+            padding_mode
+        self._reversed_padding_repeated_twice = self._padding_pairs()
+        if self._transposed:
+            shape = (in_channels, out_channels // groups, *self.kernel_size)
+        else:
+            shape = (out_channels, in_channels // groups, *self.kernel_size)
+        self.weight = _empty(*shape, device=device, dtype=dtype)
         self.register_parameter("bias", _empty(out_channels, device=device, dtype=dtype) if bias else None)
         self.reset_parameters()
+
+    def _padding_pairs(self) -> list:
+        """F.pad's amounts (last dim first, left then right) for a padding_mode other than zeros."""
+        n = self._n
+        if self.padding == "valid":
+            pairs = [(0, 0)] * n
+        elif self.padding == "same":
+            totals = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_size)]
+            pairs = [(t // 2, t - t // 2) for t in totals]
+        else:
+            pairs = [(p, p) for p in self.padding]
+        return [amount for pair in reversed(pairs) for amount in pair]
 
     def reset_parameters(self) -> None:
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         _uniform_bias(self.bias, self.weight.size(1) * math.prod(self.kernel_size))
+
+    def _conv_forward(self, fn, input, weight, bias):
+        if self.padding_mode != "zeros":
+            return fn(F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode), weight, bias,
+                      self.stride, 0, self.dilation, self.groups)
+        return fn(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self) -> str:
         n = self._n
@@ -390,10 +429,14 @@ class _ConvNd(Module):
             s += f", padding={self.padding}"
         if self.dilation != (1,) * n:
             s += f", dilation={self.dilation}"
+        if self.output_padding != (0,) * n:
+            s += f", output_padding={self.output_padding}"
         if self.groups != 1:
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode}"
         return s
 
 
@@ -401,14 +444,72 @@ class Conv1d(_ConvNd):
     _n = 1
 
     def forward(self, input):
-        return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return self._conv_forward(F.conv1d, input, self.weight, self.bias)
 
 
 class Conv2d(_ConvNd):
     _n = 2
 
     def forward(self, input):
-        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return self._conv_forward(F.conv2d, input, self.weight, self.bias)
+
+
+class Conv3d(_ConvNd):
+    _n = 3
+
+    def forward(self, input):
+        return self._conv_forward(F.conv3d, input, self.weight, self.bias)
+
+
+class _ConvTransposeNd(_ConvNd):
+    _transposed = True
+    _fn = None
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None):
+        if padding_mode != "zeros":
+            raise ValueError(f"Only \"zeros\" padding mode is supported for {type(self).__name__}")
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+                         padding_mode, device, dtype, output_padding)
+
+    def _output_padding(self, input, output_size):
+        if output_size is None:
+            return self.output_padding
+        n = self._n
+        output_size = list(output_size)[-n:]
+        if len(output_size) != n:
+            raise ValueError(f"ConvTranspose{n}D: for {input.ndim}D input, output_size must have {n} or {n + 2} "
+                             f"elements (got {len(output_size)})")
+        extra = []
+        for i in range(n):
+            size = input.shape[input.ndim - n + i]
+            smallest = ((size - 1) * self.stride[i] - 2 * self.padding[i]
+                        + self.dilation[i] * (self.kernel_size[i] - 1) + 1)
+            if not smallest <= output_size[i] < smallest + self.stride[i]:
+                raise ValueError(f"requested an output size of {output_size}, but valid sizes range from {smallest} "
+                                 f"to {smallest + self.stride[i] - 1} (for an input of {list(input.shape[2:])})")
+            extra.append(output_size[i] - smallest)
+        return tuple(extra)
+
+    def forward(self, input, output_size=None):
+        output_padding = self._output_padding(input, output_size)
+        return type(self)._fn(input, self.weight, self.bias, self.stride, self.padding, output_padding, self.groups,
+                              self.dilation)
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    _n = 1
+    _fn = staticmethod(F.conv_transpose1d)
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    _n = 2
+    _fn = staticmethod(F.conv_transpose2d)
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    _n = 3
+    _fn = staticmethod(F.conv_transpose3d)
 
 
 class MaxPool2d(Module):

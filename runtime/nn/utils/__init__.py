@@ -15,7 +15,8 @@ def skip_init(module_cls, *args, **kwargs):
         return module_cls(*args, **kwargs)
 
 
-def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False):
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach=None):
     """Scale gradients in place so their joint norm is at most max_norm; returns the norm before clipping."""
     from ... import factories
 
@@ -35,3 +36,34 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
             for g in grads:
                 g.mul_(coef)
     return factories.tensor(total)
+
+
+def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:
+    """Clamp every gradient in place to [-clip_value, clip_value]."""
+    params = [parameters] if hasattr(parameters, "grad") else list(parameters)
+    clip_value = float(clip_value)
+    with grad_mode.no_grad():
+        for p in params:
+            if p.grad is not None:
+                p.grad.clamp_(-clip_value, clip_value)
+
+
+def parameters_to_vector(parameters):
+    """One 1-D tensor holding every parameter, flattened and concatenated in order."""
+    from ... import api
+
+    return api.cat([p.reshape(-1) for p in parameters])
+
+
+def vector_to_parameters(vec, parameters) -> None:
+    """Copy consecutive slices of a 1-D vector into the parameters (their data, not their history)."""
+    from ...tensor import Tensor
+
+    if not isinstance(vec, Tensor):
+        raise TypeError(f"expected torch.Tensor, but got: {type(vec).__name__}")
+    offset = 0
+    with grad_mode.no_grad():
+        for p in parameters:
+            n = p.numel()
+            p.copy_(vec[offset:offset + n].reshape(tuple(p.shape)))
+            offset += n

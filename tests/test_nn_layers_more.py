@@ -1,0 +1,248 @@
+"""The activation, loss, convolution, pooling, normalisation, padding, resampling and utility modules added for
+issue 15, against torch in float64: outputs, input and parameter gradients, reprs and state_dict keys."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import runtime
+import runtime.nn as nn
+import runtime.nn.functional as F
+from nn_oracle import Const, run_both
+
+RNG = np.random.default_rng(0)
+
+
+def x(*shape):
+    return RNG.standard_normal(shape)
+
+
+def pos(*shape):
+    return RNG.random(shape) + 0.1
+
+
+def sign(*shape):
+    return Const(np.where(RNG.random(shape) < 0.5, -1.0, 1.0))
+
+
+def idx(high, *shape):
+    return Const(RNG.integers(0, high, shape))
+
+
+# name -> (make(lib), inputs)
+CASES = {
+    # activations
+    "ELU": (lambda nn: nn.ELU(0.7), [x(3, 4)]),
+    "CELU": (lambda nn: nn.CELU(0.5), [x(3, 4)]),
+    "SELU": (lambda nn: nn.SELU(), [x(3, 4)]),
+    "GLU": (lambda nn: nn.GLU(1), [x(3, 4)]),
+    "Hardtanh": (lambda nn: nn.Hardtanh(-0.5, 0.8), [x(3, 4)]),
+    "ReLU6": (lambda nn: nn.ReLU6(), [x(3, 4) * 4]),
+    "Hardswish": (lambda nn: nn.Hardswish(), [x(3, 4) * 3]),
+    "Hardsigmoid": (lambda nn: nn.Hardsigmoid(), [x(3, 4) * 3]),
+    "Mish": (lambda nn: nn.Mish(), [x(3, 4)]),
+    "Softplus": (lambda nn: nn.Softplus(2.0, 3.0), [x(3, 4)]),
+    "Softsign": (lambda nn: nn.Softsign(), [x(3, 4)]),
+    "Tanhshrink": (lambda nn: nn.Tanhshrink(), [x(3, 4)]),
+    "Threshold": (lambda nn: nn.Threshold(0.1, 20.0), [x(3, 4)]),
+    "LogSigmoid": (lambda nn: nn.LogSigmoid(), [x(3, 4)]),
+    "PReLU": (lambda nn: nn.PReLU(), [x(3, 4)]),
+    "PReLU-channels": (lambda nn: nn.PReLU(3, 0.1), [x(2, 3, 4)]),
+    "Softmin": (lambda nn: nn.Softmin(1), [x(3, 4)]),
+    "Softmax2d": (lambda nn: nn.Softmax2d(), [x(2, 3, 4, 4)]),
+    "RReLU-eval": (lambda nn: nn.RReLU(0.1, 0.3), [x(3, 4)]),
+    "Hardshrink": (lambda nn: nn.Hardshrink(0.3), [x(3, 4)]),
+    "Softshrink": (lambda nn: nn.Softshrink(0.3), [x(3, 4)]),
+    # losses
+    "SmoothL1Loss": (lambda nn: nn.SmoothL1Loss(beta=0.5), [x(4, 3), x(4, 3)]),
+    "HuberLoss": (lambda nn: nn.HuberLoss(reduction="sum", delta=0.7), [x(4, 3), x(4, 3)]),
+    "KLDivLoss": (lambda nn: nn.KLDivLoss(reduction="batchmean"), [x(4, 3), Const(pos(4, 3))]),
+    "KLDivLoss-log-target": (lambda nn: nn.KLDivLoss(reduction="sum", log_target=True), [x(4, 3), x(4, 3)]),
+    "MarginRankingLoss": (lambda nn: nn.MarginRankingLoss(0.2), [x(5), x(5), sign(5)]),
+    "HingeEmbeddingLoss": (lambda nn: nn.HingeEmbeddingLoss(0.5), [x(5, 2), sign(5, 2)]),
+    "SoftMarginLoss": (lambda nn: nn.SoftMarginLoss(), [x(5, 2), sign(5, 2)]),
+    "CosineEmbeddingLoss": (lambda nn: nn.CosineEmbeddingLoss(0.1, reduction="none"), [x(5, 3), x(5, 3), sign(5)]),
+    "TripletMarginLoss": (lambda nn: nn.TripletMarginLoss(margin=2.0), [x(5, 3), x(5, 3), x(5, 3)]),
+    "TripletMarginLoss-swap-p1": (lambda nn: nn.TripletMarginLoss(p=1, swap=True), [x(5, 3), x(5, 3), x(5, 3)]),
+    "PoissonNLLLoss": (lambda nn: nn.PoissonNLLLoss(), [x(4, 3), Const(pos(4, 3) * 3)]),
+    "PoissonNLLLoss-full": (lambda nn: nn.PoissonNLLLoss(log_input=False, full=True),
+                            [pos(4, 3), Const(pos(4, 3) * 3)]),
+    "GaussianNLLLoss": (lambda nn: nn.GaussianNLLLoss(), [x(4, 3), x(4, 3), pos(4, 3)]),
+    "GaussianNLLLoss-full-var1": (lambda nn: nn.GaussianNLLLoss(full=True, reduction="sum"), [x(4, 3), x(4, 3),
+                                                                                               pos(4, 1)]),
+    "MultiLabelSoftMarginLoss": (lambda nn: nn.MultiLabelSoftMarginLoss(), [x(4, 3), Const((RNG.random((4, 3)) < .5)
+                                                                                           * 1.0)]),
+    "MultiMarginLoss": (lambda nn: nn.MultiMarginLoss(), [x(4, 5), idx(5, 4)]),
+    "MultiMarginLoss-p2": (lambda nn: nn.MultiMarginLoss(p=2, margin=0.5, reduction="none"), [x(4, 5), idx(5, 4)]),
+    # convolutions
+    "Conv1d-reflect": (lambda nn: nn.Conv1d(2, 3, 3, padding=2, padding_mode="reflect"), [x(2, 2, 7)]),
+    "Conv2d-circular": (lambda nn: nn.Conv2d(2, 3, 3, padding=1, padding_mode="circular"), [x(2, 2, 5, 6)]),
+    "Conv2d-replicate-same": (lambda nn: nn.Conv2d(2, 3, (2, 3), padding="same", padding_mode="replicate"),
+                              [x(2, 2, 5, 6)]),
+    "Conv3d": (lambda nn: nn.Conv3d(2, 4, 2, stride=(1, 2, 1), padding=1, groups=2), [x(2, 2, 4, 5, 3)]),
+    "ConvTranspose1d": (lambda nn: nn.ConvTranspose1d(2, 3, 3, stride=2, padding=1, output_padding=1),
+                        [x(2, 2, 5)]),
+    "ConvTranspose2d": (lambda nn: nn.ConvTranspose2d(4, 6, (3, 2), stride=(2, 3), padding=(1, 0), groups=2,
+                                                      dilation=(1, 2)), [x(2, 4, 4, 3)]),
+    "ConvTranspose2d-unbatched": (lambda nn: nn.ConvTranspose2d(2, 3, 2, bias=False), [x(2, 3, 3)]),
+    "ConvTranspose3d": (lambda nn: nn.ConvTranspose3d(2, 2, 2, stride=2), [x(1, 2, 2, 3, 2)]),
+    # pooling
+    "MaxPool1d": (lambda nn: nn.MaxPool1d(3, 2, padding=1), [x(2, 3, 8)]),
+    "MaxPool3d": (lambda nn: nn.MaxPool3d(2), [x(1, 2, 4, 4, 4)]),
+    "AvgPool1d": (lambda nn: nn.AvgPool1d(3, 2, padding=1, count_include_pad=False), [x(2, 3, 8)]),
+    "AvgPool3d": (lambda nn: nn.AvgPool3d(2, 1), [x(1, 2, 3, 4, 3)]),
+    "AdaptiveAvgPool1d": (lambda nn: nn.AdaptiveAvgPool1d(3), [x(2, 3, 8)]),
+    "AdaptiveMaxPool1d": (lambda nn: nn.AdaptiveMaxPool1d(3), [x(2, 3, 8)]),
+    "AdaptiveMaxPool2d": (lambda nn: nn.AdaptiveMaxPool2d((2, 3)), [x(2, 3, 5, 7)]),
+    "AdaptiveAvgPool3d": (lambda nn: nn.AdaptiveAvgPool3d((2, 1, 3)), [x(1, 2, 5, 3, 7)]),
+    "LPPool2d": (lambda nn: nn.LPPool2d(2, 2), [pos(1, 2, 4, 4)]),
+    "LPPool1d": (lambda nn: nn.LPPool1d(3, 3, stride=2), [pos(2, 2, 7)]),
+    # normalisation
+    "GroupNorm": (lambda nn: nn.GroupNorm(2, 4), [x(3, 4, 5)]),
+    "InstanceNorm1d": (lambda nn: nn.InstanceNorm1d(3), [x(2, 3, 5)]),
+    "InstanceNorm2d-affine-tracked": (lambda nn: nn.InstanceNorm2d(3, affine=True, track_running_stats=True),
+                                      [x(2, 3, 4, 5)]),
+    "LocalResponseNorm": (lambda nn: nn.LocalResponseNorm(3, alpha=0.1), [x(2, 5, 4)]),
+    "LocalResponseNorm-2d": (lambda nn: nn.LocalResponseNorm(2), [x(2, 4, 3, 3)]),
+    "RMSNorm": (lambda nn: nn.RMSNorm(4), [x(3, 4)]),
+    "RMSNorm-eps-2d": (lambda nn: nn.RMSNorm((3, 4), eps=1e-3), [x(2, 3, 4)]),
+    "BatchNorm3d": (lambda nn: nn.BatchNorm3d(2), [x(2, 2, 3, 2, 2)]),
+    # padding
+    "ZeroPad2d": (lambda nn: nn.ZeroPad2d((1, 2, 0, 3)), [x(2, 3, 4)]),
+    "ConstantPad1d": (lambda nn: nn.ConstantPad1d(2, 3.5), [x(2, 3, 4)]),
+    "ConstantPad3d": (lambda nn: nn.ConstantPad3d((1, 0, 0, 1, 2, 0), -1.0), [x(1, 2, 2, 3, 2)]),
+    "ReflectionPad2d": (lambda nn: nn.ReflectionPad2d((1, 2, 2, 1)), [x(2, 3, 4)]),
+    "ReplicationPad1d": (lambda nn: nn.ReplicationPad1d(2), [x(2, 3, 4)]),
+    "ReplicationPad3d": (lambda nn: nn.ReplicationPad3d(1), [x(1, 2, 2, 3, 2)]),
+    "CircularPad2d": (lambda nn: nn.CircularPad2d(1), [x(1, 2, 3, 3)]),
+    "ReflectionPad1d": (lambda nn: nn.ReflectionPad1d((2, 1)), [x(2, 4)]),
+    # resampling and rearranging
+    "Upsample-nearest": (lambda nn: nn.Upsample(scale_factor=2), [x(2, 3, 4)]),
+    "Upsample-nearest-size": (lambda nn: nn.Upsample(size=(5, 7)), [x(1, 2, 3, 4)]),
+    "Upsample-linear": (lambda nn: nn.Upsample(scale_factor=2.5, mode="linear"), [x(2, 3, 4)]),
+    "Upsample-bilinear": (lambda nn: nn.Upsample(size=(5, 7), mode="bilinear"), [x(1, 2, 3, 4)]),
+    "Upsample-bilinear-align": (lambda nn: nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True),
+                                [x(1, 2, 3, 4)]),
+    "Upsample-nearest-exact": (lambda nn: nn.Upsample(size=7, mode="nearest-exact"), [x(1, 2, 5)]),
+    "UpsamplingBilinear2d": (lambda nn: nn.UpsamplingBilinear2d(scale_factor=2), [x(1, 2, 3, 3)]),
+    "Upsample-trilinear": (lambda nn: nn.Upsample(scale_factor=(2, 1, 1.5), mode="trilinear"), [x(1, 1, 2, 3, 2)]),
+    "PixelShuffle": (lambda nn: nn.PixelShuffle(2), [x(2, 8, 3, 4)]),
+    "PixelUnshuffle": (lambda nn: nn.PixelUnshuffle(2), [x(2, 2, 4, 6)]),
+    "ChannelShuffle": (lambda nn: nn.ChannelShuffle(2), [x(2, 6, 3)]),
+    "Unfold": (lambda nn: nn.Unfold((2, 3), dilation=(1, 2), padding=1, stride=(2, 1)), [x(2, 3, 5, 6)]),
+    "Fold": (lambda nn: nn.Fold((4, 5), (2, 2), padding=1, stride=(2, 1)), [x(2, 12, 18)]),
+    # distances, embedding bags
+    "CosineSimilarity": (lambda nn: nn.CosineSimilarity(dim=-1), [x(4, 3), x(4, 3)]),
+    "PairwiseDistance": (lambda nn: nn.PairwiseDistance(p=3.0, keepdim=True), [x(4, 3), x(4, 3)]),
+    "EmbeddingBag-mean": (lambda nn: nn.EmbeddingBag(10, 3), [idx(10, 7), Const(np.array([0, 2, 2, 5]))]),
+    "EmbeddingBag-sum-2d": (lambda nn: nn.EmbeddingBag(10, 3, mode="sum", padding_idx=1),
+                            [Const(np.array([[1, 2, 3], [4, 1, 1]]))]),
+    "EmbeddingBag-max": (lambda nn: nn.EmbeddingBag(10, 3, mode="max"), [idx(10, 6), Const(np.array([0, 3]))]),
+    "Embedding-padding-idx": (lambda nn: nn.Embedding(10, 3, padding_idx=2), [Const(np.array([[2, 3], [2, 9]]))]),
+}
+CASES["BCEWithLogitsLoss-pos_weight"] = (None, [x(4, 3), Const(pos(4, 3) / 1.2)])
+SKIP_REPR = {"BCEWithLogitsLoss-pos_weight"}
+# torch's hardsigmoid/hardswish backwards use the float32 constant 1/6 even in float64 (relative error 3e-8)
+LOOSE = {"Hardsigmoid": dict(rtol=1e-7, atol=1e-11), "Hardswish": dict(rtol=1e-7, atol=1e-11)}
+
+
+def _make(name):
+    make = CASES[name][0]
+    if name == "BCEWithLogitsLoss-pos_weight":
+        return lambda lib: lib.nn.BCEWithLogitsLoss(pos_weight=lib.tensor([0.5, 2.0, 1.5], dtype=lib.float64))
+    return lambda lib: make(lib.nn)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_module_matches_torch(name, torch):
+    run_both(torch, _make(name), CASES[name][1], **({"tol": LOOSE[name]} if name in LOOSE else {}))
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in SKIP_REPR])
+def test_repr_and_state_dict_keys_match_torch(name, torch):
+    ours, theirs = _make(name)(runtime), _make(name)(torch)
+    assert repr(ours) == repr(theirs)
+    a, b = ours.state_dict(), theirs.state_dict()
+    assert list(a) == list(b)
+    assert all(tuple(a[k].shape) == tuple(b[k].shape) for k in a)
+
+
+def test_instance_norm_running_stats_and_eval_match_torch(torch):
+    ours = nn.InstanceNorm1d(3, track_running_stats=True, momentum=0.3).double()
+    theirs = torch.nn.InstanceNorm1d(3, track_running_stats=True, momentum=0.3).double()
+    data = x(4, 3, 6)
+    ours(runtime.tensor(data))
+    theirs(torch.tensor(data))
+    np.testing.assert_allclose(ours.running_var.numpy(), theirs.running_var.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(ours.running_mean.numpy(), theirs.running_mean.numpy(), rtol=1e-12)
+    ours.eval()
+    theirs.eval()
+    np.testing.assert_allclose(ours(runtime.tensor(data)).numpy(), theirs(torch.tensor(data)).numpy(), rtol=1e-12)
+
+
+def test_conv_transpose_output_size_matches_torch(torch):
+    run_both(torch, lambda lib: lib.nn.ConvTranspose2d(2, 3, 3, stride=2), [x(1, 2, 4, 4)],
+             call=lambda m, v: m(v, output_size=[10, 9]))
+
+
+def test_rrelu_training_draws_slopes_in_range():
+    out = F.rrelu(runtime.tensor(-np.ones(1000)), 0.1, 0.3, training=True).numpy()
+    assert (out <= -0.1 + 1e-12).all() and (out >= -0.3 - 1e-12).all() and out.std() > 0.03
+
+
+def test_conv_padding_mode_errors():
+    with pytest.raises(ValueError, match="padding_mode"):
+        nn.Conv2d(1, 1, 3, padding_mode="mirror")
+    with pytest.raises(ValueError, match="zeros"):
+        nn.ConvTranspose2d(1, 1, 3, padding_mode="reflect")
+
+
+@pytest.mark.parametrize("fn,args", [
+    ("celu", (x(3, 4),)), ("threshold", (x(3, 4), 0.2, -1.0)), ("hardshrink", (x(3, 4),)),
+    ("softshrink", (x(3, 4),)), ("tanhshrink", (x(3, 4),)), ("logsigmoid", (x(3, 4),)),
+    ("rms_norm", (x(3, 4), (4,))), ("pixel_shuffle", (x(1, 4, 2, 2), 2)),
+    ("interpolate", (x(1, 2, 3, 4), (6, 5), None, "bilinear", False)),
+    ("pairwise_distance", (x(3, 4), x(3, 4))), ("conv_transpose1d", (x(1, 2, 4), x(2, 3, 3))),
+    ("unfold", (x(1, 2, 4, 4), 2)), ("fold", (x(1, 8, 9), 4, 2)),
+    ("margin_ranking_loss", (x(5), x(5), sign(5))), ("poisson_nll_loss", (x(4), Const(pos(4)))),
+])
+def test_functional_matches_torch(fn, args, torch):
+    def call(_m, *a):
+        lib = runtime if isinstance(a[0], runtime.Tensor) else torch
+        return getattr(lib.nn.functional, fn)(*a)
+
+    run_both(torch, lambda lib: lib.nn.Identity(), list(args), call=call)
+
+
+def test_gradients_by_finite_differences_without_torch():
+    from runtime.autograd import gradcheck
+
+    weight = runtime.tensor(x(2, 3, 3))
+    checks = [
+        lambda a: F.celu(a, 0.7), lambda a: F.conv_transpose1d(a, weight),
+        lambda a: F.interpolate(a.reshape(1, 1, 2, 6), scale_factor=1.5, mode="bilinear"),
+        lambda a: F.fold(a.reshape(1, 4, 3), (2, 4), 2, stride=(1, 1)),
+        lambda a: F.local_response_norm(a.reshape(1, 4, 3), 3), lambda a: F.rms_norm(a, (6,)),
+        lambda a: F.gaussian_nll_loss(a, a * 0.5, a.abs() + 1),
+    ]
+    for fn in checks:
+        a = runtime.tensor(x(2, 6), requires_grad=True)
+        assert gradcheck(fn, (a,))
+
+
+def test_clip_grad_value_and_parameter_vectors(torch):
+    ours, theirs = nn.Linear(3, 2).double(), torch.nn.Linear(3, 2).double()
+    from nn_oracle import copy_weights
+
+    copy_weights(theirs, ours)
+    data = x(4, 3)
+    ours(runtime.tensor(data)).sum().backward()
+    theirs(torch.tensor(data)).sum().backward()
+    nn.utils.clip_grad_value_(ours.parameters(), 0.5)
+    torch.nn.utils.clip_grad_value_(theirs.parameters(), 0.5)
+    np.testing.assert_allclose(ours.weight.grad.numpy(), theirs.weight.grad.numpy())
+    vec = nn.utils.parameters_to_vector(ours.parameters())
+    np.testing.assert_allclose(vec.detach().numpy(),
+                               torch.nn.utils.parameters_to_vector(theirs.parameters()).detach().numpy())
+    nn.utils.vector_to_parameters(vec.detach() * 2, ours.parameters())
+    np.testing.assert_allclose(ours.bias.detach().numpy(), theirs.bias.detach().numpy() * 2)
