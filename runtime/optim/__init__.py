@@ -1,5 +1,5 @@
 """runtime.optim: optimizers and learning-rate schedulers, as torch.optim."""
-from . import lr_scheduler  # noqa: F401
+from . import lr_scheduler, swa_utils  # noqa: F401
 from .adadelta import Adadelta, Adagrad, Adamax  # noqa: F401
 from .adam import Adam, AdamW  # noqa: F401
 from .asgd import ASGD, Rprop  # noqa: F401
@@ -10,4 +10,5 @@ from .rmsprop import RMSprop  # noqa: F401
 from .sgd import SGD  # noqa: F401
 
 __all__ = ["Optimizer", "SGD", "Adam", "AdamW", "RMSprop", "Adadelta", "Adagrad", "Adamax", "NAdam", "RAdam", "ASGD",
-           "Rprop", "LBFGS", "lr_scheduler"]
+           "Rprop", "LBFGS", "lr_scheduler",
+           "swa_utils"]
