@@ -246,3 +246,17 @@ def test_clip_grad_value_and_parameter_vectors(torch):
                                torch.nn.utils.parameters_to_vector(theirs.parameters()).detach().numpy())
     nn.utils.vector_to_parameters(vec.detach() * 2, ours.parameters())
     np.testing.assert_allclose(ours.bias.detach().numpy(), theirs.bias.detach().numpy() * 2)
+
+
+def test_embedding_from_pretrained_matches_torch(torch):
+    weights = x(5, 3)
+    ours = nn.Embedding.from_pretrained(runtime.tensor(weights), padding_idx=1)
+    theirs = torch.nn.Embedding.from_pretrained(torch.tensor(weights), padding_idx=1)
+    assert repr(ours) == repr(theirs) and not ours.weight.requires_grad
+    ids = np.array([[1, 4], [0, 1]])
+    np.testing.assert_array_equal(ours(runtime.tensor(ids)).numpy(), theirs(torch.tensor(ids)).numpy())
+    bag = nn.EmbeddingBag.from_pretrained(runtime.tensor(weights), freeze=False, mode="sum")
+    their_bag = torch.nn.EmbeddingBag.from_pretrained(torch.tensor(weights), freeze=False, mode="sum")
+    assert bag.weight.requires_grad
+    out = bag(runtime.tensor(ids)).detach().numpy()
+    np.testing.assert_allclose(out, their_bag(torch.tensor(ids)).detach().numpy(), rtol=1e-12)
