@@ -424,6 +424,15 @@ def guards_and_recompiles(module, inputs: list) -> dict:
             "log": [line for line in messages.getvalue().splitlines() if line.startswith("[nnc]")]}
 
 
+def _dtype_name(text: str) -> str:
+    import numpy as np
+
+    try:
+        return np.dtype(text).name
+    except TypeError:
+        return text
+
+
 def _describe_guard(key) -> list[str]:
     """Readable lines for one guard key of nnc.compile (falls back to its repr if the layout is unfamiliar)."""
     try:
@@ -432,7 +441,7 @@ def _describe_guard(key) -> list[str]:
         for part in parts:
             if len(part) == 5 and part[1] == "tensor":
                 name, _, shape, dtype, requires = part
-                lines.append(f"{name}: tensor, shape {tuple(shape)}, numpy dtype {dtype}, "
+                lines.append(f"{name}: tensor, shape {tuple(shape)}, dtype {_dtype_name(dtype)}, "
                              f"requires_grad={bool(requires)}")
             elif len(part) == 3 and part[1] == "python":
                 lines.append(f"{part[0]}: the Python value {part[2]!r}")
@@ -546,7 +555,9 @@ def _page(title, inputs, stages, views, kernels, profile, guards, summary, compi
                     f'(the rest is Python between them and autograd).</p>'
                     '<table class="proftable"><tr><th>graph</th><th>kernel</th><th>kind</th><th>calls</th>'
                     '<th>mean us</th><th>median us</th><th>share</th><th>bytes moved</th><th>GB/s</th></tr>'
-                    + "".join(prof_rows) + "</table>")
+                    + "".join(prof_rows[:30]) + "</table>"
+                    + (f'<details><summary>{len(prof_rows) - 30} more kernels</summary><table class="proftable">'
+                       + "".join(prof_rows[30:]) + "</table></details>" if len(prof_rows) > 30 else ""))
     guard_html = "<ol>" + "".join(f"<li>{esc(line)}</li>" for line in guards["compiles"]) + "</ol>"
     for n, lines in enumerate(guards["variants"], 1):
         guard_html += f"<h4>variant {n} is used while</h4><ul>" + "".join(f"<li>{esc(x)}</li>" for x in lines) + \
@@ -635,8 +646,9 @@ _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>nnc report: {title}</title><style>{css}</style></head>
 <body><header><h1>nnc report: {title}</h1><span class="muted">inputs {inputs} · {n_kernels} kernels ·
 compiled in {compile_ms} ms · graphs drawn by {drawn_by}</span></header><main>
-<h2>Summary (nnc.explain)</h2><pre class="summary">{summary}</pre>{extra}
 <h2>The graph at each stage</h2><nav>{tabs}</nav>{panes}
+<h2>Summary</h2>{extra}<details><summary>what <code>nnc.explain</code> prints</summary>
+<pre class="summary">{summary}</pre></details>
 <h2 id="profile">Time per kernel</h2>{profile}
 <h2 id="boundaries">Why each boundary exists</h2><table><tr><th>graph</th><th>kernel</th><th>reason</th></tr>
 {boundaries}</table>

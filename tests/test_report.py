@@ -40,14 +40,26 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def block_page(tmp_path_factory):
+def make_page(directory: Path, renderer: str) -> Path:
     """The report page of the examples' transformer block, written by the `nnc report` command."""
-    out = tmp_path_factory.mktemp("report") / "block.html"
+    out = directory / f"block_{renderer}.html"
     status = cli.main(["report", str(ROOT / "examples/models.py") + ":TransformerBlock", "--input", "float32[2,5,32]",
-                       "-o", str(out), "--renderer", "python"])
+                       "-o", str(out), "--renderer", renderer, "--profile-seconds", "0.2"])
     assert status == 0
     return out
+
+
+@pytest.fixture(scope="module")
+def block_page(tmp_path_factory):
+    return make_page(tmp_path_factory.mktemp("report"), "python")
+
+
+@pytest.fixture(scope="module", params=["python", "dot"])
+def any_block_page(request, tmp_path_factory):
+    """The page drawn by each renderer (dot's only where Graphviz is installed)."""
+    if request.param == "dot" and shutil.which("dot") is None:
+        pytest.skip("Graphviz's dot is not installed")
+    return make_page(tmp_path_factory.mktemp("report"), request.param)
 
 
 def _page_data(text: str) -> dict:
@@ -103,7 +115,7 @@ def test_page_has_every_stage_kernels_timings_and_guards(block_page):
     assert {k["plan"] for k in kernels.values()} >= {"TransformerBlock training forward", "TransformerBlock backward"}
     assert "compiling TransformerBlock: first call" in text
     assert "changed: grad mode" in text  # the no_grad call recompiled, and the page says why
-    assert "requires_grad=False" in text and "grad mode is off" in text
+    assert "dtype float32, requires_grad=False" in text and "grad mode is off" in text
 
 
 def test_profile_times_each_kernel_once_per_call():
@@ -153,7 +165,7 @@ def _missing(reason: str):
     pytest.skip(reason)
 
 
-def test_page_in_headless_chromium(block_page):
+def test_page_in_headless_chromium(any_block_page):
     try:
         from playwright import sync_api
     except ImportError:
@@ -169,7 +181,7 @@ def test_page_in_headless_chromium(block_page):
             page.on("pageerror", lambda error: errors.append(str(error)))
             requests = []
             page.on("request", lambda request: requests.append(request.url))
-            page.goto(block_page.as_uri())
+            page.goto(any_block_page.as_uri())
             assert errors == []
             assert all(url.startswith("file:") for url in requests)  # no network
             # the first stage's graph is drawn, with every node of the traced graph
@@ -203,9 +215,10 @@ def test_page_in_headless_chromium(block_page):
             assert data[chosen]["name"] in detail.text_content()
             assert detail.locator("pre.src span.kw").count() > 0  # highlighted source
             assert page.locator("table.proftable tr.prof").count() > 5
-            shot = artifacts_dir() / "report_block.png"
+            name = any_block_page.stem
+            shot = artifacts_dir() / f"report_{name}.png"
             page.screenshot(path=str(shot), full_page=False)
-            page.locator("#detail").screenshot(path=str(artifacts_dir() / "report_block_kernel.png"))
+            page.locator("#detail").screenshot(path=str(artifacts_dir() / f"report_{name}_kernel.png"))
             print(f"screenshot: {shot}")
             assert shot.stat().st_size > 10_000
         finally:
