@@ -14,7 +14,7 @@ from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, f
                         randperm, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
-from . import autograd, cuda, nn, ops  # noqa: F401
+from . import autograd, cuda, linalg, nn, ops  # noqa: F401
 
 half, float, double, long, int = float16, float32, float64, int64, int32
 
@@ -27,6 +27,7 @@ _MODULE_FUNCTIONS.update(where=_api.where, cat=_api.cat, concat=_api.cat, concat
                          numel=lambda input: input.numel(), is_floating_point=lambda input: input.is_floating_point())
 _MODULE_FUNCTIONS.update({name: _api.with_out(fn) for name, fn in _MODULE_FUNCTIONS.items()
                           if getattr(fn, "__module__", "") == "runtime.api" and name != "result_type"})
+_MODULE_FUNCTIONS.update({name: _api.with_out(fn) for name, fn in _api.FUNCTIONS.items()})
 globals().update(_MODULE_FUNCTIONS)
 inf, nan, pi, e = _math.inf, _math.nan, _math.pi, _math.e
 

@@ -187,6 +187,8 @@ def result_type(*operands) -> dt.dtype:
 
 
 def floor_divide(input, other):
+    # NOTE: the result requires grad where an input does, as torch's; its gradient is zero (torch's floor_divide
+    # raises at backward instead, div(rounding_mode='floor') gives zero as here).
     return apply("floordiv", input, other)
 
 
@@ -256,7 +258,18 @@ def ceil(input):
     return -floor(-input)
 
 
-def round(input):
+def round(input, *, decimals=0):
+    if decimals:
+        if not input.dtype.is_floating_point:
+            raise RuntimeError("round_cpu not implemented for integer dtypes with decimals != 0")
+        # NOTE: torch scales by 10**decimals (dividing by 10**-decimals for negative decimals), rounds half to even
+        # and scales back, so 2.675 with decimals=2 rounds as 267.49999... does
+        scale = 10.0 ** builtins.abs(decimals)
+        if decimals > 0:
+            return round(input * scale) / scale
+        return round(input / scale) * scale
+    if not input.dtype.is_floating_point:
+        return clone(input)
     # NOTE: torch rounds half to even; floor(x + 0.5) would not, so correct the exact ties.
     down = floor(input)
     diff = input - down
@@ -283,6 +296,8 @@ def equal(input, other) -> bool:
 
 
 def isclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+    if input.dtype is dt.bool_:
+        return eq(input, other)
     close = abs(input - other) <= atol + rtol * abs(other)
     close = close | (input == other)  # equal infinities
     return close | (isnan(input) & isnan(other)) if equal_nan else close
@@ -342,7 +357,9 @@ def bitwise_xor(input, other):
 
 def where(condition, input=None, other=None):
     if input is None and other is None:
-        raise NotImplementedError("where(condition) with one argument (nonzero) is not supported")
+        return nonzero(condition, as_tuple=True)
+    if input is None or other is None:
+        raise TypeError("where() takes a condition alone, or a condition, input and other")
     return apply("where", condition, input, other)
 
 
@@ -592,7 +609,9 @@ def unflatten(input, dim, sizes):
     return input.reshape(shape[:d] + sizes + shape[d + 1:])
 
 
-def squeeze(input, dim=None):
+def squeeze(input, dim=None, *more):
+    if more:  # x.squeeze(0, 1)
+        dim = (dim,) + more
     shape = tuple(input.shape)
     dims = wrap_dims(dim, input.ndim)
     keep = tuple(s for i, s in enumerate(shape) if not (i in dims and s == 1))
@@ -641,16 +660,25 @@ def expand_as(input, other):
     return expand(input, tuple(other.shape))
 
 
-def broadcast_to(input, size):
-    return expand(input, tuple(size))
+def broadcast_to(input, *size):
+    return expand(input, size_args(size))
 
 
-def cat(tensors, dim=0):
+def cat(tensors, dim=0, *, axis=None):
+    if axis is not None:
+        dim = axis
     tensors = list(tensors)
     if not tensors:
         raise ValueError("cat(): expected a non-empty list of Tensors")
-    d = wrap_dim(dim, tensors[0].ndim)
-    return apply("cat", *tensors, dim=d)
+    # NOTE: as torch, a 1-D tensor with no elements is skipped (a legacy rule), though its dtype still promotes
+    kept = [x for x in tensors if tuple(x.shape) != (0,)]
+    if not kept or len(kept) == len(tensors):
+        d = wrap_dim(dim, tensors[0].ndim)
+        return apply("cat", *tensors, dim=d)
+    dtype = result_type(*tensors)
+    d = wrap_dim(dim, kept[0].ndim)
+    out = apply("cat", *kept, dim=d) if len(kept) > 1 else clone(kept[0])
+    return out if out.dtype is dtype else out.to(dtype)
 
 
 concat = concatenate = cat
@@ -723,8 +751,18 @@ def gather(input, dim, index):
     return apply("gather", input, index, dim=wrap_dim(dim, input.ndim))
 
 
-def take_along_dim(input, indices, dim):
-    return gather(input, dim, indices)
+def take_along_dim(input, indices, dim=None):
+    if dim is None:  # as torch: both flattened
+        return gather(input.reshape(-1), 0, indices.reshape(-1))
+    d = wrap_dim(dim, input.ndim)
+    if input.ndim != indices.ndim:
+        raise RuntimeError("torch.take_along_dim(): input and indices should have the same number of dimensions, "
+                           f"but got {input.ndim} dimensions for input, and {indices.ndim} dimensions for indices")
+    # torch broadcasts the two over every dim but `dim`
+    shape = list(broadcast_shapes(tuple(input.shape), tuple(indices.shape)))
+    shape_x, shape_i = list(shape), list(shape)
+    shape_x[d], shape_i[d] = input.shape[d], indices.shape[d]
+    return gather(expand(input, shape_x), d, expand(indices, shape_i))
 
 
 def scatter_add(input, dim, index, src):
@@ -964,6 +1002,1417 @@ def multinomial(input, num_samples, replacement=False, *, generator=None):
 
 
 # ---------------------------------------------------------------------------------------------
+# More of torch's functions: elementwise math, scans, sorting, indexing, shapes, contractions, statistics.
+# Compositions of primitives where they are differentiable; those reading values (sort's order, unique, nonzero)
+# compute indices with numpy on the eager tensor and gather, as topk does.
+# ---------------------------------------------------------------------------------------------
+
+def broadcast_shapes(*shapes):
+    from .tensor import Size
+
+    try:
+        return Size(_ops.broadcast_shapes(*(tuple(s) if isinstance(s, (tuple, list)) else (s,) for s in shapes)))
+    except _ops.ShapeError as e:
+        raise RuntimeError(f"shape mismatch: {e}") from None
+
+
+def _math_fn(name):
+    def fn(input):
+        return apply(name, input)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Elementwise {name} (op {name!r})."
+    return fn
+
+
+tan, asin, acos, atan = (_math_fn(n) for n in ("tan", "asin", "acos", "atan"))
+sinh, cosh, asinh, acosh, atanh = (_math_fn(n) for n in ("sinh", "cosh", "asinh", "acosh", "atanh"))
+expm1, erfc, erfinv, lgamma, digamma, trunc = (_math_fn(n) for n in ("expm1", "erfc", "erfinv", "lgamma", "digamma",
+                                                                     "trunc"))
+arcsin, arccos, arctan, arcsinh, arccosh, arctanh, fix = asin, acos, atan, asinh, acosh, atanh, trunc
+
+
+def atan2(input, other):
+    return apply("atan2", input, other)
+
+
+arctan2 = atan2
+
+
+def fmod(input, other):
+    return apply("fmod", input, other)
+
+
+def copysign(input, other):
+    return apply("copysign", input, other)
+
+
+def nextafter(input, other):
+    return apply("nextafter", input, other)
+
+
+def heaviside(input, values):
+    return apply("heaviside", input, values)
+
+
+def gcd(input, other):
+    return apply("gcd", input, other)
+
+
+def lcm(input, other):
+    return apply("lcm", input, other)
+
+
+def bitwise_left_shift(input, other):
+    return apply("bitwise_left_shift", input, other)
+
+
+def bitwise_right_shift(input, other):
+    return apply("bitwise_right_shift", input, other)
+
+
+def polygamma(n, input):
+    if n == 0:
+        return digamma(input)
+    if n == 1:
+        return apply("trigamma", input)
+    raise NotImplementedError(f"polygamma(n={n}): runtime has orders 0 and 1")
+
+
+def exp2(input):
+    return pow(2.0, input) if input.dtype.is_floating_point else pow(2.0, input.to(dt.get_default_dtype()))
+
+
+def frac(input):
+    return input - trunc(input)
+
+
+def sgn(input):
+    return sign(input)
+
+
+def signbit(input):
+    if input.dtype is dt.bool_:
+        return zeros_like_bool(input)
+    if not input.dtype.is_floating_point:
+        return input < 0
+    return (input < 0) | ((input == 0) & ((1.0 / input) < 0))
+
+
+def zeros_like_bool(input):
+    return apply("full", like=input, shape=tuple(input.shape), value=False, dtype=dt.bool_)
+
+
+def hypot(input, other):
+    return sqrt(input * input + other * other)
+
+
+def logaddexp(input, other):
+    # NOTE: max + log1p(exp(-|a - b|)) never overflows; equal infinities give that infinity, not nan
+    m = maximum(input, other)
+    d = abs(input - other)
+    out = m + log1p(exp(-d))
+    return where(input == other, input + math.log(2.0), out)
+
+
+def logaddexp2(input, other):
+    return logaddexp(input * math.log(2.0), other * math.log(2.0)) / math.log(2.0)
+
+
+def xlogy(input, other):
+    # NOTE: 0 * log(0) is 0 here, not nan; the gradient with respect to input stays log(other), as torch's
+    x = input if is_tensor_like(input) else other.new_tensor(input, dtype=result_type(input, other))
+    y = other if is_tensor_like(other) else x.new_tensor(other, dtype=result_type(x, other))
+    logy = log(y)
+    return x * where((x == 0) & ~isnan(y) & isinf(logy), 0.0, logy)
+
+
+def ldexp(input, other):
+    return input * pow(2.0, other)
+
+
+def float_power(input, exponent):
+    base = input.to(dt.float64) if is_tensor_like(input) else input
+    exp_ = exponent.to(dt.float64) if is_tensor_like(exponent) else exponent
+    return pow(base, exp_)
+
+
+def logit(input, eps=None):
+    x = input if eps is None else clamp(input, eps, 1 - eps)
+    return log(x / (1 - x))
+
+
+def sinc(input):
+    px = input * math.pi
+    safe = where(input == 0, 1.0, px)
+    return where(input == 0, 1.0, sin(safe) / safe)
+
+
+def deg2rad(input):
+    return input * (math.pi / 180)
+
+
+def rad2deg(input):
+    return input * (180 / math.pi)
+
+
+def fmax(input, other):
+    return where(isnan(other), input, where(isnan(input), other, maximum(input, other)))
+
+
+def fmin(input, other):
+    return where(isnan(other), input, where(isnan(input), other, minimum(input, other)))
+
+
+def clamp_min(input, min):
+    return clamp(input, min=min)
+
+
+def clamp_max(input, max):
+    return clamp(input, max=max)
+
+
+def positive(input):
+    if input.dtype is dt.bool_:
+        raise RuntimeError("The `+` operator, on a bool tensor is not supported.")
+    return input
+
+
+def isneginf(input):
+    return input == -inf
+
+
+def isposinf(input):
+    return input == inf
+
+
+def isreal(input):
+    return apply("full", like=input, shape=tuple(input.shape), value=True, dtype=dt.bool_)
+
+
+def nan_to_num(input, nan=0.0, posinf=None, neginf=None):
+    if not input.dtype.is_floating_point:
+        return clone(input)
+    info = np.finfo(input.dtype.np)
+    out = where(isnan(input), nan, input)
+    out = where(out == inf, float(info.max) if posinf is None else posinf, out)
+    return where(out == -inf, float(info.min) if neginf is None else neginf, out)
+
+
+def is_signed(input):
+    return input.dtype.is_signed
+
+
+def is_nonzero(input):
+    if _numel(input) != 1:
+        raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
+    return bool(input)
+
+
+def count_nonzero(input, dim=None):
+    return (input != 0).sum(dim)
+
+
+def aminmax(input, *, dim=None, keepdim=False):
+    from collections import namedtuple
+
+    pair = namedtuple("aminmax", ["min", "max"])
+    dims = () if dim is None else dim
+    return pair(amin(input, dims, keepdim), amax(input, dims, keepdim))
+
+
+def std_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return std(input, dim, unbiased, keepdim, correction=correction), mean(input, dim, keepdim)
+
+
+def var_mean(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+    return var(input, dim, unbiased, keepdim, correction=correction), mean(input, dim, keepdim)
+
+
+def nansum(input, dim=None, keepdim=False, *, dtype=None):
+    return sum(where(isnan(input), 0.0, input) if input.dtype.is_floating_point else input, dim, keepdim, dtype=dtype)
+
+
+def nanmean(input, dim=None, keepdim=False, *, dtype=None):
+    present = ~isnan(input)
+    return nansum(input, dim, keepdim, dtype=dtype) / present.sum(dim, keepdim)
+
+
+def cumsum(input, dim, *, dtype=None):
+    if dtype is not None:
+        input = input.to(dtype)
+    if input.ndim == 0:
+        return apply("cumsum", input.reshape(1), dim=0).reshape(())
+    return apply("cumsum", input, dim=wrap_dim(dim, input.ndim))
+
+
+def cumprod(input, dim, *, dtype=None):
+    if dtype is not None:
+        input = input.to(dtype)
+    if input.ndim == 0:
+        return apply("cumprod", input.reshape(1), dim=0).reshape(())
+    return apply("cumprod", input, dim=wrap_dim(dim, input.ndim))
+
+
+def logcumsumexp(input, dim):
+    # NOTE: shifted by the (detached) max along dim so exp never overflows, as logsumexp
+    d = wrap_dim(dim, input.ndim)
+    m = input.amax(d, keepdim=True).detach() if _numel(input) else input.sum(d, keepdim=True).detach()
+    m = m.masked_fill(isinf(m), 0.0)
+    return log(cumsum(exp(input - m), d)) + m
+
+
+def _cum_extremum(input, dim, name, ufunc):
+    d = wrap_dim(dim, input.ndim)
+    a = _values(input, name)
+    if a.ndim == 0:
+        return ValuesIndices(clone(input), input.new_tensor(0, dtype=dt.int64))
+    n = a.shape[d]
+    idx = np.broadcast_to(np.arange(n).reshape((-1,) + (1,) * (a.ndim - d - 1)), a.shape)
+    running = ufunc.accumulate(a, axis=d) if n else a
+    # the index of the last position holding the running extremum (torch takes the latest tie)
+    hit = np.where((a == running) | (np.isnan(a) & np.isnan(running)), idx, -1)
+    indices = np.maximum.accumulate(hit, axis=d) if n else hit
+    ind = input.new_tensor(indices.astype(np.int64), dtype=dt.int64)
+    return ValuesIndices(gather(input, d, ind), ind)
+
+
+def cummax(input, dim):
+    return _cum_extremum(input, dim, "cummax", np.maximum)
+
+
+def cummin(input, dim):
+    return _cum_extremum(input, dim, "cummin", np.minimum)
+
+
+def diff(input, n=1, dim=-1, prepend=None, append=None):
+    d = wrap_dim(dim, input.ndim)
+    if prepend is not None or append is not None:
+        parts = ([prepend] if prepend is not None else []) + [input] + ([append] if append is not None else [])
+        input = cat(parts, d)
+    for _ in range(n):
+        size = input.shape[d]
+        if size == 0:
+            break
+        hi, lo = narrow(input, d, 1, size - 1), narrow(input, d, 0, size - 1)
+        input = (hi != lo) if input.dtype is dt.bool_ else hi - lo
+    return input
+
+
+def flip(input, *dims):
+    dims = wrap_dims(size_args(dims) if dims else (), input.ndim) if dims else ()
+    if not dims:
+        return clone(input)
+    key = tuple(("slice", None, None, -1) if i in dims else ("slice", None, None, None) for i in range(input.ndim))
+    return _own(apply("getitem", input, key=key), copy=True)
+
+
+def fliplr(input):
+    if input.ndim < 2:
+        raise RuntimeError("Input must be >= 2-d.")
+    return flip(input, 1)
+
+
+def flipud(input):
+    if input.ndim < 1:
+        raise RuntimeError("Input must be >= 1-d.")
+    return flip(input, 0)
+
+
+def roll(input, shifts, dims=None):
+    if dims is None:
+        return roll(input.reshape(-1), shifts, 0).reshape(tuple(input.shape))
+    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    if len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+    out = input
+    for s, d in zip(shifts, dims):
+        d = wrap_dim(d, input.ndim)
+        size = input.shape[d]
+        if size == 0:
+            continue
+        s %= size
+        if s:
+            out = cat([narrow(out, d, size - s, s), narrow(out, d, 0, size - s)], d)
+    return out if out is not input else clone(input)
+
+
+def rot90(input, k=1, dims=(0, 1)):
+    if len(dims) != 2:
+        raise RuntimeError(f"expected total rotation dims == 2, but got dims = {len(dims)}")
+    d0, d1 = wrap_dim(dims[0], input.ndim), wrap_dim(dims[1], input.ndim)
+    if d0 == d1:
+        raise RuntimeError(f"expected rotation dims to be different, but got dim0 = {d0} and dim1 = {d1}")
+    k %= 4
+    if k == 1:
+        return flip(input, d1).transpose(d0, d1)
+    if k == 2:
+        return flip(input, d0, d1)
+    if k == 3:
+        return flip(input, d0).transpose(d0, d1)
+    return clone(input)
+
+
+def movedim(input, source, destination):
+    src = (source,) if isinstance(source, int) else tuple(source)
+    dst = (destination,) if isinstance(destination, int) else tuple(destination)
+    if len(src) != len(dst):
+        raise RuntimeError(f"movedim: Invalid source or destination dims: source ({list(src)} dims) should contain "
+                           f"the same number of dims as destination ({list(dst)} dims)")
+    src = [wrap_dim(d, input.ndim) for d in src]
+    dst = [wrap_dim(d, input.ndim) for d in dst]
+    order = [None] * input.ndim
+    for s, d in zip(src, dst):
+        order[d] = s
+    rest = iter(d for d in range(input.ndim) if d not in src)
+    order = [next(rest) if o is None else o for o in order]
+    return permute(input, tuple(order))
+
+
+moveaxis = movedim
+swapdims = transpose
+
+
+def ravel(input):
+    return _own(input.reshape(-1), copy=not input.is_contiguous()) if _is_eager(input) else input.reshape(-1)
+
+
+def tile(input, dims):
+    dims = tuple(dims)
+    if len(dims) < input.ndim:
+        dims = (1,) * (input.ndim - len(dims)) + dims
+    return repeat(input, dims)
+
+
+def repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+    if repeats is None:  # repeat_interleave(repeats): the indices repeated
+        counts = _values(input, "repeat_interleave")
+        return input.new_tensor(np.repeat(np.arange(len(counts)), counts), dtype=dt.int64)
+    if dim is None:
+        input, dim = input.reshape(-1), 0
+    d = wrap_dim(dim, input.ndim)
+    n = input.shape[d]
+    counts = _values(repeats, "repeat_interleave") if is_tensor_like(repeats) else np.full(n, repeats)
+    counts = np.broadcast_to(counts, (n,))
+    index = input.new_tensor(np.repeat(np.arange(n), counts).astype(np.int64), dtype=dt.int64)
+    return index_select(input, d, index)
+
+
+def meshgrid(*tensors, indexing=None):
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    if indexing is None:
+        indexing = "ij"
+    if indexing not in ("ij", "xy"):
+        raise RuntimeError(f'torch.meshgrid: indexing must be one of "xy" or "ij", but received: {indexing}')
+    n = len(tensors)
+    sizes = [_numel(t) for t in tensors]
+    swap = indexing == "xy" and n >= 2
+    if swap:
+        sizes[0], sizes[1] = sizes[1], sizes[0]
+    out = []
+    for i, t in enumerate(tensors):
+        pos = (1 - i if i < 2 else i) if swap else i
+        shape = [1] * n
+        shape[pos] = _numel(t)
+        out.append(expand(t.reshape(tuple(shape)), tuple(sizes)))
+    return tuple(out)
+
+
+def cartesian_prod(*tensors):
+    if len(tensors) == 1:
+        return tensors[0]
+    grids = meshgrid(*tensors, indexing="ij")
+    return stack([g.reshape(-1) for g in grids], 1)
+
+
+def broadcast_tensors(*tensors):
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    shape = tuple(broadcast_shapes(*(tuple(t.shape) for t in tensors)))
+    return tuple(expand(t, shape) for t in tensors)
+
+
+def atleast_1d(*tensors):
+    out = tuple(t.reshape(1) if t.ndim == 0 else t for t in _tensor_args(tensors))
+    return out[0] if len(out) == 1 else out
+
+
+def atleast_2d(*tensors):
+    out = tuple(t.reshape(1, 1) if t.ndim == 0 else t.unsqueeze(0) if t.ndim == 1 else t
+                for t in _tensor_args(tensors))
+    return out[0] if len(out) == 1 else out
+
+
+def atleast_3d(*tensors):
+    def lift(t):
+        if t.ndim == 0:
+            return t.reshape(1, 1, 1)
+        if t.ndim == 1:
+            return t.reshape(1, -1, 1)
+        return t.unsqueeze(-1) if t.ndim == 2 else t
+
+    out = tuple(lift(t) for t in _tensor_args(tensors))
+    return out[0] if len(out) == 1 else out
+
+
+def _tensor_args(tensors):
+    return tuple(tensors[0]) if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)) else tensors
+
+
+def hstack(tensors):
+    tensors = atleast_1d(*tensors)
+    tensors = tensors if isinstance(tensors, tuple) else (tensors,)
+    return cat(tensors, 0 if tensors[0].ndim == 1 else 1)
+
+
+def vstack(tensors):
+    tensors = atleast_2d(*tensors)
+    return cat(tensors if isinstance(tensors, tuple) else (tensors,), 0)
+
+
+def dstack(tensors):
+    tensors = atleast_3d(*tensors)
+    return cat(tensors if isinstance(tensors, tuple) else (tensors,), 2)
+
+
+def column_stack(tensors):
+    return hstack([t.reshape(-1, 1) if t.ndim <= 1 else t for t in tensors])
+
+
+def tensor_split(input, indices_or_sections, dim=0):
+    d = wrap_dim(dim, input.ndim)
+    size = input.shape[d]
+    if isinstance(indices_or_sections, int):
+        n = indices_or_sections
+        if n <= 0:
+            raise RuntimeError(f"number of sections must be larger than 0, got {n}")
+        q, r = divmod(size, n)
+        bounds, start = [], 0
+        for i in range(n):
+            bounds.append((start, start + q + (1 if i < r else 0)))
+            start = bounds[-1][1]
+    else:
+        cuts = [int(c) for c in (indices_or_sections.tolist() if is_tensor_like(indices_or_sections)
+                                 else indices_or_sections)]
+        edges = [0] + cuts + [size]
+        bounds = [(builtins.min(builtins.max(a, 0), size), builtins.min(builtins.max(b, a, 0), size))
+                  for a, b in zip(edges, edges[1:])]
+    return tuple(narrow(input, d, a, builtins.max(b - a, 0)) for a, b in bounds)
+
+
+def _split_n(input, sections, dim, name):
+    if isinstance(sections, int) and input.shape[dim] % sections:
+        raise RuntimeError(f"torch.{name} attempted to split along dimension {dim}, but the size of the dimension "
+                           f"{input.shape[dim]} is not divisible by the split_size {sections}!")
+    return tensor_split(input, sections, dim)
+
+
+def hsplit(input, sections):
+    return _split_n(input, sections, 0 if input.ndim == 1 else 1, "hsplit")
+
+
+def vsplit(input, sections):
+    return _split_n(input, sections, 0, "vsplit")
+
+
+def dsplit(input, sections):
+    return _split_n(input, sections, 2, "dsplit")
+
+
+def split_with_sizes(input, split_sizes, dim=0):
+    return split(input, list(split_sizes), dim)
+
+
+def diagonal(input, offset=0, dim1=0, dim2=1):
+    d1, d2 = wrap_dim(dim1, input.ndim), wrap_dim(dim2, input.ndim)
+    if d1 == d2:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    rows, cols = input.shape[d1], input.shape[d2]
+    r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
+    n = builtins.max(builtins.min(rows - r0, cols - c0), 0)
+    x = movedim(input, (d1, d2), (-2, -1))
+    # NOTE: a copy, where torch's diagonal is a view: writes into it do not reach the input
+    key = (("ellipsis",), ("tensor", 0), ("tensor", 1))
+    i = x.new_tensor(np.arange(r0, r0 + n), dtype=dt.int64)
+    j = x.new_tensor(np.arange(c0, c0 + n), dtype=dt.int64)
+    return apply("getitem", x, i, j, key=key)
+
+
+def diag_embed(input, offset=0, dim1=-2, dim2=-1):
+    n = input.shape[-1] + builtins.abs(offset)
+    out_nd = input.ndim + 1
+    rows = input.new_tensor(np.arange(input.shape[-1]) + builtins.max(-offset, 0), dtype=dt.int64)
+    cols = input.new_tensor(np.arange(input.shape[-1]) + builtins.max(offset, 0), dtype=dt.int64)
+    base = apply("full", like=input, shape=tuple(input.shape[:-1]) + (n, n), value=0, dtype=input.dtype)
+    out = apply("index_put", base, input, rows, cols, key=(("ellipsis",), ("tensor", 0), ("tensor", 1)),
+                accumulate=False)
+    d1, d2 = wrap_dim(dim1, out_nd), wrap_dim(dim2, out_nd)
+    return movedim(out, (-2, -1), (d1, d2)) if (d1, d2) != (out_nd - 2, out_nd - 1) else out
+
+
+def diag(input, diagonal_=0, *, diagonal=None):
+    k = diagonal if diagonal is not None else diagonal_
+    if input.ndim == 1:
+        return diag_embed(input, k)
+    if input.ndim == 2:
+        return globals()["diagonal"](input, k)
+    raise RuntimeError("diag(): Supports 1D or 2D tensors. Got " + f"{input.ndim}D")
+
+
+def diagflat(input, offset=0):
+    return diag_embed(input.reshape(-1), offset)
+
+
+def trace(input):
+    if input.ndim != 2:
+        raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {input.ndim}")
+    return diagonal(input).sum()
+
+
+def tril_indices(row, col, offset=0, *, dtype=None, device=None):
+    from .factories import tensor
+
+    return tensor(np.stack(np.tril_indices(row, offset, col)), dtype=dtype or dt.int64)
+
+
+def triu_indices(row, col, offset=0, *, dtype=None, device=None):
+    from .factories import tensor
+
+    return tensor(np.stack(np.triu_indices(row, offset, col)), dtype=dtype or dt.int64)
+
+
+def block_diag(*tensors):
+    mats = [t.reshape(1, -1) if t.ndim <= 1 and _numel(t) else t.reshape(1, 1) if t.ndim == 0 else t
+            for t in tensors]
+    dtype = result_type(*tensors)
+    cols = builtins.sum(m.shape[1] for m in mats)
+    rows, start = [], 0
+    for m in mats:
+        m = m.to(dtype)
+        left = apply("full", like=m, shape=(m.shape[0], start), value=0, dtype=dtype)
+        right = apply("full", like=m, shape=(m.shape[0], cols - start - m.shape[1]), value=0, dtype=dtype)
+        rows.append(cat([left, m, right], 1))
+        start += m.shape[1]
+    return cat(rows, 0)
+
+
+def narrow_copy(input, dim, start, length):
+    return clone(narrow(input, dim, start, length))
+
+
+def take(input, index):
+    return gather(input.reshape(-1), 0, index.reshape(-1)).reshape(tuple(index.shape))
+
+
+def unfold(input, dimension, size, step):
+    """Tensor.unfold: the windows of `size` elements every `step` along `dimension`, as a new last dim."""
+    d = wrap_dim(dimension, input.ndim)
+    n = input.shape[d] if input.ndim else 1
+    if size > n:
+        raise RuntimeError(f"maximum size for tensor at dimension {d} is {n} but size is {size}")
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")
+    count = (n - size) // step + 1
+    windows = np.arange(count)[:, None] * step + np.arange(size)[None, :]
+    x = movedim(input, d, -1) if input.ndim else input.reshape(1)
+    idx = x.new_tensor(windows.astype(np.int64), dtype=dt.int64)
+    out = apply("getitem", x, idx, key=(("ellipsis",), ("tensor", 0)))  # (..., count, size)
+    return movedim(out, -2, d) if input.ndim else out.reshape(size)
+
+
+def _grid_index(index, dim):
+    """The index tensors that address index's positions along `dim` and themselves elsewhere (scatter's key)."""
+    grids = list(np.ogrid[tuple(slice(0, s) for s in index.shape)])
+    tensors = []
+    for k, g in enumerate(grids):
+        tensors.append(index if k == dim else index.new_tensor(np.asarray(g, dtype=np.int64), dtype=dt.int64))
+    key = tuple(("tensor", k) for k in range(len(grids)))
+    return key, tensors
+
+
+def _check_scatter_index(input, dim, index):
+    if index.dtype is not dt.int64:
+        raise RuntimeError(f"scatter(): Expected dtype int64 for index, got {index.dtype}")
+    a = _values(index, "scatter") if _is_eager(index) else None
+    if a is not None and a.size and (a.min() < 0 or a.max() >= input.shape[dim]):
+        bad = a.max() if a.max() >= input.shape[dim] else a.min()
+        raise RuntimeError(f"index {bad} is out of bounds for dimension {dim} with size {input.shape[dim]}")
+
+
+def scatter(input, dim, index, src=None, *, value=None, reduce=None):
+    d = wrap_dim(dim, input.ndim)
+    _check_scatter_index(input, d, index)
+    if src is None:
+        src = value
+    if reduce == "add":
+        return scatter_add(input, d, index, src if is_tensor_like(src) else full_like_value(index, src, input))
+    if reduce == "multiply":
+        return scatter_reduce(input, d, index, src if is_tensor_like(src) else full_like_value(index, src, input),
+                              "prod")
+    if reduce is not None:
+        raise RuntimeError(f"reduce argument must be either add or multiply, got {reduce}")
+    key, tensors = _grid_index(index, d)
+    if is_tensor_like(src):
+        src = narrow_to(src, tuple(index.shape))
+    return apply("index_put", input, src, *tensors, key=key, accumulate=False)
+
+
+def full_like_value(index, value, input):
+    return apply("full", like=input, shape=tuple(index.shape), value=value, dtype=input.dtype)
+
+
+def narrow_to(src, shape):
+    """src's leading block of `shape` (scatter reads only as much of src as index has)."""
+    key = tuple(("slice", 0, s, None) for s in shape)
+    return apply("getitem", src, key=key) if tuple(src.shape) != shape else src
+
+
+def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
+    d = wrap_dim(dim, input.ndim)
+    _check_scatter_index(input, d, index)
+    src = narrow_to(src, tuple(index.shape))
+    if reduce == "sum":
+        base = input if include_self else scatter(input, d, index, value=0)
+        return scatter_add(base, d, index, src)
+    if reduce == "mean":
+        total = scatter_reduce(input, d, index, src, "sum", include_self=include_self)
+        count = scatter_add(apply("full", like=input, shape=tuple(input.shape),
+                                  value=1 if include_self else 0, dtype=input.dtype), d, index,
+                            apply("full", like=input, shape=tuple(index.shape), value=1, dtype=input.dtype))
+        count = where(count == 0, 1, count)
+        out = total / count
+        return out if input.dtype.is_floating_point else floor_divide(total, count)
+    if reduce not in ("prod", "amax", "amin"):
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    if _records_grad((input, src), {}, None):
+        raise RuntimeError(f"scatter_reduce(reduce='{reduce}'): runtime has no gradient for this reduction")
+    ufunc = {"prod": np.multiply, "amax": np.maximum, "amin": np.minimum}[reduce]
+    out = _values(input, "scatter_reduce").copy()
+    idx = _along_axis(_values(index, "scatter_reduce"), d)
+    if not include_self:
+        fill = {"prod": 1, "amax": -np.inf, "amin": np.inf}[reduce]
+        touched = np.zeros(out.shape, bool)
+        touched[idx] = True
+        if out.dtype.kind != "f" and reduce != "prod":
+            fill = np.iinfo(out.dtype).min if reduce == "amax" else np.iinfo(out.dtype).max
+        out[touched] = fill
+    ufunc.at(out, idx, _values(src, "scatter_reduce").astype(out.dtype))
+    return input.new_tensor(out)
+
+
+def _along_axis(index, dim):
+    grids = list(np.ogrid[tuple(slice(0, s) for s in index.shape)])
+    grids[dim] = index
+    return tuple(grids)
+
+
+def index_add(input, dim, index, source, *, alpha=1):
+    d = wrap_dim(dim, input.ndim)
+    key = (("slice", None, None, None),) * d + (("tensor", 0),)
+    src = source if alpha == 1 else source * alpha
+    return apply("index_put", input, src, index, key=key, accumulate=True)
+
+
+def index_copy(input, dim, index, source):
+    d = wrap_dim(dim, input.ndim)
+    key = (("slice", None, None, None),) * d + (("tensor", 0),)
+    return apply("index_put", input, source, index, key=key, accumulate=False)
+
+
+def index_fill(input, dim, index, value):
+    d = wrap_dim(dim, input.ndim)
+    key = (("slice", None, None, None),) * d + (("tensor", 0),)
+    if is_tensor_like(value) and value.ndim:
+        raise RuntimeError(f"index_fill_ only supports a 0-dimensional value tensor, but got tensor with "
+                           f"{value.ndim} dimension(s).")
+    return apply("index_put", input, value if is_tensor_like(value) else value, index.reshape(-1), key=key,
+                 accumulate=False)
+
+
+def masked_select(input, mask):
+    x, m = broadcast_tensors(input, mask)
+    return getitem(x, m)
+
+
+def masked_scatter(input, mask, source):
+    x, m = broadcast_tensors(input, mask)
+    count = int(_values(m, "masked_scatter").sum())
+    if count > _numel(source):
+        raise RuntimeError("masked_scatter: expected source to have at least as many elements as ones in mask")
+    flat = source.reshape(-1)[:count]
+    encoded, tensors = encode_index(x, m)
+    return apply("index_put", clone(x) if x is not input else input, flat, *tensors, key=encoded, accumulate=False)
+
+
+def select_scatter(input, src, dim, index):
+    d = wrap_dim(dim, input.ndim)
+    key = (("slice", None, None, None),) * d + (("int", index),)
+    return apply("index_put", input, src, key=key, accumulate=False)
+
+
+def slice_scatter(input, src, dim=0, start=None, end=None, step=1):
+    d = wrap_dim(dim, input.ndim)
+    key = (("slice", None, None, None),) * d + (("slice", start, end, step),)
+    return apply("index_put", input, src, key=key, accumulate=False)
+
+
+def diagonal_scatter(input, src, offset=0, dim1=0, dim2=1):
+    d1, d2 = wrap_dim(dim1, input.ndim), wrap_dim(dim2, input.ndim)
+    x = movedim(input, (d1, d2), (-2, -1))
+    rows, cols = x.shape[-2], x.shape[-1]
+    r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
+    n = builtins.max(builtins.min(rows - r0, cols - c0), 0)
+    i = x.new_tensor(np.arange(r0, r0 + n), dtype=dt.int64)
+    j = x.new_tensor(np.arange(c0, c0 + n), dtype=dt.int64)
+    out = apply("index_put", x, src, i, j, key=(("ellipsis",), ("tensor", 0), ("tensor", 1)), accumulate=False)
+    return movedim(out, (-2, -1), (d1, d2))
+
+
+def nonzero(input, *, as_tuple=False):
+    a = _values(input, "nonzero")
+    if as_tuple:
+        if a.ndim == 0:
+            return (input.new_tensor(np.zeros(int(a != 0), np.int64), dtype=dt.int64),)
+        return tuple(input.new_tensor(i.astype(np.int64), dtype=dt.int64) for i in np.nonzero(a))
+    return input.new_tensor(np.argwhere(a).astype(np.int64), dtype=dt.int64)
+
+
+def argwhere(input):
+    return nonzero(input)
+
+
+def _sorted_indices(input, dim, descending, stable, name):
+    a = _values(input, name)
+    if a.ndim == 0:
+        return np.zeros((), np.int64)
+    if a.dtype.kind == "b":
+        a = a.astype(np.int8)
+    if descending:
+        # NOTE: a stable descending order that keeps equal elements in their order and puts nan first (as torch)
+        key = -a if a.dtype.kind == "f" else -a.astype(np.int64)
+        if a.dtype.kind == "f":
+            key = np.where(np.isnan(a), -np.inf, key)
+            order = np.argsort(key, axis=dim, kind="stable")
+            return order
+        return np.argsort(key, axis=dim, kind="stable")
+    return np.argsort(a, axis=dim, kind="stable")
+
+
+def sort(input, dim=-1, descending=False, stable=False):
+    if isinstance(dim, bool):  # sort(x, True)? no: torch's second positional is dim
+        raise TypeError("sort(): argument 'dim' must be int, not bool")
+    d = wrap_dim(dim, input.ndim)
+    idx = _sorted_indices(input, d, descending, stable, "sort")
+    indices = input.new_tensor(idx.astype(np.int64), dtype=dt.int64)
+    if input.ndim == 0:
+        return ValuesIndices(clone(input), indices)
+    return ValuesIndices(gather(input, d, indices), indices)
+
+
+def argsort(input, dim=-1, descending=False, stable=False):
+    return sort(input, dim, descending, stable).indices
+
+
+def msort(input):
+    return sort(input, 0).values
+
+
+def kthvalue(input, k, dim=-1, keepdim=False):
+    d = wrap_dim(dim, input.ndim)
+    n = input.shape[d] if input.ndim else 1
+    if not 1 <= k <= n:
+        raise RuntimeError(f"kthvalue(): selected number k out of range for dimension {d}")
+    values, indices = sort(input, d)
+    if input.ndim == 0:
+        return ValuesIndices(values, indices)
+    v, i = narrow(values, d, k - 1, 1), narrow(indices, d, k - 1, 1)
+    return ValuesIndices(v if keepdim else _own(v.squeeze(d)), i if keepdim else _own(i.squeeze(d)))
+
+
+def median(input, dim=None, keepdim=False):
+    if dim is None:
+        flat = input.reshape(-1)
+        n = _numel(input)
+        if n == 0:
+            return apply("full", like=input, shape=(), value=math.nan, dtype=input.dtype)
+        a = _values(flat, "median")
+        if a.dtype.kind == "f" and np.isnan(a).any():
+            return gather(flat, 0, flat.new_tensor([int(np.argmax(np.isnan(a)))], dtype=dt.int64)).reshape(())
+        return kthvalue(flat, (n + 1) // 2, 0).values
+    d = wrap_dim(dim, input.ndim)
+    n = input.shape[d] if input.ndim else 1
+    # NOTE: torch's median is the lower of the two middle values, and nan where a row holds nan
+    values, indices = sort(input, d)
+    if input.ndim == 0:
+        return ValuesIndices(values, indices)
+    a = _values(input, "median")
+    pos = np.full(a.shape[:d] + a.shape[d + 1:], (n - 1) // 2, np.int64)
+    if a.dtype.kind == "f":
+        first_nan = np.argmax(np.isnan(np.sort(a, axis=d)), axis=d)
+        pos = np.where(np.isnan(a).any(axis=d), first_nan, pos)
+    p = input.new_tensor(np.expand_dims(pos, d), dtype=dt.int64)
+    v, i = gather(values, d, p), gather(indices, d, p)
+    return ValuesIndices(v if keepdim else _own(v.squeeze(d)), i if keepdim else _own(i.squeeze(d)))
+
+
+def nanmedian(input, dim=None, keepdim=False):
+    if dim is None:
+        flat = input.reshape(-1)
+        a = _values(flat, "nanmedian")
+        keep = ~np.isnan(a) if a.dtype.kind == "f" else np.ones(a.shape, bool)
+        if not keep.any():
+            return apply("full", like=input, shape=(), value=math.nan, dtype=input.dtype)
+        order = np.argsort(np.where(keep, a, np.inf), kind="stable")
+        pick = order[(int(keep.sum()) - 1) // 2]
+        return gather(flat, 0, flat.new_tensor([int(pick)], dtype=dt.int64)).reshape(())
+    d = wrap_dim(dim, input.ndim)
+    a = _values(input, "nanmedian")
+    nans = np.isnan(a) if a.dtype.kind == "f" else np.zeros(a.shape, bool)
+    order = np.argsort(np.where(nans, np.inf, a), axis=d, kind="stable")
+    count = (~nans).sum(axis=d, keepdims=True)
+    pos = np.maximum((count - 1) // 2, 0)
+    idx = np.take_along_axis(order, pos, axis=d).astype(np.int64)
+    i = input.new_tensor(idx, dtype=dt.int64)
+    v = gather(input, d, i)
+    return ValuesIndices(v if keepdim else _own(v.squeeze(d)), i if keepdim else _own(i.squeeze(d)))
+
+
+def mode(input, dim=-1, keepdim=False):
+    d = wrap_dim(dim, input.ndim)
+    a = _values(input, "mode")
+    if a.ndim == 0:
+        return ValuesIndices(clone(input), input.new_tensor(0, dtype=dt.int64))
+    moved = np.moveaxis(a, d, -1)
+    flat = moved.reshape(-1, moved.shape[-1])
+    best = np.empty(flat.shape[0], np.int64)
+    for r, row in enumerate(flat):
+        values, counts = np.unique(row, return_counts=True)
+        v = values[np.argmax(counts)]  # the smallest of the most frequent values
+        best[r] = np.nonzero(row == v)[0][-1]  # torch reports the last index holding it
+    idx = np.moveaxis(best.reshape(moved.shape[:-1] + (1,)), -1, d)
+    i = input.new_tensor(idx, dtype=dt.int64)
+    v = gather(input, d, i)
+    return ValuesIndices(v if keepdim else _own(v.squeeze(d)), i if keepdim else _own(i.squeeze(d)))
+
+
+def quantile(input, q, dim=None, keepdim=False, *, interpolation="linear"):
+    if not input.dtype.is_floating_point:
+        raise RuntimeError("quantile() input tensor must be either float or double dtype")
+    qs = _values(q, "quantile") if is_tensor_like(q) else np.asarray(q, dtype=np.float64)
+    if ((qs < 0) | (qs > 1)).any():
+        raise RuntimeError("quantile() q values must be in the range [0, 1]")
+    x = input.reshape(-1) if dim is None else input
+    d = 0 if dim is None else wrap_dim(dim, input.ndim)
+    n = x.shape[d]
+    srt = sort(x, d).values
+    outs = []
+    for qv in np.atleast_1d(qs).reshape(-1):
+        pos = float(qv) * (n - 1)
+        lo, hi = int(math.floor(pos)), int(math.ceil(pos))
+        frac_ = pos - lo
+        if interpolation == "lower" or (interpolation == "nearest" and builtins.round(pos) == lo):
+            hi, frac_ = lo, 0.0
+        elif interpolation == "higher" or interpolation == "nearest":
+            lo, frac_ = hi, 0.0
+        elif interpolation == "midpoint":
+            frac_ = 0.5 if hi != lo else 0.0
+        elif interpolation != "linear":
+            raise RuntimeError(f"quantile() interpolation must be one of linear, lower, higher, midpoint or nearest. "
+                               f"Got {interpolation}")
+        a, b = narrow(srt, d, lo, 1), narrow(srt, d, hi, 1)
+        v = a + (b - a) * frac_ if frac_ else a
+        outs.append(v if keepdim and dim is not None else v.squeeze(d))
+    if dim is None and keepdim:
+        outs = [o.reshape((1,) * input.ndim) for o in outs]
+    if is_tensor_like(q) and q.ndim == 0 or not is_tensor_like(q) and np.ndim(q) == 0:
+        return outs[0]
+    return stack(outs, 0)
+
+
+def nanquantile(input, q, dim=None, keepdim=False, *, interpolation="linear"):
+    if not bool(isnan(input).any()):
+        return quantile(input, q, dim, keepdim, interpolation=interpolation)
+    raise NotImplementedError("nanquantile with nan values: runtime has quantile over values without nan only")
+
+
+def unique(input, sorted=True, return_inverse=False, return_counts=False, dim=None):
+    a = _values(input, "unique")
+    if dim is None:
+        values, inverse, counts = np.unique(a.reshape(-1), return_inverse=True, return_counts=True)
+        inverse = inverse.reshape(a.shape)
+    else:
+        d = wrap_dim(dim, input.ndim)
+        values, inverse, counts = np.unique(a, axis=d, return_inverse=True, return_counts=True)
+        inverse = inverse.reshape(-1)
+    out = [input.new_tensor(values)]
+    if return_inverse:
+        out.append(input.new_tensor(inverse.astype(np.int64), dtype=dt.int64))
+    if return_counts:
+        out.append(input.new_tensor(counts.astype(np.int64), dtype=dt.int64))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def unique_consecutive(input, return_inverse=False, return_counts=False, dim=None):
+    a = _values(input, "unique_consecutive")
+    if dim is not None:
+        d = wrap_dim(dim, input.ndim)
+        moved = np.moveaxis(a, d, 0).reshape(a.shape[d], -1)
+        change = np.ones(len(moved), bool)
+        change[1:] = (moved[1:] != moved[:-1]).any(axis=1)
+        values = np.moveaxis(np.moveaxis(a, d, 0)[change], 0, d)
+    else:
+        flat = a.reshape(-1)
+        change = np.ones(flat.size, bool)
+        change[1:] = flat[1:] != flat[:-1]
+        values = flat[change]
+    group = np.cumsum(change) - 1
+    out = [input.new_tensor(values)]
+    if return_inverse:
+        out.append(input.new_tensor(group.reshape(a.shape if dim is None else -1).astype(np.int64), dtype=dt.int64))
+    if return_counts:
+        out.append(input.new_tensor(np.bincount(group, minlength=int(change.sum())).astype(np.int64),
+                                    dtype=dt.int64))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def bincount(input, weights=None, minlength=0):
+    a = _values(input, "bincount")
+    if a.ndim != 1 or input.dtype.is_floating_point:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if a.size and a.min() < 0:
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is None:
+        return input.new_tensor(np.bincount(a, minlength=minlength).astype(np.int64), dtype=dt.int64)
+    w = _values(weights, "bincount")
+    out_dtype = weights.dtype if weights.dtype.is_floating_point else dt.float64
+    return input.new_tensor(np.bincount(a, w, minlength=minlength), dtype=out_dtype)
+
+
+def histc(input, bins=100, min=0, max=0):
+    a = _values(input, "histc").astype(np.float64)
+    lo, hi = float(min), float(max)
+    if lo == hi and a.size:
+        lo, hi = float(a.min()), float(a.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    counts, _ = np.histogram(a[(a >= lo) & (a <= hi)], bins=bins, range=(lo, hi))
+    return input.new_tensor(counts.astype(input.dtype.np))
+
+
+def histogram(input, bins=100, *, range=None, weight=None, density=False):
+    a = _values(input, "histogram")
+    edges_in = _values(bins, "histogram") if is_tensor_like(bins) else bins
+    w = None if weight is None else _values(weight, "histogram")
+    hist, edges = np.histogram(a, bins=edges_in, range=range, weights=w, density=density)
+    return input.new_tensor(hist.astype(input.dtype.np)), input.new_tensor(edges.astype(input.dtype.np))
+
+
+def searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None, sorter=None):
+    seq = _values(sorted_sequence, "searchsorted")
+    vals = _values(input, "searchsorted") if is_tensor_like(input) else np.asarray(input)
+    side = side or ("right" if right else "left")
+    if sorter is not None:
+        seq = np.take_along_axis(seq, _values(sorter, "searchsorted"), axis=-1)
+    if seq.ndim == 1:
+        out = np.searchsorted(seq, vals, side=side)
+    else:
+        out = np.stack([np.searchsorted(s, v, side=side) for s, v in
+                        zip(seq.reshape(-1, seq.shape[-1]), vals.reshape(-1, vals.shape[-1]))]).reshape(vals.shape)
+    return sorted_sequence.new_tensor(np.asarray(out, dtype=np.int32 if out_int32 else np.int64),
+                                      dtype=dt.int32 if out_int32 else dt.int64)
+
+
+def bucketize(input, boundaries, *, out_int32=False, right=False):
+    return searchsorted(boundaries, input, out_int32=out_int32, right=right)
+
+
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    a = _values(elements, "isin") if is_tensor_like(elements) else np.asarray(elements)
+    b = _values(test_elements, "isin") if is_tensor_like(test_elements) else np.asarray(test_elements)
+    like = elements if is_tensor_like(elements) else test_elements
+    return like.new_tensor(np.isin(a, b, invert=invert), dtype=dt.bool_)
+
+
+# contractions
+
+def dot(input, other):
+    if input.ndim != 1 or other.ndim != 1:
+        raise RuntimeError(f"1D tensors expected, but got {input.ndim}D and {other.ndim}D tensors")
+    if input.dtype is not other.dtype:
+        raise RuntimeError(f"dot : expected both vectors to have same dtype, but found {input.dtype.name} and "
+                           f"{other.dtype.name}")
+    if input.shape[0] != other.shape[0]:
+        raise RuntimeError(f"inconsistent tensor size, expected tensor [{input.shape[0]}] and src [{other.shape[0]}] "
+                           f"to have the same number of elements, but got {input.shape[0]} and {other.shape[0]} "
+                           f"elements respectively")
+    return (input * other).sum()
+
+
+vdot = dot
+
+
+def inner(input, other):
+    if input.ndim == 0 or other.ndim == 0:
+        return input * other
+    return tensordot(input, other, ([-1], [-1]))
+
+
+def outer(input, vec2):
+    return input.reshape(-1, 1) * vec2.reshape(1, -1)
+
+
+ger = outer
+
+
+def mv(input, vec):
+    if input.ndim != 2 or vec.ndim != 1:
+        raise RuntimeError(f"vector + matrix @ vector expected, got {input.ndim}, {vec.ndim}")
+    return matmul(input, vec)
+
+
+def _scaled_sum(input, product, beta, alpha):
+    out = product if alpha == 1 else product * alpha
+    if beta == 0:  # as torch, input's values (nan included) are ignored
+        return out
+    return (input if beta == 1 else input * beta) + out
+
+
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    return _scaled_sum(input, mm(mat1, mat2), beta, alpha)
+
+
+def addmv(input, mat, vec, *, beta=1, alpha=1):
+    return _scaled_sum(input, mv(mat, vec), beta, alpha)
+
+
+def addr(input, vec1, vec2, *, beta=1, alpha=1):
+    return _scaled_sum(input, outer(vec1, vec2), beta, alpha)
+
+
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    return _scaled_sum(input, bmm(batch1, batch2), beta, alpha)
+
+
+def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    return _scaled_sum(input, bmm(batch1, batch2).sum(0), beta, alpha)
+
+
+def tensordot(a, b, dims=2):
+    if isinstance(dims, int):
+        if dims < 0:
+            raise RuntimeError(f"tensordot expects dims >= 0, but got dims={dims}")
+        da, db = list(range(a.ndim - dims, a.ndim)), list(range(dims))
+    elif is_tensor_like(dims):
+        pairs = dims.tolist()
+        da, db = ([pairs[0]], [pairs[1]]) if isinstance(pairs[0], int) else (pairs[0], pairs[1])
+    else:
+        da, db = dims
+        da, db = ([da], [db]) if isinstance(da, int) else (list(da), list(db))
+    da, db = [wrap_dim(d, a.ndim) for d in da], [wrap_dim(d, b.ndim) for d in db]
+    for x, y in zip(da, db):
+        if a.shape[x] != b.shape[y]:
+            raise RuntimeError(f"contracted dimensions need to match, but first has size {a.shape[x]} in dim {x} and "
+                               f"second has size {b.shape[y]} in dim {y}")
+    free_a = [d for d in range(a.ndim) if d not in da]
+    free_b = [d for d in range(b.ndim) if d not in db]
+    k = math.prod(a.shape[d] for d in da)
+    left = permute(a, tuple(free_a + da)).reshape(math.prod(a.shape[d] for d in free_a), k)
+    right = permute(b, tuple(db + free_b)).reshape(k, math.prod(b.shape[d] for d in free_b))
+    return mm(left, right).reshape(tuple(a.shape[d] for d in free_a) + tuple(b.shape[d] for d in free_b))
+
+
+def kron(input, other):
+    nd = builtins.max(input.ndim, other.ndim)
+    a = input.reshape((1,) * (nd - input.ndim) + tuple(input.shape))
+    b = other.reshape((1,) * (nd - other.ndim) + tuple(other.shape))
+    a = a.reshape(tuple(v for s in a.shape for v in (s, 1)))
+    b = b.reshape(tuple(v for s in b.shape for v in (1, s)))
+    return (a * b).reshape(tuple(x * y for x, y in zip(input.shape if input.ndim == nd else a.shape[::2],
+                                                       other.shape if other.ndim == nd else b.shape[1::2])))
+
+
+def cross(input, other, dim=None):
+    if dim is None:
+        shape = broadcast_shapes(input.shape, other.shape)
+        dim = next((i for i, s in enumerate(shape) if s == 3), None)
+        if dim is None:
+            raise RuntimeError("no dimension of size 3 in input")
+    x, y = broadcast_tensors(input, other)
+    d = wrap_dim(dim, x.ndim)
+    if x.shape[d] != 3:
+        raise RuntimeError(f"linalg.cross: inputs dimension {d} must have length 3. Got {x.shape[d]} and "
+                           f"{y.shape[d]}")
+    a = [select(x, d, i) for i in range(3)]
+    b = [select(y, d, i) for i in range(3)]
+    return stack([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]], d)
+
+
+def einsum(equation, *operands):
+    """einsum as broadcast products and sums of primitives (no BLAS path); '...' and repeated indices included."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise RuntimeError("einsum(): more operands were provided than specified in the equation"
+                           if len(operands) > len(terms) else
+                           "einsum(): fewer operands were provided than specified in the equation")
+    ell = builtins.max((t.ndim - len(s.replace("...", "")) for s, t in zip(terms, operands) if "..." in s), default=0)
+    ell_letters = "".join(chr(0x100 + i) for i in range(ell))
+    terms = [s.replace("...", ell_letters[len(ell_letters) - (t.ndim - len(s.replace("...", ""))):]) if "..." in s
+             else s for s, t in zip(terms, operands)]
+    if not arrow:
+        counts = {}
+        for s in terms:
+            for c in s:
+                counts[c] = counts.get(c, 0) + 1
+        rhs = ell_letters + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell_letters))
+    else:
+        rhs = rhs.replace("...", ell_letters)
+    letters = list(dict.fromkeys(rhs + "".join(terms)))
+    aligned = []
+    for s, t in zip(terms, operands):
+        if len(s) != t.ndim:
+            raise RuntimeError(f"einsum(): the number of subscripts in the equation ({len(s)}) does not match the "
+                               f"number of dimensions ({t.ndim}) for operand {len(aligned)}")
+        while len(set(s)) != len(s):  # a repeated index takes the diagonal
+            c = next(c for c in s if s.count(c) > 1)
+            i, j = s.index(c), s.index(c, s.index(c) + 1)
+            t = diagonal(t, 0, i, j)
+            s = s[:i] + s[i + 1:j] + s[j + 1:] + c
+        order = sorted(range(len(s)), key=lambda k: letters.index(s[k]))
+        t = permute(t, tuple(order)) if order != list(range(len(s))) else t
+        present = [s[k] for k in order]
+        shape = [1] * len(letters)
+        for c, size in zip(present, t.shape):
+            shape[letters.index(c)] = size
+        aligned.append(t.reshape(tuple(shape)))
+    prod_ = aligned[0]
+    for t in aligned[1:]:
+        prod_ = prod_ * t
+    summed = tuple(i for i, c in enumerate(letters) if c not in rhs)
+    out = prod_.sum(summed) if summed else prod_
+    kept = [c for c in letters if c in rhs]
+    order = tuple(kept.index(c) for c in rhs)
+    return permute(out, order) if order != tuple(range(len(order))) else out
+
+
+# norms and distances
+
+def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
+    if dtype is not None:
+        input = input.to(dtype)
+    if isinstance(p, str):
+        if p == "fro":
+            return _vector_norm(input, 2, dim, keepdim)
+        if p == "nuc":
+            from .linalg import matrix_norm
+
+            return matrix_norm(input, "nuc", (-2, -1) if dim is None else dim, keepdim)
+        raise RuntimeError(f"norm: unsupported p {p!r}")
+    return _vector_norm(input, 2 if p is None else p, dim, keepdim)
+
+
+def _vector_norm(x, ord, dim, keepdim):
+    if not x.dtype.is_floating_point:
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got "
+                           f"{x.dtype.name}")
+    dims = wrap_dims(dim, x.ndim) if dim is not None else tuple(range(x.ndim))
+    a = abs(x)
+    if ord == inf:
+        return a.amax(dims, keepdim)
+    if ord == -inf:
+        return a.amin(dims, keepdim)
+    if ord == 0:
+        return (a != 0).to(x.dtype).sum(dims, keepdim)
+    if ord == 1:
+        return a.sum(dims, keepdim)
+    if ord == 2:
+        # NOTE: sqrt's gradient at 0 is inf * 0 = nan; torch's norm gives a zero subgradient there, so does this
+        s = (x * x).sum(dims, keepdim)
+        nz = s != 0
+        return s.where(nz, 1.0).sqrt().where(nz, 0.0)
+    return pow(pow(a, ord).sum(dims, keepdim), 1.0 / ord)
+
+
+def dist(input, other, p=2):
+    return _vector_norm(input - other, p, None, False)
+
+
+def cdist(x1, x2, p=2.0, compute_mode=None):
+    if x1.ndim < 2 or x2.ndim < 2:
+        raise RuntimeError(f"cdist only supports at least 2D tensors, X1 got: {x1.ndim}D")
+    if x1.shape[-1] != x2.shape[-1]:
+        raise RuntimeError(f"X1 and X2 must have the same number of columns. X1: {x1.shape[-1]} X2: {x2.shape[-1]}")
+    diff_ = x1.unsqueeze(-2) - x2.unsqueeze(-3)
+    return _vector_norm(diff_, p, -1, False)
+
+
+def renorm(input, p, dim, maxnorm):
+    d = wrap_dim(dim, input.ndim)
+    others = tuple(i for i in range(input.ndim) if i != d)
+    norms = _vector_norm(input, p, others, True)
+    factor = where(norms > maxnorm, maxnorm / (norms + 1e-7), 1.0)
+    return input * factor
+
+
+# statistics
+
+def cov(input, *, correction=1, fweights=None, aweights=None):
+    if input.ndim > 2:
+        raise RuntimeError(f"cov(): expected input to have two or fewer dimensions but got an input with "
+                           f"{input.ndim} dimensions")
+    if fweights is not None or aweights is not None:
+        raise NotImplementedError("cov(fweights=, aweights=) is not supported by runtime")
+    x = input.reshape(1, -1) if input.ndim < 2 else input
+    n = x.shape[1]
+    centered = x - x.mean(1, keepdim=True)
+    c = mm(centered, centered.t()) / builtins.max(n - correction, 0)
+    return c.squeeze() if input.ndim < 2 else c
+
+
+def corrcoef(input):
+    c = cov(input)
+    if c.ndim == 0:
+        return c / c
+    d = sqrt(diagonal(c))
+    return clamp(c / d.unsqueeze(1) / d.unsqueeze(0), -1, 1)
+
+
+def trapezoid(y, x=None, *, dx=None, dim=-1):
+    d = wrap_dim(dim, y.ndim)
+    n = y.shape[d]
+    if n == 0:
+        return y.sum(d)
+    avg = (narrow(y, d, 1, n - 1) + narrow(y, d, 0, n - 1)) / 2
+    if x is not None:
+        xd = diff(x, dim=dim if x.ndim == y.ndim else -1)
+        return (avg * xd).sum(d)
+    return avg.sum(d) * (1 if dx is None else dx)
+
+
+def cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
+    d = wrap_dim(dim, y.ndim)
+    n = y.shape[d]
+    avg = (narrow(y, d, 1, n - 1) + narrow(y, d, 0, n - 1)) / 2
+    if x is not None:
+        avg = avg * diff(x, dim=dim if x.ndim == y.ndim else -1)
+    elif dx is not None:
+        avg = avg * dx
+    return cumsum(avg, d)
+
+
+def vander(x, N=None, increasing=False):
+    n = x.shape[0] if N is None else N
+    powers = x.new_tensor(np.arange(n) if increasing else np.arange(n - 1, -1, -1), dtype=dt.int64)
+    base = x if x.dtype is not dt.bool_ else x.to(dt.int64)
+    return pow(base.unsqueeze(1), powers.unsqueeze(0))
+
+
+def logdet(input):
+    from .linalg import slogdet
+
+    sign_, logabs = slogdet(input)
+    return where(sign_ < 0, math.nan, logabs)
+
+
+def matrix_power(input, n):
+    from .linalg import matrix_power as mp
+
+    return mp(input, n)
+
+
+def matrix_exp(input):
+    from .linalg import matrix_exp as me
+
+    return me(input)
+
+
+def det(input):
+    return apply("det", input)
+
+
+def inverse(input):
+    return apply("inv", input)
+
+
+def slogdet(input):
+    from .linalg import slogdet as sd
+
+    return sd(input)
+
+
+def unravel_index(indices, shape):
+    a = _values(indices, "unravel_index") if is_tensor_like(indices) else np.asarray(indices)
+    if np.issubdtype(a.dtype, np.floating):
+        raise TypeError("expected 'indices' to be integer dtype, but got float")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    total = math.prod(shape)
+    if a.size and (a.min() < -total or a.max() >= total):
+        raise RuntimeError("'indices' must be in range [-prod(shape), prod(shape) - 1]")
+    from .factories import tensor
+
+    return tuple(tensor(c.astype(np.int64)) for c in np.unravel_index(np.where(a < 0, a + total, a), shape))
+
+
+def combinations(input, r=2, with_replacement=False):
+    import itertools
+
+    n = input.shape[0]
+    pick = itertools.combinations_with_replacement(range(n), r) if with_replacement else \
+        itertools.combinations(range(n), r)
+    idx = np.array(list(pick), dtype=np.int64).reshape(-1, r)
+    if idx.shape[0] == 0:
+        return input.new_zeros((0,) if r == 0 else (0, r))
+    return stack([index_select(input, 0, input.new_tensor(idx[:, k], dtype=dt.int64)) for k in range(r)], 1)
+
+
+def logspace(start, end, steps, base=10.0, *, dtype=None, device=None, requires_grad=False):
+    from .factories import tensor
+
+    values = np.logspace(start, end, steps, base=base)
+    return tensor(values, dtype=dtype or dt.get_default_dtype(), requires_grad=requires_grad)
+
+
+def scalar_tensor(s, *, dtype=None, device=None, requires_grad=False):
+    from .factories import tensor
+
+    return tensor(s, dtype=dtype or dt.get_default_dtype(), requires_grad=requires_grad)
+
+
+def can_cast(from_, to):
+    from_, to = dt.as_dtype(from_), dt.as_dtype(to)
+    return from_.category <= to.category
+
+
+def _window(name, values_fn):
+    def window(window_length, periodic=True, *, dtype=None, device=None, requires_grad=False, **kw):
+        from .factories import tensor
+
+        if window_length < 0:
+            raise RuntimeError(f"{name} requires non-negative window_length, got window_length={window_length}")
+        if window_length <= 1:
+            return tensor(np.ones(window_length), dtype=dtype or dt.get_default_dtype(), requires_grad=requires_grad)
+        n = window_length + 1 if periodic else window_length
+        values = values_fn(n, **kw)[:window_length]
+        return tensor(values, dtype=dtype or dt.get_default_dtype(), requires_grad=requires_grad)
+
+    window.__name__ = window.__qualname__ = name
+    return window
+
+
+hann_window = _window("hann_window", np.hanning)
+hamming_window = _window("hamming_window", lambda n, alpha=0.54, beta=0.46: alpha - beta * np.cos(
+    2 * np.pi * np.arange(n) / (n - 1)))
+bartlett_window = _window("bartlett_window", np.bartlett)
+blackman_window = _window("blackman_window", np.blackman)
+kaiser_window = _window("kaiser_window", lambda n, beta=12.0: np.kaiser(n, beta))
+
+
+# ---------------------------------------------------------------------------------------------
 # What becomes a Tensor method (name -> function taking the tensor first) and operator dunders.
 # ---------------------------------------------------------------------------------------------
 
@@ -981,6 +2430,37 @@ METHODS = {name: globals()[name] for name in """
 METHODS.update({f.__name__: f for f in map(_conversion, ("float32", "float64", "float16", "int64", "int32", "bool_"))})
 METHODS.update(type_as=type_as, multiply=mul, subtract=sub, divide=div, true_divide=div, greater=gt, less=lt,
                greater_equal=ge, less_equal=le, not_equal=ne)
+METHODS.update({name: globals()[name] for name in """
+    tan asin acos atan sinh cosh asinh acosh atanh arcsin arccos arctan arcsinh arccosh arctanh expm1 erfc erfinv
+    lgamma digamma trunc fix atan2 arctan2 fmod copysign nextafter heaviside gcd lcm bitwise_left_shift
+    bitwise_right_shift exp2 frac sgn signbit hypot logaddexp logaddexp2 xlogy ldexp float_power logit sinc deg2rad
+    rad2deg fmax fmin clamp_min clamp_max positive isneginf isposinf isreal nan_to_num count_nonzero aminmax nansum
+    nanmean cumsum cumprod logcumsumexp cummax cummin diff flip fliplr flipud roll rot90 movedim moveaxis swapdims
+    ravel tile repeat_interleave tensor_split hsplit vsplit dsplit split_with_sizes diagonal diag_embed diag diagflat
+    trace narrow_copy take unfold scatter scatter_reduce index_add index_copy index_fill masked_select masked_scatter
+    select_scatter slice_scatter diagonal_scatter nonzero argwhere sort argsort msort kthvalue median nanmedian mode
+    quantile nanquantile unique unique_consecutive bincount histc histogram dot vdot inner outer ger mv addmm addmv
+    addr baddbmm addbmm kron cross norm dist renorm cov corrcoef logdet matrix_power matrix_exp det inverse slogdet
+""".split()})
+METHODS.update(polygamma=lambda self, n: polygamma(n, self), is_signed=is_signed, is_nonzero=is_nonzero)
+# torch.* functions that are not Tensor methods
+FUNCTIONS = {name: globals()[name] for name in """
+    broadcast_shapes broadcast_tensors meshgrid cartesian_prod atleast_1d atleast_2d atleast_3d hstack vstack dstack
+    column_stack tril_indices triu_indices block_diag std_mean var_mean einsum tensordot cdist searchsorted bucketize
+    isin trapezoid cumulative_trapezoid vander unravel_index combinations logspace scalar_tensor can_cast
+    hann_window hamming_window bartlett_window blackman_window kaiser_window polygamma
+""".split()}
+# in-place Tensor methods: self = f(self, ...) (Tensor._inplace_composite), where Tensor has no faster one
+INPLACE = """
+    abs absolute acos acosh asin asinh atan atanh arccos arccosh arcsin arcsinh arctan arctanh atan2 arctan2 ceil cos
+    cosh sin sinh tan erf erfc erfinv exp2 expm1 floor frac trunc fix log log10 log1p log2 lgamma digamma reciprocal
+    rsqrt round sign sgn square neg negative fmod remainder copysign nextafter heaviside gcd lcm hypot ldexp
+    float_power logit sinc deg2rad rad2deg xlogy floor_divide true_divide divide multiply subtract clamp_min clamp_max
+    nan_to_num cumsum cumprod logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor
+    bitwise_not bitwise_left_shift bitwise_right_shift eq ne lt le gt ge greater greater_equal less less_equal
+    not_equal scatter scatter_add scatter_reduce index_add index_copy index_fill masked_scatter renorm addmm addmv addr
+    baddbmm addbmm polygamma
+""".split()
 
 
 def _where_method(self, condition, y):
@@ -1007,6 +2487,8 @@ DUNDERS = {
     "__or__": bitwise_or, "__ror__": _reflected(bitwise_or),
     "__xor__": bitwise_xor, "__rxor__": _reflected(bitwise_xor),
     "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le, "__gt__": gt, "__ge__": ge,
+    "__lshift__": bitwise_left_shift, "__rlshift__": _reflected(bitwise_left_shift),
+    "__rshift__": bitwise_right_shift, "__rrshift__": _reflected(bitwise_right_shift),
     "__neg__": neg, "__abs__": abs, "__invert__": bitwise_not, "__getitem__": getitem,
     "__pos__": lambda self: self,
 }

@@ -7,7 +7,7 @@ import numpy as np
 class dtype:
     """A tensor element type; `runtime.float32` etc. are the only instances."""
 
-    __slots__ = ("name", "np", "category", "is_floating_point", "itemsize")
+    __slots__ = ("name", "np", "category", "is_floating_point", "itemsize", "is_signed")
 
     # NOTE: categories order the promotion lattice: bool < integer < floating.
     def __init__(self, name: str, np_dtype, category: int):
@@ -16,6 +16,14 @@ class dtype:
         self.category = category
         self.is_floating_point = category == FLOAT
         self.itemsize = self.np.itemsize
+        self.is_signed = category != BOOL  # every runtime integer dtype is signed
+
+    @property
+    def is_complex(self) -> bool:
+        return False
+
+    def to_real(self) -> "dtype":
+        return self
 
     def __repr__(self) -> str:
         return f"runtime.{self.name}"

@@ -87,6 +87,16 @@ def _dtype_or_default(dtype) -> np.dtype:
     return (dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()).np
 
 
+def _no_extra(kw, name):
+    kw.pop("layout", None)
+    kw.pop("pin_memory", None)
+    kw.pop("memory_format", None)
+    if "out" in kw and kw["out"] is None:
+        del kw["out"]
+    if kw:
+        raise TypeError(f"{name}() got an unexpected keyword argument '{next(iter(kw))}'")
+
+
 def full(size, fill_value, *, dtype=None, device=None, requires_grad=False) -> Tensor:
     check_device(device)
     if dtype is None:
@@ -94,12 +104,25 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False) -> T
     return _finish(np.full(_new_shape((size,)), fill_value, dtype=dt.as_dtype(dtype).np), requires_grad)
 
 
-def zeros(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+def _sizes(size, keyword, name):
+    """The sizes given positionally or as size= (torch accepts either, not both)."""
+    if keyword is None:
+        return size
+    if size:
+        raise TypeError(f"{name}() got multiple values for argument 'size'")
+    return (keyword,)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
+    size = _sizes(size, kw.pop("size", None), "zeros")
+    _no_extra(kw, "zeros")
     check_device(device)
     return _finish(np.zeros(_new_shape(size), dtype=_dtype_or_default(dtype)), requires_grad)
 
 
-def ones(*size, dtype=None, device=None, requires_grad=False) -> Tensor:
+def ones(*size, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
+    size = _sizes(size, kw.pop("size", None), "ones")
+    _no_extra(kw, "ones")
     check_device(device)
     return _finish(np.ones(_new_shape(size), dtype=_dtype_or_default(dtype)), requires_grad)
 
@@ -137,14 +160,18 @@ def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:
     return _finish(np.eye(n, m, dtype=_dtype_or_default(dtype)), requires_grad)
 
 
-def rand(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
+def rand(*size, generator=None, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
+    size = _sizes(size, kw.pop("size", None), "rand")
+    _no_extra(kw, "rand")
     check_device(device)
     target = _dtype_or_default(dtype)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
     return _finish(rng(generator).random(_new_shape(size), dtype=draw_dtype).astype(target, copy=False), requires_grad)
 
 
-def randn(*size, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
+def randn(*size, generator=None, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
+    size = _sizes(size, kw.pop("size", None), "randn")
+    _no_extra(kw, "randn")
     check_device(device)
     target = _dtype_or_default(dtype)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64

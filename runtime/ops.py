@@ -539,6 +539,10 @@ def _np_where(cond, x, y):
     return np.where(cond, x, y)
 
 
+def _np_sign(x):
+    return x.copy() if x.dtype == np.bool_ else np.sign(x)
+
+
 def _np_relu(x):
     return np.maximum(x, 0)
 
@@ -831,6 +835,10 @@ def _zero_vjp(g, out, x, *rest, **attrs):
     return g.new_zeros(x.shape)
 
 
+def _zero_vjp_second(g, out, x, y, **attrs):
+    return g.new_zeros(y.shape)
+
+
 SQRT_2_OVER_PI = 2.0 / math.sqrt(math.pi)
 
 
@@ -928,7 +936,9 @@ E("maximum", np.maximum, "max({0}, {1})",
   vjp=(lambda g, out, x, y: _maximum_vjp(g, x, y), lambda g, out, x, y: _maximum_vjp(g, y, x)), saves=(0, 1))
 E("minimum", np.minimum, "min({0}, {1})",
   vjp=(lambda g, out, x, y: _maximum_vjp(g, y, x), lambda g, out, x, y: _maximum_vjp(g, x, y)), saves=(0, 1))
-E("floordiv", _integer_division(_quiet(np.floor_divide)), "({0} // {1})", divisor=1)
+# floor division is piecewise constant: its gradient is zero (torch's div(rounding_mode='floor') has the same rule)
+E("floordiv", _integer_division(_quiet(np.floor_divide)), "({0} // {1})", divisor=1,
+  vjp=(_zero_vjp, lambda g, out, x, y: g.new_zeros(y.shape)))
 E("remainder", _integer_division(_quiet(np.remainder)), "({0} % {1})",
   vjp=(lambda g, out, x, y: g, lambda g, out, x, y: -g * (x // y)), saves=(0, 1), divisor=1)
 # comparisons and logic
@@ -949,7 +959,7 @@ E("bitwise_xor", np.bitwise_xor, "({0} ^ {1})", _integral)
 # unary math
 E("neg", np.negative, "(-{0})", _no_bool(_keep, "Negation"), vjp=(lambda g, out, x: -g,))
 E("abs", np.abs, "abs({0})", _keep, vjp=(lambda g, out, x: g * x.sign(),), saves=(0,))
-E("sign", np.sign, "sign({0})", _keep, vjp=(_zero_vjp,))
+E("sign", _np_sign, "sign({0})", _keep, vjp=(_zero_vjp,))
 E("floor", np.floor, "floor({0})", _keep, vjp=(_zero_vjp,))
 E("exp", _quiet(np.exp), "exp({0})", _to_float, vjp=(lambda g, out, x: g * out,), saves=("out",))
 E("log", _quiet(np.log), "log({0})", _to_float, vjp=(lambda g, out, x: g / x,), saves=(0,))
@@ -1056,5 +1066,245 @@ _register(OpDef("nll_loss_backward", Kind.OTHER, 3, _np_nll_loss_backward, _seco
                      lambda *values, **attrs: None, None),  # no gradient for logp: only its shape is read
                 saves=(2,), attr_names=_NLL_ATTRS, decomposition=_nll_loss_backward_decomposition))
 _register(OpDef("full", Kind.OTHER, 0, _np_full, _full_rule, _full_dtype, attr_names=("shape", "value", "dtype")))
+# ---------------------------------------------------------------------------------------------
+# Elementwise math that code generation has no template for (yet): kind OTHER, so nnc runs each call as an opaque
+# node with the numpy forward. Derivative rules as for any op.
+# ---------------------------------------------------------------------------------------------
+
+def _math(name, forward, vjp=(), saves=(), dtype_rule=_to_float, arity=1):
+    return _register(OpDef(name, Kind.OTHER, arity, _quiet(forward), _broadcast_rule, dtype_rule, vjp=tuple(vjp),
+                           saves=tuple(saves)))
+
+
+def _np_erfinv(y):
+    from scipy.special import erfinv
+
+    return erfinv(y).astype(y.dtype, copy=False)
+
+
+def _np_lgamma(x):
+    from scipy.special import gammaln
+
+    return gammaln(x).astype(x.dtype, copy=False)
+
+
+def _np_digamma(x):
+    from scipy.special import psi
+
+    # NOTE: torch gives -inf at 0 (scipy: nan at non-positive integers only from the negative side)
+    out = psi(x)
+    return np.where(x == 0, -np.inf, out).astype(x.dtype, copy=False)
+
+
+def _np_trigamma(x):
+    # NOTE: the textbook method torch uses too (so the two agree to the last digits): reflection below 1/2, the
+    # recurrence psi1(x) = psi1(x + 1) + 1/x^2 six times, then the asymptotic series to the x^-7 term
+    z = x.astype(np.float64)
+    sign = np.where(z < 0.5, -1.0, 1.0)
+    result = np.where(z < 0.5, -(np.pi / np.sin(np.pi * z)) ** 2, 0.0)
+    z = np.where(z < 0.5, 1 - z, z)
+    for _ in range(6):
+        result += 1 / (z * z)
+        z = z + 1
+    ixx = 1 / (z * z)
+    result += (1 + 1 / (2 * z) + ixx * (1 / 6 - ixx * (1 / 30 - ixx * (1 / 42)))) / z
+    return (sign * result).astype(x.dtype, copy=False)
+
+
+def _np_erfc(x):
+    from scipy.special import erfc
+
+    return erfc(x).astype(x.dtype, copy=False)
+
+
+def _np_trunc(x):
+    return np.trunc(x) if x.dtype.kind == "f" else x.copy()
+
+
+_math("tan", np.tan, (lambda g, out, x: g * (1 + out * out),), ("out",))
+_math("asin", np.arcsin, (lambda g, out, x: g * (1 - x * x).rsqrt(),), (0,))
+_math("acos", np.arccos, (lambda g, out, x: -g * (1 - x * x).rsqrt(),), (0,))
+_math("atan", np.arctan, (lambda g, out, x: g / (1 + x * x),), (0,))
+_math("sinh", np.sinh, (lambda g, out, x: g * x.cosh(),), (0,))
+_math("cosh", np.cosh, (lambda g, out, x: g * x.sinh(),), (0,))
+_math("asinh", np.arcsinh, (lambda g, out, x: g * (x * x + 1).rsqrt(),), (0,))
+_math("acosh", np.arccosh, (lambda g, out, x: g * (x * x - 1).rsqrt(),), (0,))
+_math("atanh", np.arctanh, (lambda g, out, x: g / (1 - x * x),), (0,))
+_math("expm1", np.expm1, (lambda g, out, x: g * (out + 1),), ("out",))
+_math("erfc", _np_erfc, (lambda g, out, x: -g * SQRT_2_OVER_PI * (-(x * x)).exp(),), (0,))
+_math("erfinv", _np_erfinv, (lambda g, out, x: g * (math.sqrt(math.pi) / 2) * (out * out).exp(),), ("out",))
+_math("lgamma", _np_lgamma, (lambda g, out, x: g * apply("digamma", x),), (0,))
+_math("digamma", _np_digamma, (lambda g, out, x: g * apply("trigamma", x),), (0,))
+_math("trigamma", _np_trigamma)
+_math("trunc", _np_trunc, (_zero_vjp,), dtype_rule=_keep)
+_math("atan2", np.arctan2, (lambda g, out, y, x: g * x / (x * x + y * y),
+                            lambda g, out, y, x: -g * y / (x * x + y * y)), (0, 1), arity=2)
+_math("fmod", _integer_division(np.fmod), (lambda g, out, x, y: g, lambda g, out, x, y: -g * (x / y).trunc()),
+      (0, 1), dtype_rule=_promote, arity=2)
+_math("copysign", np.copysign, (lambda g, out, x, y: g * x.sign() * out.sign(), _zero_vjp_second), (0, "out"),
+      arity=2)
+_math("nextafter", np.nextafter, dtype_rule=_promote, arity=2)
+_math("heaviside", np.heaviside, dtype_rule=_same_required, arity=2)
+_math("gcd", np.gcd, dtype_rule=_integral, arity=2)
+_math("lcm", np.lcm, dtype_rule=_integral, arity=2)
+_math("bitwise_left_shift", np.left_shift, dtype_rule=_integral, arity=2)
+_math("bitwise_right_shift", np.right_shift, dtype_rule=_integral, arity=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scans along one dim.
+# ---------------------------------------------------------------------------------------------
+
+def _np_cumsum(x, dim):
+    acc = np.int64 if x.dtype.kind in "bi" else None
+    return np.cumsum(x, axis=dim, dtype=acc)
+
+
+def _np_cumprod(x, dim):
+    acc = np.int64 if x.dtype.kind in "bi" else None
+    return np.cumprod(x, axis=dim, dtype=acc)
+
+
+def _reverse_cumsum(g, dim):
+    return apply("cumsum", g.flip(dim), dim=dim).flip(dim)
+
+
+def _cumprod_vjp(g, out, x, dim):
+    # NOTE: sum_{j>=i} g_j out_j / x_i: exact where x has no zeros (torch has a slower rule for zeros; this one gives
+    # nan there)
+    return _reverse_cumsum(g * out, dim) / x
+
+
+def _scan_rule(op, shapes, attrs, dtypes):
+    d = attrs["dim"]
+    if not 0 <= d < max(len(shapes[0]), 1):
+        raise IndexError(f"{op.name}: dimension {d} out of range for a tensor of shape {_fmt(shapes[0])}")
+    return shapes[0]
+
+
+_register(OpDef("cumsum", Kind.OTHER, 1, _np_cumsum, _scan_rule, _sum_dtype, attr_names=("dim",),
+                vjp=(lambda g, out, x, dim: _reverse_cumsum(g, dim),)))
+_register(OpDef("cumprod", Kind.OTHER, 1, _np_cumprod, _scan_rule, _sum_dtype, attr_names=("dim",),
+                vjp=(_cumprod_vjp,), saves=(0, "out")))
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear algebra on the last two dims (numpy's LAPACK): kind OTHER, opaque to nnc's fusion.
+# ---------------------------------------------------------------------------------------------
+
+def _square_rule(op, shapes, attrs, dtypes):
+    a = shapes[0]
+    if len(a) < 2 or a[-1] != a[-2]:
+        raise RuntimeError(f"linalg.{op.name}: A must be batches of square matrices, but they are "
+                           f"{a[-2] if len(a) > 1 else a[-1] if a else 1} by {a[-1] if a else 1} matrices")
+    return a
+
+
+def _square_reduced_rule(op, shapes, attrs, dtypes):
+    return _square_rule(op, shapes, attrs, dtypes)[:-2]
+
+
+def _eigvals_rule(op, shapes, attrs, dtypes):
+    return _square_rule(op, shapes, attrs, dtypes)[:-1]
+
+
+def _solve_rule(op, shapes, attrs, dtypes):
+    a, b = _square_rule(op, shapes, attrs, dtypes), shapes[1]
+    if len(b) < 2 or b[-2] != a[-1]:
+        raise RuntimeError(f"linalg.solve: Incompatible shapes of A and B for the equation AX = B "
+                           f"({'x'.join(map(str, a[-2:]))} and {'x'.join(map(str, b[-2:]))})")
+    return broadcast_shapes(a[:-2], b[:-2]) + b[-2:]
+
+
+def _float_linalg(op, operands, attrs):
+    d = result_type(operands)
+    if not d.is_floating_point or d is dt.float16:
+        raise RuntimeError(f"linalg.{op.name}: Expected a floating point tensor as input. Got {d.name}")
+    return d, d
+
+
+def _lapack(fn, what):
+    def forward(*arrays):
+        try:
+            with np.errstate(all="ignore"):
+                return fn(*arrays)
+        except np.linalg.LinAlgError:
+            raise RuntimeError(f"linalg.{what}: The factorization could not be completed because the input is not "
+                               f"{'positive-definite' if what == 'cholesky' else 'invertible'}") from None
+
+    forward.__name__ = f"_np_{what}"
+    return forward
+
+
+def _np_logabsdet(a):
+    return np.linalg.slogdet(a)[1]
+
+
+def _symmetric(fn):
+    """fn of A's symmetric part: the value for the symmetric matrices these ops take, and a function whose
+    derivative is the symmetric one the rules give (so finite differences check them)."""
+
+    def forward(a):
+        return fn((a + np.swapaxes(a, -1, -2)) / 2)
+
+    forward.__name__ = fn.__name__
+    return forward
+
+
+def _np_eigh_vectors(a):
+    return np.linalg.eigh(a)[1]
+
+
+def _np_solve(a, b):
+    a, b = np.broadcast_arrays(a, b) if a.ndim == b.ndim and a.shape[:-2] != b.shape[:-2] else (a, b)
+    return np.linalg.solve(a, b)
+
+
+def _inv_t(a):
+    return apply("inv", a).mT
+
+
+def _cholesky_vjp(g, L, a):
+    # NOTE: the rule of Murray (2016): A's gradient is L^-T Phi(L^T gL) L^-1, symmetrised, where Phi keeps the lower
+    # triangle and halves the diagonal
+    n = L.shape[-1]
+    lower = L.new_tensor(np.tril(np.ones((n, n)), -1) + 0.5 * np.eye(n))
+    phi = (L.mT @ g) * lower
+    linv = apply("inv", L)
+    grad = linv.mT @ phi @ linv
+    return (grad + grad.mT) * 0.5
+
+
+def _eigh_vectors_vjp(g, V, a):
+    # NOTE: for distinct eigenvalues: V (F * (V^T gV)) V^T with F_ij = 1 / (w_j - w_i) off the diagonal, 0 on it
+    w = apply("eigvalsh", a)
+    diff = w.unsqueeze(-2) - w.unsqueeze(-1)
+    n = w.shape[-1]
+    off = g.new_tensor(~np.eye(n, dtype=bool), dtype=dt.bool_)
+    f = (1 / diff.where(off, 1.0)).where(off, 0.0)
+    inner = f * (V.mT @ g)
+    grad = V @ inner @ V.mT
+    return (grad + grad.mT) * 0.5
+
+
+def _linalg(name, forward, shape_rule, vjp=(), saves=(), arity=1):
+    return _register(OpDef(name, Kind.OTHER, arity, _lapack(forward, name), shape_rule, _float_linalg,
+                           vjp=tuple(vjp), saves=tuple(saves)))
+
+
+_linalg("inv", np.linalg.inv, _square_rule, (lambda g, out, a: -(out.mT @ g @ out.mT),), ("out",))
+_linalg("det", np.linalg.det, _square_reduced_rule,
+        (lambda g, out, a: (g * out).unsqueeze(-1).unsqueeze(-1) * _inv_t(a),), (0, "out"))
+_linalg("logabsdet", _np_logabsdet, _square_reduced_rule,
+        (lambda g, out, a: g.unsqueeze(-1).unsqueeze(-1) * _inv_t(a),), (0,))
+_linalg("solve", _np_solve, _solve_rule,
+        (lambda g, out, a, b: -(apply("solve", a.mT, g) @ out.mT), lambda g, out, a, b: apply("solve", a.mT, g)),
+        (0, "out"), arity=2)
+_linalg("cholesky", _symmetric(np.linalg.cholesky), _square_rule, (lambda g, out, a: _cholesky_vjp(g, out, a),),
+        ("out",))
+_linalg("eigvalsh", _symmetric(np.linalg.eigvalsh), _eigvals_rule,
+        (lambda g, out, a: (lambda v: (v * g.unsqueeze(-2)) @ v.mT)(apply("eigh_vectors", a)),), (0,))
+_linalg("eigh_vectors", _symmetric(_np_eigh_vectors), _square_rule, (lambda g, out, a: _eigh_vectors_vjp(g, out, a),),
+        (0, "out"))
 
 del E

@@ -340,9 +340,15 @@ class Tensor:
         dtype, copy = _parse_to(args, kwargs)
         return api.to_dtype(self, dtype, copy) if dtype is not None else (self.clone() if copy else self)
 
-    def type(self, dtype=None):
+    def type(self, dtype=None, non_blocking=False):
+        """torch's legacy type names: x.type() is 'torch.FloatTensor'; x.type('torch.DoubleTensor') converts."""
         if dtype is None:
-            return f"runtime.{self.dtype.name}"
+            return f"torch.{_TYPE_NAMES[self.dtype.name]}"
+        if isinstance(dtype, str):
+            by_name = {f"torch.{v}": k for k, v in _TYPE_NAMES.items()}
+            if dtype not in by_name:
+                raise ValueError(f"invalid type: '{dtype}'")
+            dtype = getattr(dt, by_name[dtype] if by_name[dtype] != "bool" else "bool_")
         return self.to(dtype)
 
     def cpu(self) -> "Tensor":
@@ -366,9 +372,9 @@ class Tensor:
     def contiguous(self, memory_format=None) -> "Tensor":
         return self if self._data.flags.c_contiguous else self.clone()
 
-    def view(self, *shape) -> "Tensor":
-        if shape and isinstance(shape[0], dt.dtype):
-            raise NotImplementedError("view(dtype) reinterpretation is not supported; use .to(dtype)")
+    def view(self, *shape, dtype=None) -> "Tensor":
+        if dtype is not None or (shape and isinstance(shape[0], dt.dtype)):
+            return self._view_dtype(dt.as_dtype(dtype if dtype is not None else shape[0]))
         target = api._resolve_shape(api.size_args(shape), self._data.size)
         try:
             np.reshape(self._data, target, copy=False)
@@ -376,6 +382,31 @@ class Tensor:
             raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
                                "dimension spans across two contiguous subspaces). Use .reshape(...) instead.") from None
         return api.reshape(self, target)
+
+    def _view_dtype(self, dtype) -> "Tensor":
+        """The same memory read as another dtype (torch's view(dtype)): not differentiable, as in torch."""
+        if dtype is self.dtype:
+            return api._alias(self)
+        names = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long", "int32": "Int",
+                 "bool": "Bool"}
+        what = f"to view {names[self.dtype.name]} as {names[dtype.name]} (different element sizes)"
+        if self._rg or (self._base is not None and self._base._rg):
+            raise RuntimeError("Viewing a tensor as a new dtype with a different number of bytes per element is not "
+                               "supported for tensors that require grad") if dtype.itemsize != self.dtype.itemsize \
+                else RuntimeError("view(dtype) of a tensor that requires grad: runtime records no gradient through "
+                                  "a reinterpretation; detach() it first")
+        data = self._data
+        if dtype.itemsize != self.dtype.itemsize:
+            if data.ndim == 0:
+                raise RuntimeError(f"self.dim() cannot be 0 {what}")
+            if data.shape[-1] * self.dtype.itemsize % dtype.itemsize:
+                raise RuntimeError(f"self.size(-1) must be divisible by {dtype.itemsize // self.dtype.itemsize} "
+                                   f"{what}, but got {data.shape[-1]}")
+            if data.shape[-1] != 1 and data.strides[-1] != data.itemsize:
+                raise RuntimeError(f"self.stride(-1) must be 1 {what}, but got {data.strides[-1] // data.itemsize}")
+        out = Tensor._from_array(data.view(dtype.np))
+        out._version_counter = self._vc()
+        return out
 
     def _own(self, copy: bool) -> "Tensor":
         """This tensor as a non-view (api._own): a copy, or the same memory with the link to its base dropped."""
@@ -575,8 +606,32 @@ class Tensor:
     def mul_(self, other):
         return self._inplace("mul", other)
 
-    def div_(self, other):
-        return self._inplace("div", other)
+    def div_(self, other, *, rounding_mode=None):
+        if rounding_mode is None:
+            return self._inplace("div", other)
+        return self._inplace_composite("div", api.div, other, rounding_mode=rounding_mode)
+
+    def _inplace_composite(self, name, fn, *args, **kwargs) -> "Tensor":
+        """self = fn(self, *args, **kwargs) in place, for a function composed of several ops: recorded for autograd
+        (the copy of self it reads is saved) or written straight into self's memory."""
+        self._check_writeable()
+        for a in args:
+            _check_no_partial_overlap(self._data, a)
+
+        def compute(old):
+            result = fn(old, *args, **kwargs)
+            if result.dtype.category > self.dtype.category:
+                raise RuntimeError(f"result type {result.dtype.name} can't be cast to the desired output type "
+                                   f"{self.dtype.name} (in-place {name})")
+            return result if result.dtype is self.dtype else result.to(self.dtype)
+
+        if _grad_state.enabled and (self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad
+                                                              for a in args)):
+            return self._inplace_recorded(compute, True)
+        result = compute(self)
+        np.copyto(self._data, np.broadcast_to(result._data, self._data.shape), casting="unsafe")
+        self._bump_version()
+        return self
 
     def pow_(self, exponent):
         return self._inplace("pow", exponent)
@@ -602,6 +657,8 @@ class Tensor:
     def clamp_(self, min=None, max=None):
         if min is None and max is None:
             raise RuntimeError("clamp_: At least one of 'min' or 'max' must not be None")
+        if isinstance(min, Tensor) or isinstance(max, Tensor):
+            return self._inplace_composite("clamp", api.clamp, min, max)
         return self._inplace("clamp", min=min, max=max)
 
     clip_ = clamp_
@@ -702,6 +759,8 @@ class Tensor:
         return self.div_(other)
 
 
+_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor", "int64": "LongTensor",
+               "int32": "IntTensor", "bool": "BoolTensor"}
 _INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_view_fn", "_view_version",
                    "_no_grad_view", "_version_counter", "_backward_hooks", "_acc_ref"}
 
@@ -825,6 +884,35 @@ def _install_api_methods() -> None:
     for name, fn in {**api.METHODS, **api.DUNDERS}.items():
         if name not in Tensor.__dict__:
             setattr(Tensor, name, fn)
+    for name in api.INPLACE:
+        if name + "_" not in Tensor.__dict__:
+            setattr(Tensor, name + "_", _inplace_method(name, api.METHODS[name]))
+    for name in ("squeeze", "unsqueeze", "transpose", "swapaxes", "swapdims", "t"):
+        if name + "_" not in Tensor.__dict__:
+            setattr(Tensor, name + "_", _inplace_view_method(name))
+
+
+def _inplace_method(name, fn):
+    def method(self, *args, **kwargs):
+        return self._inplace_composite(name, fn, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name + "_"
+    method.__doc__ = f"In-place {name}: self = {name}(self, ...)."
+    return method
+
+
+def _inplace_view_method(name):
+    def method(self, *args):
+        """Change this tensor's shape in place, as torch's metadata-only in-place ops."""
+        if self._base is not None or self._grad_fn is not None:
+            raise RuntimeError(f"{name}_: runtime changes the shape in place only of a tensor that is neither a "
+                               f"view nor computed by a recorded op")
+        new = getattr(api, name)(self.detach(), *args)
+        self._data = new._data
+        return self
+
+    method.__name__ = method.__qualname__ = name + "_"
+    return method
 
 
 _install_api_methods()

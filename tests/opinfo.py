@@ -41,6 +41,13 @@ def bools(*shape):
     return _rng.random(shape) > 0.5
 
 
+def _spd(*shape):
+    """Well-conditioned symmetric positive-definite matrices: (n,) -> n x n, (b, n) -> b x n x n."""
+    n = shape[-1]
+    a = _rng.uniform(-1, 1, shape[:-1] + (n, n))
+    return a @ np.swapaxes(a, -1, -2) + n * np.eye(n)
+
+
 def _binary(name, torch_name, make=away, scalar=1.5, **kw):
     t = lambda torch, x, y: getattr(torch, torch_name)(x, y)  # noqa: E731
     return [
@@ -126,7 +133,10 @@ SAMPLES: dict[str, list[Sample]] = {
     "minimum": _binary("minimum", "minimum")[:3]
     + [Sample((np.array([1.0, 2.0, 3.0]), np.array([1.0, 0.5, 4.0])),
               torch_fn=lambda torch, x, y: torch.minimum(x, y), fd=False, note="tie splits the gradient")],
-    "floordiv": _binary("floordiv", "floor_divide"),
+    # torch's floor_divide has no derivative; div(rounding_mode='floor') is the same function with a zero one
+    "floordiv": [Sample(x.inputs, torch_fn=lambda torch, a, b: torch.div(a, b, rounding_mode="floor")
+                        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else a // b, note=x.note)
+                 for x in _binary("floordiv", "floor_divide")],
     "remainder": [
         Sample((np.array([5.3, -5.3, 7.7, -1.2]), np.array([2.0, 2.0, -3.0, -0.7])),
                torch_fn=lambda torch, x, y: torch.remainder(x, y)),
@@ -272,6 +282,50 @@ SAMPLES: dict[str, list[Sample]] = {
                     lambda torch: torch.full((2, 3), 1.5, dtype=torch.float64)),
              Sample((), {"shape": (4,), "value": 7, "dtype": dt.int32},
                     lambda torch: torch.full((4,), 7, dtype=torch.int32))],
+    # elementwise math with no code generation template (kind OTHER)
+    "tan": _unary("tan", make=lambda *s: _rng.uniform(-1.2, 1.2, s)),
+    "asin": _unary("asin", make=lambda *s: _rng.uniform(-0.9, 0.9, s)),
+    "acos": _unary("acos", make=lambda *s: _rng.uniform(-0.9, 0.9, s)),
+    "atan": _unary("atan"),
+    "sinh": _unary("sinh"),
+    "cosh": _unary("cosh"),
+    "asinh": _unary("asinh"),
+    "acosh": _unary("acosh", make=lambda *s: _rng.uniform(1.2, 3.0, s)),
+    "atanh": _unary("atanh", make=lambda *s: _rng.uniform(-0.9, 0.9, s)),
+    "expm1": _unary("expm1"),
+    "erfc": _unary("erfc"),
+    "erfinv": _unary("erfinv", make=lambda *s: _rng.uniform(-0.9, 0.9, s)),
+    "lgamma": _unary("lgamma", make=pos),
+    "digamma": _unary("digamma", make=pos),
+    "trigamma": [Sample((pos(3, 4),), torch_fn=lambda torch, x: torch.polygamma(1, x))],
+    "trunc": _unary("trunc"),
+    "atan2": _binary("atan2", "atan2")[:3],
+    "fmod": _binary("fmod", "fmod")[:4],
+    "copysign": _binary("copysign", "copysign")[:3],
+    "nextafter": _binary("nextafter", "nextafter")[:3],
+    "heaviside": [Sample((np.array([-1.0, 0.0, 2.0]), np.array([0.5, 0.5, 0.5])),
+                         torch_fn=lambda torch, x, y: torch.heaviside(x, y))],
+    "gcd": [Sample((ints(3, 4), ints(3, 4)), torch_fn=lambda torch, x, y: torch.gcd(x, y))],
+    "lcm": [Sample((ints(3, 4), ints(3, 4)), torch_fn=lambda torch, x, y: torch.lcm(x, y))],
+    "bitwise_left_shift": [Sample((ints(3, 4), _rng.integers(0, 4, (3, 4))),
+                                  torch_fn=lambda torch, x, y: torch.bitwise_left_shift(x, y))],
+    "bitwise_right_shift": [Sample((ints(3, 4), _rng.integers(0, 4, (3, 4))),
+                                   torch_fn=lambda torch, x, y: torch.bitwise_right_shift(x, y))],
+    "cumsum": [Sample((away(3, 4),), {"dim": 1}, torch_fn=lambda torch, x: torch.cumsum(x, 1)),
+               Sample((away(3, 4),), {"dim": 0}, torch_fn=lambda torch, x: torch.cumsum(x, 0))],
+    "cumprod": [Sample((away(3, 4),), {"dim": 1}, torch_fn=lambda torch, x: torch.cumprod(x, 1)),
+                Sample((away(2, 3, 2),), {"dim": 0}, torch_fn=lambda torch, x: torch.cumprod(x, 0))],
+    # linear algebra
+    "inv": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.inv(a)),
+            Sample((_spd(2, 3),), torch_fn=lambda torch, a: torch.linalg.inv(a), note="batched")],
+    "det": [Sample((away(3, 3),), torch_fn=lambda torch, a: torch.linalg.det(a)),
+            Sample((_spd(2, 3),), torch_fn=lambda torch, a: torch.linalg.det(a), note="batched")],
+    "logabsdet": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.slogdet(a).logabsdet)],
+    "solve": [Sample((_spd(3), away(3, 2)), torch_fn=lambda torch, a, b: torch.linalg.solve(a, b)),
+              Sample((_spd(2, 3), away(2, 3, 1)), torch_fn=lambda torch, a, b: torch.linalg.solve(a, b))],
+    "cholesky": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.cholesky(a))],
+    "eigvalsh": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.eigvalsh(a))],
+    "eigh_vectors": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.eigh(a).eigenvectors)],
 }
 
 

@@ -1,0 +1,277 @@
+"""runtime.linalg: torch.linalg on numpy's LAPACK. inv, det, slogdet, solve, cholesky and eigh/eigvalsh are ops with
+derivative rules (runtime/ops.py); norms are compositions; qr, svd, svdvals, lstsq, pinv, matrix_rank, lu and
+matrix_exp compute with numpy and refuse inputs that require grad (runtime has no rule for them yet)."""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from . import api
+from . import dtypes as dt
+from .api import _values, _vector_norm, wrap_dim
+from .ops import apply
+
+
+class LinAlgError(RuntimeError):
+    """torch.linalg.LinAlgError: a matrix that is singular or not positive-definite."""
+
+
+class _SignLogAbsDet(NamedTuple):
+    sign: object
+    logabsdet: object
+
+
+class _EigH(NamedTuple):
+    eigenvalues: object
+    eigenvectors: object
+
+
+class _QR(NamedTuple):
+    Q: object
+    R: object
+
+
+class _SVD(NamedTuple):
+    U: object
+    S: object
+    Vh: object
+
+
+class _Ex(NamedTuple):
+    result: object
+    info: object
+
+
+def _no_grad_here(name, *tensors):
+    from .autograd import grad_mode
+
+    if grad_mode.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors):
+        raise RuntimeError(f"linalg.{name}: runtime has no derivative rule for {name}; call it on detached tensors "
+                           f"(or under no_grad)")
+
+
+def _square(name, a):
+    if a.ndim < 2 or a.shape[-1] != a.shape[-2]:
+        raise RuntimeError(f"linalg.{name}: A must be batches of square matrices, but they are "
+                           f"{a.shape[-2] if a.ndim > 1 else 1} by {a.shape[-1] if a.ndim else 1} matrices")
+
+
+def inv(A):
+    _square("inv", A)
+    return apply("inv", A)
+
+
+def inv_ex(A, *, check_errors=False):
+    return _Ex(inv(A), A.new_zeros(tuple(A.shape[:-2]), dtype=dt.int32))
+
+
+def det(A):
+    _square("det", A)
+    return apply("det", A)
+
+
+def slogdet(A):
+    _square("slogdet", A)
+    # NOTE: the sign is det's sign (not differentiable); the log comes from LAPACK's LU, so it does not overflow
+    sign = A.new_tensor(np.linalg.slogdet(_values(A, "slogdet"))[0])
+    return _SignLogAbsDet(sign, apply("logabsdet", A))
+
+
+def solve(A, B, *, left=True):
+    if not left:
+        return solve(A.mT, B.mT).mT
+    _square("solve", A)
+    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and tuple(B.shape) == tuple(A.shape[:-1]))
+    X = apply("solve", A, B.unsqueeze(-1) if vector else B)
+    return X.squeeze(-1) if vector else X
+
+
+def solve_ex(A, B, *, left=True, check_errors=False):
+    return _Ex(solve(A, B, left=left), A.new_zeros(tuple(A.shape[:-2]), dtype=dt.int32))
+
+
+def cholesky(A, *, upper=False):
+    _square("cholesky", A)
+    L = apply("cholesky", A)
+    return L.mT if upper else L
+
+
+def cholesky_ex(A, *, upper=False, check_errors=False):
+    return _Ex(cholesky(A, upper=upper), A.new_zeros(tuple(A.shape[:-2]), dtype=dt.int32))
+
+
+def eigvalsh(A, UPLO="L"):
+    _square("eigvalsh", A)
+    return apply("eigvalsh", _hermitian(A, UPLO))
+
+
+def eigh(A, UPLO="L"):
+    _square("eigh", A)
+    A = _hermitian(A, UPLO)
+    return _EigH(apply("eigvalsh", A), apply("eigh_vectors", A))
+
+
+def _hermitian(A, UPLO):
+    if UPLO not in ("L", "U"):
+        raise RuntimeError(f"Expected UPLO argument to be 'L' or 'U', but got {UPLO}")
+    a = _values(A, "eigh")
+    if np.array_equal(a, np.swapaxes(a, -1, -2)):
+        return A
+    # NOTE: LAPACK reads one triangle, so the values come from the matrix mirrored from it; the gradient is the
+    # symmetric one torch gives whatever the other triangle holds (the ops' rules)
+    tri = A.tril() if UPLO == "L" else A.triu()
+    mirrored = tri + tri.mT - api.diag_embed(api.diagonal(A, 0, -2, -1))
+    return mirrored.detach() + (A - A.detach())
+
+
+def qr(A, mode="reduced"):
+    _no_grad_here("qr", A)
+    if mode not in ("reduced", "complete", "r"):
+        raise RuntimeError(f"qr received unrecognized mode '{mode}' but expected one of 'reduced' (default), "
+                           f"'r', or 'complete'")
+    q, r = np.linalg.qr(_values(A, "qr"), mode="complete" if mode == "complete" else "reduced")
+    return _QR(A.new_tensor(q) if mode != "r" else A.new_zeros((0,)), A.new_tensor(r))
+
+
+def svd(A, full_matrices=True, *, driver=None):
+    _no_grad_here("svd", A)
+    u, s, vh = np.linalg.svd(_values(A, "svd"), full_matrices=full_matrices)
+    return _SVD(A.new_tensor(u), A.new_tensor(s), A.new_tensor(vh))
+
+
+def svdvals(A, *, driver=None):
+    _no_grad_here("svdvals", A)
+    return A.new_tensor(np.linalg.svd(_values(A, "svdvals"), compute_uv=False))
+
+
+def pinv(A, *, atol=None, rtol=None, hermitian=False):
+    _no_grad_here("pinv", A)
+    rcond = 1e-15 if rtol is None else rtol
+    return A.new_tensor(np.linalg.pinv(_values(A, "pinv"), rcond=rcond, hermitian=hermitian))
+
+
+def matrix_rank(A, *, atol=None, rtol=None, hermitian=False):
+    a = _values(A, "matrix_rank")
+    s = np.linalg.svd(a, compute_uv=False)
+    tol = (rtol if rtol is not None else max(a.shape[-2:]) * np.finfo(a.dtype).eps) * s.max(axis=-1, initial=0)
+    if atol is not None:
+        tol = np.maximum(tol, atol)
+    return A.new_tensor((s > np.expand_dims(tol, -1)).sum(-1).astype(np.int64), dtype=dt.int64)
+
+
+def lstsq(A, B, rcond=None, *, driver=None):
+    _no_grad_here("lstsq", A, B)
+    x = np.linalg.lstsq(_values(A, "lstsq"), _values(B, "lstsq"), rcond=rcond)[0]
+    return _Lstsq(A.new_tensor(x), A.new_zeros((0,)), A.new_zeros((0,), dtype=dt.int64), A.new_zeros((0,)))
+
+
+class _Lstsq(NamedTuple):
+    solution: object
+    residuals: object
+    rank: object
+    singular_values: object
+
+
+def matrix_power(A, n):
+    _square("matrix_power", A)
+    if n == 0:
+        return api.expand(api.clone(A.new_tensor(np.eye(A.shape[-1]))), tuple(A.shape)) * 1
+    if n < 0:
+        return matrix_power(inv(A), -n)
+    result, base = None, A
+    while n:
+        if n & 1:
+            result = base if result is None else result @ base
+        n >>= 1
+        if n:
+            base = base @ base
+    return result
+
+
+def matrix_exp(A):
+    _square("matrix_exp", A)
+    _no_grad_here("matrix_exp", A)
+    from scipy.linalg import expm
+
+    a = _values(A, "matrix_exp")
+    out = np.stack([expm(m) for m in a.reshape(-1, *a.shape[-2:])]).reshape(a.shape) if a.size else a.copy()
+    return A.new_tensor(out)
+
+
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    if dtype is not None:
+        x = x.to(dtype)
+    return _vector_norm(x, ord, dim, keepdim)
+
+
+def matrix_norm(A, ord="fro", dim=(-2, -1), keepdim=False, *, dtype=None):
+    if dtype is not None:
+        A = A.to(dtype)
+    if A.ndim < 2:
+        raise RuntimeError("linalg.matrix_norm: The input tensor A must have at least 2 dimensions.")
+    d0, d1 = wrap_dim(dim[0], A.ndim), wrap_dim(dim[1], A.ndim)
+    if ord == "fro":
+        return _vector_norm(A, 2, (d0, d1), keepdim)
+    if ord in ("nuc", 2, -2):
+        moved = api.movedim(A, (d0, d1), (-2, -1))
+        s = svdvals(moved)
+        out = s.sum(-1) if ord == "nuc" else s.amax(-1) if ord == 2 else s.amin(-1)
+        return out.unsqueeze(min(d0, d1)).unsqueeze(max(d0, d1)) if keepdim else out
+    if ord in (1, -1, math.inf, -math.inf):
+        sum_dim, max_dim = (d0, d1) if ord in (1, -1) else (d1, d0)
+        s = A.abs().sum(sum_dim, keepdim=True)
+        out = s.amax(max_dim, keepdim=True) if ord > 0 else s.amin(max_dim, keepdim=True)
+        return out if keepdim else out.squeeze((d0, d1))
+    raise RuntimeError(f"linalg.matrix_norm: Order {ord} not supported.")
+
+
+def norm(A, ord=None, dim=None, keepdim=False, *, dtype=None):
+    if isinstance(ord, str) or (ord is not None and dim is None and A.ndim == 2) or \
+            (isinstance(dim, (tuple, list)) and len(dim) == 2):
+        return matrix_norm(A, "fro" if ord is None else ord, (-2, -1) if dim is None else dim, keepdim, dtype=dtype)
+    if ord is not None and dim is None and A.ndim != 1:
+        raise RuntimeError("linalg.norm: If dim is not specified but ord is, the input must be 1D or 2D. Got "
+                           f"{A.ndim}D.")
+    return vector_norm(A, 2 if ord is None else ord, dim, keepdim, dtype=dtype)
+
+
+def cross(input, other, *, dim=-1):
+    return api.cross(input, other, dim)
+
+
+def diagonal(A, *, offset=0, dim1=-2, dim2=-1):
+    return api.diagonal(A, offset, dim1, dim2)
+
+
+def matmul(input, other):
+    return api.matmul(input, other)
+
+
+def vecdot(x, y, *, dim=-1):
+    return (x * y).sum(dim)
+
+
+def multi_dot(tensors):
+    tensors = list(tensors)
+    if len(tensors) < 2:
+        raise RuntimeError(f"multi_dot(): expected at least 2 tensors but got {len(tensors)}")
+    out = tensors[0]
+    for t in tensors[1:]:
+        out = api.matmul(out, t)
+    return out
+
+
+def vander(x, *, N=None):
+    n = x.shape[-1] if N is None else N
+    powers = x.new_tensor(np.arange(n), dtype=dt.int64)
+    return api.pow(x.unsqueeze(-1), powers)
+
+
+def solve_triangular(A, B, *, upper, left=True, unitriangular=False):
+    tri = A.triu() if upper else A.tril()
+    if unitriangular:
+        n = A.shape[-1]
+        tri = tri.masked_fill(A.new_tensor(np.eye(n, dtype=bool), dtype=dt.bool_), 1.0)
+    return solve(tri, B, left=left)

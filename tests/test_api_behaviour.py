@@ -1,0 +1,153 @@
+"""The behaviour differences issue 15 lists for torch.* functions and Tensor methods, each checked as torch does it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime.autograd import gradcheck
+
+
+def T(values, **kw):
+    return runtime.tensor(values, **kw)
+
+
+def test_cat_skips_an_empty_1d_tensor_but_promotes_with_it():
+    out = runtime.cat([runtime.tensor([], dtype=runtime.float64), runtime.ones(2, 3)])
+    assert out.shape == (2, 3) and out.dtype is runtime.float64
+    assert runtime.cat([runtime.ones(2, 3), runtime.zeros(0)], 1).shape == (2, 3)
+    assert runtime.cat([runtime.zeros(0), runtime.zeros(0)]).shape == (0,)
+
+
+def test_concatenate_takes_axis():
+    a, b = runtime.ones(2, 2), runtime.zeros(2, 1)
+    assert runtime.concatenate([a, b], axis=1).shape == (2, 3)
+    assert runtime.cat((a, a), axis=0).shape == (4, 2)
+
+
+@pytest.mark.parametrize("factory", ["zeros", "ones", "empty", "rand", "randn"])
+def test_factories_take_size_keyword(factory):
+    out = getattr(runtime, factory)(size=(2, 3), dtype=runtime.float64)
+    assert out.shape == (2, 3) and out.dtype is runtime.float64
+
+
+def test_round_with_decimals(torch):
+    values = [1.2345, 2.5, -0.125, 1250.0, 0.5, 1.5, -2.675]
+    for decimals in (0, 1, 2, -1, -2):
+        ours = runtime.round(T(values, dtype=runtime.float64), decimals=decimals).numpy()
+        theirs = torch.round(torch.tensor(values, dtype=torch.float64), decimals=decimals).numpy()
+        np.testing.assert_array_equal(ours, theirs)
+    assert runtime.round(T([1, 2])).tolist() == [1, 2]
+
+
+def test_take_along_dim_without_dim_flattens(torch):
+    x, i = np.arange(12.0).reshape(3, 4), np.array([[0, 5], [11, 2]])
+    ours = runtime.take_along_dim(T(x), T(i))
+    np.testing.assert_array_equal(ours.numpy(), torch.take_along_dim(torch.tensor(x), torch.tensor(i)).numpy())
+    # with dim, the two broadcast over the other dims
+    j = np.array([[0], [3], [1]])
+    np.testing.assert_array_equal(runtime.take_along_dim(T(x), T(j), 1).numpy(),
+                                  torch.take_along_dim(torch.tensor(x), torch.tensor(j), 1).numpy())
+
+
+def test_where_with_one_argument_is_nonzero_as_tuple():
+    rows, cols = runtime.where(T([[0.0, 1.0], [2.0, 0.0]]))
+    assert rows.tolist() == [0, 1] and cols.tolist() == [1, 0] and rows.dtype is runtime.int64
+
+
+@pytest.mark.parametrize("call", [lambda x: runtime.div(x, 2.0, rounding_mode="floor"),
+                                  lambda x: runtime.floor_divide(x, 2.0), lambda x: x // 2])
+def test_floor_division_keeps_requires_grad_with_a_zero_gradient(call):
+    x = runtime.randn(3, requires_grad=True)
+    out = call(x)
+    assert out.requires_grad
+    out.sum().backward()
+    assert x.grad.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_clamp_in_place_with_tensor_bounds(torch):
+    x = np.array([-2.0, 0.3, 5.0])
+    lo, hi = np.array([-1.0, 0.5, 0.0]), np.array([1.0, 1.0, 4.0])
+    for name in ("clamp_", "clip_"):
+        ours, theirs = T(x), torch.tensor(x)
+        getattr(ours, name)(T(lo), T(hi))
+        getattr(theirs, name)(torch.tensor(lo), torch.tensor(hi))
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    # recorded for autograd
+    w = runtime.tensor(x, requires_grad=True)
+    y = w * 1
+    y.clamp_(min=T(lo))
+    y.sum().backward()
+    assert w.grad.tolist() == [0.0, 0.0, 1.0]  # clamped entries get no gradient
+
+
+@pytest.mark.parametrize("mode", ["floor", "trunc", None])
+def test_div_in_place_with_rounding_mode(torch, mode):
+    x = np.array([-7.0, 7.5, 3.0])
+    ours, theirs = T(x), torch.tensor(x)
+    ours.div_(2.0, rounding_mode=mode)
+    theirs.div_(2.0, rounding_mode=mode)
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    ints = T([7, -7])
+    ints.div_(2, rounding_mode="floor")
+    assert ints.tolist() == [3, -4] and ints.dtype is runtime.int64
+
+
+def test_type_names_as_torch():
+    assert runtime.zeros(2).type() == "torch.FloatTensor"
+    assert runtime.zeros(2, dtype=runtime.float64).type() == "torch.DoubleTensor"
+    assert runtime.zeros(2, dtype=runtime.int64).type() == "torch.LongTensor"
+    assert runtime.zeros(2, dtype=runtime.bool).type() == "torch.BoolTensor"
+    assert runtime.zeros(2).type("torch.DoubleTensor").dtype is runtime.float64
+    assert runtime.zeros(2).type(runtime.int32).dtype is runtime.int32
+    with pytest.raises(ValueError, match="invalid type"):
+        runtime.zeros(2).type("torch.Nonsense")
+
+
+def test_view_as_another_dtype(torch):
+    a = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for dtype in ("int32", "float16", "float64"):
+        ours = T(a).view(getattr(runtime, dtype))
+        theirs = torch.tensor(a).view(getattr(torch, dtype))
+        assert tuple(ours.shape) == tuple(theirs.shape)
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    x = runtime.ones(4)
+    v = x.view(runtime.int32)
+    v[0] = 0  # shares memory and version counter
+    assert x[0].item() == 0.0 and x._version == v._version
+    with pytest.raises(RuntimeError, match="must be divisible by 2"):
+        runtime.ones(3).view(runtime.float64)
+    with pytest.raises(RuntimeError, match="stride"):
+        runtime.ones(4, 2).t().view(runtime.float64)
+    with pytest.raises(RuntimeError, match="cannot be 0"):
+        runtime.zeros(()).view(runtime.float16)
+
+
+def test_dtype_is_signed():
+    assert not runtime.bool.is_signed
+    assert all(d.is_signed for d in (runtime.int32, runtime.int64, runtime.float16, runtime.float32, runtime.float64))
+    assert runtime.ones(2).is_signed()
+
+
+def test_tensors_hash_by_identity():
+    a, b = runtime.ones(2), runtime.ones(2)
+    table = {a: "a", b: "b"}
+    assert table[a] == "a" and table[b] == "b" and len({a, a, b}) == 2
+
+
+def test_sign_and_isclose_of_bools(torch):
+    b = T([True, False])
+    assert runtime.sign(b).tolist() == [True, False]
+    assert runtime.isclose(b, b).tolist() == [True, True]
+
+
+def test_squeeze_several_dims_and_broadcast_to_varargs():
+    x = runtime.zeros(1, 3, 1)
+    assert x.squeeze(0, 2).shape == (3,)
+    assert runtime.zeros(3).broadcast_to(2, 3).shape == (2, 3)
+
+
+def test_in_place_composites_record_gradients():
+    x = runtime.tensor([0.3, 0.6], dtype=runtime.float64, requires_grad=True)
+    assert gradcheck(lambda t: (t * 1).atan_().sinh_(), (x,))
+    assert gradcheck(lambda t: (t * 1).cumsum_(0), (x,))

@@ -1,0 +1,109 @@
+"""runtime.linalg against torch.linalg: values, gradients (float64) and errors; gradients also by finite
+differences (symmetric matrices are perturbed symmetrically, the inputs those functions are defined on)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import runtime
+from runtime.autograd import gradcheck
+
+rng = np.random.default_rng(3)
+
+
+def spd(*batch, n=3):
+    a = rng.standard_normal(batch + (n, n))
+    return a @ np.swapaxes(a, -1, -2) + n * np.eye(n)
+
+
+def G(*shape):
+    return rng.standard_normal(shape)
+
+
+CASES = {
+    "inv": (lambda L, a: L.linalg.inv(a), [spd(2)]),
+    "det": (lambda L, a: L.linalg.det(a), [G(2, 3, 3)]),
+    "slogdet": (lambda L, a: L.linalg.slogdet(a), [G(3, 3)]),
+    "logdet": (lambda L, a: L.logdet(a), [spd()]),
+    "solve": (lambda L, a, b: L.linalg.solve(a, b), [spd(2), G(2, 3, 2)]),
+    "solve_vector": (lambda L, a, b: L.linalg.solve(a, b), [spd(), G(3)]),
+    "solve_right": (lambda L, a, b: L.linalg.solve(a, b, left=False), [spd(), G(2, 3)]),
+    "cholesky": (lambda L, a: L.linalg.cholesky(a), [spd(2)]),
+    "cholesky_upper": (lambda L, a: L.linalg.cholesky(a, upper=True), [spd()]),
+    "eigvalsh": (lambda L, a: L.linalg.eigvalsh(a), [spd(2)]),
+    "eigh": (lambda L, a: L.linalg.eigh(a), [spd()]),
+    "vector_norm": (lambda L, a: L.linalg.vector_norm(a, 3.0, dim=1) + L.linalg.vector_norm(a, float("inf"), 1),
+                    [G(3, 4)]),
+    "matrix_norm": (lambda L, a: L.linalg.matrix_norm(a) + L.linalg.matrix_norm(a, 1)
+                    + L.linalg.matrix_norm(a, -np.inf), [G(2, 3, 4)]),
+    "norm": (lambda L, a: L.linalg.norm(a) + L.linalg.norm(a[0]) + L.linalg.norm(a, dim=(0, 1)), [G(3, 4)]),
+    "matrix_power": (lambda L, a: L.linalg.matrix_power(a, 3) + L.linalg.matrix_power(a, -2), [spd()]),
+    "multi_dot": (lambda L, a, b, c: L.linalg.multi_dot([a, b, c]), [G(2, 3), G(3, 4), G(4, 2)]),
+    "vecdot_cross": (lambda L, a, b: L.linalg.vecdot(a, b) + L.linalg.cross(a, b).sum(-1), [G(4, 3), G(4, 3)]),
+}
+NO_GRAD = {
+    "qr": (lambda L, a: L.linalg.qr(a), [G(4, 3)]),
+    "svdvals": (lambda L, a: L.linalg.svdvals(a), [G(4, 3)]),
+    "svd_rebuilds": (lambda L, a: (lambda u, s, vh: u @ L.diag_embed(s) @ vh)(*L.linalg.svd(a, full_matrices=False)),
+                     [G(4, 3)]),
+    "pinv": (lambda L, a: L.linalg.pinv(a), [G(4, 3)]),
+    "matrix_rank": (lambda L, a: L.linalg.matrix_rank(a), [G(4, 3) @ G(3, 5)]),
+    "matrix_exp": (lambda L, a: L.linalg.matrix_exp(a), [G(2, 3, 3)]),
+    "nuclear": (lambda L, a: L.linalg.matrix_norm(a, "nuc") + L.linalg.matrix_norm(a, 2), [G(3, 4)]),
+}
+
+
+def _flat(r):
+    return [y for x in r for y in _flat(x)] if isinstance(r, (tuple, list)) else [r]
+
+
+def _run(lib, call, inputs, grad):
+    tensors = [lib.tensor(a).requires_grad_(grad) for a in inputs]
+    return tensors, _flat(call(lib, *tensors))
+
+
+@pytest.mark.parametrize("name", sorted(CASES) + sorted(NO_GRAD))
+def test_matches_torch(name, torch):
+    call, inputs = CASES.get(name) or NO_GRAD[name]
+    grad = name in CASES
+    ours_in, ours = _run(runtime, call, inputs, grad)
+    theirs_in, theirs = _run(torch, call, inputs, grad)
+    for a, b in zip(ours, theirs):
+        assert tuple(a.shape) == tuple(b.shape) and a.dtype.name == str(b.dtype).removeprefix("torch.")
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-9, atol=1e-10)
+    if grad:
+        seeds = [rng.standard_normal(tuple(b.shape)) for b in theirs]
+        keep = [k for k, b in enumerate(theirs) if b.requires_grad]
+        go = runtime.autograd.grad(sum((ours[k] * runtime.tensor(seeds[k])).sum() for k in keep), ours_in)
+        gt = torch.autograd.grad(sum((theirs[k] * torch.tensor(seeds[k])).sum() for k in keep), theirs_in)
+        for a, b in zip(go, gt):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-8, atol=1e-9)
+
+
+SYMMETRIC = {"cholesky", "cholesky_upper", "eigvalsh", "eigh", "logdet"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gradients_by_finite_differences(name):
+    call, inputs = CASES[name]
+    tensors = [runtime.tensor(a, requires_grad=True) for a in inputs]
+    if name in SYMMETRIC:  # perturb the symmetric part only: these functions are defined on symmetric matrices
+        def fn(*ts):
+            return tuple(y for y in _flat(call(runtime, *[(t + t.mT) / 2 for t in ts])) if y.requires_grad)
+    else:
+        def fn(*ts):
+            return tuple(y for y in _flat(call(runtime, *ts)) if y.requires_grad)
+    assert gradcheck(fn, tuple(tensors))
+
+
+def test_errors():
+    with pytest.raises(RuntimeError, match="square matrices"):
+        runtime.linalg.inv(runtime.ones(2, 3, dtype=runtime.float64))
+    with pytest.raises(RuntimeError, match="not invertible|could not be completed"):
+        runtime.linalg.inv(runtime.zeros(2, 2, dtype=runtime.float64))
+    with pytest.raises(RuntimeError, match="positive-definite"):
+        runtime.linalg.cholesky(-runtime.eye(2, dtype=runtime.float64))
+    with pytest.raises(RuntimeError, match="floating point"):
+        runtime.linalg.det(runtime.ones(2, 2, dtype=runtime.int64))
+    with pytest.raises(RuntimeError, match="no derivative rule"):
+        runtime.linalg.svd(runtime.ones(2, 2, requires_grad=True))
