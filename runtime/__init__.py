@@ -14,7 +14,8 @@ from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, f
                         randperm, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
-from . import autograd, cuda, linalg, nn, ops  # noqa: F401
+from . import accelerator, amp, autograd, backends, cuda, linalg, nn, ops  # noqa: F401
+from .amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401
 
 half, float, double, long, int = float16, float32, float64, int64, int32
 
@@ -30,6 +31,18 @@ _MODULE_FUNCTIONS.update({name: _api.with_out(fn) for name, fn in _MODULE_FUNCTI
 _MODULE_FUNCTIONS.update({name: _api.with_out(fn) for name, fn in _api.FUNCTIONS.items()})
 globals().update(_MODULE_FUNCTIONS)
 inf, nan, pi, e = _math.inf, _math.nan, _math.pi, _math.e
+
+
+def compile(model=None, **options):
+    """torch.compile's spelling, which runs `model` eagerly, unchanged: runtime does not import nnc (the compiler sits
+    above it). nnc.compile(model) compiles a module into fused kernels. Usable as a decorator too."""
+    import warnings
+
+    warnings.warn("runtime.compile returns the model unchanged and runs it eagerly; use nnc.compile(model) to "
+                  "compile it", UserWarning, stacklevel=2)
+    if model is None:
+        return lambda fn: fn
+    return model
 
 __version__ = "0.1.0"
 from . import optim  # noqa: E402,F401

@@ -6,7 +6,7 @@ import weakref
 
 import numpy as np
 
-from . import api
+from . import amp, api
 from . import dtypes as dt
 from . import ops
 from ._tensor_str import format_tensor
@@ -18,6 +18,7 @@ from .ops import OPS
 _SCALARS = (int, float, bool)
 _NP_TO_DTYPE = dt.NP_TO_DTYPE
 _grad_state = grad_mode.state
+_amp_state = amp.state
 
 
 class Size(tuple):
@@ -74,6 +75,8 @@ class Tensor:
     @staticmethod
     def _apply_op(op, inputs, attrs):
         """Run one primitive: promote dtypes, call the numpy forward, record the autograd node."""
+        if _amp_state.dtype is not None and op.kind == ops.Kind.MATMUL:  # inside runtime.autocast
+            inputs = amp.autocast_inputs(op, inputs)
         arrays, requires = [], False
         for x in inputs:
             if isinstance(x, Tensor):

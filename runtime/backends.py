@@ -1,0 +1,44 @@
+"""runtime.backends: the flags training scripts set on torch.backends, kept as settable attributes with torch's
+defaults. They change nothing here (runtime computes on the CPU with numpy, in full precision: no TF32, no cuDNN);
+the queries answer for this machine: no CUDA, cuDNN or MPS."""
+from __future__ import annotations
+
+
+class _Flags:
+    """Attributes scripts read and assign; documented as having no effect in runtime."""
+
+    def __init__(self, name: str, **defaults):
+        self.__dict__["_name"] = name
+        self.__dict__.update(defaults)
+
+    def __setattr__(self, key, value):
+        if key not in self.__dict__:
+            raise AttributeError(f"torch.backends.{self._name} has no flag {key!r}")
+        self.__dict__[key] = value
+
+    def __repr__(self) -> str:
+        flags = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items() if not k.startswith("_"))
+        return f"<runtime.backends.{self._name}: {flags}>"
+
+
+class _Backend(_Flags):
+    def is_available(self) -> bool:
+        return False
+
+    def is_built(self) -> bool:
+        return False
+
+
+class _Cudnn(_Backend):
+    def version(self):
+        return None
+
+
+cuda = _Backend("cuda", matmul=_Flags("cuda.matmul", allow_tf32=False, allow_fp16_reduced_precision_reduction=True,
+                                      allow_bf16_reduced_precision_reduction=True,
+                                      fp32_precision="ieee"))
+cudnn = _Cudnn("cudnn", enabled=True, benchmark=False, deterministic=False, allow_tf32=True, benchmark_limit=10)
+mps = _Backend("mps")
+mkldnn = _Backend("mkldnn", enabled=True)
+openmp = _Backend("openmp")
+mkl = _Backend("mkl")

@@ -1,0 +1,105 @@
+"""What training scripts touch around the model: torch.backends flags, torch.accelerator, torch.cuda, autocast and
+GradScaler, torch.compile's spelling."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import runtime
+
+
+def test_backends_flags_have_torchs_defaults_and_are_settable(torch):
+    for path in ("cuda.matmul.allow_tf32", "cudnn.allow_tf32", "cudnn.benchmark", "cudnn.deterministic",
+                 "cudnn.enabled", "cuda.matmul.allow_fp16_reduced_precision_reduction"):
+        ours, theirs = runtime.backends, torch.backends
+        for part in path.split("."):
+            ours, theirs = getattr(ours, part), getattr(theirs, part)
+        assert ours == theirs, path
+    runtime.backends.cuda.matmul.allow_tf32 = True
+    runtime.backends.cudnn.benchmark = True
+    assert runtime.backends.cuda.matmul.allow_tf32 and runtime.backends.cudnn.benchmark
+    runtime.backends.cuda.matmul.allow_tf32 = False
+    runtime.backends.cudnn.benchmark = False
+    with pytest.raises(AttributeError, match="no flag"):
+        runtime.backends.cudnn.bencmark = True  # a typo is an error, not a silent new attribute
+    assert not runtime.backends.mps.is_available() and not runtime.backends.cudnn.is_available()
+
+
+def test_no_accelerator_and_no_cuda():
+    assert not runtime.accelerator.is_available() and runtime.accelerator.current_accelerator() is None
+    assert runtime.accelerator.device_count() == 0
+    assert not runtime.cuda.is_available() and runtime.cuda.device_count() == 0
+    runtime.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="no CUDA"):
+        runtime.cuda.current_device()
+
+
+def test_autocast_runs_matmuls_in_float16(torch):
+    a, b = np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float32)
+    x, w = runtime.tensor(a, requires_grad=True), runtime.tensor(b)
+    tx, tw = torch.tensor(a, requires_grad=True), torch.tensor(b)
+    with runtime.autocast("cpu", dtype=runtime.float16):
+        y = x @ w.T
+        assert runtime.is_autocast_enabled("cpu") and runtime.get_autocast_dtype("cpu") is runtime.float16
+        assert (x + 1).dtype is runtime.float32  # elementwise ops are not cast
+        z = runtime.nn.functional.linear(x, w)
+    with torch.autocast("cpu", dtype=torch.float16):
+        ty = tx @ tw.T
+    assert y.dtype is runtime.float16 and z.dtype is runtime.float16 and ty.dtype == torch.float16
+    np.testing.assert_allclose(y.float().detach().numpy(), ty.float().detach().numpy(), rtol=2e-2, atol=2e-2)
+    assert not runtime.is_autocast_enabled("cpu")
+    y.float().sum().backward()
+    assert x.grad.dtype is runtime.float32  # the gradient comes back through the recorded cast
+
+
+def test_autocast_disabled_forms_are_no_ops():
+    x = runtime.randn(2, 3)
+    with runtime.amp.autocast(device_type="cuda", dtype=runtime.float16, enabled=False):
+        assert (x @ x.T).dtype is runtime.float32
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        ctx = runtime.autocast("cuda", dtype=runtime.float16)
+    with ctx:
+        assert (x @ x.T).dtype is runtime.float32
+    with pytest.warns(UserWarning, match="target dtype is not supported"):
+        ctx = runtime.autocast("cpu", dtype=runtime.float32)
+    with ctx:
+        assert (x @ x.T).dtype is runtime.float32
+    with pytest.raises(TypeError, match="no bfloat16"):
+        runtime.autocast("cpu")
+
+    @runtime.autocast("cpu", dtype=runtime.float16)
+    def f(t):
+        return t @ t.T
+
+    assert f(x).dtype is runtime.float16
+
+
+def test_grad_scaler_scales_unscales_and_skips_non_finite_steps():
+    p = runtime.nn.Parameter(runtime.ones(3))
+    opt = runtime.optim.SGD([p], lr=0.1)
+    scaler = runtime.amp.GradScaler(init_scale=4.0, growth_interval=1)
+    loss = (p * 2).sum()
+    scaler.scale(loss).backward()
+    assert p.grad.tolist() == [8.0, 8.0, 8.0]
+    scaler.step(opt)
+    scaler.update()
+    assert p.detach().tolist() == pytest.approx([0.8] * 3) and scaler.get_scale() == 8.0
+    opt.zero_grad()
+    (p * float("inf")).sum().backward()
+    scaler.step(opt)  # skipped: the gradients hold inf
+    scaler.update()
+    assert p.detach().tolist() == pytest.approx([0.8] * 3) and scaler.get_scale() == 4.0
+    off = runtime.amp.GradScaler(enabled=False)
+    assert off.scale(loss) is loss and off.state_dict() == {}
+    assert not runtime.cuda.amp.GradScaler(enabled=False).is_enabled()
+
+
+def test_compile_returns_the_model_with_a_note():
+    model = runtime.nn.Linear(2, 2)
+    with pytest.warns(UserWarning, match="nnc.compile"):
+        assert runtime.compile(model) is model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert runtime.compile(mode="max-autotune")(len) is len
