@@ -31,13 +31,15 @@ INPUT_GRAMMAR = ("an input spec is DTYPE[DIMS]: DTYPE is one of " + ", ".join(DT
 
 _DESCRIPTION = """\
 nnc compiles runtime Modules (`import runtime as torch` code): it traces them into a graph IR and
-lowers that to fused numba kernels. `nnc dump` shows what any stage of that pipeline makes."""
+lowers that to fused numba kernels. `nnc dump` shows what any stage of that pipeline makes; `nnc report`
+writes it all, with timings, as one HTML page."""
 
 _EPILOG = """\
 examples:
   nnc dump examples/models.py:mlp --input 'float32[8,784]' --stage shapes
   nnc dump examples/models.py:mlp --input 'float32[8,784]' --stage fuse
   nnc dump examples/models.py:cnn --input 'float32[2,1,28,28]' --format dot --out cnn.dot
+  nnc report examples/models.py:block --input 'float32[2,5,32]' -o block.html
   nnc dump --help
 
 `python -m nnc.cli` runs the same command."""
