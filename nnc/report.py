@@ -55,11 +55,15 @@ def graph_svg(graph: Graph, renderer: str = "auto") -> str:
     return layered_svg(graph)
 
 
+# small type and tight spacing, close to the layered layout's (the printer's DOT sets neither)
+DOT_COMMAND = ["dot", "-Tsvg", "-Nfontsize=10", "-Nmargin=0.06,0.02", "-Granksep=0.3", "-Gnodesep=0.15"]
+
+
 def _dot_svg(graph: Graph) -> str | None:
     from .printer import format_graph
 
     try:
-        result = subprocess.run(["dot", "-Tsvg"], input=format_graph(graph, "dot"), capture_output=True, text=True,
+        result = subprocess.run(DOT_COMMAND, input=format_graph(graph, "dot"), capture_output=True, text=True,
                                 timeout=60, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
