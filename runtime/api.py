@@ -1209,8 +1209,8 @@ def is_nonzero(input):
     return bool(input)
 
 
-def count_nonzero(input, dim=None):
-    return (input != 0).sum(dim)
+def count_nonzero(input, dim=None, *more):
+    return (input != 0).sum((dim,) + more if more else dim)
 
 
 def aminmax(input, *, dim=None, keepdim=False):
@@ -1379,7 +1379,7 @@ def ravel(input):
 
 
 def tile(input, dims):
-    dims = tuple(dims)
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
     if len(dims) < input.ndim:
         dims = (1,) * (input.ndim - len(dims)) + dims
     return repeat(input, dims)
@@ -2262,6 +2262,8 @@ def renorm(input, p, dim, maxnorm):
 # statistics
 
 def cov(input, *, correction=1, fweights=None, aweights=None):
+    if not input.dtype.is_floating_point:
+        input = input.to(dt.get_default_dtype())
     if input.ndim > 2:
         raise RuntimeError(f"cov(): expected input to have two or fewer dimensions but got an input with "
                            f"{input.ndim} dimensions")
@@ -2412,6 +2414,92 @@ blackman_window = _window("blackman_window", np.blackman)
 kaiser_window = _window("kaiser_window", lambda n, beta=12.0: np.kaiser(n, beta))
 
 
+def adjoint(input):
+    return input.mT
+
+
+def fill(input, value):
+    return apply("full", like=input, shape=tuple(input.shape), value=value, dtype=input.dtype) \
+        if not is_tensor_like(value) else expand(value.to(input.dtype), tuple(input.shape)) * 1
+
+
+def frexp(input):
+    from collections import namedtuple
+
+    if not input.dtype.is_floating_point:
+        raise RuntimeError("torch.frexp() only supports floating-point dtypes")
+    mantissa, exponent = np.frexp(_values(input, "frexp"))
+    pair = namedtuple("frexp", ["mantissa", "exponent"])
+    return pair(input.new_tensor(mantissa), input.new_tensor(exponent.astype(np.int32), dtype=dt.int32))
+
+
+def i0(input):
+    return apply("i0", input)
+
+
+def mvlgamma(input, p):
+    if p < 1:
+        raise RuntimeError("p has to be greater than or equal to 1")
+    if bool((input <= (p - 1) / 2).any()):
+        raise RuntimeError(f"All elements must be greater than (p-1)/2 = {(p - 1) / 2}")
+    total = lgamma(input)
+    for j in range(1, p):
+        total = total + lgamma(input - j / 2)
+    return total + p * (p - 1) / 4 * math.log(math.pi)
+
+
+def index_reduce(input, dim, index, source, reduce, *, include_self=True):
+    d = wrap_dim(dim, input.ndim)
+    shape = [1] * source.ndim
+    shape[d] = source.shape[d]
+    full_index = expand(index.reshape(tuple(shape)), tuple(source.shape))
+    return scatter_reduce(input, d, full_index.contiguous() if _is_eager(full_index) else full_index, source, reduce,
+                          include_self=include_self)
+
+
+def bernoulli(input, p=None, *, generator=None):
+    """0/1 draws, each 1 with probability input (or p), in input's dtype."""
+    probs = _values(input, "bernoulli") if p is None else (p if not is_tensor_like(p) else _values(p, "bernoulli"))
+    probs = np.broadcast_to(probs, tuple(input.shape))
+    if np.any((probs < 0) | (probs > 1)):
+        raise RuntimeError("Expected p_in >= 0 && p_in <= 1 to be true, but got false.")
+    draws = rng(generator).random(tuple(input.shape)) < probs
+    return input.new_tensor(draws.astype(input.dtype.np))
+
+
+def poisson(input, generator=None):
+    lam = _values(input, "poisson")
+    if np.any(lam < 0):
+        raise RuntimeError("invalid Poisson rate, expected rate to be non-negative")
+    return input.new_tensor(rng(generator).poisson(lam).astype(input.dtype.np))
+
+
+def binomial(count, prob, generator=None):
+    n, q = _values(count, "binomial"), _values(prob, "binomial")
+    return count.new_tensor(rng(generator).binomial(n.astype(np.int64), q).astype(count.dtype.np))
+
+
+def normal(mean, std=1.0, size=None, *, generator=None, dtype=None, device=None, requires_grad=False):
+    """normal(mean, std) with tensor or number arguments (broadcast), or normal(mean, std, size) with numbers."""
+    from .factories import tensor
+
+    gen = rng(generator)
+    if is_tensor_like(mean) or is_tensor_like(std):
+        like = mean if is_tensor_like(mean) else std
+        m = _values(mean, "normal") if is_tensor_like(mean) else mean
+        s = _values(std, "normal") if is_tensor_like(std) else std
+        if np.any(np.asarray(s) < 0):
+            raise RuntimeError("normal expects all elements of std >= 0.0")
+        shape = np.broadcast_shapes(np.shape(m), np.shape(s)) if size is None else tuple(size)
+        return like.new_tensor((m + s * gen.standard_normal(shape)).astype(like.dtype.np))
+    if size is None:
+        raise TypeError("normal() with a number mean and std needs a size")
+    if std < 0:
+        raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
+    values = mean + std * gen.standard_normal(size_args((size,)))
+    return tensor(values, dtype=dtype or dt.get_default_dtype(), requires_grad=requires_grad)
+
+
 # ---------------------------------------------------------------------------------------------
 # What becomes a Tensor method (name -> function taking the tensor first) and operator dunders.
 # ---------------------------------------------------------------------------------------------
@@ -2441,6 +2529,7 @@ METHODS.update({name: globals()[name] for name in """
     select_scatter slice_scatter diagonal_scatter nonzero argwhere sort argsort msort kthvalue median nanmedian mode
     quantile nanquantile unique unique_consecutive bincount histc histogram dot vdot inner outer ger mv addmm addmv
     addr baddbmm addbmm kron cross norm dist renorm cov corrcoef logdet matrix_power matrix_exp det inverse slogdet
+    adjoint frexp i0 mvlgamma index_reduce bernoulli
 """.split()})
 METHODS.update(polygamma=lambda self, n: polygamma(n, self), is_signed=is_signed, is_nonzero=is_nonzero)
 # torch.* functions that are not Tensor methods
@@ -2448,7 +2537,7 @@ FUNCTIONS = {name: globals()[name] for name in """
     broadcast_shapes broadcast_tensors meshgrid cartesian_prod atleast_1d atleast_2d atleast_3d hstack vstack dstack
     column_stack tril_indices triu_indices block_diag std_mean var_mean einsum tensordot cdist searchsorted bucketize
     isin trapezoid cumulative_trapezoid vander unravel_index combinations logspace scalar_tensor can_cast
-    hann_window hamming_window bartlett_window blackman_window kaiser_window polygamma
+    hann_window hamming_window bartlett_window blackman_window kaiser_window polygamma fill poisson binomial normal
 """.split()}
 # in-place Tensor methods: self = f(self, ...) (Tensor._inplace_composite), where Tensor has no faster one
 INPLACE = """
@@ -2459,7 +2548,7 @@ INPLACE = """
     nan_to_num cumsum cumprod logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor
     bitwise_not bitwise_left_shift bitwise_right_shift eq ne lt le gt ge greater greater_equal less less_equal
     not_equal scatter scatter_add scatter_reduce index_add index_copy index_fill masked_scatter renorm addmm addmv addr
-    baddbmm addbmm polygamma
+    baddbmm addbmm polygamma i0 mvlgamma index_reduce
 """.split()
 
 

@@ -1117,6 +1117,12 @@ def _np_erfc(x):
     return erfc(x).astype(x.dtype, copy=False)
 
 
+def _np_i1(x):
+    from scipy.special import i1
+
+    return i1(x).astype(x.dtype, copy=False)
+
+
 def _np_trunc(x):
     return np.trunc(x) if x.dtype.kind == "f" else x.copy()
 
@@ -1137,6 +1143,8 @@ _math("lgamma", _np_lgamma, (lambda g, out, x: g * apply("digamma", x),), (0,))
 _math("digamma", _np_digamma, (lambda g, out, x: g * apply("trigamma", x),), (0,))
 _math("trigamma", _np_trigamma)
 _math("trunc", _np_trunc, (_zero_vjp,), dtype_rule=_keep)
+_math("i0", np.i0, (lambda g, out, x: g * apply("i1", x),), (0,))
+_math("i1", _np_i1)
 _math("atan2", np.arctan2, (lambda g, out, y, x: g * x / (x * x + y * y),
                             lambda g, out, y, x: -g * y / (x * x + y * y)), (0, 1), arity=2)
 _math("fmod", _integer_division(np.fmod), (lambda g, out, x, y: g, lambda g, out, x, y: -g * (x / y).trunc()),

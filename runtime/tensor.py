@@ -719,6 +719,58 @@ class Tensor:
 
         return self._fill_random(rng(generator).normal(mean, std, self._data.shape))
 
+    def bernoulli_(self, p=0.5, *, generator=None):
+        return self._fill_random(api.bernoulli(self, p, generator=generator)._data)
+
+    def exponential_(self, lambd=1.0, *, generator=None):
+        from .random import rng
+
+        return self._fill_random(rng(generator).exponential(1.0 / lambd, self._data.shape))
+
+    def geometric_(self, p, *, generator=None):
+        from .random import rng
+
+        return self._fill_random(rng(generator).geometric(p, self._data.shape))
+
+    def cauchy_(self, median=0.0, sigma=1.0, *, generator=None):
+        from .random import rng
+
+        return self._fill_random(median + sigma * rng(generator).standard_cauchy(self._data.shape))
+
+    def log_normal_(self, mean=1.0, std=2.0, *, generator=None):
+        from .random import rng
+
+        return self._fill_random(rng(generator).lognormal(mean, std, self._data.shape))
+
+    def random_(self, low=0, high=None, *, generator=None):
+        """Integers drawn uniformly from [low, high) (random_(high): [0, high); random_(): up to the dtype's span)."""
+        from .random import rng
+
+        if high is None:
+            low, high = (0, low) if low else (0, 2 ** 24 if self.dtype is dt.float32 else
+                                              2 ** 53 if self.dtype is dt.float64 else 2 ** 11 if
+                                              self.dtype is dt.float16 else np.iinfo(self.dtype.np).max)
+        if low >= high:
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+        return self._fill_random(rng(generator).integers(low, high, self._data.shape))
+
+    def fill_diagonal_(self, fill_value, wrap=False):
+        if self.ndim < 2:
+            raise RuntimeError("dimensions must larger than 1")
+        if self.ndim > 2 and len(set(self.shape)) != 1:
+            raise RuntimeError("all dimensions of input must be of equal length")
+        n = min(self.shape)
+        index = np.arange(n)
+        if wrap and self.ndim == 2 and self.shape[0] > self.shape[1] + 1:
+            index = np.arange(self.shape[0])
+            rows = index[index % (self.shape[1] + 1) != self.shape[1]]
+            cols = rows % (self.shape[1] + 1)
+            self[self.new_tensor(rows, dtype=dt.int64), self.new_tensor(cols, dtype=dt.int64)] = fill_value
+            return self
+        key = tuple(self.new_tensor(index, dtype=dt.int64) for _ in range(self.ndim))
+        self[key] = fill_value
+        return self
+
     def _fill_random(self, values: np.ndarray):
         self._check_writeable()
         if _grad_state.enabled and self.requires_grad:

@@ -299,6 +299,8 @@ SAMPLES: dict[str, list[Sample]] = {
     "digamma": _unary("digamma", make=pos),
     "trigamma": [Sample((pos(3, 4),), torch_fn=lambda torch, x: torch.polygamma(1, x))],
     "trunc": _unary("trunc"),
+    "i0": _unary("i0"),
+    "i1": [Sample((away(3, 4),), torch_fn=lambda torch, x: torch.special.i1(x))],
     "atan2": _binary("atan2", "atan2")[:3],
     "fmod": _binary("fmod", "fmod")[:4],
     "copysign": _binary("copysign", "copysign")[:3],
@@ -325,7 +327,9 @@ SAMPLES: dict[str, list[Sample]] = {
               Sample((_spd(2, 3), away(2, 3, 1)), torch_fn=lambda torch, a, b: torch.linalg.solve(a, b))],
     "cholesky": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.cholesky(a))],
     "eigvalsh": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.eigvalsh(a))],
-    "eigh_vectors": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.eigh(a).eigenvectors)],
+    # a fixed matrix: eigenvectors' signs are LAPACK's choice, and numpy's and torch's agree on this one
+    "eigh_vectors": [Sample((np.array([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]]),),
+                            torch_fn=lambda torch, a: torch.linalg.eigh(a).eigenvectors)],
 }
 
 

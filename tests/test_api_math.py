@@ -241,3 +241,81 @@ def test_errors_name_the_problem():
         runtime.bincount(runtime.tensor([-1, 2]))
     with pytest.raises(RuntimeError, match="out of bounds"):
         runtime.scatter(runtime.zeros(2, 2), 1, runtime.tensor([[2], [0]]), runtime.ones(2, 1))
+
+
+MORE = {
+    "mvlgamma": (lambda t, x: t.mvlgamma(x + 2, 3), [U(4)], (0,)),
+    "i0": (lambda t, x: t.i0(x), [N(4)], (0,)),
+    "index_reduce": (lambda t, x, s: x.index_reduce(0, t.tensor([0, 2, 0]), s, "amax"), [N(3, 2), N(3, 2)], ()),
+    "index_reduce_mean": (lambda t, x, s: x.index_reduce(1, t.tensor([1, 1]), s, "mean", include_self=False),
+                          [N(2, 3), N(2, 2)], ()),
+    "frexp": (lambda t, x: t.frexp(x), [N(5) * 100], ()),
+    "adjoint_fill": (lambda t, x: x.adjoint() + t.fill(x.T, 2.0), [N(2, 3)], (0,)),
+}
+CASES.update(MORE)
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_more_match_torch(name, torch):
+    test_matches_torch(name, torch)
+
+
+def test_fill_diagonal_as_torch(torch):
+    for shape, wrap in (((3, 3), False), ((5, 2), True), ((2, 4), False), ((3, 3, 3), False)):
+        ours, theirs = runtime.zeros(*shape), torch.zeros(*shape)
+        ours.fill_diagonal_(2.0, wrap=wrap)
+        theirs.fill_diagonal_(2.0, wrap=wrap)
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_random_samplers_have_torchs_shapes_dtypes_and_moments():
+    g = runtime.Generator().manual_seed(3)
+    p = runtime.full((20000,), 0.3)
+    draws = runtime.bernoulli(p, generator=g)
+    assert draws.dtype is runtime.float32 and abs(draws.mean().item() - 0.3) < 0.02
+    assert runtime.normal(runtime.zeros(2, 3), 2.0).shape == (2, 3)
+    n = runtime.normal(1.0, 2.0, size=(20000,), generator=g)
+    assert abs(n.mean().item() - 1.0) < 0.05 and abs(n.std().item() - 2.0) < 0.05
+    assert abs(runtime.poisson(runtime.full((20000,), 4.0), generator=g).mean().item() - 4.0) < 0.1
+    x = runtime.empty(20000)
+    assert abs(x.exponential_(2.0, generator=g).mean().item() - 0.5) < 0.02
+    assert set(x.random_(3, generator=g).unique().tolist()) == {0.0, 1.0, 2.0}
+    assert 0 < x.bernoulli_(0.5, generator=g).mean().item() < 1
+    with pytest.raises(RuntimeError, match="p_in >= 0"):
+        runtime.bernoulli(runtime.full((2,), 1.5))
+
+
+def test_autograd_functional_matches_torch(torch):
+    F, TF = runtime.autograd.functional, torch.autograd.functional
+    x, y = N(3, 2), N(3, 2)
+
+    def f(a, b):
+        return (a ** 2 * b.sin()).sum(0)
+
+    ours = F.jacobian(f, (runtime.tensor(x), runtime.tensor(y)))
+    theirs = TF.jacobian(f, (torch.tensor(x), torch.tensor(y)))
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12)
+    v = N(2)
+    _, ours = F.vjp(f, (runtime.tensor(x), runtime.tensor(y)), runtime.tensor(v))
+    _, theirs = TF.vjp(f, (torch.tensor(x), torch.tensor(y)), torch.tensor(v))
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12)
+    _, ours = F.jvp(f, (runtime.tensor(x), runtime.tensor(y)), (runtime.tensor(x), runtime.tensor(y)))
+    _, theirs = TF.jvp(f, (torch.tensor(x), torch.tensor(y)), (torch.tensor(x), torch.tensor(y)))
+    np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-12)
+
+    def g(a):
+        return (a ** 3).sum() + a[0] * a[1]
+
+    z, w = np.array([1.0, 2.0, -0.5]), np.array([0.3, 1.0, 2.0])
+    np.testing.assert_allclose(F.hessian(g, runtime.tensor(z)).numpy(), TF.hessian(g, torch.tensor(z)).numpy())
+    np.testing.assert_allclose(F.hvp(g, runtime.tensor(z), runtime.tensor(w))[1].numpy(),
+                               TF.hvp(g, torch.tensor(z), torch.tensor(w))[1].numpy())
+    np.testing.assert_allclose(F.vhp(g, runtime.tensor(z), runtime.tensor(w))[1].numpy(),
+                               TF.vhp(g, torch.tensor(z), torch.tensor(w))[1].numpy())
+
+
+def test_gradgradcheck():
+    x = runtime.tensor([0.5, 1.5], dtype=runtime.float64, requires_grad=True)
+    assert runtime.autograd.gradgradcheck(lambda t: (t.sin() * t.atan()).sum(), (x,))

@@ -82,3 +82,27 @@ def _store_into(results, i, previous):
 
 from .function import Function, FunctionCtx  # noqa: E402,F401
 from .gradcheck import gradcheck  # noqa: E402,F401
+from . import functional  # noqa: E402,F401
+
+
+def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, **kwargs):
+    """Check second derivatives: gradcheck of the map from inputs (and output cotangents) to first derivatives."""
+    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    outputs = func(*inputs)
+    outputs = tuple(outputs) if isinstance(outputs, (tuple, list)) else (outputs,)
+    if grad_outputs is None:
+        from ..factories import randn
+
+        grad_outputs = tuple(randn(tuple(o.shape), dtype=o.dtype, requires_grad=True) for o in outputs)
+    grad_outputs = tuple(grad_outputs) if isinstance(grad_outputs, (tuple, list)) else (grad_outputs,)
+    n = len(inputs)
+
+    def first_derivatives(*args):
+        xs, gos = args[:n], args[n:]
+        outs = func(*xs)
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        gs = grad(outs, [x for x in xs if x.requires_grad], gos, create_graph=True, allow_unused=True)
+        return tuple(g for g in gs if g is not None)
+
+    return gradcheck(first_derivatives, inputs + grad_outputs, eps=eps, atol=atol, rtol=rtol,
+                     raise_exception=raise_exception)
