@@ -45,14 +45,19 @@ def wrap_dims(dim, ndim: int) -> tuple:
     return (wrap_dim(dim, ndim),) if ndim else ()
 
 
+def _size_value(value):
+    """An int from an index-like value; a compiler's symbolic size (it says so) stays one."""
+    return value if getattr(type(value), "symbolic_size", False) else value.__index__()
+
+
 def size_args(sizes) -> tuple:
     """Accept f(2, 3), f((2, 3)) and f([2, 3]) and return a tuple of ints."""
     if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
         sizes = sizes[0]
     if builtins.all(type(s) is int for s in sizes):
         return tuple(sizes)
-    try:
-        return tuple(s.__index__() for s in sizes)
+    try:  # a compiler's symbolic size (nnc.symbolic.SymInt) says so, and stays one
+        return tuple(_size_value(s) for s in sizes)
     except AttributeError:
         raise TypeError(f"sizes must be integers, got {sizes!r}") from None
 
@@ -66,7 +71,7 @@ def _resolve_shape(shape: tuple, numel: int) -> tuple:
         if known == 0 or numel % known:
             raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
         shape = tuple(numel // known if s == -1 else s for s in shape)
-    if math.prod(shape) != numel or builtins.min(shape, default=0) < 0:
+    if math.prod(shape) != numel or builtins.any(s < 0 for s in shape):
         raise RuntimeError(f"shape '{list(shape)}' is invalid for input of size {numel}")
     return shape
 
@@ -821,7 +826,7 @@ def encode_index(input, key):
             tensors.append(index)
         else:
             try:
-                encoded.append(("int", item.__index__()))
+                encoded.append(("int", _size_value(item)))
             except AttributeError:
                 raise IndexError(f"only integers, slices, None, Ellipsis and integer or boolean tensors are "
                                  f"valid indices (got {type(item).__name__})") from None
@@ -839,7 +844,7 @@ def _index_tensor(input, item):
 
 
 def _encode_slice(s: slice):
-    parts = tuple(None if v is None else v.__index__() for v in (s.start, s.stop, s.step))
+    parts = tuple(None if v is None else _size_value(v) for v in (s.start, s.stop, s.step))
     if parts[2] is not None and parts[2] <= 0:
         raise ValueError("step must be greater than zero")
     return ("slice",) + parts
@@ -902,6 +907,10 @@ def _off_triangle(input, diagonal, lower: bool, name: str):
     if not hasattr(diagonal, "__index__"):
         raise TypeError(f"{name}(): argument 'diagonal' must be int, not {type(diagonal).__name__}")
     rows, cols, k = input.shape[-2], input.shape[-1], diagonal.__index__()
+    if not (isinstance(rows, int) and isinstance(cols, int)):  # a compiler's symbolic sizes: the mask from ranges
+        row = apply("arange", like=input, start=0, end=rows, step=1, dtype=dt.int64).reshape(rows, 1)
+        col = apply("arange", like=input, start=0, end=cols, step=1, dtype=dt.int64).reshape(1, cols)
+        return (col - row > k) if lower else (col - row < k)
     # NOTE: the mask depends only on the shape, so it is a constant: tril is one where, and its gradient
     # is the same mask applied to the incoming gradient (where's rule), with no rule of its own.
     drop = ~np.tri(rows, cols, k, dtype=bool) if lower else np.tri(rows, cols, k - 1, dtype=bool)

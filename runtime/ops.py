@@ -287,6 +287,8 @@ def _cat_rule(op, shapes, attrs, dtypes):
 def _getitem_rule(op, shapes, attrs, dtypes):
     if any(d is dt.bool_ for d in dtypes[1:]):
         raise DataDependentShape(f"{op.name}: indexing with a boolean mask gives a data-dependent shape")
+    if not _all_ints((shapes, attrs["key"])):
+        return _index_shape(shapes[0], attrs["key"], shapes[1:])  # symbolic sizes (a compiler's) stay symbolic
     index_arrays = [np.zeros(s, dtype=np.int64) for s in shapes[1:]]
     dummy = np.broadcast_to(np.empty((), dtype=np.int8), shapes[0])
     try:
@@ -295,6 +297,65 @@ def _getitem_rule(op, shapes, attrs, dtypes):
         message = str(e).replace("axis", "dimension")
         where = f"index {describe_key(attrs['key'])} on a tensor of shape {_fmt(shapes[0])}"
         raise IndexError(f"{message} ({where})") from None
+
+
+def _all_ints(value) -> bool:
+    """Whether a shape or key holds only Python ints (no compiler's symbolic sizes), nested."""
+    if isinstance(value, (tuple, list)):
+        return all(_all_ints(v) for v in value)
+    return value is None or isinstance(value, (int, str))
+
+
+def _index_shape(shape, key, index_shapes) -> tuple:
+    """The shape indexing gives, in Python arithmetic (which sizes a compiler keeps symbolic take part in): numpy's
+    rules for ints, slices with a positive step, None, ... and integer index tensors (broadcast together; in place of
+    the dims they index when they are adjacent in the key, else first)."""
+    consumed = sum(1 for item in key if item[0] in ("slice", "int", "tensor"))
+    if consumed > len(shape):
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)} (index {describe_key(key)})")
+    advanced = [i for i, item in enumerate(key) if item[0] == "tensor" or (index_shapes and item[0] == "int")]
+    indexed = broadcast_shapes(*index_shapes) if index_shapes else ()
+    out, d, placed = [], 0, False
+    for i, item in enumerate(key):
+        tag = item[0]
+        if tag == "ellipsis":
+            out.extend(shape[d:d + len(shape) - consumed])
+            d += len(shape) - consumed
+        elif tag == "none":
+            out.append(1)
+        elif tag == "int" and not index_shapes:
+            if not -shape[d] <= item[1] < shape[d]:
+                raise IndexError(f"index {item[1]} is out of bounds for dimension {d} with size {shape[d]}")
+            d += 1
+        elif i in advanced:
+            if not placed and advanced == list(range(advanced[0], advanced[-1] + 1)):
+                out.extend(indexed)
+            placed = True
+            d += 1
+        else:
+            out.append(_slice_length(shape[d], *item[1:]))
+            d += 1
+    out.extend(shape[d:])
+    if advanced and advanced != list(range(advanced[0], advanced[-1] + 1)):
+        out = list(indexed) + out
+    return tuple(out)
+
+
+def _slice_length(size, start, stop, step):
+    step = 1 if step is None else step
+    if step <= 0:
+        raise ValueError("step must be greater than zero")
+
+    def clamp(bound, default):
+        if bound is None:
+            return default
+        if bound < 0:
+            bound = bound + size
+            return bound if bound > 0 else 0
+        return bound if bound <= size else size
+
+    length = clamp(stop, size) - clamp(start, 0)
+    return (length + step - 1) // step if length > 0 else 0
 
 
 def _gather_rule(op, shapes, attrs, dtypes):
@@ -318,6 +379,14 @@ def _second_input_rule(op, shapes, attrs, dtypes):
 
 def _full_rule(op, shapes, attrs, dtypes):
     return tuple(attrs["shape"])
+
+
+def _arange_rule(op, shapes, attrs, dtypes):
+    """Integer start, end and step (a compiler's symbolic sizes among them): ceil((end - start) / step) values."""
+    if attrs["step"] == 0:
+        raise RuntimeError("arange: step must be nonzero")
+    count = -(-(attrs["end"] - attrs["start"]) // attrs["step"])
+    return (count if count > 0 else 0,)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -725,6 +794,10 @@ def _np_full(shape, value, dtype):
     return np.full(shape, value, dtype=dtype.np)
 
 
+def _np_arange(start, end, step, dtype):
+    return np.arange(start, end, step, dtype=np.int64).astype(dtype.np)
+
+
 def _np_copy(x):
     return x.copy()
 
@@ -1066,6 +1139,11 @@ _register(OpDef("nll_loss_backward", Kind.OTHER, 3, _np_nll_loss_backward, _seco
                      lambda *values, **attrs: None, None),  # no gradient for logp: only its shape is read
                 saves=(2,), attr_names=_NLL_ATTRS, decomposition=_nll_loss_backward_decomposition))
 _register(OpDef("full", Kind.OTHER, 0, _np_full, _full_rule, _full_dtype, attr_names=("shape", "value", "dtype")))
+# Integer ranges whose bounds a compiler keeps symbolic (runtime.arange makes its values with numpy directly).
+_register(OpDef("arange", Kind.OTHER, 0, _np_arange, _arange_rule, _full_dtype,
+                attr_names=("start", "end", "step", "dtype")))
+
+
 # ---------------------------------------------------------------------------------------------
 # Elementwise math that code generation has no template for (yet): kind OTHER, so nnc runs each call as an opaque
 # node with the numpy forward. Derivative rules as for any op.

@@ -282,6 +282,12 @@ SAMPLES: dict[str, list[Sample]] = {
                     lambda torch: torch.full((2, 3), 1.5, dtype=torch.float64)),
              Sample((), {"shape": (4,), "value": 7, "dtype": dt.int32},
                     lambda torch: torch.full((4,), 7, dtype=torch.int32))],
+    "arange": [Sample((), {"start": 0, "end": 5, "step": 1, "dtype": dt.int64},
+                      lambda torch: torch.arange(0, 5, 1, dtype=torch.int64)),
+               Sample((), {"start": -3, "end": 8, "step": 3, "dtype": dt.float64},
+                      lambda torch: torch.arange(-3, 8, 3, dtype=torch.float64)),
+               Sample((), {"start": 2, "end": 9, "step": 2, "dtype": dt.int32},
+                      lambda torch: torch.arange(2, 9, 2, dtype=torch.int32))],
     # elementwise math with no code generation template (kind OTHER)
     "tan": _unary("tan", make=lambda *s: _rng.uniform(-1.2, 1.2, s)),
     "asin": _unary("asin", make=lambda *s: _rng.uniform(-0.9, 0.9, s)),
