@@ -6,10 +6,10 @@ from .interpreter import Interpreter  # noqa: F401
 from .prims import prims  # noqa: F401
 from .trace import Proxy, TraceError, Tracer, symbolic_trace  # noqa: F401
 
-from .compile import compile  # noqa: E402,F401
+from .compile import compile, mark_dynamic  # noqa: E402,F401
 from .explain import explain  # noqa: E402,F401  (shadows the builtin inside this package's namespace only)
 
 trace = symbolic_trace
 
-__all__ = ["compile", "explain", "Graph", "GraphError", "GraphModule", "Interpreter", "Node", "Proxy", "TraceError",
-           "Tracer", "prims", "symbolic_trace", "trace"]
+__all__ = ["compile", "explain", "mark_dynamic", "Graph", "GraphError", "GraphModule", "Interpreter", "Node", "Proxy",
+           "TraceError", "Tracer", "prims", "symbolic_trace", "trace"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 import types
 import warnings
+import weakref
 
 from runtime import dtypes as dt
 from runtime.autograd import grad_mode, no_grad
@@ -14,6 +15,7 @@ from runtime.tensor import Tensor
 from . import pytree
 from .graph_module import share_state
 from .pipeline import compile_arguments, debug, debug_level
+from .symbolic import MIN_DYNAMIC_SIZE
 from .trace import HOOK_TABLES
 
 
@@ -21,7 +23,7 @@ class CompiledModule(Module):
     """Runs `module` compiled; shares its parameters, buffers, submodules and hooks (same state_dict)."""
 
     def __init__(self, module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True,
-                 whole_graph: bool | None = None):
+                 whole_graph: bool | None = None, dynamic: bool | None = None):
         super().__init__()
         if target != "cpu":
             raise ValueError(f"nnc.compile: target {target!r} is not available (only 'cpu')")
@@ -33,6 +35,12 @@ class CompiledModule(Module):
         object.__setattr__(self, "_module", module)
         object.__setattr__(self, "_cache", {})
         object.__setattr__(self, "_keys", [])
+        # Variants with symbolic sizes (nnc.symbolic): key with the dynamic dims' sizes wildcarded -> [compilations]
+        object.__setattr__(self, "_dynamic_variants", {})
+        object.__setattr__(self, "_dynamic_dims", {})  # (argument name, leaf position) -> dims seen changing
+        object.__setattr__(self, "_dynamic_dim_sets", {})  # the dims each registered variant's key wildcards
+        object.__setattr__(self, "_pinned_dims", {})  # dims a compile pinned to their size (static from then on)
+        object.__setattr__(self, "_dynamic_failed", None)  # why a compile with symbolic sizes failed, once one did
         object.__setattr__(self, "_signature", inspect.signature(module.forward))
         positional = [p.name for p in self._signature.parameters.values()
                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -47,6 +55,7 @@ class CompiledModule(Module):
         self.target = target
         self.codegen = codegen
         self.whole_graph = whole_graph
+        self.dynamic = dynamic
 
     @property
     def training(self) -> bool:
@@ -121,29 +130,117 @@ class CompiledModule(Module):
     def forward(self, *args, **kwargs):
         arguments = self._bind(args, kwargs)
         key = self._guard_key(arguments)
+        tensors = _argument_tensors(arguments)
         artifact = self._cache.get(key)
         if artifact is None:
-            artifact = self._compile(key, arguments)
+            artifact = self._dynamic_variant(key, tensors) if self._dynamic_variants else None
+            if artifact is None:
+                artifact = self._compile(key, arguments)
         if artifact is _EAGER:
             return self._module.forward(*args, **kwargs)
-        tensors = _argument_tensors(arguments)
         wants_grad = grad_mode.is_grad_enabled() and (any(t._rg for t in tensors) or any(key[3]))
         return artifact.run(tensors, wants_grad)
 
     @property
     def compiled_variants(self) -> int:
-        """How many variants compiled successfully (failed compiles run eagerly and do not count)."""
-        return sum(1 for a in self._cache.values() if a is not _EAGER)
+        """How many variants compiled successfully (failed compiles run eagerly and do not count); a variant with
+        symbolic sizes counts once, whatever sizes it serves."""
+        static = sum(1 for a in self._cache.values() if a is not _EAGER)
+        return static + sum(len(found) for found in self._dynamic_variants.values())
+
+    def _dynamic_variant(self, key, tensors):
+        """A compiled variant with symbolic sizes whose guards accept this call, or None."""
+        for dims, wild in self._dynamic_dim_sets.items():
+            for artifact in self._dynamic_variants.get((dims, _wildcard(key, wild)), ()):
+                if artifact.accepts(tensors):
+                    return artifact
+        return None
 
     def _compile(self, key, arguments):
         changing = self._changing_dimension(key)
+        dims = self._dims_to_make_dynamic(key, arguments)
+        if dims and (changing is None or changing_is_dynamic(changing, dims)):
+            artifact = self._compile_dynamic(key, arguments, dims)
+            if artifact is not None:
+                return artifact
+            changing = self._changing_dimension(key)
         if changing is not None:
-            # NOTE: kernels are generated for static sizes; a dimension seen with a third value (a generate loop's
-            # growing length) would compile once per value, seconds each. Such calls run eagerly instead, and the
-            # variants compiled so far keep serving their sizes (the issue tracker has sizes as kernel arguments).
+            # NOTE: where symbolic sizes failed (the reason is in NNC_DEBUG=1's output), kernels are generated for
+            # static sizes; a dimension seen with a third value would compile once per value, seconds each. Such
+            # calls run eagerly instead, and the variants compiled so far keep serving their sizes.
             debug(1, f"{self._module._get_name()}: {changing} keeps changing; running eagerly for its new sizes")
             self._cache[key] = _EAGER
             return _EAGER
+        return self._compile_variant(key, arguments)
+
+    def _dims_to_make_dynamic(self, key, arguments) -> dict:
+        """(argument name, leaf position) -> dims to compile with symbolic sizes: all of them with dynamic=True,
+        those marked with nnc.mark_dynamic, and (by default) those seen with a second size."""
+        if self.dynamic is False or self._dynamic_failed is not None:
+            return {}
+        shapes = _tensor_shapes(key)
+        dims = {leaf: set(range(len(shape))) for leaf, shape in shapes.items()} if self.dynamic else {}
+        leaves = _argument_leaves(arguments)
+        for leaf, tensor in leaves.items():
+            marked = _marked_dims(tensor)
+            if marked:
+                dims.setdefault(leaf, set()).update(d for d in marked if d < tensor.ndim)
+        if self.dynamic is None:
+            for leaf, dim in self._changed_dims(key):
+                dims.setdefault(leaf, set()).add(dim)
+        for leaf, seen in self._dynamic_dims.items():
+            if leaf in dims:
+                dims[leaf] |= seen
+        pinned = self._pinned_dims
+        dims = {leaf: {d for d in ds if shapes[leaf][d] >= MIN_DYNAMIC_SIZE and d not in pinned.get(leaf, ())}
+                for leaf, ds in dims.items() if leaf in shapes}
+        return {leaf: ds for leaf, ds in dims.items() if ds}
+
+    def _changed_dims(self, key) -> list:
+        """(leaf, dim) of tensor dims whose size differs from a compiled variant that differs from this key only in
+        tensor sizes."""
+        new_shapes = _tensor_shapes(key)
+        changed = []
+        for other, artifact in self._cache.items():
+            if artifact is _EAGER or _wildcard(other, _ALL_DIMS) != _wildcard(key, _ALL_DIMS):
+                continue
+            for leaf, shape in _tensor_shapes(other).items():
+                changed += [(leaf, d) for d, (a, b) in enumerate(zip(shape, new_shapes[leaf])) if a != b]
+        return changed
+
+    def _compile_dynamic(self, key, arguments, dims: dict):
+        """A variant with symbolic sizes for `dims`, registered under the wildcarded key; None when the compile
+        failed (the reason is kept, and static variants are compiled from then on). Dims the compile pinned to their
+        size (a Python loop over a length) stay static from then on; a variant with every symbol pinned is a static
+        one."""
+        if self.compiled_variants >= self.recompile_limit:
+            return None
+        names = _placeholder_names(key)
+        dynamic = {names[leaf]: tuple(sorted(ds)) for leaf, ds in dims.items() if leaf in names}
+        artifact = self._compile_variant(key, arguments, dynamic=dynamic, register=False)
+        if artifact is _EAGER:
+            self.__dict__["_dynamic_failed"] = "the compile failed"
+            debug(1, f"{self._module._get_name()}: no variant with symbolic sizes; compiling static sizes")
+            return None
+        env = artifact.shape_env
+        pinned = {symbol.source for symbol in env.symbols if symbol.name in env.pinned}
+        for leaf, ds in dims.items():
+            for d in ds:
+                table = self._pinned_dims if f"{names[leaf]}'s dim {d}" in pinned else self._dynamic_dims
+                table.setdefault(leaf, set()).add(d)
+        for name, why in env.pinned.items():
+            debug(1, f"{self._module._get_name()}: {name} keeps a static size ({why})")
+        self._keys.append(key)
+        if set(env.pinned) >= set(env.names):  # nothing symbolic is left: right for these sizes only
+            self._cache[key] = artifact
+            return artifact
+        dims = frozenset((leaf, d) for leaf, ds in self._dynamic_dims.items() for d in ds)
+        self._dynamic_dim_sets.setdefault(dims, {leaf: set(ds) for leaf, ds in self._dynamic_dims.items()})
+        self._dynamic_variants.setdefault((dims, _wildcard(key, self._dynamic_dims)), []).append(artifact)
+        debug(1, f"{self._module._get_name()}: compiled with symbolic sizes:\n{env.describe()}")
+        return artifact
+
+    def _compile_variant(self, key, arguments, dynamic: dict | None = None, register: bool = True):
         if self.compiled_variants >= self.recompile_limit:
             if not self.__dict__.get("_limit_warned"):
                 warnings.warn(f"nnc.compile: {self._module._get_name()} was recompiled {self.recompile_limit} times "
@@ -159,29 +256,34 @@ class CompiledModule(Module):
         try:
             with no_grad():
                 artifact = compile_arguments(self._module, concrete, examples, needs_grad, codegen=self.codegen,
-                                             whole_graph=self.whole_graph)
+                                             whole_graph=self.whole_graph, dynamic=dynamic)
         except Exception as error:  # never a wrong answer: run eagerly, and say why
+            if dynamic:  # the caller compiles static sizes instead
+                debug(1, f"{self._module._get_name()}: symbolic sizes failed ({type(error).__name__}: {error})")
+                return _EAGER
             warnings.warn(f"nnc.compile: could not compile {self._module._get_name()} "
-                          f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=3)
+                          f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=4)
             artifact = _EAGER
         for graph_break in getattr(artifact, "graph_breaks", ()):
             debug(1, f"{self._module._get_name()}: {graph_break.path} runs eagerly ({graph_break.reason})")
-        self._cache[key] = artifact
-        self._keys.append(key)
+        if register:
+            self._cache[key] = artifact
+            self._keys.append(key)
         return artifact
 
     def _changing_dimension(self, key) -> str | None:
-        """'x's dim 1' when this key gives a tensor dimension a third distinct size, among the compiled variants."""
+        """'x's dim 1' when this key gives a static tensor dimension a third distinct size, among the compiled
+        variants (dimensions with symbolic sizes do not count)."""
         new_shapes = _tensor_shapes(key)
         seen: dict = {}
-        for other, artifact in self._cache.items():
-            if artifact is _EAGER:
-                continue
+        for other in self._keys:
             for leaf, shape in _tensor_shapes(other).items():
                 for dim, size in enumerate(shape):
                     seen.setdefault((leaf, len(shape), dim), set()).add(size)
         for leaf, shape in new_shapes.items():
             for dim, size in enumerate(shape):
+                if dim in self._dynamic_dims.get(leaf, ()):  # symbolic, or one of sizes 0 and 1
+                    continue
                 sizes = seen.get((leaf, len(shape), dim), set())
                 if size not in sizes and len(sizes) >= 2:
                     return f"{leaf[0]}'s dim {dim}"
@@ -235,6 +337,106 @@ def split_arguments(arguments: dict) -> tuple[dict, dict]:
     inputs, one placeholder per tensor inside them."""
     concrete = {k: v for k, v in arguments.items() if not pytree.has_tensor(v)}
     return concrete, {k: v for k, v in arguments.items() if k not in concrete}
+
+
+def changing_is_dynamic(changing: str, dims: dict) -> bool:
+    """Whether the dimension `_changing_dimension` named ("x's dim 1") is among the dims about to be symbolic."""
+    return any(changing == f"{leaf[0]}'s dim {d}" for leaf, ds in dims.items() for d in ds)
+
+
+class _AllDims(dict):
+    """A dims table that wildcards every dimension: keys equal under it differ only in tensor sizes."""
+
+    def get(self, leaf, default=None):
+        return range(64)
+
+
+_ALL_DIMS = _AllDims()
+
+
+def _wildcard(key, dims: dict):
+    """The guard key with the sizes of `dims` ((argument name, leaf position) -> dims) replaced by None, where
+    they are at least MIN_DYNAMIC_SIZE (sizes 0 and 1 are compiled apart); every size with _ALL_DIMS."""
+    smallest = 0 if dims is _ALL_DIMS else MIN_DYNAMIC_SIZE
+
+    def blank(shape, leaf):
+        chosen = dims.get(leaf, ())
+        return tuple(None if d in chosen and size >= smallest else size for d, size in enumerate(shape))
+
+    parts = []
+    for part in key[0]:
+        if part[1] == "tensor":
+            parts.append((part[0], "tensor", blank(part[2], (part[0], 0)), *part[3:]))
+        elif isinstance(part[1], pytree.Spec):
+            leaves = tuple((leaf[0], blank(leaf[1], (part[0], i)), *leaf[2:]) if leaf[0] == "tensor" else leaf
+                           for i, leaf in enumerate(part[2]))
+            parts.append((part[0], part[1], leaves))
+        else:
+            parts.append(part)
+    return (tuple(parts), *key[1:])
+
+
+def _placeholder_names(key) -> dict:
+    """(argument name, leaf position) -> the name of the graph placeholder of that tensor."""
+    names = {}
+    for part in key[0]:
+        if part[1] == "tensor":
+            names[(part[0], 0)] = part[0]
+        elif isinstance(part[1], pytree.Spec):
+            tensors = [i for i, leaf in enumerate(part[2]) if leaf[0] == "tensor"]
+            for j, i in enumerate(tensors):
+                names[(part[0], i)] = f"{part[0]}_{j}"
+    return names
+
+
+def marked_placeholder_dims(arguments: dict) -> dict:
+    """placeholder name -> the dims nnc.mark_dynamic marked on that input tensor (for nnc.explain and dump)."""
+    names, leaves = {}, _argument_leaves(arguments)
+    for name in arguments:
+        positions = sorted(i for (arg, i) in leaves if arg == name)
+        nested = not isinstance(arguments[name], Tensor)
+        for j, i in enumerate(positions):
+            names[(name, i)] = f"{name}_{j}" if nested else name
+    return {names[leaf]: tuple(sorted(dims)) for leaf, tensor in leaves.items()
+            if (dims := {d for d in _marked_dims(tensor) if tensor.shape[d] >= MIN_DYNAMIC_SIZE})}
+
+
+def _argument_leaves(arguments: dict) -> dict:
+    """(argument name, leaf position) -> tensor, as _tensor_shapes numbers them."""
+    leaves = {}
+    for name, value in arguments.items():
+        if isinstance(value, Tensor):
+            leaves[(name, 0)] = value
+        elif isinstance(value, (tuple, list, dict)):
+            for i, leaf in enumerate(pytree.flatten(value)[0]):
+                if isinstance(leaf, Tensor):
+                    leaves[(name, i)] = leaf
+    return leaves
+
+
+_MARKED: dict = {}  # id(tensor) -> (weak reference, dims): nnc.mark_dynamic's marks
+
+
+def mark_dynamic(tensor: Tensor, dim) -> None:
+    """Compile dimension `dim` (an int or a list of them) of this tensor with a symbolic size from its first call:
+    one compiled variant then serves every size there (sizes 0 and 1 are compiled apart)."""
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"nnc.mark_dynamic expects a runtime Tensor, got {type(tensor).__name__}")
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    for d in dims:
+        if not isinstance(d, int) or not -tensor.ndim <= d < max(tensor.ndim, 1):
+            raise IndexError(f"nnc.mark_dynamic: dim {d!r} is out of range for a tensor of shape "
+                             f"{list(tensor.shape)}")
+    ref = weakref.ref(tensor, lambda _, key=id(tensor): _MARKED.pop(key, None))
+    previous = _marked_dims(tensor)
+    _MARKED[id(tensor)] = (ref, previous | {d % tensor.ndim for d in dims})
+
+
+def _marked_dims(tensor: Tensor) -> set:
+    entry = _MARKED.get(id(tensor))
+    if entry is None or entry[0]() is not tensor:
+        return set()
+    return set(entry[1])
 
 
 def _tensor_shapes(key) -> dict:
@@ -295,8 +497,12 @@ def _compares_safely(value) -> bool:
 
 
 def compile(module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True,
-            whole_graph: bool | None = None) -> CompiledModule:
+            whole_graph: bool | None = None, dynamic: bool | None = None) -> CompiledModule:
     """Compile `module`: same parameters and state_dict, same results, faster (see docs/architecture.md).
+
+    dynamic: None (the default) compiles static sizes first and, when a dimension changes size, one variant with
+    that dimension symbolic (kernels take sizes as arguments), as torch's automatic dynamic shapes; True makes every
+    dimension symbolic from the first call; False always compiles static sizes. nnc.mark_dynamic(x, dim) marks one.
 
     whole_graph: None (the default) runs a forward without gradients as one numba function when its values are
     small (nnc.codegen.whole_graph), True asks for that (with a warning when a graph does not qualify), False never.
@@ -304,4 +510,4 @@ def compile(module: Module, target: str = "cpu", recompile_limit: int = 8, codeg
     if not isinstance(module, Module):
         raise TypeError(f"nnc.compile expects a runtime.nn.Module, got {type(module).__name__}")
     return CompiledModule(module, target=target, recompile_limit=recompile_limit, codegen=codegen,
-                          whole_graph=whole_graph)
+                          whole_graph=whole_graph, dynamic=dynamic)

@@ -9,7 +9,9 @@ from . import pytree
 from .executor import Plan
 from .graph import Graph, Node, fetch_attr, map_arg
 from .graph_module import GraphModule
+from .interpreter import Interpreter
 from .passes.autodiff import AutodiffError, build_backward
+from .symbolic import evaluate, is_symbolic
 
 
 class CompileError(RuntimeError):
@@ -22,8 +24,10 @@ class CompiledGraph:
     The pipeline fills it in stage by stage: `differentiate` (autodiff), `finish_backward` (its cleanup), then
     `make_plans`, whose plans the fuse, memory and codegen stages complete."""
 
-    def __init__(self, gm: GraphModule, needs_grad: bool, inputs_requiring_grad: tuple, written_inputs=()):
+    def __init__(self, gm: GraphModule, needs_grad: bool, inputs_requiring_grad: tuple, written_inputs=(),
+                 shape_env=None):
         self.forward = gm
+        self.shape_env = shape_env  # symbolic sizes (nnc.symbolic): each call's come from its inputs' shapes
         graph = gm.graph
         self.needs_grad = needs_grad
         self.placeholders = graph.placeholders
@@ -36,7 +40,11 @@ class CompiledGraph:
         self.written_inputs = tuple(written_inputs)  # positions of inputs forward writes in place (copied in later)
         self.params, self.param_nodes = [], []
         self.forward_plan = self.training_plan = self.backward_plan = None
+        self.size_sources = _size_sources(self.tensor_inputs, shape_env)
 
+    def sizes_of(self, tensors: list) -> tuple:
+        """The values of the size symbols for a call with these input tensors (() with static sizes)."""
+        return tuple([tensors[k]._data.shape[d] for k, d in self.size_sources])
     @property
     def plans(self) -> list:
         return [p for p in (self.forward_plan, self.training_plan, self.backward_plan) if p is not None]
@@ -63,15 +71,18 @@ class CompiledGraph:
 
     def make_plans(self, codegen: bool, whole_graph: bool | None) -> None:
         """The plans this graph runs with: training forward and backward, or the forward alone."""
+        env = self.shape_env
         if self.backward is not None and not self.opaque:
-            self.training_plan = Plan(self.training_forward, use_codegen=codegen)
+            self.training_plan = Plan(self.training_forward, use_codegen=codegen, shape_env=env)
             # NOTE: the backward's outputs are gradients; with no reference kept, AccumulateGrad stores them as
             # .grad without a copy (a kept reference forces one: 1 ms for a 16 MiB gradient)
-            self.backward_plan = Plan(self.backward.gm, use_codegen=codegen, reuse_outputs=False)
+            self.backward_plan = Plan(self.backward.gm, use_codegen=codegen, reuse_outputs=False, shape_env=env)
         else:
+            if env is not None and self.needs_grad:
+                raise CompileError(f"no compiled backward ({self.backward_error}); dynamic sizes need one")
             # NOTE: whole-graph mode is for the forward only: numba links every kernel into the graph's function
             # and compiles them all again there, which a training step's two large graphs would pay cold in seconds
-            self.forward_plan = Plan(self.forward, use_codegen=codegen, whole_graph=whole_graph)
+            self.forward_plan = Plan(self.forward, use_codegen=codegen, whole_graph=whole_graph, shape_env=env)
 
     def _forward_returning_saved(self, saved) -> GraphModule:
         """A copy of the forward graph that also returns the values the backward needs."""
@@ -87,16 +98,19 @@ class CompiledGraph:
 
     def run(self, tensors: list, wants_grad: bool):
         """What the graph returns for these input tensors; with wants_grad, connected to autograd."""
+        sizes = self.sizes_of(tensors) if self.size_sources else ()
         if not wants_grad:
             plan = self.forward_plan or self.training_plan
             if plan.whole_graph:  # one numba call: nothing records autograd history
                 result = plan.run(*tensors)
             else:
                 with no_grad():
-                    result = plan.run(*tensors)
+                    result = plan.run(*tensors, sizes=sizes)
             return result if plan is self.forward_plan else result[0]
         if self.training_plan is None or self._unexpected_grad(tensors):
             # eager autograd through the decomposed graph: correct, and hooked modules see real values
+            if self.shape_env is not None:
+                return _SizedInterpreter(self.forward, dict(zip(self.shape_env.names, sizes))).run(*tensors)
             return self.forward.forward(*tensors)
         structure: list = []
         flat = _CompiledFunction.apply(self, structure, len(tensors), *tensors, *self.params)
@@ -134,7 +148,8 @@ class _CompiledFunction(Function):
     @staticmethod
     def forward(ctx, graph, structure, n_inputs, *tensors):
         inputs = tensors[:n_inputs]
-        user, saved = graph.training_plan.run(*inputs)
+        ctx.sizes = graph.sizes_of(inputs) if graph.size_sources else ()
+        user, saved = graph.training_plan.run(*inputs, sizes=ctx.sizes)
         ctx.graph = graph
         if graph.written_inputs:
             # NOTE: an input written in place gets its new value after this call, and the write bumps its version
@@ -159,9 +174,11 @@ class _CompiledFunction(Function):
         saved = ctx.saved_tensors
         seeds = [_sum_for(n, graph.output_leaves, grads) for n in backward.grad_outputs]
         given = {j for j, seed in enumerate(seeds) if seed is not None}
-        seeds = [seed if seed is not None else _zeros_like_node(n) for seed, n in zip(seeds, backward.grad_outputs)]
+        sizes = dict(zip(graph.shape_env.names, ctx.sizes)) if graph.shape_env is not None else {}
+        seeds = [seed if seed is not None else _zeros_like_node(n, sizes)
+                 for seed, n in zip(seeds, backward.grad_outputs)]
         with no_grad():
-            results = graph.backward_plan.run(*saved, *seeds)
+            results = graph.backward_plan.run(*saved, *seeds, sizes=ctx.sizes)
         # NOTE: as eager's engine, an input no given gradient reaches gets None, not zeros
         by_node = {n: r if graph.gradient_seeds[j] & given else None for j, (n, r) in enumerate(zip(backward.wrt,
                                                                                                    results))}
@@ -170,10 +187,37 @@ class _CompiledFunction(Function):
         return (None, None, None, *input_grads, *param_grads)
 
 
-def _zeros_like_node(node):
+def _zeros_like_node(node, sizes: dict):
     from runtime.tensor import Tensor
 
-    return Tensor._from_array(np.zeros(node.meta["shape"], dtype=node.meta["dtype"].np))
+    return Tensor._from_array(np.zeros(evaluate(node.meta["shape"], sizes), dtype=node.meta["dtype"].np))
+
+
+def _size_sources(tensor_inputs: list, shape_env) -> list[tuple[int, int]]:
+    """(input position, dim) where each size symbol's value is read, in symbol order."""
+    if shape_env is None:
+        return []
+    found = {}
+    for k, node in enumerate(tensor_inputs):
+        for d, size in enumerate(node.meta["shape"]):
+            if is_symbolic(size) and len(size.terms) == 1 and size.terms[0][1] == 1 and len(size.terms[0][0]) == 1:
+                found.setdefault(size.terms[0][0][0], (k, d))
+    missing = [name for name in shape_env.names if name not in found]
+    if missing:
+        raise CompileError(f"size symbols {missing} are not an input's dimension")
+    return [found[name] for name in shape_env.names]
+
+
+class _SizedInterpreter(Interpreter):
+    """Runs a graph whose attributes hold symbolic sizes, evaluated for one call's sizes (eager autograd)."""
+
+    def __init__(self, gm, sizes: dict):
+        super().__init__(gm)
+        self.sizes = sizes
+
+    def fetch_args_kwargs_from_env(self, node):
+        args, kwargs = super().fetch_args_kwargs_from_env(node)
+        return evaluate(args, self.sizes), evaluate(kwargs, self.sizes)
 
 
 def _seeds_of_gradients(graph, n_seeds: int) -> list[frozenset]:

@@ -1,6 +1,7 @@
 """Executor: runs a decomposed graph as a sequence of steps: generated kernels, or nodes through the interpreter."""
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from .interpreter import Interpreter
 from .kernel import Kernel, view_node
 from .passes.fusion import fuse
 from .passes.memory import plan_memory
+from .symbolic import evaluate
 
 
 class KernelStep:
@@ -32,6 +34,13 @@ class KernelStep:
         self.out_specs = [(tuple(n.meta["shape"]), n.meta["dtype"].np) for n in kernel.outputs]
         self.reuse_outputs = reuse_outputs
         self.parallel = bool(getattr(compiled, "parallel", False))
+
+    def bind(self, sizes: dict, values: tuple) -> "KernelStep":
+        """This step for one call's symbolic sizes (nnc.symbolic): concrete output shapes, the kernel given them."""
+        step = copy.copy(self)
+        step.out_specs = evaluate(self.out_specs, sizes)
+        step.compiled = self.compiled.bind(sizes, values) if hasattr(self.compiled, "bind") else self.compiled
+        return step
 
     def buffers(self, memory, arenas) -> "OutputBuffers":
         """This step's output arrays for one thread: planned views into its arenas, and a memo of the rest."""
@@ -125,6 +134,11 @@ class ViewStep:
         self.node, self.source, self.forward = node, args[0], op.forward
         self.nodes = [node]
 
+    def bind(self, sizes: dict, values: tuple) -> "ViewStep":
+        step = copy.copy(self)
+        step.attrs = evaluate(self.attrs, sizes)
+        return step
+
     def run(self, env: dict, buffers=None) -> None:
         env[self.node] = Tensor._from_array(self.forward(env[self.source]._data, **self.attrs))
 
@@ -134,11 +148,17 @@ class InterpretedStep:
 
     def __init__(self, nodes: list[Node], interpreter: Interpreter, reason: str):
         self.nodes, self.interpreter, self.reason = nodes, interpreter, reason
+        self.calls = [(node, node.args, node.kwargs) for node in nodes]
+
+    def bind(self, sizes: dict, values: tuple) -> "InterpretedStep":
+        step = copy.copy(self)
+        step.calls = [(node, evaluate(args, sizes), evaluate(kwargs, sizes)) for node, args, kwargs in self.calls]
+        return step
 
     def run(self, env: dict, buffers=None) -> None:
         interpreter = self.interpreter
-        for node in self.nodes:
-            args, kwargs = map_arg(node.args, env.__getitem__), map_arg(node.kwargs, env.__getitem__)
+        for node, args, kwargs in self.calls:
+            args, kwargs = map_arg(args, env.__getitem__), map_arg(kwargs, env.__getitem__)
             env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
 
 
@@ -165,6 +185,27 @@ def _attr_reader(gm: GraphModule, path: str):
     return lambda: getattr(owner, name)
 
 
+# How many distinct sizes a plan with symbolic sizes keeps bound steps for (then it starts over), and for how many
+# (the most recently used) each thread keeps its intermediate buffers: a generate loop meets a new size per token.
+_MAX_BOUND_SIZES = 256
+_KEPT_BUFFER_SIZES = 4
+
+
+class BoundSteps:
+    """A plan's steps and memory plan with its symbols evaluated for one call's sizes."""
+
+    __slots__ = ("values", "steps", "memory")
+
+    def __init__(self, values: tuple, steps: list, memory):
+        self.values, self.steps, self.memory = values, steps, memory
+
+
+def _allocate(steps: list, memory) -> list:
+    """One thread's output buffers for the steps: arenas of the memory plan, viewed per kernel output."""
+    arenas = memory.allocate() if memory is not None else []
+    return [step.buffers(memory, arenas) if isinstance(step, KernelStep) else None for step in steps]
+
+
 class Plan:
     """The steps for one graph; `run(*inputs)` returns what the graph returns.
 
@@ -183,8 +224,11 @@ class Plan:
     """
 
     def __init__(self, gm: GraphModule, use_codegen: bool = True, whole_graph: bool | None = False,
-                 reuse_outputs: bool = True):
+                 reuse_outputs: bool = True, shape_env=None):
         self.gm = gm
+        # With symbolic sizes (nnc.symbolic) the steps are bound to each call's sizes: `run(..., sizes=)`.
+        self.shape_env = shape_env
+        self._bound: dict = {}
         self.use_codegen, self.requested_whole_graph, self.reuse_outputs = use_codegen, whole_graph, reuse_outputs
         self.interpreter = Interpreter(gm)
         self.kernels, self.memory = [], None
@@ -220,19 +264,42 @@ class Plan:
             self._buffers()  # the compiling thread's, allocated now rather than on its first call
         self.compile_seconds += time.perf_counter() - start
 
-    def _buffers(self) -> list:
+    def _buffers(self, bound=None) -> list:
         """This thread's output buffers, one entry per step (None for steps that need none).
 
         NOTE: intermediate buffers are per thread: two threads running one plan at once (BLAS and numba release
-        the GIL) would otherwise write each other's intermediates. A thread allocates its arenas on its first call.
-        """
+        the GIL) would otherwise write each other's intermediates. A thread allocates its arenas on its first call
+        (with symbolic sizes, its first call with those sizes)."""
+        if bound is not None:
+            table = getattr(self._local, "by_sizes", None)
+            if table is None:
+                table = self._local.by_sizes = {}
+            buffers = table.pop(bound.values, None)
+            if buffers is None:
+                buffers = _allocate(bound.steps, bound.memory)
+                if len(table) >= _KEPT_BUFFER_SIZES:  # the least recently used sizes' arenas go
+                    del table[next(iter(table))]
+            table[bound.values] = buffers
+            return buffers
         buffers = getattr(self._local, "buffers", None)
         if buffers is None:
-            arenas = self.memory.allocate() if self.memory is not None else []
-            buffers = [step.buffers(self.memory, arenas) if isinstance(step, KernelStep) else None
-                       for step in self.steps]
-            self._local.buffers = buffers
+            if self.shape_env is not None:
+                return []  # allocated per call's sizes
+            buffers = self._local.buffers = _allocate(self.steps, self.memory)
         return buffers
+
+    def bound(self, values: tuple) -> "BoundSteps":
+        """The steps and buffers plan for one call's symbol values (made once per distinct sizes)."""
+        bound = self._bound.get(values)
+        if bound is None:
+            if len(self._bound) >= _MAX_BOUND_SIZES:
+                self._bound.clear()
+                self._local = threading.local()
+            sizes = dict(zip(self.shape_env.names, values))
+            steps = [step.bind(sizes, values) if hasattr(step, "bind") else step for step in self.steps]
+            memory = self.memory.bind(sizes) if self.memory is not None else None
+            bound = self._bound[values] = BoundSteps(values, steps, memory)
+        return bound
 
     @property
     def whole_graph(self) -> bool:
@@ -285,7 +352,8 @@ class Plan:
         kernel.meta["source"] = getattr(compiled, "source", "")
         return KernelStep(kernel, compiled, self.reuse_outputs)
 
-    def run(self, *inputs):
+    def run(self, *inputs, sizes: tuple = ()):
+        """What the graph returns for these inputs; `sizes` are the values of the plan's symbols for this call."""
         if self.whole_graph:
             return self._run_whole(inputs)
         env: dict = {}
@@ -293,8 +361,13 @@ class Plan:
             env[node] = value
         for node, read in self.attrs:
             env[node] = read()
-        for step, buffers in zip(self.steps, self._buffers()):
-            step.run(env, buffers)
+        if self.shape_env is not None:
+            bound = self.bound(tuple(sizes))
+            steps, buffers = bound.steps, self._buffers(bound)
+        else:
+            steps, buffers = self.steps, self._buffers()
+        for step, buffer in zip(steps, buffers):
+            step.run(env, buffer)
         return map_arg(self.output, env.__getitem__)
 
     def _run_whole(self, inputs):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from runtime.nn import Module
 
 from .executor import ViewStep
+from .symbolic import hint_int
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Report:
     whole_graph_source: str = ""  # the generated module of whole-graph mode (run_graph)
     graph_breaks: list = field(default_factory=list)  # (submodule path, why it could not be traced)
     pieces: int = 0  # with gradients and opaque nodes: the compiled pieces between eager calls (nnc.split)
+    sizes: str = ""  # with symbolic sizes: the symbols, and the guards a call's sizes must pass
 
     def forward_mode(self) -> str:
         """One line: how the forward runs (whole-graph mode, or kernel by kernel and why)."""
@@ -46,6 +48,9 @@ class Report:
         lines = [f"{len(self.kernels)} forward kernels, {len(self.backward_kernels)} backward kernels; "
                  f"compile {self.compile_seconds:.2f} s, {self.cache_hits} kernels from the disk cache"]
         lines.append(self.forward_mode())
+        if self.sizes:
+            lines.append("symbolic sizes:")
+            lines.extend(f"  {line}" for line in self.sizes.splitlines())
         for path, reason in self.graph_breaks:
             lines.append(f"graph break: {path} runs eagerly ({reason})")
         if self.pieces:
@@ -77,7 +82,7 @@ def _kernel_reports(plan) -> list[KernelReport]:
         reports.append(KernelReport(
             name=kernel.name, kind=kernel.kind,
             ops=list(kernel.meta.get("ops") or [getattr(n.target, "__name__", str(n.target)) for n in kernel.nodes]),
-            reason=kernel.reason, bytes_moved=int(kernel.meta.get("bytes_moved", 0)),
+            reason=kernel.reason, bytes_moved=int(hint_int(kernel.meta.get("bytes_moved", 0))),  # at the hints
             generated=hasattr(step, "compiled"), fallback=failed.get(kernel.name, ""),
             view=isinstance(step, ViewStep),
             source=kernel.meta.get("source", "")))
@@ -86,12 +91,15 @@ def _kernel_reports(plan) -> list[KernelReport]:
 
 def explain(module: Module, *args, backward: bool = False, **kwargs) -> Report:
     """Compile `module` for these arguments (any forward takes: tensors, nested tuples, Python values) and its
-    backward, if asked, and report what came out: kernels, graph breaks and the nodes that run eagerly."""
-    from .compile import bind_arguments, split_arguments
+    backward, if asked, and report what came out: kernels, graph breaks and the nodes that run eagerly. Dimensions
+    marked with nnc.mark_dynamic compile with symbolic sizes, and the report lists the guards."""
+    from .compile import bind_arguments, marked_placeholder_dims, split_arguments
     from .pipeline import compile_arguments
 
-    concrete, examples = split_arguments(bind_arguments(module, args, kwargs))
-    return report(compile_arguments(module, concrete, examples, needs_grad=backward))
+    arguments = bind_arguments(module, args, kwargs)
+    concrete, examples = split_arguments(arguments)
+    return report(compile_arguments(module, concrete, examples, needs_grad=backward,
+                                    dynamic=marked_placeholder_dims(arguments)))
 
 
 def report(compilation) -> Report:
@@ -107,7 +115,8 @@ def report(compilation) -> Report:
                     cache_hits=sum(p.cache_hits for p in compilation.plans),
                     opaque_nodes=[(n.name, n.meta["opaque_reason"]) for n in compilation.opaque],
                     graph_breaks=[(b.path, b.reason) for b in compilation.graph_breaks],
-                    pieces=len(compilation.graphs) if compilation.split is not None else 0)
+                    pieces=len(compilation.graphs) if compilation.split is not None else 0,
+                    sizes=compilation.shape_env.describe() if compilation.shape_env is not None else "")
     result.backward_kernels = [k for g in compilation.graphs if g.backward_plan is not None
                                for k in _kernel_reports(g.backward_plan)]
     return result

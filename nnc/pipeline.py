@@ -28,6 +28,7 @@ from .passes.decompose import decompose
 from .passes.shapes import propagate_shapes
 from .passes.simplify import cse, dce, fold_constants, remove_noops
 from .split import SplitGraph
+from .symbolic import ShapeEnv, has_symbols
 from .trace import Tracer, TraceError, symbolic_trace
 
 
@@ -76,21 +77,24 @@ class GraphBreak:
         return f"GraphBreak({self.path!r}: {self.reason})"
 
 
-def trace_for_compile(module: Module, concrete: dict, examples: dict, max_breaks: int = 16):
+def trace_for_compile(module: Module, concrete: dict, examples: dict, max_breaks: int = 16,
+                      dynamic: dict | None = None, shape_env: ShapeEnv | None = None):
     """The traced graph with sizes specialized to the examples, and the graph breaks it needed.
 
     A submodule whose forward cannot be traced (data-dependent Python control flow) is recorded as a call and runs
     eagerly; the rest of the model still compiles. The root's own forward has no such way out: its TraceError is
-    raised."""
+    raised. With dynamic dims (placeholder name -> dims) sizes are symbolic there (nnc.symbolic), and a graph break
+    is an error: an eager part's sizes are not known symbolically."""
     breaks: list[GraphBreak] = []
     while True:
         tracer = Tracer(leaf_paths=[b.path for b in breaks])
         try:
-            traced = symbolic_trace(module, concrete_args=concrete or None, tracer=tracer, example_inputs=examples)
+            traced = symbolic_trace(module, concrete_args=concrete or None, tracer=tracer, example_inputs=examples,
+                                    dynamic=dynamic, shape_env=shape_env)
             return traced, breaks
         except TraceError as error:
             path = getattr(error, "module_path", "")
-            if not path or len(breaks) >= max_breaks:
+            if not path or len(breaks) >= max_breaks or dynamic:
                 raise
             breaks.append(GraphBreak(path, str(error)))
             debug(1, f"graph break at {path}: {error}")
@@ -108,9 +112,16 @@ class Compilation:
     opaque nodes compile with their own backwards, the opaque nodes run eagerly (nnc.split)."""
 
     def __init__(self, module: Module, concrete: dict, examples: dict, needs_grad: bool, codegen: bool = True,
-                 whole_graph: bool | None = None):
+                 whole_graph: bool | None = None, dynamic: dict | None = None):
         self.module, self.concrete, self.examples = module, concrete, examples
         self.needs_grad, self.codegen, self.whole_graph = needs_grad, codegen, whole_graph
+        # dynamic: placeholder name -> dims whose sizes are symbols (nnc.symbolic); shape_env holds the symbols and
+        # the guards the stages' decisions on them recorded
+        self.dynamic = {name: tuple(dims) for name, dims in (dynamic or {}).items() if dims}
+        self.shape_env: ShapeEnv | None = ShapeEnv() if self.dynamic else None
+        self._guard = None
+        if self.dynamic:
+            self.whole_graph = False  # one numba function for the whole graph is generated for static sizes
         self.tensors = pytree.tensor_leaves(list(examples.values()))
         self.traced: GraphModule | None = None    # trace (shapes fills in its meta)
         self.graph_breaks: list[GraphBreak] = []
@@ -157,6 +168,15 @@ class Compilation:
             user = pytree.unflatten(leaves, spec)
         return user
 
+    def accepts(self, tensors: list) -> bool:
+        """Whether this compilation serves a call with these input tensors: with symbolic sizes, whether their sizes
+        satisfy the guards its stages recorded (the caller has checked everything else)."""
+        if self.shape_env is None:
+            return True
+        if self._guard is None:
+            self._guard = self.shape_env.guard_function()
+        return self._guard(self.main.sizes_of(tensors))
+
     def graph_names(self) -> list[str]:
         """A label per compiled graph: the module's name, or each piece's."""
         if self.split is not None:
@@ -170,14 +190,18 @@ class Compilation:
 def _trace(c: Compilation) -> None:
     with _read_only(c.module.parameters()):
         c.traced, c.graph_breaks = trace_for_compile(c.module, c.concrete,
-                                                     pytree.replace_tensors(c.examples, _copies(c.tensors)))
+                                                     pytree.replace_tensors(c.examples, _copies(c.tensors)),
+                                                     dynamic=c.dynamic, shape_env=c.shape_env)
 
 
 def _shapes(c: Compilation) -> None:
     meta = c.traced.graph.meta
     captured = [t for path, t in meta.get("constants", {}).items() if path not in meta.get("fresh_constants", ())]
+    symbolic = {n: n.meta["shape"] for n in c.traced.graph.placeholders if has_symbols(n.meta.get("shape"))}
     with _read_only([*c.module.parameters(), *captured]):
         propagate_shapes(c.traced, *_copies(c.tensors))
+    for node, shape in symbolic.items():  # shape propagation ran at the hint sizes; the inputs' sizes are symbols
+        node.meta["shape"] = shape
 
 
 @contextlib.contextmanager
@@ -209,6 +233,10 @@ def _copies(tensors: list) -> list:
 
 def _decompose(c: Compilation) -> None:
     c.forward = decompose(c.traced)
+    if c.shape_env is not None:
+        eager = [f"{n.name} ({n.meta['opaque_reason']})" for n in c.forward.graph.nodes if "opaque_reason" in n.meta]
+        if eager:
+            raise DynamicSizeError(f"dynamic sizes need every node compiled, and these run eagerly: {', '.join(eager)}")
 
 
 def _functionalize(c: Compilation) -> None:
@@ -234,7 +262,7 @@ def _split(c: Compilation) -> None:
                                            written_inputs=[k for k, n in enumerate(piece.inputs) if n in written])
     else:
         c.main = CompiledGraph(c.forward, c.needs_grad, requiring,
-                               written_inputs=[w.where for w in c.writes if w.kind == "input"])
+                               written_inputs=[w.where for w in c.writes if w.kind == "input"], shape_env=c.shape_env)
 
 
 def _autodiff(c: Compilation) -> None:
@@ -264,6 +292,8 @@ def _memory(c: Compilation) -> None:
 def _codegen(c: Compilation) -> None:
     for plan in c.plans:
         plan.generate()
+    if c.shape_env is not None:
+        c.shape_env.frozen = True  # what the variant decided on its sizes is complete: its guards
 
 
 @dataclass(frozen=True)
@@ -288,6 +318,10 @@ STAGES = (
     Stage("codegen", "the generated numba source of every kernel", _codegen),
 )
 STAGE_NAMES = tuple(stage.name for stage in STAGES)
+
+
+class DynamicSizeError(RuntimeError):
+    """The model cannot be compiled with symbolic sizes (the caller compiles static sizes instead)."""
 
 
 class PipelineError(RuntimeError):
@@ -331,9 +365,10 @@ def run_stages(c: Compilation, until: str | None = None) -> Compilation:
 
 
 def compile_arguments(module: Module, concrete: dict, examples: dict, needs_grad: bool, codegen: bool = True,
-                      whole_graph: bool | None = None) -> Compilation:
+                      whole_graph: bool | None = None, dynamic: dict | None = None) -> Compilation:
     """Every stage, for these arguments: a Compilation ready to run."""
-    return run_stages(Compilation(module, concrete, examples, needs_grad, codegen=codegen, whole_graph=whole_graph))
+    return run_stages(Compilation(module, concrete, examples, needs_grad, codegen=codegen, whole_graph=whole_graph,
+                                  dynamic=dynamic))
 
 
 # -- what a stage made, as text -----------------------------------------------------------------------

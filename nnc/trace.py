@@ -24,6 +24,7 @@ from runtime.tensor import Tensor
 from . import pytree
 from .graph import Graph, fetch_attr, map_arg
 from .prims import prims
+from .symbolic import has_symbols, hint_of
 
 
 def _folder(path: str) -> str:
@@ -89,6 +90,8 @@ METHOD_NAMES = frozenset(api.METHODS) | _TENSOR_METHODS | frozenset(INPLACE_METH
 # device. The compiled module's guards check exactly these, so the answers hold for every call that reuses the graph.
 SIZE_QUERIES = frozenset({"size", "shape", "dim", "ndim", "numel", "nelement", "dtype", "device",
                           "is_floating_point", "is_complex", "element_size", "is_cuda"})
+# The size queries whose answers may hold symbolic sizes when some dimensions are dynamic (nnc.symbolic).
+SYMBOLIC_QUERIES = frozenset({"size", "shape", "numel", "nelement"})
 
 
 class Proxy:
@@ -112,6 +115,8 @@ class Proxy:
         if name in SIZE_QUERIES and self.tracer.specializes_sizes:
             value = self.tracer.value_of(self.node)
             if isinstance(value, Tensor):
+                if name in SYMBOLIC_QUERIES and self.tracer.shape_env is not None:
+                    return getattr(self.tracer.symbolic_value_of(self.node), name)
                 return getattr(value, name)
         if name in METHOD_NAMES:
             return _MethodRecorder(self, name)
@@ -150,6 +155,8 @@ class Proxy:
         if not self.tracer.specializes_sizes:
             return None
         value = self.tracer.value_of(self.node)
+        if isinstance(value, Tensor) and value.ndim and self.tracer.shape_env is not None:
+            return operator.index(self.tracer.symbolic_value_of(self.node).shape[0])  # pins a dynamic size
         if isinstance(value, Tensor):
             return len(value) if value.ndim else None
         return len(value) if isinstance(value, (tuple, list)) else None
@@ -239,6 +246,12 @@ class Tracer:
         self.leaf_paths = frozenset(leaf_paths)  # submodules recorded as calls whatever their type (graph breaks)
         self.specializes_sizes = False
         self._values: dict = {}
+        # Dynamic dimensions (nnc.symbolic): placeholder name -> dims, the symbols' ShapeEnv, and the values of the
+        # nodes replayed on shape-only MetaValues, which answer size queries with symbolic sizes.
+        self.dynamic: dict[str, tuple] = {}
+        self.shape_env = None
+        self._symbolic: dict = {}
+        self._replay = None
 
     def is_leaf_module(self, module: Module, qualified_name: str) -> bool:
         """Built-in layers (and any module with hooks, so they keep firing) are recorded as calls."""
@@ -328,14 +341,20 @@ class Tracer:
 
     # -- the trace ---------------------------------------------------------------------------------
 
-    def trace(self, root: Module, concrete_args: dict | None = None, example_inputs: dict | None = None) -> Graph:
+    def trace(self, root: Module, concrete_args: dict | None = None, example_inputs: dict | None = None,
+              dynamic: dict | None = None, shape_env=None) -> Graph:
         """Record root.forward. With example_inputs (argument name -> value), sizes are specialized: x.size(),
         x.shape, len(x) and x.dim() are the example's ints, so Python code on sizes just runs; an argument holding
-        tensors inside tuples, lists or dicts becomes one placeholder per tensor (named `arg_0`, `arg_1`, ...)."""
+        tensors inside tuples, lists or dicts becomes one placeholder per tensor (named `arg_0`, `arg_1`, ...).
+
+        dynamic (placeholder name -> dims) with a shape_env (nnc.symbolic.ShapeEnv): those dims get a symbol each,
+        and size queries answer with symbolic sizes (SymInts) where they depend on one."""
         if not isinstance(root, Module):
             raise TypeError(f"nnc.trace expects a runtime.nn.Module, got {type(root).__name__}")
         self.root, self.graph, self.constants = root, Graph(), {}
         self.specializes_sizes, self._values = example_inputs is not None, {}
+        self.dynamic, self.shape_env = dict(dynamic or {}), shape_env if dynamic else None
+        self._symbolic, self._replay = {}, None
         self._module_paths = {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
         self._tensor_paths = {}
         for name, t in [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]:
@@ -386,7 +405,15 @@ class Tracer:
         proxy.node.meta["module_path"] = ""
         if example is not None:
             self._values[proxy.node] = example.detach().clone()  # in-place ops while tracing must not reach it
+            if self.shape_env is not None:
+                proxy.node.meta.update(shape=self._symbolic_shape(name, example), dtype=example.dtype)
         return proxy
+
+    def _symbolic_shape(self, name: str, example: Tensor) -> tuple:
+        """The example's shape with a new symbol for each of its dynamic dims (sizes 0 and 1 stay as they are)."""
+        dims = self.dynamic.get(name, ())
+        return tuple(self.shape_env.symbol(size, f"{name}'s dim {d}") if d in dims and size >= 2 else size
+                     for d, size in enumerate(example.shape))
 
     def _example_placeholders(self, name: str, example):
         """A placeholder for a tensor; for a nested value, one per tensor inside it (other leaves stay as given)."""
@@ -412,8 +439,31 @@ class Tracer:
                         break
         return self._values[node]
 
+    def symbolic_value_of(self, node):
+        """The value of a recorded node as decompose sees it (a MetaValue: symbolic shape and dtype), replaying the
+        graph so far on shape-only values the first time a node's sizes are asked for."""
+        if node not in self._symbolic:
+            from .passes.decompose import replay_for_tracer
+
+            if self._replay is None:
+                self._replay = replay_for_tracer(self)
+            with self._suspended(), no_grad():
+                for n in self.graph.nodes:
+                    if n not in self._symbolic and n.op != "output":
+                        self._symbolic[n] = self._replay(n, self._symbolic)
+                    if n is node:
+                        break
+        value = self._symbolic[node]
+        if not hasattr(value, "shape"):
+            reason = getattr(getattr(value, "node", None), "meta", {}).get("opaque_reason", "it runs eagerly")
+            raise TraceError(f"the sizes of {node.name} are not known symbolically {_where()} ({reason}); "
+                             f"compile with static sizes")
+        return value
+
     def _evaluate(self, node):
         args, kwargs = map_arg(node.args, self._values.__getitem__), map_arg(node.kwargs, self._values.__getitem__)
+        if self.shape_env is not None:  # the example values are at the hint sizes
+            args, kwargs = hint_of(args), hint_of(kwargs)
         if node.op == "get_attr":
             return self.constants[node.target] if node.target in self.constants else fetch_attr(self.root, node.target)
         if node.op == "call_module":  # no hooks: tracing is an analysis (as shape propagation)
@@ -518,7 +568,8 @@ def _recording(fn, tracer: Tracer):
     """A stand-in for a runtime function: recorded as call_function when any argument is a proxy."""
 
     def recorder(*args, **kwargs):
-        if _has_proxy(args) or _has_proxy(kwargs):
+        symbolic = tracer.shape_env is not None and has_symbols((args, kwargs))  # arange(0, T): a node of its own
+        if _has_proxy(args) or _has_proxy(kwargs) or symbolic:
             if isinstance(kwargs.get("out"), Tensor):
                 # NOTE: the write would happen in the graph only; the real tensor, which later Python code reads
                 # while tracing, would keep its old value
@@ -544,7 +595,7 @@ def has_hooks(module: Module) -> bool:
 
 
 def symbolic_trace(module: Module, concrete_args: dict | None = None, tracer: Tracer | None = None,
-                   example_inputs: dict | None = None):
+                   example_inputs: dict | None = None, dynamic: dict | None = None, shape_env=None):
     """Trace `module` into a GraphModule (same parameters, buffers and state_dict keys).
 
     example_inputs (argument name -> value) specializes sizes to those values (see Tracer.trace); without it the
@@ -552,5 +603,5 @@ def symbolic_trace(module: Module, concrete_args: dict | None = None, tracer: Tr
     from .graph_module import GraphModule
 
     tracer = tracer or Tracer()
-    graph = tracer.trace(module, concrete_args, example_inputs)
+    graph = tracer.trace(module, concrete_args, example_inputs, dynamic=dynamic, shape_env=shape_env)
     return GraphModule(module, graph, class_name=type(module).__name__)

@@ -275,3 +275,89 @@ def solve_triangular(A, B, *, upper, left=True, unitriangular=False):
         n = A.shape[-1]
         tri = tri.masked_fill(A.new_tensor(np.eye(n, dtype=bool), dtype=dt.bool_), 1.0)
     return solve(tri, B, left=left)
+
+
+def tensorinv(A, ind=2):
+    if ind <= 0:
+        raise RuntimeError(f"Expected a strictly positive integer for 'ind', but got {ind}")
+    out_shape, in_shape = tuple(A.shape[:ind]), tuple(A.shape[ind:])
+    n = math.prod(out_shape)
+    if n != math.prod(in_shape):
+        raise RuntimeError(f"Expected self to satisfy the requirement prod(self.shape[ind:]) == "
+                           f"prod(self.shape[:ind]), but got {math.prod(in_shape)} != {n}")
+    return inv(A.reshape(n, n)).reshape(in_shape + out_shape)
+
+
+def tensorsolve(A, B, dims=None):
+    if dims is not None:
+        rest = [d for d in range(A.ndim) if d not in [wrap_dim(x, A.ndim) for x in dims]]
+        A = A.permute(tuple(rest) + tuple(wrap_dim(x, A.ndim) for x in dims))
+    x_shape = tuple(A.shape[B.ndim:])
+    n = math.prod(x_shape)
+    return solve(A.reshape(B.numel(), n), B.reshape(-1)).reshape(x_shape)
+
+
+class _LUFactor(NamedTuple):
+    LU: object
+    pivots: object
+
+
+class _PLU(NamedTuple):
+    P: object
+    L: object
+    U: object
+
+
+def lu_factor(A, *, pivot=True):
+    """(LU, pivots) as LAPACK's getrf: pivots are 1-based row swaps, as torch's."""
+    _no_grad_here("lu_factor", A)
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on CPU")
+    from scipy.linalg import lu_factor as _lu_factor
+
+    a = _values(A, "lu_factor")
+    flat = a.reshape(-1, *a.shape[-2:])
+    lus, pivs = zip(*(_lu_factor(m, check_finite=False) for m in flat)) if flat.shape[0] else ((), ())
+    lu = np.stack(lus).reshape(a.shape) if lus else a.copy()
+    piv = (np.stack(pivs) + 1).astype(np.int32).reshape(a.shape[:-2] + (min(a.shape[-2:]),)) if pivs else \
+        np.zeros(a.shape[:-2] + (min(a.shape[-2:]),), np.int32)
+    return _LUFactor(A.new_tensor(lu), A.new_tensor(piv, dtype=dt.int32))
+
+
+def lu_factor_ex(A, *, pivot=True, check_errors=False):
+    LU, pivots = lu_factor(A, pivot=pivot)
+    return LU, pivots, A.new_zeros(tuple(A.shape[:-2]), dtype=dt.int32)
+
+
+def lu(A, *, pivot=True):
+    """(P, L, U) with A = P L U."""
+    _no_grad_here("lu", A)
+    if not pivot:
+        raise RuntimeError("linalg.lu: LU without pivoting is not implemented on CPU")
+    from scipy.linalg import lu as _lu
+
+    a = _values(A, "lu")
+    flat = a.reshape(-1, *a.shape[-2:])
+    parts = [_lu(m, check_finite=False) for m in flat]
+    k = min(a.shape[-2:])
+    batch = a.shape[:-2]
+    P = np.stack([p for p, _, _ in parts]).reshape(batch + (a.shape[-2], a.shape[-2]))
+    L = np.stack([low for _, low, _ in parts]).reshape(batch + (a.shape[-2], k))
+    U = np.stack([up for _, _, up in parts]).reshape(batch + (k, a.shape[-1]))
+    return _PLU(A.new_tensor(P), A.new_tensor(L), A.new_tensor(U))
+
+
+def lu_solve(LU, pivots, B, *, left=True, adjoint=False):
+    _no_grad_here("lu_solve", LU, B)
+    from scipy.linalg import lu_solve as _lu_solve
+
+    lu_, piv, b = _values(LU, "lu_solve"), _values(pivots, "lu_solve") - 1, _values(B, "lu_solve")
+    if not left:
+        raise RuntimeError("linalg.lu_solve(left=False) is not supported by runtime")
+    batch = np.broadcast_shapes(lu_.shape[:-2], b.shape[:-2])
+    lu_b = np.broadcast_to(lu_, batch + lu_.shape[-2:]).reshape(-1, *lu_.shape[-2:])
+    piv_b = np.broadcast_to(piv, batch + piv.shape[-1:]).reshape(-1, piv.shape[-1])
+    b_b = np.broadcast_to(b, batch + b.shape[-2:]).reshape(-1, *b.shape[-2:])
+    x = np.stack([_lu_solve((m, p), r, trans=1 if adjoint else 0, check_finite=False)
+                  for m, p, r in zip(lu_b, piv_b, b_b)]) if b_b.shape[0] else b_b.copy()
+    return B.new_tensor(x.reshape(batch + b.shape[-2:]))

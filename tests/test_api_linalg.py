@@ -107,3 +107,20 @@ def test_errors():
         runtime.linalg.det(runtime.ones(2, 2, dtype=runtime.int64))
     with pytest.raises(RuntimeError, match="no derivative rule"):
         runtime.linalg.svd(runtime.ones(2, 2, requires_grad=True))
+
+
+def test_lu_family_and_tensor_solvers(torch):
+    a, b = G(2, 3, 3), G(2, 3, 2)
+    for name in ("lu_factor", "lu"):
+        for x, y in zip(getattr(runtime.linalg, name)(runtime.tensor(a)), getattr(torch.linalg, name)(torch.tensor(a))):
+            assert x.dtype.name == str(y.dtype).removeprefix("torch.")
+            np.testing.assert_allclose(x.numpy(), y.numpy(), rtol=1e-12, atol=1e-12)
+    LU, piv = torch.linalg.lu_factor(torch.tensor(a))
+    ours = runtime.linalg.lu_solve(runtime.tensor(LU.numpy()), runtime.tensor(piv.numpy()), runtime.tensor(b))
+    np.testing.assert_allclose(ours.numpy(), torch.linalg.lu_solve(LU, piv, torch.tensor(b)).numpy(), rtol=1e-10)
+    t = G(6, 2, 3)
+    np.testing.assert_allclose(runtime.linalg.tensorinv(runtime.tensor(t), 1).numpy(),
+                               torch.linalg.tensorinv(torch.tensor(t), 1).numpy(), rtol=1e-10)
+    s, r = G(2, 3, 6), G(2, 3)
+    np.testing.assert_allclose(runtime.linalg.tensorsolve(runtime.tensor(s), runtime.tensor(r)).numpy(),
+                               torch.linalg.tensorsolve(torch.tensor(s), torch.tensor(r)).numpy(), rtol=1e-10)

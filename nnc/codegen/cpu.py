@@ -12,15 +12,17 @@ reason)`; the caller falls back to the interpreter.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from ..kernel import Kernel
+from ..symbolic import evaluate, has_symbols
 from . import cache
-from .cpu_elementwise import ElementwiseSchedule, KernelBuilder, elementwise_schedule, gen_elementwise, indent
+from .cpu_elementwise import (ElementwiseSchedule, KernelBuilder, elementwise_schedule, gen_elementwise, indent,
+                              symbols_in)
 from .cpu_matmul import MatmulSchedule, gen_matmul, matmul_schedule_of
 from .cpu_reduction import ReductionSchedule, gen_reduction, reduction_schedule_of
 from .scalar import KernelCompileError, Unsupported
@@ -44,6 +46,7 @@ class Generated:
     definitions: list[str] = field(default_factory=list)  # helper and numba function sources, in order
     launch: list[str] = field(default_factory=list)       # the body of launch(ins, outs) (numba-compatible)
     stamp: str = ""                                       # the generator/numba/approx versions line
+    symbols: list[str] = field(default_factory=list)      # the size symbols launch(ins, outs, sizes) reads
 
 
 def generate(kernel: Kernel) -> Generated:
@@ -74,11 +77,18 @@ def _generate(kernel: Kernel) -> Generated:
               "import math", "", "import numpy as np", "from numba import njit, prange"]
     definitions = list(kb.helpers.values()) + [f.source() for f in kb.functions]
     parts = ["\n".join(header + preamble)] + definitions
-    parts.append("\n".join(["def launch(ins, outs):", '    """Run the kernel on C-contiguous input and output '
-                            'arrays."""'] + indent(kb.launch)))
+    symbols = symbols_in(kb.launch)
+    if symbols:  # a kernel over symbolic sizes (nnc.symbolic) takes each call's sizes
+        launch = [f"{name} = sizes[{name[1:]}]" for name in symbols] + kb.launch
+        parts.append("\n".join(["def launch(ins, outs, sizes):", '    """Run the kernel on C-contiguous input and '
+                                'output arrays, for the size symbols\' values."""'] + indent(launch)))
+    else:
+        parts.append("\n".join(["def launch(ins, outs):", '    """Run the kernel on C-contiguous input and output '
+                                'arrays."""'] + indent(kb.launch)))
     source = "\n\n\n".join(parts) + "\n"
     return Generated(source=source,
-                     signatures={f.name: [a.dtype for a in f.args] for f in kb.functions},
+                     signatures={f.name: [a.dtype for a in f.args] + [SIZE] * len(f.symbols) for f in kb.functions},
+                     symbols=symbols,
                      parallel=any(f.parallel for f in kb.functions),
                      in_specs=[(a.shape, a.dtype) for a in kb.ins],
                      out_specs=[(a.shape, a.dtype) for a in kb.outs],
@@ -116,9 +126,19 @@ class CompiledKernel:
     out_specs: list = field(repr=False)
     _launch: Callable = field(repr=False)
 
+    symbols: list = field(default_factory=list, repr=False)  # launch(ins, outs, sizes) reads these size symbols
+
     def __post_init__(self):
         self._in_shapes = [shape for shape, _ in self.in_specs]
         self._in_dtypes = [dtype for _, dtype in self.in_specs]
+
+    def bind(self, sizes: dict, values: tuple) -> "CompiledKernel":
+        """This kernel for one call's symbol values: concrete shapes, and a launcher given the sizes."""
+        if not self.symbols and not has_symbols((self.in_specs, self.out_specs)):
+            return self
+        launch = self._launch
+        return replace(self, in_specs=evaluate(self.in_specs, sizes), out_specs=evaluate(self.out_specs, sizes),
+                       _launch=(lambda ins, outs: launch(ins, outs, values)) if self.symbols else launch)
 
     def run_into(self, input_arrays: list, outs: list) -> None:
         """`run` for a caller whose `outs` are C-contiguous writeable arrays of the output specs (the executor's).
@@ -177,11 +197,15 @@ class CompiledKernel:
     __call__ = run
 
 
+# The argument type of a size symbol in `Generated.signatures` (an int64 scalar; arrays are named by their dtype).
+SIZE = "size"
+
+
 def _numba_signature(dtypes):
     from numba import types
     from numba.np.numpy_support import from_dtype
 
-    return tuple(types.Array(from_dtype(d), 1, "C") for d in dtypes)
+    return tuple(types.int64 if d == SIZE else types.Array(from_dtype(d), 1, "C") for d in dtypes)
 
 
 def all_writeable(arrays) -> bool:
@@ -232,4 +256,4 @@ def compile_generated(kernel: Kernel, generated: Generated, start: float | None 
     return CompiledKernel(name=kernel.name, kind=kernel.kind, source=generated.source, path=path,
                           parallel=generated.parallel, cache_hit=hit,
                           compile_seconds=time.perf_counter() - start, in_specs=generated.in_specs,
-                          out_specs=generated.out_specs, _launch=module.launch)
+                          out_specs=generated.out_specs, _launch=module.launch, symbols=generated.symbols)

@@ -8,6 +8,7 @@ PARALLEL_MIN_ELEMENTS (2**18), else range (decided from the static shape: `eleme
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ from runtime.ops import Kind
 
 from ..graph import Node
 from ..kernel import Kernel
+from ..symbolic import Shape
 from .cpu_dialect import CpuDialect
 from .indexing import broadcast_shape, broadcast_strides, collapse, emit_offsets
 from .scalar import ScalarBody, Unsupported, Value, node_dtype, node_shape, op_and_attrs
@@ -49,13 +51,27 @@ class Function:
     parallel: bool
     reassociate: bool = False  # fastmath reassoc + contract: a dot product's sum in vector lanes, with FMA
 
+    @property
+    def symbols(self) -> list[str]:
+        """The size symbols (nnc.symbolic) the body uses: extra integer arguments after the arrays."""
+        return symbols_in(self.lines)
+
     def source(self) -> str:
-        sig = ", ".join(a.arg for a in self.args)
+        sig = ", ".join([a.arg for a in self.args] + self.symbols)
         doc = "; ".join(f"{a.arg}: {a.node.name} {a.dtype.name}{list(a.shape)}" for a in self.args)
         fastmath = ", fastmath={'reassoc', 'contract'}" if self.reassociate else ""
         head = [f"@njit(cache=True, parallel={self.parallel}{fastmath}, error_model='numpy')",
                 f"def {self.name}({sig}):", f"    # {doc}"]
         return "\n".join(head + ["    " + line if line else "" for line in self.lines])
+
+
+_SYMBOL = re.compile(r"\bS(\d+)\b")
+
+
+def symbols_in(lines) -> list[str]:
+    """The size symbols named in generated lines, in symbol order (S0, S1, ...)."""
+    found = {int(k) for line in lines for k in _SYMBOL.findall(line)}
+    return [f"S{k}" for k in sorted(found)]
 
 
 def indent(lines, n=1):
@@ -174,7 +190,7 @@ def flat_view(a: Array) -> str:
 
 def launch_line(f: Function) -> str:
     """The launcher's call of f on the flat views of its arguments."""
-    return f"{f.name}({', '.join(flat_view(a) for a in f.args)})"
+    return f"{f.name}({', '.join([flat_view(a) for a in f.args] + f.symbols)})"
 
 
 @dataclass(frozen=True)
@@ -219,7 +235,7 @@ def gen_elementwise(kb: KernelBuilder) -> None:
         op, _, _ = op_and_attrs(n)
         if op.kind != Kind.ELEMENTWISE:
             raise Unsupported(f"node {n.name}: op {op.name} ({op.kind}) is not elementwise")
-        if broadcast_shape(node_shape(n), shape) != shape:
+        if Shape(broadcast_shape(node_shape(n), shape) or ()) != Shape(shape):
             raise Unsupported(f"node {n.name} has shape {list(node_shape(n))}, which does not fit the kernel "
                               f"shape {list(shape)}")
     f = kb.elementwise_function(kb.name, kb.kernel.nodes, kb.ins, kb.outs, shape)

@@ -10,6 +10,7 @@ from runtime.ops import Kind
 
 from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
+from ..symbolic import has_symbols
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, flat_view, indent
 from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
 
@@ -66,6 +67,8 @@ class MatmulSchedule:
 def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype) -> MatmulSchedule:
     """The schedule of `op_name` ("matmul" or "linear") on operands of these shapes and dtypes."""
     if out_dtype.kind != "f" or a_dtype != out_dtype or b_dtype != out_dtype or len(b_shape) != 2 or not a_shape:
+        return MatmulSchedule("blas")
+    if has_symbols((a_shape, b_shape)):  # the loop forms unroll by their sizes: BLAS serves every size
         return MatmulSchedule("blas")
     rows, kdim = math.prod(a_shape[:-1]), a_shape[-1]
     if kdim == 0:
@@ -158,7 +161,7 @@ def gen_matmul(kb: KernelBuilder) -> None:
         f = kb.elementwise_function(f"{kb.name}_epilogue", epilogue, ins, outs, mm_shape)
         kb.functions.append(f)
         flat = ["mm.reshape(-1)" if a.arg == "mm" else flat_view(a) for a in f.args]
-        lines.append(f"{f.name}({', '.join(flat)})")
+        lines.append(f"{f.name}({', '.join(flat + f.symbols)})")
     kb.launch = lines
 
 

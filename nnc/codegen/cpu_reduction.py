@@ -18,6 +18,7 @@ import numpy as np
 
 from runtime.ops import Kind, Reducer
 
+from ..symbolic import is_symbolic
 from ..graph import Node
 from ..kernel import Kernel
 from ..prims import Prim
@@ -103,6 +104,8 @@ def reduction_schedule(shape, dims, blockable: bool = True) -> ReductionSchedule
         chunk = -(-n_red // chunks)
         chunk = -(-chunk // _BLOCK) * _BLOCK  # whole blocks per chunk
         chunks = -(-n_red // chunk)
+    if is_symbolic(n_red):  # one schedule for every size: blocks handle a short row too
+        return ReductionSchedule("rows", parallel, n_outer, n_red, chunks, chunk, blockable, _BLOCK)
     blocked = n_red >= _MIN_BLOCKED and blockable
     return ReductionSchedule("rows", parallel, n_outer, n_red, chunks, chunk, blocked, min(_BLOCK, chunk))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
+from runtime.ops import ShapeError, broadcast_shapes
 
 from .scalar import Unsupported
 
@@ -30,10 +30,10 @@ def broadcast_strides(shape, full) -> list[int]:
 
 
 def broadcast_shape(a, b):
-    """numpy's broadcast of two shapes, or None."""
+    """numpy's broadcast of two shapes, or None (symbolic sizes stay symbolic)."""
     try:
-        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
-    except ValueError:
+        return broadcast_shapes(tuple(a), tuple(b))
+    except ShapeError:
         return None
 
 

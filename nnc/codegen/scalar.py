@@ -20,6 +20,7 @@ from runtime.ops import Kind
 
 from ..graph import Node
 from ..prims import Prim
+from ..symbolic import Shape, is_symbolic
 
 
 class KernelCompileError(RuntimeError):
@@ -67,7 +68,7 @@ def node_shape(node: Node) -> tuple:
     s = node.meta.get("shape")
     if s is None:
         raise Unsupported(f"node {node.name} has no shape meta (run nnc.passes.propagate_shapes first)")
-    return tuple(int(x) for x in s)
+    return Shape(x if is_symbolic(x) else int(x) for x in s)
 
 
 # ---------------------------------------------------------------------------------------------------------------

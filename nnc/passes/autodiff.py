@@ -34,6 +34,7 @@ from runtime.ops import Kind, apply
 from ..graph import Node, nodes_in
 from ..graph_module import GraphModule
 from ..prims import Prim
+from ..symbolic import Shape
 from .decompose import GraphBuilder, MetaValue
 from .fusion import nbytes
 
@@ -212,13 +213,13 @@ def _requires_grad(graph, wrt: set) -> set:
 
 def _fit(grad: MetaValue, node: Node) -> MetaValue:
     """Sum a gradient over broadcast dims and cast it to the input's dtype (as eager autograd does)."""
-    shape, dtype = tuple(node.meta["shape"]), node.meta["dtype"]
+    shape, dtype = Shape(node.meta["shape"]), node.meta["dtype"]
     lead = len(grad.shape) - len(shape)
-    if lead > 0 and tuple(grad.shape[lead:]) == shape:
+    if lead > 0 and Shape(grad.shape[lead:]) == shape:
         # NOTE: sum_to_size sums with keepdim and reshapes; summing the leading dims away gives the shape at once,
         # with no reshape to run after the fused kernel (a bias gradient).
         grad = apply("sum", grad, dims=tuple(range(lead)), keepdim=False)
-    elif tuple(grad.shape) != shape:
+    elif Shape(grad.shape) != shape:
         grad = grad.sum_to_size(shape)
     if grad.dtype is not dtype:
         grad = grad.to(dtype)

@@ -15,11 +15,13 @@ import runtime
 import runtime.factories as factories
 from runtime import api, dtypes as dt
 from runtime.nn import Module
+from runtime.ops import OPS
 from runtime.tensor import Tensor
 
 from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
+from ..symbolic import has_symbols, is_symbolic
 from ..trace import has_hooks
 from . import functionalize
 from .functionalize import FunctionalizeError
@@ -76,6 +78,8 @@ class MetaValue:
 
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    nelement = numel
 
     def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
@@ -276,6 +280,30 @@ def _random_forbidden():
             setattr(ns, name, fn)
 
 
+def replay_for_tracer(tracer):
+    """replay(node, env) -> the node's value on shape-only MetaValues, for a tracer whose sizes are symbolic: the
+    graph the tracer is recording, replayed as decompose would (its nodes are thrown away; only shapes are read)."""
+    builder = GraphBuilder(None)
+    builder.constants = tracer.constants
+
+    def replay(node: Node, env: dict):
+        for key, path in [*tracer._tensor_paths.items()]:  # parameters, buffers and constants seen so far
+            builder._tensor_paths.setdefault(key, path)
+        for path, tensor in tracer.constants.items():
+            builder._tensor_paths.setdefault(id(tensor), path)
+        previous, GraphBuilder.current = GraphBuilder.current, builder
+        try:
+            with _random_forbidden(), _state_as_graph_values(builder):
+                builder.origin = node
+                if node.op == "get_attr" and node.target in tracer.constants:
+                    return builder.value_of_attr(node.target, tracer.constants[node.target])
+                return _replay(builder, tracer.root, node, env)
+        finally:
+            GraphBuilder.current = previous
+
+    return replay
+
+
 def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
     """A new GraphModule over primitive ops (sharing gm's state); shapes come from example inputs."""
     if example_inputs:
@@ -389,6 +417,8 @@ def _erase_new_nodes(builder: GraphBuilder, existing: set) -> None:
 
 
 def _run_symbolically(node: Node, module, args, kwargs):
+    if node.op == "call_function" and node.target in _SIZED_FACTORIES and has_symbols((args, kwargs)):
+        return _sized_factory(node.target, args, kwargs)
     if node.op == "call_module":
         result = module.forward(*args, **kwargs)
     elif node.op == "call_method":
@@ -397,6 +427,29 @@ def _run_symbolically(node: Node, module, args, kwargs):
         result = node.target(*args, **kwargs)
     _check_no_real_tensors_from(result, args)
     return result
+
+
+def _sized_factory(fn, args, kwargs):
+    """A factory call whose sizes are symbolic (nnc.symbolic) as a primitive node: `arange` or `full`."""
+    if kwargs.get("requires_grad"):
+        raise DecomposeError("a new tensor that requires grad inside forward")
+    dtype = kwargs.get("dtype")
+    if fn is factories.arange:
+        bounds = (0, args[0], 1) if len(args) == 1 else (tuple(args) + (kwargs.get("step", 1),))[:3]
+        if not all(isinstance(b, int) or is_symbolic(b) for b in bounds):
+            raise DecomposeError("arange with symbolic sizes takes integer bounds")
+        attrs = dict(start=bounds[0], end=bounds[1], step=bounds[2], dtype=dt.as_dtype(dtype or dt.int64))
+        return GraphBuilder.current.emit(OPS["arange"], (), attrs)
+    if fn is factories.full:
+        shape, value = api.size_args((args[0],)), args[1] if len(args) > 1 else kwargs["fill_value"]
+        dtype = dtype or dt.default_for_category(dt.scalar_category(value))
+    else:
+        shape, value = api.size_args(args), 1 if fn is factories.ones else 0
+        dtype = dtype or dt.get_default_dtype()
+    return GraphBuilder.current.emit(OPS["full"], (), dict(shape=shape, value=value, dtype=dt.as_dtype(dtype)))
+
+
+_SIZED_FACTORIES = (factories.arange, factories.zeros, factories.ones, factories.empty, factories.full)
 
 
 def _check_no_real_tensors_from(result, args) -> None:

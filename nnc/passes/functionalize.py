@@ -32,6 +32,7 @@ from runtime.ops import OPS, apply
 from runtime.tensor import Tensor
 
 from ..graph import fetch_attr, has_side_effect
+from ..symbolic import Shape, hint_of
 from ..trace import INPLACE_METHODS
 
 
@@ -59,7 +60,9 @@ class Storage:
 
     def layout_array(self) -> np.ndarray:
         if self.layout is None:
-            self.layout = np.empty(self.root.meta["shape"], dtype=np.int8)
+            # NOTE: symbolic sizes (nnc.symbolic) at their hints: with every dynamic size >= 2, whether numpy views
+            # or copies depends on which dims are merged or moved, not on their sizes
+            self.layout = np.empty(hint_of(self.root.meta["shape"]), dtype=np.int8)
         return self.layout
 
 
@@ -72,7 +75,7 @@ def track_view(result, op, inputs, attrs) -> None:
         return
     step = (op, dict(attrs))
     parent_layout = _layout_of(source)
-    child_layout = op.forward(parent_layout, **attrs)
+    child_layout = op.forward(parent_layout, **hint_of(attrs))
     if not np.may_share_memory(child_layout, parent_layout):
         return  # numpy copies here (a reshape of a non-contiguous view): a value of its own
     result.storage, result.chain, result.seen = source.storage, source.chain + (step,), source.storage.version
@@ -82,7 +85,7 @@ def track_view(result, op, inputs, attrs) -> None:
 def _layout_of(value) -> np.ndarray:
     layout = value.storage.layout_array()
     for op, attrs in value.chain:
-        layout = op.forward(layout, **attrs)
+        layout = op.forward(layout, **hint_of(attrs))
     return layout
 
 
@@ -129,7 +132,7 @@ def _as_written(target, new):
             raise FunctionalizeError(f"result type {new.dtype.name} can't be cast to the desired output type "
                                      f"{target.dtype.name}")
         new = api.to_dtype(new, target.dtype)
-    if tuple(new.shape) != tuple(target.shape):
+    if Shape(new.shape) != Shape(target.shape):
         try:
             new = api.expand(new, tuple(target.shape))
         except Exception as error:

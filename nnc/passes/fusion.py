@@ -76,6 +76,7 @@ from runtime.ops import Kind
 from ..graph import Graph, Node, target_name
 from ..kernel import BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel
 from ..prims import Prim
+from ..symbolic import Shape
 
 _NON_COMPUTE = ("placeholder", "get_attr", "output")
 
@@ -111,7 +112,7 @@ def rank(node: Node) -> int:
         out = node.meta.get("shape")
         for arg in node.all_input_nodes:
             shape = arg.meta.get("shape")
-            if shape is not None and out is not None and tuple(shape) != tuple(out):
+            if shape is not None and out is not None and Shape(shape) != Shape(out):
                 return BROADCAST
         return ELEMENTWISE
     if op.kind == Kind.SHAPE:
@@ -144,7 +145,7 @@ def is_reduction(node: Node) -> bool:
 def _shape(value):
     if isinstance(value, Node):
         shape = value.meta.get("shape")
-        return tuple(shape) if shape is not None else None
+        return Shape(shape) if shape is not None else None
     return None
 
 

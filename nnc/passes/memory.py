@@ -27,12 +27,13 @@ The executor's view: `buffer_of[node]` is the buffer index of each planned kerne
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..graph import Graph, Node
 from ..kernel import Kernel
+from ..symbolic import evaluate, hint_int, provably
 from .fusion import op_of
 
 
@@ -73,6 +74,13 @@ class MemoryPlan:
     def buffer_of(self) -> dict:
         """Node -> buffer index, for every planned kernel output."""
         return {node: slot.buffer for node, slot in self.slots.items()}
+
+    def bind(self, sizes: dict) -> "MemoryPlan":
+        """This plan with symbolic sizes (nnc.symbolic) evaluated for one call's sizes."""
+        buffers = [replace(b, nbytes=evaluate(b.nbytes, sizes), shape=evaluate(b.shape, sizes)) for b in self.buffers]
+        slots = {node: replace(slot, shape=evaluate(slot.shape, sizes), nbytes=evaluate(slot.nbytes, sizes))
+                 for node, slot in self.slots.items()}
+        return replace(self, buffers=buffers, slots=slots)
 
     def allocate(self) -> list[np.ndarray]:
         """One uninitialised byte arena per buffer."""
@@ -168,9 +176,12 @@ def plan_memory(kernels: list[Kernel], graph: Graph) -> MemoryPlan:
                 free.append(b)
         shape, dtype = _single_tensor(node)
         size = math.prod(shape) * dtype.itemsize
-        fitting = [b for b in free if buffers[b].nbytes >= size]
+        # NOTE: with symbolic sizes (nnc.symbolic) a buffer fits only where it does for every size: a guess from the
+        # compiled sizes would be a guard that later sizes break
+        fitting = [b for b in free if provably(buffers[b].nbytes, ">=", size)]
         if fitting:
-            b = min(fitting, key=lambda b: (buffers[b].nbytes != size, buffers[b].nbytes, b))
+            b = min(fitting, key=lambda b: (not provably(buffers[b].nbytes, "==", size), hint_int(buffers[b].nbytes),
+                                            b))
             free.remove(b)
         else:
             b = len(buffers)

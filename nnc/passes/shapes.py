@@ -6,6 +6,7 @@ import contextlib
 from runtime.tensor import Tensor
 
 from ..interpreter import Interpreter
+from ..symbolic import hint_of
 
 
 def tensor_meta(value):
@@ -19,6 +20,10 @@ def tensor_meta(value):
 
 class ShapeProp(Interpreter):
     """An Interpreter that stores meta['shape'] and meta['dtype'] (or meta['tensor_meta'] for tuples)."""
+
+    def fetch_args_kwargs_from_env(self, node):
+        args, kwargs = super().fetch_args_kwargs_from_env(node)
+        return hint_of(args), hint_of(kwargs)  # symbolic sizes in attributes: this run is at their hints
 
     def run_node(self, node):
         result = super().run_node(node)

@@ -6,6 +6,7 @@ from runtime.tensor import Tensor
 
 from ..graph import Node, map_arg
 from ..prims import Prim
+from ..symbolic import has_symbols
 
 
 def is_pure_prim(node: Node) -> bool:
@@ -83,8 +84,8 @@ def dce(gm):
 
 def _foldable(node: Node, constants: set) -> bool:
     """A pure primitive whose tensor inputs are all constants (not parameters or buffers, which change)."""
-    if not is_pure_prim(node):
-        return False
+    if not is_pure_prim(node) or has_symbols((node.args, node.kwargs, node.meta.get("shape"))):
+        return False  # (a value of symbolic size differs from call to call)
     inputs = node.all_input_nodes
     return all(n in constants for n in inputs)
 

@@ -1,0 +1,323 @@
+"""Dynamic sizes: symbolic sizes (nnc.symbolic), kernels that take sizes as arguments, and the compiled module's
+policy (automatic dynamic on a size change, dynamic=True, nnc.mark_dynamic), compiled against eager."""
+from __future__ import annotations
+
+import copy
+import operator
+import threading
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import nnc
+import runtime
+from nnc.symbolic import ShapeEnv, SymInt, compiled_evaluator, evaluate, provably
+from runtime import nn
+
+import real_models
+
+# -- the polynomials ---------------------------------------------------------------------------------------------
+
+
+def _env(*hints):
+    env = ShapeEnv()
+    return env, [env.symbol(h, f"x's dim {k}") for k, h in enumerate(hints)]
+
+
+def test_arithmetic_is_normalized_and_constants_are_plain_ints():
+    env, (a, b) = _env(5, 3)
+    assert a * 64 - 64 * a == 0 and type(a * 64 - 64 * a) is int
+    assert isinstance(a * b, SymInt) and a * b == b * a and a + b - a == b
+    assert (8 * a) // 4 == 2 * a and (6 * a + 3) % 3 == 0
+    assert not env.guards  # decided by the polynomials themselves
+
+
+def test_what_the_polynomial_decides_records_no_guard():
+    env, (a, b) = _env(5, 3)
+    assert a != 1 and a >= 2 and a * b - a > 0 and a * b != a and not a < 0 and -4 * a < 0
+    assert provably(a * b, ">=", 2 * a) and not provably(a, "<", 10)
+    assert not env.guards
+
+
+def test_an_undecided_comparison_is_answered_by_the_hint_and_guarded():
+    env, (a,) = _env(5)
+    assert a < 10
+    check = env.guard_function()
+    assert check((7,)) and not check((10,)) and not check((1,))  # sizes 0 and 1 are never dynamic
+
+
+def test_using_a_symbol_as_a_plain_int_pins_it():
+    env, (a, b) = _env(5, 3)
+    assert operator.index(a) == 5 and np.zeros(b).shape == (3,)
+    assert set(env.pinned) == {"S0", "S1"} and "test_dynamic.py" in env.pinned["S0"]
+    check = env.guard_function()
+    assert check((5, 3)) and not check((6, 3)) and not check((5, 4))
+
+
+def test_an_equality_guard_makes_later_arithmetic_use_the_value():
+    env, (a, b) = _env(5, 8)
+    assert b == 8  # undecided: a guard, and b is 8 from now on
+    assert type(b * 2 - 16) is int and (a * b) // 8 == a
+
+
+@given(st.lists(st.integers(-3, 3), min_size=3, max_size=3), st.integers(1, 7), st.integers(2, 40),
+       st.integers(2, 40))
+def test_evaluation_matches_python_on_the_same_values(coefficients, divisor, x, y):
+    env, (a, b) = _env(5, 3)
+    c0, c1, c2 = coefficients
+    value = c0 * a * b + c1 * a + c2 + b
+    expressions = [value, value // divisor, value % divisor, (a + divisor) // divisor * b]
+    want = [c0 * x * y + c1 * x + c2 + y, (c0 * x * y + c1 * x + c2 + y) // divisor,
+            (c0 * x * y + c1 * x + c2 + y) % divisor, (x + divisor) // divisor * y]
+    assert [evaluate(e, {"S0": x, "S1": y}) for e in expressions] == want
+    assert list(compiled_evaluator(expressions, env.names)((x, y))) == want
+
+
+def test_evaluate_reaches_into_attributes():
+    env, (a,) = _env(5)
+    attrs = {"shape": (2, a, a * 3), "key": (("slice", None, a - 1, None),), "index": slice(0, a)}
+    assert evaluate(attrs, {"S0": 9}) == {"shape": (2, 9, 27), "key": (("slice", None, 8, None),),
+                                          "index": slice(0, 9)}
+
+
+# -- compiled with symbolic sizes against eager -------------------------------------------------------------------
+
+
+class Reshaping(nn.Module):
+    """Python on sizes, views by them, a softmax over a dynamic dim and a matmul: what attention does."""
+
+    def __init__(self, features=6):
+        super().__init__()
+        self.proj = nn.Linear(features, features)
+
+    def forward(self, x):
+        b, t, c = x.size()
+        y = self.proj(x).view(b, t, 2, c // 2).transpose(1, 2)        # (b, 2, t, c/2)
+        scores = (y @ y.transpose(-2, -1)) * (1.0 / (c // 2) ** 0.5)    # (b, 2, t, t)
+        mask = runtime.tril(runtime.ones(t, t)).view(1, 1, t, t)
+        scores = scores.masked_fill(mask == 0, float("-inf")).softmax(-1)
+        out = (scores @ y).transpose(1, 2).contiguous().view(b, t, c)
+        return (out + x).relu().sum(-1)[:, : t - 1]
+
+
+def _outputs_and_grads(model, x):
+    x.requires_grad_(True)  # the same tensor (nnc.mark_dynamic marks an object)
+    x.grad = None
+    out = model(x)
+    (out * runtime.arange(out.numel()).view(out.shape).to(out.dtype)).sum().backward()
+    grads = [x.grad.numpy().copy()] + [p.grad.numpy().copy() for p in model.parameters()]
+    model.zero_grad()
+    return out.detach().numpy().copy(), grads
+
+
+def _assert_same(compiled, model, x):
+    got, got_grads = _outputs_and_grads(compiled, x)
+    want, want_grads = _outputs_and_grads(model, x)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+
+
+def test_one_variant_serves_every_length_forward_and_backward():
+    runtime.manual_seed(0)
+    model = Reshaping().double()
+    compiled = nnc.compile(copy.deepcopy(model), dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for b, t in [(2, 5), (3, 9), (2, 2), (4, 17), (2, 5)]:
+            _assert_same(compiled, model, runtime.randn(b, t, 6, dtype=runtime.float64))
+    assert compiled.compiled_variants == 1
+    (variants,) = compiled._dynamic_variants.values()
+    assert [s.source for s in variants[0].shape_env.symbols] == ["x's dim 0", "x's dim 1", "x's dim 2"]
+
+
+def test_kernels_take_the_sizes_as_arguments():
+    model = Reshaping()
+    compiled = nnc.compile(model, dynamic=True)
+    compiled(runtime.randn(2, 5, 6))
+    (variants,) = compiled._dynamic_variants.values()
+    sources = [k.meta.get("source", "") for plan in variants[0].plans for k in plan.kernels]
+    symbolic = [s for s in sources if "def launch(ins, outs, sizes):" in s]
+    assert symbolic and all("S1 = sizes[1]" in s or "S0 = sizes[0]" in s for s in symbolic)
+
+
+def test_a_size_change_compiles_one_symbolic_variant_automatically():
+    runtime.manual_seed(0)
+    model = Reshaping().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    for t in (4, 6, 3, 11, 4):
+        _assert_same(compiled, model, runtime.randn(2, t, 6, dtype=runtime.float64))
+    assert compiled.compiled_variants == 2  # length 4 static, then one with the length symbolic
+    assert compiled._dynamic_dims == {("x", 0): {1}}
+
+
+def test_sizes_zero_and_one_are_compiled_apart():
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh()).double()
+    compiled = nnc.compile(copy.deepcopy(model), dynamic=True)
+    for batch in (5, 1, 0, 7):
+        _assert_same(compiled, model, runtime.randn(batch, 3, dtype=runtime.float64))
+    assert compiled.compiled_variants == 3  # batch >= 2 symbolic, then 1 and 0 on their own
+
+
+def test_mark_dynamic_makes_a_dimension_symbolic_from_the_first_call():
+    runtime.manual_seed(0)
+    model = Reshaping().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    first = runtime.randn(2, 5, 6, dtype=runtime.float64)
+    nnc.mark_dynamic(first, 1)
+    _assert_same(compiled, model, first)
+    for t in (3, 8):
+        _assert_same(compiled, model, runtime.randn(2, t, 6, dtype=runtime.float64))
+    assert compiled.compiled_variants == 1
+    with pytest.raises(IndexError, match="out of range"):
+        nnc.mark_dynamic(first, 3)
+
+
+def test_dynamic_false_compiles_static_sizes_only():
+    model = nn.Linear(2, 2)
+    compiled = nnc.compile(model, dynamic=False)
+    for batch in (2, 3, 4):
+        x = runtime.randn(batch, 2)
+        np.testing.assert_allclose(compiled(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-6)
+    assert compiled.compiled_variants == 2 and not compiled._dynamic_variants  # the third size ran eagerly
+
+
+class Branchy(nn.Module):
+    """Python branching on a size: a guard, so sizes on the other side get a variant of their own."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y.tanh() if x.size(0) > 6 else y.sigmoid() * 2
+
+
+def test_a_guard_that_fails_compiles_a_variant_for_the_other_side():
+    runtime.manual_seed(0)
+    model = Branchy().double()
+    compiled = nnc.compile(copy.deepcopy(model), dynamic=True)
+    for batch in (3, 5, 9, 12, 4):
+        _assert_same(compiled, model, runtime.randn(batch, 4, dtype=runtime.float64))
+    assert compiled.compiled_variants == 2
+    guards = [v.shape_env.guard_source() for found in compiled._dynamic_variants.values() for v in found]
+    assert any("(S0 - 6) <= 0" in g for g in guards) and any("(S0 - 6) > 0" in g for g in guards), guards
+
+
+class UnrolledOverTime(nn.Module):
+    """A Python loop over the length: the length is pinned (the graph's size depends on it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = x[:, 0]
+        for t in range(1, x.shape[1]):
+            h = self.cell(h).tanh() + x[:, t]
+        return h
+
+
+def test_a_pinned_size_falls_back_to_static_variants_and_stays_right():
+    runtime.manual_seed(0)
+    model = UnrolledOverTime().double()
+    compiled = nnc.compile(copy.deepcopy(model), dynamic=True)
+    for t in (3, 4, 5, 3):
+        _assert_same(compiled, model, runtime.randn(2, t, 3, dtype=runtime.float64))
+    assert compiled._pinned_dims == {("x", 0): {1}} and compiled._dynamic_dims == {("x", 0): {0, 2}}
+    assert compiled.compiled_variants == 2  # lengths 3 and 4; the third length ran eagerly
+
+
+def test_threads_calling_one_variant_with_different_sizes():
+    runtime.manual_seed(0)
+    model = Reshaping().double().eval()
+    compiled = nnc.compile(copy.deepcopy(model), dynamic=True)
+    inputs = [runtime.randn(2, t, 6, dtype=runtime.float64) for t in (3, 5, 7, 9)]
+    with runtime.no_grad():
+        compiled(inputs[0])
+        want = [model(x).numpy() for x in inputs]
+    errors = []
+
+    def worker(k):
+        try:
+            for _ in range(20):
+                with runtime.no_grad():
+                    got = compiled(inputs[k]).numpy()
+                np.testing.assert_allclose(got, want[k], rtol=1e-9, atol=1e-12)
+        except Exception as error:  # reported from the main thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors and compiled.compiled_variants == 1
+
+
+# -- real models --------------------------------------------------------------------------------------------------
+
+
+def test_gpt_trains_compiled_as_eager_over_changing_lengths():
+    runtime.manual_seed(0)
+    config = real_models.GPTConfig(n_layer=1)
+    model = real_models.GPT(config).double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    opts = [runtime.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (compiled, model)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for length in (5, 7, 6, 9):
+            idx = runtime.randint(0, config.vocab_size, (2, length))
+            targets = runtime.randint(0, config.vocab_size, (2, length))
+            losses = []
+            for m, opt in zip((compiled, model), opts):
+                opt.zero_grad()
+                _, loss = m(idx, targets)
+                loss.backward()
+                losses.append(loss.item())
+                opt.step()
+            assert losses[0] == pytest.approx(losses[1], rel=1e-9)
+    for got, want in zip(compiled.parameters(), model.parameters()):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-9, atol=1e-12)
+    assert compiled.compiled_variants == 2
+
+
+def test_generating_a_hundred_tokens_compiles_twice_and_matches_eager():
+    runtime.manual_seed(0)
+    config = real_models.GPTConfig(n_layer=1, block_size=128)
+    model = real_models.GPT(config).eval()
+    compiled = nnc.compile(copy.deepcopy(model))
+    runtime.manual_seed(1)
+    want = model.generate(runtime.zeros(1, 1, dtype=runtime.int64), 100)
+    runtime.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled.generate(runtime.zeros(1, 1, dtype=runtime.int64), 100)
+    assert got.tolist() == want.tolist()
+    assert compiled.compiled_variants == 2 and not compiled._dynamic_failed
+
+
+def test_lstm_language_model_with_a_changing_batch():
+    runtime.manual_seed(0)
+    model = real_models.RNNModel().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    for batch in (3, 4, 6):
+        tokens = runtime.randint(0, 50, (5, batch))
+        hidden = model.init_hidden(batch)
+        hidden = tuple(h.double() for h in hidden) if isinstance(hidden, tuple) else hidden.double()
+        got, _ = compiled(tokens, hidden)
+        want, _ = model(tokens, hidden)
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-9, atol=1e-12)
+    assert compiled.compiled_variants == 2
+
+
+def test_explain_shows_the_symbols_and_guards_of_marked_dims():
+    x = runtime.randn(2, 5, 6)
+    nnc.mark_dynamic(x, 1)
+    text = str(nnc.explain(Reshaping(), x))
+    assert "symbolic sizes:" in text and "S0 = x's dim 1 (compiled at 5)" in text
+    assert "symbolic sizes" not in str(nnc.explain(Reshaping(), runtime.randn(2, 5, 6)))
