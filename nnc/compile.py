@@ -9,14 +9,14 @@ import weakref
 from runtime import dtypes as dt
 from runtime.autograd import grad_mode, no_grad
 from runtime.nn import Module
-from runtime.nn.modules import module as module_mod
+from runtime.nn.modules import container, module as module_mod
 from runtime.tensor import Tensor
 
 from . import pytree
 from .graph_module import share_state
 from .pipeline import compile_arguments, debug, debug_level
 from .symbolic import MIN_DYNAMIC_SIZE
-from .trace import HOOK_TABLES
+from .trace import HOOK_TABLES, TraceError
 
 
 class CompiledModule(Module):
@@ -138,15 +138,35 @@ class CompiledModule(Module):
                 artifact = self._compile(key, arguments)
         if artifact is _EAGER:
             return self._module.forward(*args, **kwargs)
+        if type(artifact) is PartlyCompiled:
+            return artifact.run(args, kwargs)
         wants_grad = grad_mode.is_grad_enabled() and (any(t._rg for t in tensors) or any(key[3]))
         return artifact.run(tensors, wants_grad)
+
+    @property
+    def compilations(self) -> list:
+        """The compiled variants (nnc.pipeline.Compilation), static ones first."""
+        static = [a for a in self._cache.values() if a is not _EAGER and type(a) is not PartlyCompiled]
+        return static + [a for found in self._dynamic_variants.values() for a in found]
 
     @property
     def compiled_variants(self) -> int:
         """How many variants compiled successfully (failed compiles run eagerly and do not count); a variant with
         symbolic sizes counts once, whatever sizes it serves."""
-        static = sum(1 for a in self._cache.values() if a is not _EAGER)
+        static = sum(1 for a in self._cache.values() if a is not _EAGER and type(a) is not PartlyCompiled)
         return static + sum(len(found) for found in self._dynamic_variants.values())
+
+    def _partly_compiled(self, reason: str) -> "PartlyCompiled":
+        """The module's own forward runs eagerly (it cannot be traced), its submodules compiled; made once."""
+        partly = self.__dict__.get("_partly")
+        if partly is None:
+            options = dict(recompile_limit=self.recompile_limit, codegen=self.codegen, whole_graph=self.whole_graph,
+                           dynamic=self.dynamic)
+            partly = PartlyCompiled(self._module, reason, options)
+            self.__dict__["_partly"] = partly
+            debug(1, f"{self._module._get_name()}: graph break: its forward runs eagerly ({reason}); "
+                     f"{len(partly.units)} submodules compile on their own")
+        return partly
 
     def _dynamic_variant(self, key, tensors):
         """A compiled variant with symbolic sizes whose guards accept this call, or None."""
@@ -261,9 +281,13 @@ class CompiledModule(Module):
             if dynamic:  # the caller compiles static sizes instead
                 debug(1, f"{self._module._get_name()}: symbolic sizes failed ({type(error).__name__}: {error})")
                 return _EAGER
-            warnings.warn(f"nnc.compile: could not compile {self._module._get_name()} "
-                          f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=4)
-            artifact = _EAGER
+            reason = root_trace_error(error)
+            if reason is not None and self._module._modules:  # its forward runs eagerly, its submodules compile
+                artifact = self._partly_compiled(reason)
+            else:
+                warnings.warn(f"nnc.compile: could not compile {self._module._get_name()} "
+                              f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=4)
+                artifact = _EAGER
         for graph_break in getattr(artifact, "graph_breaks", ()):
             debug(1, f"{self._module._get_name()}: {graph_break.path} runs eagerly ({graph_break.reason})")
         if register:
@@ -302,6 +326,61 @@ class CompiledModule(Module):
             for part in _changed_parts(previous, key):
                 seen[part] = None
         return "changed: " + ", ".join(seen) if seen else "no change recorded"
+
+
+class PartlyCompiled:
+    """A module whose own forward cannot be traced (Python control flow on tensor values): the forward runs eagerly,
+    and every submodule it calls runs compiled (a CompiledModule of its own, with its own guards and fallbacks).
+
+    NOTE: during a call the module's registries hold the compiled submodules, so `self.fc1(x)` in the forward (and
+    an iteration over a ModuleList) reaches them; they share the submodules' parameters, buffers and hooks, so state
+    and results are those of eager. After the call the registries get the original submodules back."""
+
+    def __init__(self, module: Module, reason: str, options: dict):
+        self.module, self.reason = module, reason
+        self.units: list[_Unit] = []
+        _collect_units(module, options, self.units)
+
+    def run(self, args, kwargs):
+        for unit in self.units:
+            unit.registry[unit.name] = unit.compiled
+        try:
+            return self.module.forward(*args, **kwargs)
+        finally:
+            for unit in self.units:
+                unit.registry[unit.name] = unit.original
+
+    @property
+    def compiled(self) -> dict:
+        """Submodule path -> its CompiledModule."""
+        return {unit.path: unit.compiled for unit in self.units}
+
+
+class _Unit:
+    __slots__ = ("registry", "name", "path", "original", "compiled")
+
+    def __init__(self, registry: dict, name: str, path: str, original: Module, compiled: "CompiledModule"):
+        self.registry, self.name, self.path, self.original, self.compiled = registry, name, path, original, compiled
+
+
+def _collect_units(module: Module, options: dict, units: list, prefix: str = "") -> None:
+    """The submodules a forward calls: children, and the entries of ModuleLists and ModuleDicts (which are indexed
+    or iterated, not called)."""
+    for name, child in module._modules.items():
+        if child is None:
+            continue
+        if isinstance(child, (container.ModuleList, container.ModuleDict)):
+            _collect_units(child, options, units, f"{prefix}{name}.")
+        else:
+            units.append(_Unit(module._modules, name, f"{prefix}{name}", child, CompiledModule(child, **options)))
+
+
+def root_trace_error(error) -> str | None:
+    """The reason, when a compile failed because the module's own forward (not a submodule's) cannot be traced."""
+    cause = getattr(error, "cause", error)
+    if isinstance(cause, TraceError) and not getattr(cause, "module_path", ""):
+        return str(cause)
+    return None
 
 
 _GUARD_LABELS = ("arguments", "training flag", "grad mode", "parameters' requires_grad", "hooks")

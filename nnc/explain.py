@@ -1,7 +1,7 @@
 """nnc.explain: what the compiler does with a model: its kernels, why each boundary exists, bytes moved, timings."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from runtime.nn import Module
 
@@ -93,13 +93,54 @@ def explain(module: Module, *args, backward: bool = False, **kwargs) -> Report:
     """Compile `module` for these arguments (any forward takes: tensors, nested tuples, Python values) and its
     backward, if asked, and report what came out: kernels, graph breaks and the nodes that run eagerly. Dimensions
     marked with nnc.mark_dynamic compile with symbolic sizes, and the report lists the guards."""
-    from .compile import bind_arguments, marked_placeholder_dims, split_arguments
+    from .compile import bind_arguments, marked_placeholder_dims, root_trace_error, split_arguments
     from .pipeline import compile_arguments
 
     arguments = bind_arguments(module, args, kwargs)
     concrete, examples = split_arguments(arguments)
-    return report(compile_arguments(module, concrete, examples, needs_grad=backward,
-                                    dynamic=marked_placeholder_dims(arguments)))
+    try:
+        compilation = compile_arguments(module, concrete, examples, needs_grad=backward,
+                                        dynamic=marked_placeholder_dims(arguments))
+    except Exception as error:
+        reason = root_trace_error(error)
+        if reason is None:
+            raise
+        return _partly_compiled_report(module, reason, args, kwargs, backward)
+    return report(compilation)
+
+
+def _partly_compiled_report(module: Module, reason: str, args, kwargs, backward: bool) -> Report:
+    """A module whose own forward cannot be traced: its forward runs once eagerly (state restored afterwards, as
+    shape propagation's run) with its submodules compiled for the inputs they get; their reports, merged."""
+    import runtime
+    from runtime.autograd import set_grad_enabled
+
+    from .compile import PartlyCompiled
+    from .passes.shapes import buffers_kept
+
+    partly = PartlyCompiled(module, reason, {})
+    rng = runtime.get_rng_state()
+    try:
+        with set_grad_enabled(backward), buffers_kept(module):
+            partly.run(args, kwargs)
+    finally:
+        runtime.set_rng_state(rng)
+    merged = Report(kernels=[], compile_seconds=0.0, cache_hits=0, whole_graph_reason="the forward runs eagerly",
+                    graph_breaks=[(f"{module._get_name()}.forward", reason)])
+    for path, compiled in partly.compiled.items():
+        for compilation in compiled.compilations:
+            part = report(compilation)
+            merged.kernels += [_prefixed(k, path) for k in part.kernels]
+            merged.backward_kernels += [_prefixed(k, path) for k in part.backward_kernels]
+            merged.compile_seconds += part.compile_seconds
+            merged.cache_hits += part.cache_hits
+            merged.opaque_nodes += [(f"{path}.{name}", why) for name, why in part.opaque_nodes]
+            merged.graph_breaks += [(f"{path}.{where}", why) for where, why in part.graph_breaks]
+    return merged
+
+
+def _prefixed(kernel: KernelReport, path: str) -> KernelReport:
+    return replace(kernel, name=f"{path}:{kernel.name}")
 
 
 def report(compilation) -> Report:

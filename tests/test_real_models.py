@@ -310,14 +310,61 @@ def test_explain_lists_graph_breaks_with_the_users_line():
     assert "2 compiled pieces around 1 eager calls" in text
 
 
-def test_root_with_data_dependent_control_flow_still_falls_back_with_a_warning():
-    class Root(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(3, 3)
+class BranchingRoot(nn.Module):
+    """The root's own forward branches on a tensor value: it runs eagerly, its submodules compile."""
 
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(4, 8)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2)])
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x, target):
+        h = self.embed(x)
+        if h.mean() > 0:
+            h = h * 0.5
+        for block in self.blocks:
+            h = block(h)
+        return F.cross_entropy(self.head(h), target)
+
+
+def test_a_root_that_branches_on_values_compiles_its_submodules_and_trains_as_eager():
+    runtime.manual_seed(0)
+    model = BranchingRoot().double()
+    batches = [(runtime.randn(5, 4, dtype=runtime.float64) + shift, runtime.randint(0, 3, (5,)))
+               for shift in (2.0, -2.0, 2.0)]  # both branches
+    compiled = assert_trains_the_same(model, batches)  # no warning: the submodules compiled
+    partly = compiled._partly
+    assert sorted(partly.compiled) == ["blocks.0", "blocks.1", "embed", "head"]
+    assert all(c.compiled_variants == 1 for c in partly.compiled.values())
+    assert type(compiled._module.embed) is nn.Linear  # the registries hold the originals between calls
+    assert list(compiled.state_dict()) == list(model.state_dict())
+
+
+def test_a_root_break_keeps_submodule_hooks_firing_once_and_restores_after_an_error():
+    model = BranchingRoot()
+    calls = []
+    model.head.register_forward_hook(lambda module, args, out: calls.append(module))
+    compiled = nnc.compile(model)
+    compiled(runtime.randn(3, 4), runtime.randint(0, 3, (3,)))
+    assert len(calls) == 1
+    with pytest.raises(IndexError):
+        compiled(runtime.randn(3, 4), runtime.tensor([0, 1, 7]))  # a target out of range raises in eager too
+    assert type(model.head) is nn.Linear and type(model.blocks[0]) is nn.Sequential
+
+
+def test_explain_shows_a_root_break_and_the_kernels_of_its_submodules():
+    report = nnc.explain(BranchingRoot(), runtime.randn(3, 4), runtime.randint(0, 3, (3,)), backward=True)
+    text = str(report)
+    assert "graph break: BranchingRoot.forward runs eagerly" in text and "if h.mean() > 0" in text
+    assert {k.name.split(":")[0] for k in report.kernels} == {"embed", "blocks.0", "blocks.1", "head"}
+    assert report.backward_kernels
+
+
+def test_a_root_with_no_submodules_that_branches_still_warns():
+    class Root(nn.Module):
         def forward(self, x):
-            return self.fc(x) if x.sum() > 0 else -x
+            return x * 2 if x.sum() > 0 else -x
 
     compiled = nnc.compile(Root())
     with pytest.warns(RuntimeWarning, match="could not compile Root"):

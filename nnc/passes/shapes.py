@@ -52,7 +52,7 @@ def propagate_shapes(gm, *example_inputs):
 
     rng = runtime.get_rng_state()  # an analysis draws no numbers from the user's stream (dropout replayed here)
     try:
-        with no_grad(), _buffers_kept(gm):
+        with no_grad(), buffers_kept(gm):
             ShapeProp(gm).propagate(*example_inputs)
     finally:
         runtime.set_rng_state(rng)
@@ -61,7 +61,7 @@ def propagate_shapes(gm, *example_inputs):
 
 
 @contextlib.contextmanager
-def _buffers_kept(root):
+def buffers_kept(root):
     """Undo what running the graph does to buffers (BatchNorm's running stats, a buffer assigned in forward):
     shape propagation is an analysis, so it must not advance the model's state."""
     saved = [(m, dict(m._buffers), [b.clone() if b is not None else None for b in m._buffers.values()])
