@@ -315,7 +315,8 @@ def _kernel_infos(index: int, label: str, plan) -> list[KernelInfo]:
         step = plan.steps[0] if whole else (plan.steps[k] if k < len(plan.steps) else None)
         kind_of_step = type(step).__name__
         if whole:
-            how = "numba, inside the one whole-graph function"
+            how = ("numba, in the one whole-graph function (the time shown is the whole function's)" if k == 0 else
+                   "numba, in the one whole-graph function (timed with the first kernel)")
         elif kind_of_step == "KernelStep":
             how = "numba"
         elif kind_of_step == "ViewStep":
@@ -336,7 +337,6 @@ def profile_plans(compilation, plans: list, kernels: dict, needs_grad: bool, sec
                   max_calls: int = 200) -> dict:
     """Run the compiled graphs (forward, and backward with gradients) for about `seconds`, timing every plan step;
     the times land in each KernelInfo.seconds. Returns {"calls", "step_seconds" (median forward+backward)}."""
-    import runtime
     from runtime.autograd import enable_grad, no_grad
 
     from . import pytree
@@ -388,7 +388,6 @@ def profile_plans(compilation, plans: list, kernels: dict, needs_grad: bool, sec
             step.__dict__.pop("run", None)
         for p in compilation.module.parameters():
             p.grad = None
-    del runtime
     return {"calls": len(totals), "step_seconds": statistics.median(totals) if totals else 0.0}
 
 
