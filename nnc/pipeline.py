@@ -233,10 +233,6 @@ def _copies(tensors: list) -> list:
 
 def _decompose(c: Compilation) -> None:
     c.forward = decompose(c.traced)
-    if c.shape_env is not None:
-        eager = [f"{n.name} ({n.meta['opaque_reason']})" for n in c.forward.graph.nodes if "opaque_reason" in n.meta]
-        if eager:
-            raise DynamicSizeError(f"dynamic sizes need every node compiled, and these run eagerly: {', '.join(eager)}")
 
 
 def _functionalize(c: Compilation) -> None:
@@ -252,6 +248,9 @@ def _simplify(c: Compilation) -> None:
 
 def _split(c: Compilation) -> None:
     c.opaque = [n for n in c.forward.graph.nodes if "opaque_reason" in n.meta]
+    if c.shape_env is not None and c.opaque:  # an eager node's output sizes are not known symbolically
+        eager = ", ".join(f"{n.name} ({n.meta['opaque_reason']})" for n in c.opaque)
+        raise DynamicSizeError(f"dynamic sizes need every node compiled, and these run eagerly: {eager}")
     requiring = tuple(t.requires_grad for t in c.tensors)
     tensor_inputs = [n for n in c.forward.graph.placeholders if "shape" in n.meta]
     written = {tensor_inputs[w.where] for w in c.writes if w.kind == "input"}

@@ -295,6 +295,28 @@ def run_case(case: Case, codegen: bool = True, oracle: bool = True) -> Result:
     return Result(want, got, _run_torch(case, eager, x) if oracle else None, case.dtype)
 
 
+# Batch sizes a dynamic variant is called with after compiling at the first (sizes 0 and 1 compile apart).
+DYNAMIC_BATCHES = (3, 5, 2, 7, 1, 4)
+
+
+def run_dynamic_case(case: Case, codegen: bool = True) -> list[str]:
+    """The differences of a module compiled with dynamic=True, called with changing batch sizes, from static compiles
+    of the same program at each size (which the static fuzzing checks against eager and torch)."""
+    runtime.manual_seed(0)
+    eager = Program(case.steps, case.dtype)
+    dynamic = nnc.compile(copy.deepcopy(eager), codegen=codegen, dynamic=True)
+    problems = []
+    for batch in DYNAMIC_BATCHES:
+        runtime.manual_seed(batch)
+        x = runtime.randn(batch, WIDTH).to(case.dtype).requires_grad_(case.input_requires_grad)
+        static = nnc.compile(copy.deepcopy(eager), codegen=codegen, dynamic=False)
+        want, got = run(static, x, grad=case.grad), run(dynamic, x, grad=case.grad)
+        if got.error and not want.error and any(text in got.error for text in PERMISSIVE):
+            continue  # the dynamic module ran eagerly for this size (a third static size): eager's own error
+        problems += [f"batch {batch}: {p}" for p in differences(want, got, case.dtype)]
+    return problems
+
+
 def _run_torch(case: Case, eager: Program, x) -> Outcome | None:
     try:
         import torch

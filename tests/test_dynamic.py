@@ -321,3 +321,11 @@ def test_explain_shows_the_symbols_and_guards_of_marked_dims():
     text = str(nnc.explain(Reshaping(), x))
     assert "symbolic sizes:" in text and "S0 = x's dim 1 (compiled at 5)" in text
     assert "symbolic sizes" not in str(nnc.explain(Reshaping(), runtime.randn(2, 5, 6)))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_mutation_programs_with_dynamic_batch_sizes_match_static_compiles(seed):
+    """tools/fuzz_mutation.py --dynamic runs thousands of these; generated kernels for one (numba compiles are slow)."""
+    from mutation_programs import random_case, run_dynamic_case
+
+    assert run_dynamic_case(random_case(seed), codegen=seed == 0) == []
