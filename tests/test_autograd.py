@@ -431,3 +431,16 @@ def test_a_gradient_someone_else_holds_is_copied():
     x.backward(seed)  # the caller keeps `seed`
     seed.mul_(5.0)
     np.testing.assert_array_equal(x.grad.numpy(), np.ones(4, np.float32))
+
+
+def test_a_leaf_gradient_is_accumulated_as_soon_as_it_is_complete():
+    # torch gives AccumulateGrad the highest priority, so .grad (and DDP's all-reduce) need not wait for the rest of
+    # backward: w's accumulator, made before the ops below, still runs before the nodes that compute h's gradient
+    w, a = runtime.randn(3, requires_grad=True), runtime.randn(3, requires_grad=True)
+    keep = w * 1.0  # noqa: F841  (keeps w's accumulator alive, so it is older than every node below)
+    order = []
+    h = a * 2.0
+    h.register_hook(lambda g: order.append("h"))
+    w.register_hook(lambda g: order.append("w"))
+    (h.sum() * w).sum().backward()
+    assert order == ["w", "h"]

@@ -11,6 +11,7 @@ from ..utils.hooks import RemovableHandle
 from . import grad_mode
 
 _next_seq = itertools.count().__next__
+_ACCUMULATE_FIRST = 1 << 62
 
 FREED_GRAPH_ERROR = (
     "Trying to backward through the graph a second time (or directly access saved tensors after they "
@@ -240,6 +241,10 @@ class AccumulateGrad(Node):
     def __init__(self, variable):
         super().__init__(())
         self.variable = variable
+        # NOTE: the engine runs ready nodes by descending seq; like torch's (sequence_nr UINT64_MAX), an accumulator
+        # outranks every op node, so .grad is set (and DDP's hook starts that gradient's all-reduce) as soon as the
+        # gradient is complete, not after the rest of backward
+        self.seq += _ACCUMULATE_FIRST
 
     def call_pre_hooks(self, grads):
         hooks = self.variable._backward_hooks
