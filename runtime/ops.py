@@ -84,6 +84,9 @@ class OpDef:
     # Integer division: the input position whose zero raises torch's ZeroDivisionError for integer dtypes (the
     # forward checks it; nnc runs such nodes with integer dtypes through the interpreter, which does too).
     divisor: int | None = None
+    # A kind-other op that code generation runs as a kernel of its own, of this kernel kind (nnc.codegen.cpu's
+    # SKELETONS: "window" for the sliding-window gathers and scatters of convolution and pooling), not opaquely.
+    kernel_kind: str | None = None
 
     def is_noop(self, in_shape, in_dtype, out_shape, out_dtype, attrs) -> bool:
         """Whether a call with these input and result shapes/dtypes and attributes returns its input unchanged."""
@@ -1392,5 +1395,147 @@ _linalg("eigvalsh", _symmetric(np.linalg.eigvalsh), _eigvals_rule,
         (lambda g, out, a: (lambda v: (v * g.unsqueeze(-2)) @ v.mT)(apply("eigh_vectors", a)),), (0,))
 _linalg("eigh_vectors", _symmetric(_np_eigh_vectors), _square_rule, (lambda g, out, a: _eigh_vectors_vjp(g, out, a),),
         (0, "out"))
+
+# ---------------------------------------------------------------------------------------------
+# Sliding windows: convolution and pooling. Attributes per spatial dim: kernel, stride, dilation (tuples) and
+# padding ((left, right) pairs). im2col gathers every window of a zero-padded input (N, C, *spatial) as a column of
+# a (C*K, N*L) matrix, K the window's size and L the output positions (one BLAS product per convolution, not one per
+# sample); col2im is its adjoint (columns summed back into the input). Convolution is im2col -> matmul, average
+# pooling im2col -> sum; max pooling has its own forward and backward (the gradient
+# goes to the first maximal element of each window, as torch's does). nnc generates each as a "window" kernel.
+# ---------------------------------------------------------------------------------------------
+
+def window_output_sizes(spatial, kernel, stride, padding, dilation) -> tuple:
+    """The output positions per spatial dim of windows over an input padded by (left, right) pairs."""
+    return tuple((n + lo + hi - d * (k - 1) - 1) // s + 1
+                 for n, k, s, (lo, hi), d in zip(spatial, kernel, stride, padding, dilation))
+
+
+def _np_padded(x, padding, value):
+    if not any(lo or hi for lo, hi in padding):
+        return x
+    out = np.full(x.shape[:2] + tuple(n + lo + hi for n, (lo, hi) in zip(x.shape[2:], padding)), value, x.dtype)
+    out[(slice(None),) * 2 + tuple(slice(lo, lo + n) for n, (lo, _) in zip(x.shape[2:], padding))] = x
+    return out
+
+
+def _window_slices(kernel, stride, dilation, out_sizes):
+    """(flat kernel offset, the strided slice of the padded input's spatial dims that offset reads), per offset."""
+    import itertools
+
+    for k, offsets in enumerate(itertools.product(*(range(n) for n in kernel))):
+        yield k, (slice(None),) * 2 + tuple(slice(o * d, o * d + s * (n - 1) + 1, s)
+                                            for o, d, s, n in zip(offsets, dilation, stride, out_sizes))
+
+
+def _np_im2col(x, kernel, stride, padding, dilation):
+    out_sizes = window_output_sizes(x.shape[2:], kernel, stride, padding, dilation)
+    xp = _np_padded(x, padding, 0)
+    nd = len(kernel)
+    st = xp.strides
+    windows = np.lib.stride_tricks.as_strided(  # (C, *kernel, N, *out)
+        xp, (xp.shape[1],) + tuple(kernel) + (xp.shape[0],) + out_sizes,
+        (st[1],) + tuple(st[2 + i] * dilation[i] for i in range(nd)) + (st[0],)
+        + tuple(st[2 + i] * stride[i] for i in range(nd)), writeable=False)
+    n, c = x.shape[:2]
+    return np.ascontiguousarray(windows).reshape(c * math.prod(kernel), n * math.prod(out_sizes))
+
+
+def _np_col2im(cols, size, kernel, stride, padding, dilation):
+    out_sizes = window_output_sizes(size, kernel, stride, padding, dilation)
+    ck, nl = cols.shape
+    c, n = ck // math.prod(kernel), nl // math.prod(out_sizes)
+    padded = tuple(s + lo + hi for s, (lo, hi) in zip(size, padding))
+    out = np.zeros((n, c) + padded, cols.dtype)
+    blocks = cols.reshape((c, math.prod(kernel), n) + out_sizes)
+    for k, key in _window_slices(kernel, stride, dilation, out_sizes):
+        out[key] += blocks[:, k].swapaxes(0, 1)
+    return out[(slice(None),) * 2 + tuple(slice(lo, lo + s) for s, (lo, _) in zip(size, padding))]
+
+
+def _pool_fill(dtype):
+    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+
+
+def _np_max_pool(x, kernel, stride, padding, dilation):
+    out_sizes = window_output_sizes(x.shape[2:], kernel, stride, padding, dilation)
+    xp = _np_padded(x, padding, _pool_fill(x.dtype))
+    out = None
+    for _, key in _window_slices(kernel, stride, dilation, out_sizes):
+        out = xp[key].copy() if out is None else np.maximum(out, xp[key], out=out)
+    return out
+
+
+def _np_max_pool_backward(g, x, kernel, stride, padding, dilation):
+    out_sizes = window_output_sizes(x.shape[2:], kernel, stride, padding, dilation)
+    xp = _np_padded(x, padding, _pool_fill(x.dtype))
+    best, arg = None, np.zeros(g.shape, np.int64)
+    for k, key in _window_slices(kernel, stride, dilation, out_sizes):
+        v = xp[key]
+        if best is None:
+            best = v.copy()
+            continue
+        better = v > best  # the first maximum wins; a nan wins (the last one), as in torch
+        if x.dtype.kind == "f":
+            better |= np.isnan(v)
+        np.copyto(best, v, where=better)
+        arg[better] = k
+    out = np.zeros(xp.shape, g.dtype)
+    for k, key in _window_slices(kernel, stride, dilation, out_sizes):
+        out[key] += np.where(arg == k, g, 0)
+    return out[(slice(None),) * 2 + tuple(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], padding))]
+
+
+def _check_window_input(op, shape, kernel):
+    if len(shape) != len(kernel) + 2:
+        raise ShapeError(f"{op.name}: expected an input of {len(kernel) + 2} dims (N, C, spatial...), "
+                         f"got {_fmt(shape)}")
+
+
+def _window_rule(op, shapes, attrs, dtypes):
+    """im2col: (N, C, *spatial) -> (C * K, N * L); max_pool: (N, C, *spatial) -> (N, C, *out)."""
+    shape, kernel = shapes[0], attrs["kernel"]
+    _check_window_input(op, shape, kernel)
+    out = window_output_sizes(shape[2:], kernel, attrs["stride"], attrs["padding"], attrs["dilation"])
+    if any(o < 1 for o in out):
+        raise ShapeError(f"{op.name}: input {_fmt(shape)} is too small for windows of {_fmt(kernel)}")
+    if op.name == "im2col":
+        return (shape[1] * math.prod(kernel), shape[0] * math.prod(out))
+    return tuple(shape[:2]) + out
+
+
+def _col2im_rule(op, shapes, attrs, dtypes):
+    shape, kernel, size = shapes[0], attrs["kernel"], attrs["size"]
+    k = math.prod(kernel)
+    out = math.prod(window_output_sizes(size, kernel, attrs["stride"], attrs["padding"], attrs["dilation"]))
+    if len(shape) != 2 or shape[0] % k or shape[1] % out:
+        raise ShapeError(f"col2im: expected columns (C * {k}, N * {out}), got {_fmt(shape)}")
+    return (shape[1] // out, shape[0] // k) + tuple(size)
+
+
+def _max_pool_backward_rule(op, shapes, attrs, dtypes):
+    g, x = shapes
+    _check_window_input(op, x, attrs["kernel"])
+    out = window_output_sizes(x[2:], attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"])
+    if tuple(g) != tuple(x[:2]) + out:
+        raise ShapeError(f"max_pool_backward: gradient {_fmt(g)} does not match the pooled {_fmt(x)}")
+    return tuple(x)
+
+
+def _window_attrs(**attrs):
+    return {k: attrs[k] for k in ("kernel", "stride", "padding", "dilation")}
+
+
+_WINDOW = ("kernel", "stride", "padding", "dilation")
+_register(OpDef("im2col", Kind.OTHER, 1, _np_im2col, _window_rule, _keep, attr_names=_WINDOW, kernel_kind="window",
+                vjp=(lambda g, out, x, **a: apply("col2im", g, size=tuple(x.shape[2:]), **_window_attrs(**a)),)))
+_register(OpDef("col2im", Kind.OTHER, 1, _np_col2im, _col2im_rule, _keep, attr_names=("size",) + _WINDOW,
+                kernel_kind="window", vjp=(lambda g, out, cols, size, **a: apply("im2col", g, **_window_attrs(**a)),)))
+_register(OpDef("max_pool", Kind.OTHER, 1, _np_max_pool, _window_rule, _keep, attr_names=_WINDOW, kernel_kind="window",
+                vjp=(lambda g, out, x, **a: apply("max_pool_backward", g, x, **_window_attrs(**a)),), saves=(0,)))
+# linear in g (its adjoint picks g at each window's maximum); no rule of its own yet: no double backward
+_register(OpDef("max_pool_backward", Kind.OTHER, 2, _np_max_pool_backward, _max_pool_backward_rule, _promote,
+                attr_names=_WINDOW, kernel_kind="window", cast_inputs=(0,)))
+
 
 del E

@@ -106,6 +106,20 @@ def _nll_sample(reduction, ignore_index):
                   note=f"{reduction}, ignore_index={ignore_index}")
 
 
+def _win(kernel, stride, padding, dilation):
+    return {"kernel": kernel, "stride": stride, "padding": padding, "dilation": dilation}
+
+
+def _cols(unfolded):
+    """torch's unfold (N, C*K, L) as im2col's columns (C*K, N*L)."""
+    return unfolded.transpose(0, 1).reshape(unfolded.shape[1], -1)
+
+
+def _uncols(cols, n):
+    """im2col's columns (C*K, N*L) as fold's input (N, C*K, L)."""
+    return cols.reshape(cols.shape[0], n, -1).transpose(0, 1)
+
+
 def _torch_nll_backward(torch, g, x, t, reduction, ignore_index):
     """nll_loss's gradient with respect to its input, as torch ops of g (so torch can differentiate it in g)."""
     valid = (t != ignore_index).to(x.dtype)
@@ -323,6 +337,40 @@ SAMPLES: dict[str, list[Sample]] = {
                Sample((away(3, 4),), {"dim": 0}, torch_fn=lambda torch, x: torch.cumsum(x, 0))],
     "cumprod": [Sample((away(3, 4),), {"dim": 1}, torch_fn=lambda torch, x: torch.cumprod(x, 1)),
                 Sample((away(2, 3, 2),), {"dim": 0}, torch_fn=lambda torch, x: torch.cumprod(x, 0))],
+    # sliding windows (convolution and pooling)
+    "im2col": [
+        Sample((away(2, 3, 5, 6),), _win((3, 3), (1, 2), ((1, 1), (0, 0)), (1, 1)),
+               lambda torch, x: _cols(torch.nn.functional.unfold(x, (3, 3), padding=(1, 0), stride=(1, 2)))),
+        Sample((away(1, 2, 7, 5),), _win((2, 3), (3, 1), ((0, 2), (1, 0)), (2, 1)), note="asymmetric padding",
+               torch_fn=lambda torch, x: _cols(torch.nn.functional.unfold(
+                   torch.nn.functional.pad(x, (1, 0, 0, 2)), (2, 3), dilation=(2, 1), stride=(3, 1)))),
+        Sample((away(2, 2, 7),), _win((3,), (2,), ((1, 1),), (1,)), note="1-d",
+               torch_fn=lambda torch, x: _cols(torch.nn.functional.unfold(x.unsqueeze(2), (1, 3), padding=(0, 1),
+                                                                          stride=(1, 2)))),
+    ],
+    "col2im": [
+        Sample((away(27, 20),), dict(size=(5, 6), **_win((3, 3), (1, 2), ((1, 1), (0, 0)), (1, 1))),
+               lambda torch, c: torch.nn.functional.fold(_uncols(c, 2), (5, 6), (3, 3), padding=(1, 0),
+                                                        stride=(1, 2))),
+        Sample((away(4, 9),), dict(size=(4, 5), **_win((2, 2), (2, 1), ((1, 1), (0, 0)), (1, 2))),
+               lambda torch, c: torch.nn.functional.fold(_uncols(c, 1), (4, 5), (2, 2), dilation=(1, 2),
+                                                        padding=(1, 0), stride=(2, 1))),
+    ],
+    "max_pool": [
+        Sample((away(2, 3, 6, 5),), _win((2, 2), (2, 2), ((0, 0), (0, 1)), (1, 1)), note="ceil_mode reach",
+               torch_fn=lambda torch, x: torch.nn.functional.max_pool2d(x, 2, 2, ceil_mode=True)),
+        Sample((away(1, 2, 7, 7),), _win((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
+               lambda torch, x: torch.nn.functional.max_pool2d(x, 3, 2, 1)),
+        Sample((away(2, 2, 9),), _win((3,), (1,), ((1, 1),), (2,)), note="1-d, dilated",
+               torch_fn=lambda torch, x: torch.nn.functional.max_pool1d(x, 3, 1, 1, dilation=2)),
+    ],
+    "max_pool_backward": [
+        Sample((away(2, 3, 3, 3), away(2, 3, 6, 5)), _win((2, 2), (2, 2), ((0, 0), (0, 1)), (1, 1)),
+               lambda torch, g, x: _torch_pool_grad(torch, g, x,
+                                                    lambda f, v: f.max_pool2d(v, 2, 2, ceil_mode=True))),
+        Sample((away(1, 2, 4, 4), away(1, 2, 7, 7)), _win((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
+               lambda torch, g, x: _torch_pool_grad(torch, g, x, lambda f, v: f.max_pool2d(v, 3, 2, 1))),
+    ],
     # linear algebra
     "inv": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.inv(a)),
             Sample((_spd(2, 3),), torch_fn=lambda torch, a: torch.linalg.inv(a), note="batched")],
@@ -337,6 +385,11 @@ SAMPLES: dict[str, list[Sample]] = {
     "eigh_vectors": [Sample((np.array([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]]),),
                             torch_fn=lambda torch, a: torch.linalg.eigh(a).eigenvectors)],
 }
+
+
+def _torch_pool_grad(torch, g, x, pool):
+    x = x.detach().requires_grad_()
+    return torch.autograd.grad(pool(torch.nn.functional, x), x, g)[0]
 
 
 def _torch_prod(torch, x, dims, keepdim):

@@ -605,7 +605,7 @@ def pad(input, pad, mode="constant", value=None):
 
 
 # ---------------------------------------------------------------------------------------------
-# Convolution (im2col: padded input -> strided window slices stacked -> one batched matmul)
+# Convolution (im2col: every window of the padded input as a column -> one batched matmul)
 # ---------------------------------------------------------------------------------------------
 
 def _windows(x, kernel, stride, dilation, out_sizes):
@@ -677,14 +677,15 @@ def _conv(name, nd, input, weight, bias, stride, padding, dilation, groups):
         raise RuntimeError(f"Calculated padded input size per channel: ({_fmt_sizes(padded)}). Kernel size: "
                            f"({_fmt_sizes(effective)}). Kernel size can't be greater than actual input size")
     out_sizes = tuple((p - e) // s + 1 for p, e, s in zip(padded, effective, stride))
-    for i, (left, right) in enumerate(pads):
-        x = _pad_dim(x, 2 + i, left, right, 0)
     n = x.shape[0]
     k = math.prod(kernel)
-    cols = _windows(x, kernel, stride, dilation, out_sizes)  # (N, C, K, *out)
-    cols = cols.reshape(n, groups, in_per_group * k, math.prod(out_sizes))
-    w = weight.reshape(groups, out_ch // groups, in_per_group * k)
-    out = api.matmul(w, cols).reshape((n, out_ch) + out_sizes)  # (g, O/g, Cg*K) @ (N, g, Cg*K, L)
+    cols = apply("im2col", x, kernel=kernel, stride=stride, padding=tuple(pads), dilation=dilation)  # (C*K, N*L)
+    if groups > 1:  # (g, O/g, Cg*K) @ (g, Cg*K, N*L)
+        cols = cols.reshape(groups, in_per_group * k, n * math.prod(out_sizes))
+        w = weight.reshape(groups, out_ch // groups, in_per_group * k)
+    else:
+        w = weight.reshape(out_ch, in_per_group * k)
+    out = api.matmul(w, cols).reshape((out_ch, n) + out_sizes).transpose(0, 1)
     if bias is not None:
         out = out + bias.reshape((out_ch,) + (1,) * nd)
     return out.squeeze(0) if unbatched else out
@@ -760,6 +761,9 @@ def _padded(x, pads, value):
 def _max_pool(name, nd, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
     x, unbatched, kernel, stride, padding, dilation, out_sizes, pads = _pool_setup(
         name, nd, input, kernel_size, stride, padding, dilation, ceil_mode)
+    if not return_indices and x.dtype.is_floating_point:  # one primitive, forward and backward
+        values = apply("max_pool", x, kernel=kernel, stride=stride, padding=tuple(pads), dilation=dilation)
+        return values.squeeze(0) if unbatched else values
     fill = -_INF if x.dtype.is_floating_point else _int_min(x.dtype)
     windows = _windows(_padded(x, pads, fill), kernel, stride, dilation, out_sizes)
     # NOTE: max over the window dim by argmax + gather: the gradient goes to the first maximal element
@@ -807,23 +811,36 @@ def _avg_pool(name, nd, input, kernel_size, stride, padding, ceil_mode, count_in
         name, nd, input, kernel_size, stride, padding, 1, ceil_mode)
     if not x.dtype.is_floating_point:
         raise RuntimeError(f"{name}: expected a floating point input, got {x.dtype}")
-    total = _windows(_padded(x, pads, 0), kernel, stride, dilation, out_sizes).sum(2)
+    n, c = x.shape[:2]
+    planes = x.reshape((n * c, 1) + tuple(x.shape[2:]))  # each plane pooled alone: columns (K, N*C*L)
+    cols = apply("im2col", planes, kernel=kernel, stride=stride, padding=tuple(pads), dilation=dilation)
+    total = cols.sum(0).reshape((n, c) + out_sizes)
     if divisor_override is not None:
         if divisor_override == 0:
             raise RuntimeError("divisor must be not zero")
         out = total / divisor_override
     else:
-        # The divisor per output: pool a plane of ones the same way. With count_include_pad the
-        # symmetric padding counts (but not the extra reach of ceil_mode), as in torch.
-        ones = x.new_ones((1, 1) + tuple(x.shape[2:]))
-        if count_include_pad:
-            ones = _padded(ones, [(p, p) for p in padding], 1)
-            extra = [(0, right - p) for (_, right), p in zip(pads, padding)]
-            ones = _padded(ones, extra, 0)
-        else:
-            ones = _padded(ones, pads, 0)
-        out = total / _windows(ones, kernel, stride, dilation, out_sizes).sum(2)
+        out = total / x.new_tensor(_avg_divisor(tuple(x.shape[2:]), kernel, stride, padding, pads, out_sizes,
+                                                count_include_pad))
     return out.squeeze(0) if unbatched else out
+
+
+def _avg_divisor(spatial, kernel, stride, padding, pads, out_sizes, count_include_pad):
+    """The divisor per output position (nested lists): the window's count of input elements, with count_include_pad
+    also of the symmetric padding (but not of the extra reach of ceil_mode), as in torch. A constant of the shapes."""
+    counts = []
+    for n, k, s, p, o in zip(spatial, kernel, stride, padding, out_sizes):
+        lo, hi = (-p, n + p) if count_include_pad else (0, n)
+        counts.append([float(min(j * s - p + k, hi) - max(j * s - p, lo)) for j in range(o)])
+
+    table = counts[-1]
+    for row in reversed(counts[:-1]):
+        table = [_scaled(table, c) for c in row]
+    return table
+
+
+def _scaled(table, c):
+    return [_scaled(t, c) for t in table] if isinstance(table[0], list) else [c * v for v in table]
 
 
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
@@ -1369,15 +1386,14 @@ def unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     x = input.unsqueeze(0) if unbatched else input
     kernel, dilation = _ntuple(kernel_size, 2, "kernel_size"), _ntuple(dilation, 2, "dilation")
     padding, stride = _ntuple(padding, 2, "padding"), _ntuple(stride, 2, "stride")
-    x = _padded(x, [(p, p) for p in padding], 0)
-    out_sizes = tuple((n - d * (k - 1) - 1) // s + 1 for n, k, d, s in zip(x.shape[2:], kernel, dilation, stride))
+    out_sizes = tuple((n + 2 * p - d * (k - 1) - 1) // s + 1
+                      for n, k, d, s, p in zip(x.shape[2:], kernel, dilation, stride, padding))
     if any(o < 1 for o in out_sizes):
         raise RuntimeError(f"Given input with spatial size {list(input.shape[-2:])}, kernel_size={list(kernel)}, "
                            f"dilation={list(dilation)}, padding={list(padding)}, calculated shape of the array of "
                            f"sliding blocks as {list(out_sizes)}, but its components must be at least one.")
-    cols = _windows(x, kernel, stride, dilation, out_sizes)  # (N, C, K, oh, ow)
-    n, c = x.shape[0], x.shape[1]
-    out = cols.reshape(n, c * math.prod(kernel), math.prod(out_sizes))
+    cols = apply("im2col", x, kernel=kernel, stride=stride, padding=tuple((p, p) for p in padding), dilation=dilation)
+    out = cols.reshape(cols.shape[0], x.shape[0], math.prod(out_sizes)).transpose(0, 1)  # (N, C*K, L)
     return out.squeeze(0) if unbatched else out
 
 
@@ -1402,19 +1418,9 @@ def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
                            f"padding={list(padding)}, stride={list(stride)}, expected size of input's dimension 2 to "
                            f"match the calculated number of sliding blocks {blocks[0]} * {blocks[1]} = "
                            f"{math.prod(blocks)}, but got input.size(2)={x.shape[2]}.")
-    n, c = x.shape[0], x.shape[1] // k
-    cols = x.reshape((n, c, k) + blocks)
-    total = None
-    for j, offsets in enumerate(itertools.product(*(range(kk) for kk in kernel))):
-        part = cols.select(2, j)
-        for i in range(2):
-            part = _dilate(part, 2 + i, stride[i])
-            start = offsets[i] * dilation[i]
-            part = _pad_dim(part, 2 + i, start, padded[i] - start - part.shape[2 + i], 0)
-        total = part if total is None else total + part
-    out = total
-    for i in range(2):
-        out = _pad_dim(out, 2 + i, -padding[i], -padding[i], 0)
+    cols = x.transpose(0, 1).reshape(x.shape[1], x.shape[0] * x.shape[2])  # (C*K, N*L)
+    out = apply("col2im", cols, size=size, kernel=kernel, stride=stride, padding=tuple((p, p) for p in padding),
+                dilation=dilation)
     return out.squeeze(0) if unbatched else out
 
 
