@@ -105,10 +105,10 @@ def layered_svg(graph: Graph) -> str:
     for node in graph.nodes:  # graph order is topological
         box = boxes[node.name]
         box.layer = max((boxes[p].layer + 1 for p in box.preds), default=0)
-    for node in reversed(graph.nodes):  # sources (inputs, parameters) sit just above their first reader
+    for node in reversed(graph.nodes):  # then as late as the users allow: a parameter sits above its first reader
         box = boxes[node.name]
-        if not box.preds and box.succs:
-            box.layer = max(0, min(boxes[s].layer for s in box.succs) - 1)
+        if box.succs:
+            box.layer = max(box.layer, min(boxes[s].layer for s in box.succs) - 1)
     # long edges go through one dummy per layer they cross
     routes = []
     for u, v in edges:
