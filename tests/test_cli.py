@@ -207,7 +207,7 @@ def test_inference_stage_shows_the_whole_graph_function_or_why_not(capsys):
     assert dump(f"{MODELS}:mlp", "--input", "float32[1,784]", "--stage", "inference") == 0
     out = capsys.readouterr().out
     assert out.startswith("# forward: one numba function (whole-graph mode)")
-    assert "def run_graph(" in out and "def k0_matmul_rows(" in out
+    assert "def run_graph(" in out and "# kernel k0_matmul: in0 = x" in out and "_rows(a, b, out):" in out
     assert dump(f"{MODELS}:mlp", "--input", "float32[4096,784]", "--stage", "inference") == 0
     out = capsys.readouterr().out
     assert "kernel by kernel (not whole-graph: node" in out and "elements" in out and "def run_graph(" not in out

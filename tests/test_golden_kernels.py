@@ -1,16 +1,18 @@
 """Golden generated kernels: the numba source nnc.codegen writes for a few representative kernels, compared exactly.
 
 Each case builds one Kernel (by hand, or from a real model's backward through the compiler's passes), generates
-its module with `nnc.codegen.cpu.generate` (what `compile_kernel` caches and compiles) and compares it with
+its module with `nnc.codegen.cpu.generate` (what `compile_kernel` caches and compiles) and compares it, under its
+legend (the comments naming the graph nodes that debug output shows above it), with
 tests/golden/kernels/<case>.py.golden. A change to the generator thus shows up as a reviewable diff. After an
 intended change, regenerate and review:
 
     NNC_UPDATE_GOLDEN=1 python -m pytest -q tests/test_golden_kernels.py
     git diff tests/golden/kernels/
 
-The source is deterministic (node and kernel names come from the graph; no paths or cache digests appear in it)
-except for its second line, which stamps the numba version and the digest of nnc/codegen/approx.py (so a cached
-kernel is never reused across either). The test replaces those two values with <numba> and <approx> on both sides.
+The source is deterministic and names no graph node or kernel: identical kernels must share one cached module (only
+the legend names nodes; the function names are a hash of the source without its stamp line). Its second line, the
+stamp, holds the numba version and the digest of nnc/codegen/approx.py (so a cached kernel is never reused across
+either); the test replaces those two values with <numba> and <approx> on both sides.
 """
 from __future__ import annotations
 
@@ -179,7 +181,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_generated_kernel_matches_golden(case):
-    source = normalized(generate(CASES[case]()).source)
+    source = normalized(generate(CASES[case]()).annotated)
     path = GOLDEN_DIR / f"{case}.py.golden"
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ class Function:
 
     def source(self) -> str:
         sig = ", ".join([a.arg for a in self.args] + self.symbols)
-        doc = "; ".join(f"{a.arg}: {a.node.name} {a.dtype.name}{list(a.shape)}" for a in self.args)
+        doc = "; ".join(f"{a.arg}: {a.dtype.name}{list(a.shape)}" for a in self.args)
         fastmath = ", fastmath={'reassoc', 'contract'}" if self.reassociate else ""
         head = [f"@njit(cache=True, parallel={self.parallel}{fastmath}, error_model='numpy')",
                 f"def {self.name}({sig}):", f"    # {doc}"]
@@ -80,20 +80,34 @@ def indent(lines, n=1):
 
 
 def py_name(name: str) -> str:
-    """A kernel name as a Python identifier (the generated function's name)."""
+    """A name as a Python identifier."""
     out = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
     return out if out and not out[0].isdigit() else f"k_{out}"
 
 
+# What generation calls the kernel's main numba function (its helpers add _epilogue, _rows). nnc.codegen.cpu
+# replaces it with k_<hash of the module source>, so the source stays a function of the computation only.
+KERNEL_NAME = "__nnc_kernel__"
+
+
 class KernelBuilder:
     """What generating one kernel's module builds up: its numba functions, module-level helpers and launcher lines,
-    with the kernel's inputs and outputs as numba arguments (in0, in1, ..., out0, ...)."""
+    with the kernel's inputs and outputs as numba arguments (in0, in1, ..., out0, ...).
+
+    NOTE: nothing generated names a graph node or the kernel: identical computations (the same block repeated in
+    a model) must give the same source, so that they share one cached module and one numba compilation. A scalar
+    is named by its position: v_in<k> for the kernel's input k, v<i>_<op> for its node i (`value_name`)."""
 
     def __init__(self, kernel: Kernel):
         self.kernel = kernel
-        self.name = py_name(kernel.name)
+        self.name = KERNEL_NAME
         self.dialect = CpuDialect()
-        self.body = ScalarBody(self.dialect)
+        self._value_names: dict[Node, str] = {}
+        for k, node in enumerate(kernel.inputs):
+            self._value_names.setdefault(node, f"v_in{k}")
+        for i, node in enumerate(kernel.nodes):
+            self._value_names[node] = f"v{i}_{py_name(getattr(getattr(node.target, 'op', None), 'name', 'node'))}"
+        self.body = ScalarBody(self.dialect, self.value_name)
         self.functions: list[Function] = []
         self.helpers: dict[str, str] = {}
         self.launch: list[str] = []
@@ -110,6 +124,21 @@ class KernelBuilder:
                 raise Unsupported(f"output {a.node.name} is not a node of the kernel")
         if not kernel.outputs:
             raise Unsupported("the kernel has no outputs")
+
+    def value_name(self, node: Node) -> str:
+        """The generated variable holding a node's scalar value (by its position in the kernel, see the class)."""
+        name = self._value_names.get(node)
+        if name is None:
+            raise Unsupported(f"node {node.name} is neither an input nor a node of the kernel")
+        return name
+
+    def legend(self) -> list[str]:
+        """Comment lines naming the graph node behind each argument and value (what `value_name` numbers)."""
+        k = self.kernel
+        args = [f"in{i} = {n.name}" for i, n in enumerate(k.inputs)] + [f"out{i} = {n.name}"
+                                                                        for i, n in enumerate(k.outputs)]
+        values = [f"{self._value_names[n]} = {n.name}" for n in k.nodes]
+        return _wrap(f"# kernel {k.name}: ", args, "#   ") + _wrap("#   values: ", values, "#     ")
 
     def elementwise_function(self, fname, nodes, ins, outs, shape) -> Function:
         """The elementwise skeleton: loads at broadcast offsets, the scalar body, stores, in the loops
@@ -174,11 +203,23 @@ class KernelBuilder:
         env: dict[Node, Value] = {}
         hoisted_loads, loads = [], []
         for k, (a, ref) in enumerate(zip(ins, refs)):
-            env[a.node] = Value(f"v_{a.node.name}", a.dtype)
-            (hoisted_loads if k in hoisted else loads).append(f"v_{a.node.name} = {ref}")
+            env[a.node] = Value(self.value_name(a.node), a.dtype)
+            (hoisted_loads if k in hoisted else loads).append(f"{env[a.node].name} = {ref}")
         body = self.body.emit(nodes, env)
         stores = [f"{ref} = {env[a.node].name}" for a, ref in zip(outs, refs[len(ins):])]
         return hoisted_loads, loads, body, stores, env
+
+
+def _wrap(first: str, items: list[str], indent_: str, width: int = 116) -> list[str]:
+    """Comment lines listing `items` (comma-separated, never split) after `first`, continued after `indent_`."""
+    lines, line = [], first
+    for k, item in enumerate(items):
+        text = item + ("," if k < len(items) - 1 else "")
+        if line not in (first, indent_) and len(line) + 1 + len(text) > width:
+            lines.append(line.rstrip())
+            line = indent_
+        line += ("" if line in (first, indent_) else " ") + text
+    return lines + [line.rstrip()]
 
 
 def flat_view(a: Array) -> str:

@@ -160,11 +160,11 @@ def gen_reduction(kb: KernelBuilder) -> None:
         """The reductions' values from their accumulator expressions, then the epilogue and the stores."""
         lines = []
         for a, result in zip(accs, results):
-            env[a.node] = Value(f"v_{a.node.name}", a.out_dtype)
-            lines.append(f"v_{a.node.name} = {kb.dialect.cast(result, a.out_dtype)}")
-        lines += e_lines + [f"v_{a.node.name} = {a.arg}[{off}]" for a, off in zip(epi_ins, e_offs)]
+            env[a.node] = Value(kb.value_name(a.node), a.out_dtype)
+            lines.append(f"{kb.value_name(a.node)} = {kb.dialect.cast(result, a.out_dtype)}")
+        lines += e_lines + [f"{kb.value_name(a.node)} = {a.arg}[{off}]" for a, off in zip(epi_ins, e_offs)]
         for a in epi_ins:
-            env[a.node] = Value(f"v_{a.node.name}", a.dtype)
+            env[a.node] = Value(kb.value_name(a.node), a.dtype)
         lines += kb.body.emit(epilogue, env)
         lines += [f"{a.arg}[{off}] = {env[a.node].name}" for a, off in zip(epi_outs, e_offs[len(epi_ins):])]
         return lines

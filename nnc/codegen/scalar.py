@@ -181,7 +181,7 @@ def op_and_attrs(node: Node):
 
 
 class ScalarBody:
-    """Emits one statement per elementwise node from its op's template: `v_<node> = <expr>`.
+    """Emits one statement per elementwise node from its op's template: `<value_name(node)> = <expr>`.
 
     `env` maps nodes (kernel inputs loaded from memory, and nodes already emitted) to Values; emit() adds the nodes
     it emits. Operands are cast to the op's compute dtype (from the op's dtype rule, as eager dispatch does) and the
@@ -189,8 +189,10 @@ class ScalarBody:
     float64).
     """
 
-    def __init__(self, dialect: Dialect):
+    def __init__(self, dialect: Dialect, value_name=None):
         self.dialect = dialect
+        # the variable a node's value gets (a target names them by position, so the code does not name nodes)
+        self.value_name = value_name or (lambda node: f"v_{node.name}")
 
     def emit(self, nodes: list[Node], env: dict[Node, Value]) -> list[str]:
         return [self.statement(node, env) for node in nodes]
@@ -226,8 +228,8 @@ class ScalarBody:
             raise Unsupported(message if message.startswith(f"node {node.name}") else
                               f"node {node.name} ({op.name}, template {op.template!r}): {message}") from None
         same_var = any(expr == t and isinstance(a, Node) and env[a].dtype == out for t, a in zip(texts, args))
-        env[node] = Value(f"v_{node.name}", out)
-        return f"v_{node.name} = {expr if same_var else self.dialect.cast(_strip(expr), out)}"
+        env[node] = Value(self.value_name(node), out)
+        return f"{env[node].name} = {expr if same_var else self.dialect.cast(_strip(expr), out)}"
 
     def render_template(self, template: str, operands: list[str], attrs: dict, compute: np.dtype, where: str) -> str:
         """A template on operand expressions (their text) as one expression; `where` starts error messages."""

@@ -272,5 +272,5 @@ def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> C
     function.disable_compile()  # other argument types are an error, never a silent recompile
     return CompiledGraph(source=source, path=path, cache_hit=hit, compile_seconds=time.perf_counter() - start,
                          arg_nodes=arg_nodes, returned=returned, arg_specs=specs,
-                         kernel_sources={kernel.name: g.source for kernel, g in generated},
+                         kernel_sources={kernel.name: g.annotated for kernel, g in generated},
                          _function=function)
