@@ -1790,3 +1790,6 @@ def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=
     if input.ndim != 2:
         loss = loss.reshape(tuple(target.shape))
     return _reduce(loss, reduction)
+
+
+from ._functional_more import *  # noqa: E402,F401,F403  (in-place activations, CTC, grid_sample, unpooling...)
