@@ -76,6 +76,11 @@ def test_ddp_equals_single_process_on_the_whole_batch(launch, model, mode):
     launch("ddp_equivalence.py", model, mode)
 
 
+@pytest.mark.parametrize("progress", ["hooks", "thread"])
+def test_ddp_equals_single_process_whichever_way_mpi_progresses(launch, progress):
+    launch("ddp_equivalence.py", "mlp", "eager", progress)
+
+
 def test_ddp_no_sync_unused_parameters_buffers_and_errors(launch):
     launch("ddp_features.py")
 

@@ -1,7 +1,8 @@
 """DDP on N ranks with batch B each == one process with batch N*B, step by step (float64, to 1e-12).
 
-Usage: mpiexec -n N python tests/mpi_workers/ddp_equivalence.py MODEL MODE
-MODEL: mlp | cnn; MODE: eager | ddp_of_compiled (DDP(nnc.compile(m))) | compiled_ddp (nnc.compile(DDP(m))).
+Usage: mpiexec -n N python tests/mpi_workers/ddp_equivalence.py MODEL MODE [PROGRESS]
+MODEL: mlp | cnn; MODE: eager | ddp_of_compiled (DDP(nnc.compile(m))) | compiled_ddp (nnc.compile(DDP(m)));
+PROGRESS (eager only): hooks | thread, how DDP drives MPI during backward (default: DDP's choice).
 Every rank also trains the single-process reference itself (eager), so it can compare locally."""
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ reference = make(0)
 model = make(rank)  # ranks start different: DDP must broadcast rank 0's parameters
 if mode == "eager":
     ddp = DDP(model, bucket_cap_mb=0.001)  # tiny buckets: several all-reduces per backward
+    if len(sys.argv) > 3:
+        ddp.progress = sys.argv[3]
 else:
     import nnc
 

@@ -52,21 +52,29 @@ class Branchy(nn.Module):
         return self.sometimes(h) if use_branch else h
 
 
-runtime.manual_seed(0)
-branchy = Branchy()
-ddp = DDP(branchy, find_unused_parameters=True)
-for step in range(2):
-    for p in branchy.parameters():
-        p.grad = None
-    ddp(local_batch(step), rank == 0).sum().backward()
-    assert branchy.never.weight.grad is None and branchy.never.bias.grad is None
-    for p in (branchy.trunk.weight, branchy.sometimes.weight):
-        assert p.grad is not None and same_everywhere(p.grad.numpy())
+for cap in (None, 0.0001):  # default buckets; 104-byte ones: weights all-reduced in place in .grad, biases copied
     runtime.manual_seed(0)
-    ref = Branchy()
-    ref(runtime.tensor(np.random.default_rng(100 * step).standard_normal((3, 4))), True).sum().backward()
-    np.testing.assert_allclose(branchy.sometimes.weight.grad.numpy(), ref.sometimes.weight.grad.numpy() / world,
-                               rtol=0, atol=1e-12)
+    branchy = Branchy()
+    ddp = DDP(branchy, find_unused_parameters=True, bucket_cap_mb=cap)
+    for step in range(3):
+        for p in branchy.parameters():
+            p.grad = None
+        out = ddp(local_batch(step), rank == 0).sum()
+        if step == 2:  # zero_grad between forward and backward: unused parameters are marked ready in backward
+            for p in branchy.parameters():
+                p.grad = runtime.ones_like(p)
+        out.backward()
+        if step < 2:
+            assert branchy.never.weight.grad is None and branchy.never.bias.grad is None
+        else:
+            assert np.array_equal(branchy.never.weight.grad.numpy(), np.ones((4, 4)))
+        for p in (branchy.trunk.weight, branchy.sometimes.weight):
+            assert p.grad is not None and same_everywhere(p.grad.numpy())
+        runtime.manual_seed(0)
+        ref = Branchy()
+        ref(runtime.tensor(np.random.default_rng(100 * step).standard_normal((3, 4))), True).sum().backward()
+        want = ref.sometimes.weight.grad.numpy() / world + (1 if step == 2 else 0)  # every rank adds its ones
+        np.testing.assert_allclose(branchy.sometimes.weight.grad.numpy(), want, rtol=0, atol=1e-12)
 
 # without find_unused_parameters, a parameter that gets no gradient is reported at the next forward, as torch
 ddp = DDP(Branchy())
@@ -106,18 +114,41 @@ assert len(ddp.bucket_sizes()) >= 1
 # gradient_as_bucket_view: .grad is a view of its bucket (no copy back) and accumulates there; same values
 results = []
 for as_view in (False, True):
-    runtime.manual_seed(0)
-    net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
-    ddp = DDP(net, gradient_as_bucket_view=as_view)
-    opt = runtime.optim.SGD(net.parameters(), lr=0.1)
-    for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        ddp(local_batch(step)).pow(2).mean().backward()
-        opt.step()
-    results.append([p.detach().numpy().copy() for p in net.parameters()])
-    assert all((p.grad._data.base is not None) == as_view for p in net.parameters())
-for a, b in zip(*results):
+    for cap in (None, 0.0001):  # flat buckets; weights reduced in their own .grad arrays (biases still flat)
+        runtime.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+        ddp = DDP(net, gradient_as_bucket_view=as_view, bucket_cap_mb=cap)
+        opt = runtime.optim.SGD(net.parameters(), lr=0.1)
+        grad_arrays = None
+        for step in range(3):
+            opt.zero_grad(set_to_none=False)
+            ddp(local_batch(step)).pow(2).mean().backward()
+            opt.step()
+            if step == 1:
+                grad_arrays = [p.grad._data for p in net.parameters()]
+        results.append([p.detach().numpy().copy() for p in net.parameters()])
+        solo = [b.solo for b in ddp._buckets for _ in b.params]
+        assert any(solo) == (cap is not None)
+        assert all((p.grad._data.base is not None) == as_view for p in net.parameters() if p.numel() * 8 < 104)
+        assert all(p.grad._data is a for p, a in zip(net.parameters(), grad_arrays))  # .grad kept, in place
+for a, b in zip(results[0], results[-1]):
     np.testing.assert_array_equal(a, b)
+for other in results[1:-1]:
+    for a, b in zip(results[0], other):
+        np.testing.assert_array_equal(a, b)
+
+# a strided .grad (MPI cannot reduce it in place) goes through a staging array and is written back into itself
+got = []
+for strided in (False, True):
+    runtime.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    ddp = DDP(lin, bucket_cap_mb=0.0001)
+    lin.weight.grad = runtime.zeros(4, 4).t() if strided else runtime.zeros(4, 4)
+    kept = lin.weight.grad
+    ddp(local_batch(0)).pow(2).sum().backward()
+    assert lin.weight.grad is kept and same_everywhere(kept.numpy())
+    got.append(kept.numpy().copy())
+np.testing.assert_array_equal(got[0], got[1])
 
 # DistributedSampler takes rank and world size from the process group: shards are disjoint and cover the dataset
 sampler = runtime.utils.data.DistributedSampler(range(10), shuffle=True, seed=3)

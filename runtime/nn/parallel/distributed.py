@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
+import threading
 import time
 
 import numpy as np
@@ -27,23 +29,70 @@ from ...tensor import Tensor
 from ..modules.module import Module
 
 _FIRST_BUCKET_BYTES = 1024 * 1024
+# a gradient of at least this many bytes (or of the bucket cap, if smaller) is all-reduced in place in its own
+# array: no copy into a bucket and back (see _build_buckets)
+_SOLO_BYTES = 128 * 1024
 _TWICE = ("Expected to mark a variable ready only once. Parameter {} received a gradient twice in one iteration (a "
           "second backward through the same forward, or a parameter used in a reentrant backward).")
 
 
 class _Bucket:
-    def __init__(self, index: int, dtype):
-        self.index, self.dtype = index, dtype
+    def __init__(self, index: int, dtype, solo: bool = False):
+        self.index, self.dtype, self.solo = index, dtype, solo
         self.params, self.offsets = [], []
         self.numel = 0
-        self.flat = None
+        self.flat = None  # a flat bucket's buffer; a solo bucket's staging array (allocated when first needed)
+        self.array = None  # what this step all-reduces: `flat`, or a solo parameter's own .grad array
         self.pending = 0
         self.request = None
+
+    @property
+    def flat_dtype(self) -> np.dtype:
+        return np.dtype(self.dtype.np)
 
     def add(self, position: int, param) -> None:
         self.params.append(position)
         self.offsets.append((self.numel, param.numel(), tuple(param.shape)))
         self.numel += param.numel()
+
+
+class _Progress:
+    """A thread that calls MPI_Testall on the reducer's requests in flight every `interval` seconds during backward.
+
+    MPICH moves a non-blocking collective along only inside MPI calls; between two gradient hooks (a layer's backward,
+    milliseconds) nothing happens, and a 4 MB all-reduce between 2 ranks needs about ten such calls. numpy releases
+    the GIL inside BLAS and large ufunc loops, so this thread gets to run while backward computes, and mpi4py
+    releases it inside MPI calls. The lock keeps one thread at a time testing the same requests (MPI forbids two)."""
+
+    def __init__(self, MPI, interval: float):
+        self.MPI, self.interval = MPI, interval
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.requests = None  # the list being polled, or None when idle
+        self.thread = threading.Thread(target=self._run, name="nnc-ddp-progress", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait()
+            with self.lock:
+                requests = self.requests
+                if requests is None:
+                    self.wake.clear()
+                    continue
+                live = [r for r in requests if r]
+                if live:
+                    self.MPI.Request.Testall(live)
+            time.sleep(self.interval)
+
+    def start(self, requests: list) -> None:
+        with self.lock:
+            self.requests = requests
+        self.wake.set()
+
+    def stop(self) -> None:
+        with self.lock:
+            self.requests = None
 
 
 class DistributedDataParallel(Module):
@@ -78,6 +127,16 @@ class DistributedDataParallel(Module):
         self._armed = self._reduced = False  # a forward prepared this step's reduction; it is done
         self._started = False  # a gradient of this step arrived
         self._used_request = None
+        # NOTE: how MPI progresses during backward: "thread", a thread polling every NNC_DDP_PROGRESS_US
+        # microseconds (see _Progress), or "hooks", a poll from each gradient hook only. "auto" (the default): the
+        # thread when this host has at least two cores per rank on it, else hooks (on 2 ranks sharing 2 cores the
+        # thread's polls cost the backward more time than they save; docs/distributed.md has the figures)
+        self.progress = os.environ.get("NNC_DDP_PROGRESS", "auto")
+        if self.progress == "auto":
+            self.progress = "thread" if _cores() >= 2 * _ranks_on_this_host(self._comm) else "hooks"
+        self._progress_interval = float(os.environ.get("NNC_DDP_PROGRESS_US", "100")) * 1e-6
+        self._progress = None
+        self._launched = []  # this step's requests, in launch order
         self.timings = {"wait_s": 0.0, "reduce_s": 0.0}  # the last reduction: time waiting at its end, first to last
         self._expose_signature(module)
         # NOTE: bound methods, not the hook's module argument: around nnc.compile(DDP(model)) the hooks are called
@@ -93,23 +152,36 @@ class DistributedDataParallel(Module):
                 dist.broadcast(t, src=0, group=self.process_group)
 
     def _build_buckets(self) -> None:
+        # NOTE: a parameter of at least _SOLO_BYTES is a bucket of its own, all-reduced in place in its .grad array
+        # (the array AccumulateGrad stored, or the one it accumulated into): no copy into a bucket and back, which
+        # cost 30-45% of the all-reduce's time. The smaller parameters between two such ones share a flat bucket
+        # (up to the cap), copied in and out as torch's. A solo parameter closes the flat bucket being filled, so
+        # each bucket holds gradients that backward produces one after the other and is ready when its last one is.
         self._buckets, self._where = [], {}
-        open_, count = {}, {}  # dtype -> the bucket being filled, and how many that dtype has
+        open_, count = {}, {}  # dtype -> the flat bucket being filled, and how many flat buckets that dtype has
+        solo_bytes = min(_SOLO_BYTES, self.bucket_bytes_cap)
         for position in reversed(range(len(self._parameters_to_sync))):
             p = self._parameters_to_sync[position]
-            first = count.get(p.dtype, 0) <= 1
-            cap = min(_FIRST_BUCKET_BYTES, self.bucket_bytes_cap) if first else self.bucket_bytes_cap
-            bucket = open_.get(p.dtype)
-            if bucket is not None and bucket.numel and (bucket.numel + p.numel()) * p._data.itemsize > cap:
-                bucket = None
-            if bucket is None:
-                bucket = open_[p.dtype] = _Bucket(len(self._buckets), p.dtype)
-                count[p.dtype] = count.get(p.dtype, 0) + 1
+            itemsize = p._data.itemsize
+            if p.numel() * itemsize >= solo_bytes:
+                open_.pop(p.dtype, None)
+                bucket = _Bucket(len(self._buckets), p.dtype, solo=True)
                 self._buckets.append(bucket)
+            else:
+                first = count.get(p.dtype, 0) <= 1
+                cap = min(_FIRST_BUCKET_BYTES, self.bucket_bytes_cap) if first else self.bucket_bytes_cap
+                bucket = open_.get(p.dtype)
+                if bucket is not None and bucket.numel and (bucket.numel + p.numel()) * itemsize > cap:
+                    bucket = None
+                if bucket is None:
+                    bucket = open_[p.dtype] = _Bucket(len(self._buckets), p.dtype)
+                    count[p.dtype] = count.get(p.dtype, 0) + 1
+                    self._buckets.append(bucket)
             self._where[position] = (bucket, len(bucket.params))
             bucket.add(position, p)
         for bucket in self._buckets:
-            bucket.flat = np.zeros(bucket.numel, dtype=bucket.dtype.np)
+            if not bucket.solo:
+                bucket.flat = bucket.array = np.zeros(bucket.numel, dtype=bucket.dtype.np)
 
     def _hook_accumulators(self) -> None:
         # NOTE: runtime has no post-accumulate-grad hook, so the reducer wraps each parameter's AccumulateGrad node
@@ -182,8 +254,12 @@ class DistributedDataParallel(Module):
             bucket.request = None
         self._next_bucket = 0
         self._first_ready_at = None
+        self._launched = []
+        self._unused = []  # find_unused_parameters: marked ready at the first gradient of backward, as torch
 
     def _disarm(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
         self._armed = self._started = self._reduced = False
         for bucket in self._buckets:
             if bucket.request is not None:
@@ -210,9 +286,9 @@ class DistributedDataParallel(Module):
         self._used_local = np.array([id(p) in reached for p in self._parameters_to_sync], dtype=np.int32)
         self._used_global = np.empty_like(self._used_local)
         self._used_request = self._comm.Iallreduce(self._used_local, self._used_global, op=self._MPI.MAX)
-        for position, used in enumerate(self._used_local):
-            if not used:
-                self._grad_ready(position)
+        # NOTE: marked ready when backward delivers its first gradient (torch's Reducer does the same), not here:
+        # a zero_grad between forward and backward must still see .grad, not a buffer MPI is reducing
+        self._unused = [position for position, used in enumerate(self._used_local) if not used]
 
     # -- backward ------------------------------------------------------------------------------------------------
 
@@ -234,32 +310,67 @@ class DistributedDataParallel(Module):
             raise RuntimeError(_TWICE.format(self._name_of(position)))
         if from_backward and not self._started:
             self._started, self._first_ready_at = True, time.perf_counter()
+            unused, self._unused = self._unused, []
+            for other in unused:
+                if other != position:
+                    self._mark_ready(other)
+        self._mark_ready(position)
+
+    def _mark_ready(self, position: int) -> None:
         self._ready[position] = True
         bucket, slot = self._where[position]
-        start, numel, _ = bucket.offsets[slot]
+        start, numel, shape = bucket.offsets[slot]
         grad = self._parameters_to_sync[position].grad
-        target = bucket.flat[start:start + numel]
-        if grad is None:
-            target[...] = 0
-        else:  # the average is taken here (as torch, before the sum): one pass that also copies into the bucket
-            source = grad._data
-            np.divide(target if _is_slot(source, bucket.flat) else source.reshape(-1), self._world, out=target)
+        if bucket.solo:
+            data = None if grad is None else grad._data
+            if data is not None and _reducible_in_place(data, bucket.flat_dtype):
+                np.divide(data, self._world, out=data)  # its own array: averaged, then all-reduced, in place
+                bucket.array = data
+            else:  # no gradient, or one MPI cannot reduce in place (strided, read-only): a staging array
+                if bucket.flat is None:
+                    bucket.flat = np.empty(shape, dtype=bucket.flat_dtype)
+                if data is None:
+                    bucket.flat[...] = 0
+                else:
+                    np.divide(data, self._world, out=bucket.flat)
+                bucket.array = bucket.flat
+        else:
+            target = bucket.flat[start:start + numel]
+            if grad is None:
+                target[...] = 0
+            else:  # the average is taken here (as torch, before the sum): one pass that also copies into the bucket
+                source = grad._data
+                np.divide(target if _is_slot(source, bucket.flat) else source.reshape(-1), self._world, out=target)
         bucket.pending -= 1
         MPI = self._MPI
         while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
             launch = self._buckets[self._next_bucket]
-            launch.request = self._comm.Iallreduce(MPI.IN_PLACE, launch.flat, op=MPI.SUM)
+            launch.request = self._comm.Iallreduce(MPI.IN_PLACE, launch.array, op=MPI.SUM)
             self._next_bucket += 1
+            self._launched.append(launch.request)
+            if self.progress == "thread" and len(self._launched) == 1:
+                if self._progress is None:
+                    self._progress = _Progress(MPI, self._progress_interval)
+                self._progress.start(self._launched)
         if self._next_bucket == len(self._buckets):
             self._finish()
         else:
-            live = [b.request for b in self._buckets[:self._next_bucket] if b.request is not None]
-            if live:
-                MPI.Request.Testall(live)  # drive MPI's progress engine while backward runs
+            self._poll()
+
+    def _poll(self) -> None:
+        """Drive MPI's progress engine (MPICH moves a non-blocking collective along only inside MPI calls)."""
+        if self._progress is not None and self._progress.requests is not None:
+            return  # the progress thread is on it
+        live = [r for r in self._launched if r]
+        if live:
+            self._MPI.Request.Testall(live)
 
     def _finish(self) -> None:
         began = time.perf_counter()
         MPI = self._MPI
+        if self._progress is not None:
+            self._progress.stop()
+        self._launched = []
         MPI.Request.Waitall([b.request for b in self._buckets])
         used = None
         if self._used_request is not None:
@@ -272,12 +383,20 @@ class DistributedDataParallel(Module):
             for bucket in self._buckets:
                 bucket.request = None
                 for position, (start, numel, shape) in zip(bucket.params, bucket.offsets):
-                    p, reduced = params[position], bucket.flat[start:start + numel].reshape(shape)
+                    p = params[position]
+                    if bucket.solo:
+                        reduced, view = bucket.array, False
+                        bucket.array = None
+                        if p.grad is not None and p.grad._data is reduced:
+                            p.grad._bump_version()  # its own array: reduced in place
+                            continue
+                    else:
+                        reduced, view = bucket.flat[start:start + numel].reshape(shape), True
                     if p.grad is None:
                         if used is not None and not used[position]:
                             continue  # unused on every rank: .grad stays None, as torch
                         p.grad = Tensor._from_array(reduced if self.gradient_as_bucket_view else reduced.copy())
-                    elif _is_slot(p.grad._data, bucket.flat):
+                    elif view and _is_slot(p.grad._data, bucket.flat):
                         p.grad._bump_version()  # a view of the bucket: reduced in place
                     elif self.gradient_as_bucket_view:
                         p.grad = Tensor._from_array(reduced)
@@ -301,7 +420,27 @@ class DistributedDataParallel(Module):
 
     def bucket_sizes(self) -> list:
         """Bytes in each gradient bucket, in launch order."""
-        return [b.numel * b.flat.itemsize for b in self._buckets]
+        return [b.numel * b.flat_dtype.itemsize for b in self._buckets]
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _ranks_on_this_host(comm) -> int:
+    """How many ranks of `comm` share this host (a collective: every rank calls it, at construction)."""
+    local = comm.Split_type(dist._state["MPI"].COMM_TYPE_SHARED)
+    try:
+        return local.Get_size()
+    finally:
+        local.Free()
+
+
+def _reducible_in_place(array: np.ndarray, dtype: np.dtype) -> bool:
+    return array.flags.c_contiguous and array.flags.writeable and array.dtype == dtype
 
 
 def _is_slot(array: np.ndarray, flat: np.ndarray) -> bool:
