@@ -1,11 +1,13 @@
 """Benchmark runtime.distributed and DDP against raw mpi4py; run under MPI: mpiexec -n 2 python tools/bench_allreduce.py
 
-1. all_reduce throughput for 1, 10 and 100 MB float32 buffers: runtime.distributed.all_reduce and DDP's bucketed
-   gradient reduction (copy into buckets, Iallreduce per bucket, average, copy back) vs mpi4py's Allreduce on the
-   same bytes; ratio of medians (>= 0.9 is the target) and the spread (min..max) over the repeats.
-2. an MLP training step with DDP on every rank vs the same step without communication: time per step, samples/s of
-   the whole job vs one process, and the share of all-reduce time hidden behind backward
-   (1 - time waiting at the end of backward / time of a blocking all-reduce of all gradients).
+1. all_reduce throughput for 1, 10 and 100 MB float32 buffers: runtime.distributed.all_reduce and DDP's gradient
+   reduction (average and Iallreduce in place in each .grad; or copied into flat buckets and back) for one parameter
+   of that size and for four, vs mpi4py's Allreduce on the same bytes; ratio of medians (>= 0.9 is the target) and
+   the spread (min..max) over the repeats, all timed round-robin.
+2. an MLP training step with DDP on every rank vs the same step without communication, for each way of driving MPI
+   during backward: time per step, samples/s of the whole job vs one process, and the share of all-reduce time
+   hidden behind backward (by the step's time and by the wait at its end, against a blocking all-reduce).
+3. a backward that leaves the CPU free (sleeps between gradients, as an accelerator's would): the wait at its end.
 Rank 0 prints; asserts nothing. BLAS threads default to 1 per rank (set OPENBLAS_NUM_THREADS to change it).
 """
 from __future__ import annotations
@@ -27,52 +29,85 @@ import runtime.distributed as dist  # noqa: E402
 
 
 def timed(fn, repeats: int, comm) -> list:
-    fn()  # warm-up
-    times = []
+    return timed_together({"": fn}, repeats, comm)[""]
+
+
+def timed_together(fns: dict, repeats: int, comm) -> dict:
+    """Time each function `repeats` times, round-robin (so load beside the benchmark hits every one alike)."""
+    for fn in fns.values():
+        fn()  # warm-up
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        comm.Barrier()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return [comm.allreduce(t, op=dist._state["MPI"].MAX) for t in times]  # the slowest rank's time
+        for name, fn in fns.items():
+            comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    MPI = dist._state["MPI"]
+    return {name: [comm.allreduce(t, op=MPI.MAX) for t in ts] for name, ts in times.items()}  # the slowest rank
 
 
 def spread(times) -> str:
     return f"{statistics.median(times) * 1e3:8.2f} ms ({min(times) * 1e3:.2f}..{max(times) * 1e3:.2f})"
 
 
+def ddp_reducer(n: int, flat: bool, as_view: bool, parts: int = 4):
+    """DDP over `parts` float32 parameters of n/parts elements each, and a function running its gradient reduction as a
+    backward would (each gradient marked ready, last to first). flat: every gradient copied into flat buckets (the
+    layout before in-place solo buckets, and torch's); as_view: gradient_as_bucket_view."""
+    nn = runtime.nn
+    ddp_module = nn.parallel.distributed
+    model = nn.ParameterList([nn.Parameter(runtime.zeros(n // parts, dtype=runtime.float32)) for _ in range(parts)])
+    saved = ddp_module._SOLO_BYTES
+    ddp_module._SOLO_BYTES = 1 << 62 if flat else saved
+    try:
+        ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=as_view)
+    finally:
+        ddp_module._SOLO_BYTES = saved
+    for p in model:
+        p.grad = runtime.ones(p.shape, dtype=runtime.float32)
+
+    def reduce_grads():
+        ddp._arm()
+        for position in reversed(range(len(ddp._parameters_to_sync))):
+            ddp._grad_ready(position, from_backward=True)
+    return reduce_grads
+
+
 def bench_allreduce(sizes_mb, repeats: int, comm, say) -> None:
     MPI = dist._state["MPI"]
-    nn = runtime.nn
-    say(f"all-reduce of float32 buffers on {comm.Get_size()} ranks: median (min..max) of {repeats}, slowest rank")
-    say(f"{'MB':>5} {'mpi4py Allreduce':>28} {'dist.all_reduce':>28} {'ratio':>6} {'DDP buckets':>28} {'ratio':>6} "
-        f"{'DDP gradient_as_bucket_view':>28} {'ratio':>6}")
+    say(f"all-reduce of float32 buffers on {comm.Get_size()} ranks: median (min..max) of {repeats}, slowest rank; "
+        "ratio = raw median / median")
+    columns = ["mpi4py Allreduce", "dist.all_reduce", "DDP, 1 parameter", "DDP, 4 parameters", "4, flat buckets",
+               "4, flat, bucket view"]
+    say(f"{'MB':>5} " + " ".join(f"{c:>28} {'ratio':>6}" if i else f"{c:>28}" for i, c in enumerate(columns)))
     for mb in sizes_mb:
         n = int(mb * 1024 * 1024 // 4)
         raw = np.ones(n, dtype=np.float32)
         tensor = runtime.ones(n, dtype=runtime.float32)
-        t_raw = timed(lambda: comm.Allreduce(MPI.IN_PLACE, raw, op=MPI.SUM), repeats, comm)
-        t_dist = timed(lambda: dist.all_reduce(tensor), repeats, comm)
-        # DDP's reduction of a model's gradients totalling `mb` (4 parameters, default 25 MB buckets)
-        model = nn.ParameterList([nn.Parameter(runtime.zeros(n // 4, dtype=runtime.float32)) for _ in range(4)])
-        ddp = nn.parallel.DistributedDataParallel(model)
-        for p in model:
-            p.grad = runtime.ones(p.shape, dtype=runtime.float32)
-
-        def reduce_grads():
-            ddp._arm()
-            for position in reversed(range(len(ddp._parameters_to_sync))):
-                ddp._grad_ready(position, from_backward=True)
-        t_ddp = timed(reduce_grads, repeats, comm)
-        ddp.gradient_as_bucket_view = True  # after the warm-up each .grad is its bucket slot: no copies
-        t_view = timed(reduce_grads, repeats, comm)
-        r_dist, r_ddp, r_view = (statistics.median(t_raw) / statistics.median(t) for t in (t_dist, t_ddp, t_view))
-        say(f"{mb:>5} {spread(t_raw):>28} {spread(t_dist):>28} {r_dist:>5.2f}x {spread(t_ddp):>28} {r_ddp:>5.2f}x "
-            f"{spread(t_view):>28} {r_view:>5.2f}x")
-    say("ratio: raw time / ours (1.0 = as fast as raw mpi4py; the target is >= 0.9)")
+        fns = {"raw": lambda: comm.Allreduce(MPI.IN_PLACE, raw, op=MPI.SUM),
+               "dist": lambda: dist.all_reduce(tensor),
+               "ddp1": ddp_reducer(n, flat=False, as_view=False, parts=1),
+               "ddp": ddp_reducer(n, flat=False, as_view=False),
+               "flat": ddp_reducer(n, flat=True, as_view=False),
+               "flat_view": ddp_reducer(n, flat=True, as_view=True)}
+        times = timed_together(fns, repeats, comm)
+        base = statistics.median(times["raw"])
+        cells = [spread(times["raw"])] + [f"{spread(times[k])} {base / statistics.median(times[k]):>5.2f}x"
+                                          for k in list(fns)[1:]]
+        say(f"{mb:>5} " + " ".join(f"{c:>28}" if i == 0 else f"{c:>35}" for i, c in enumerate(cells)))
+    say("DDP: gradients of 128 KB and more are averaged and all-reduced in their own .grad arrays; flat buckets copy "
+        "each gradient into a bucket and back (torch's default; before, here, for all sizes); the target is >= 0.9x")
 
 
-def bench_step(batch: int, width: int, depth: int, steps: int, comm, say, bucket_cap_mb: float = 25) -> None:
+def bench_step(batch: int, width: int, depth: int, steps: int, comm, say, bucket_cap_mb: float = 25,
+               progress=("hooks", "thread")) -> None:
+    """Time the MLP's training step without DDP, with DDP, and a blocking all-reduce of its gradients, round-robin.
+
+    Hidden share of the all-reduce, two ways (1 = all of it behind backward, 0 = none, < 0 = worse than blocking):
+    by the step, 1 - (DDP step - step without communication) / blocking all-reduce; by the wait, 1 - time DDP
+    waited at the end of backward / blocking all-reduce. The first counts everything DDP adds (polling, copies, a
+    backward slowed by communication running beside it); the second only the wait."""
     nn, F = runtime.nn, runtime.nn.functional
     world = comm.Get_size()
 
@@ -97,30 +132,70 @@ def bench_step(batch: int, width: int, depth: int, steps: int, comm, say, bucket
         return step
 
     plain = mlp()
-    t_plain = timed(stepper(plain), steps, comm)
-    ddp = nn.parallel.DistributedDataParallel(mlp(), bucket_cap_mb=bucket_cap_mb)
-    waits = []
-    ddp_step = stepper(ddp)
+    fns, waits, ddps = {"plain": stepper(plain)}, {}, {}
+    for mode in progress:
+        ddp = ddps[mode] = nn.parallel.DistributedDataParallel(mlp(), bucket_cap_mb=bucket_cap_mb)
+        ddp.progress = mode.partition("@")[0]
+        if "@" in mode:  # thread@US: poll every US microseconds
+            ddp._progress_interval = float(mode.partition("@")[2]) * 1e-6
+        waits[mode] = []
 
-    def step_and_record():
-        ddp_step()
-        waits.append(ddp.timings["wait_s"])
-    t_ddp = timed(step_and_record, steps, comm)
+        def step_and_record(step=stepper(ddp), ddp=ddp, mode=mode):
+            step()
+            waits[mode].append(ddp.timings["wait_s"])
+        fns[mode] = step_and_record
     grads = [np.ones(p.numel(), dtype=np.float32) for p in plain.parameters()]
     MPI = dist._state["MPI"]
-    t_comm = timed(lambda: [comm.Allreduce(MPI.IN_PLACE, g) for g in grads], steps, comm)
+    fns["comm"] = lambda: [comm.Allreduce(MPI.IN_PLACE, g) for g in grads]
+    times = timed_together(fns, steps, comm)
+    t_plain, t_comm = statistics.median(times["plain"]), statistics.median(times["comm"])
     params = sum(p.numel() for p in plain.parameters())
-    hidden = 1 - statistics.median(waits[1:]) / statistics.median(t_comm)
     say(f"\nMLP 256-{width}x{depth}-10 ({params * 4 / 2**20:.1f} MB of float32 gradients), batch {batch} per rank, "
-        f"{world} ranks, buckets {bucket_cap_mb} MB, median (min..max) of {steps} steps")
-    say(f"  one step without DDP (no communication): {spread(t_plain)}")
-    say(f"  one step with DDP on {world} ranks:          {spread(t_ddp)}")
-    say(f"  blocking all-reduce of all gradients:    {spread(t_comm)}")
-    say(f"  samples/s: {batch / statistics.median(t_plain):.0f} one process, "
-        f"{world * batch / statistics.median(t_ddp):.0f} with DDP on {world} ranks "
-        f"(scaling {world * statistics.median(t_plain) / statistics.median(t_ddp):.2f} of {world})")
-    say(f"  all-reduce hidden behind backward: {hidden:.0%} (waited {statistics.median(waits[1:]) * 1e3:.2f} ms at "
-        f"the end of backward)")
+        f"{world} ranks, buckets {bucket_cap_mb} MB ({len(ddp.bucket_sizes())} all-reduces per step), "
+        f"median (min..max) of {steps} steps, round-robin")
+    say(f"  one step without DDP (no communication):   {spread(times['plain'])}")
+    say(f"  blocking all-reduce of all gradients:      {spread(times['comm'])}")
+    for mode in progress:
+        t_ddp, wait = statistics.median(times[mode]), statistics.median(waits[mode][1:])
+        say(f"  DDP step, progress from {mode + ':':<18} {spread(times[mode])}; {world * batch / t_ddp:.0f} samples/s "
+            f"vs {batch / t_plain:.0f} one process (scaling {world * t_plain / t_ddp:.2f} of {world}); hidden "
+            f"{1 - (t_ddp - t_plain) / t_comm:.0%} by the step, {1 - wait / t_comm:.0%} by the wait "
+            f"({wait * 1e3:.2f} ms)")
+
+
+def bench_idle_backward(layers: int, mb: float, gap_ms: float, repeats: int, comm, say, progress) -> None:
+    """A backward that leaves the CPU free (as an accelerator's would): `layers` gradients of `mb` MB, one every
+    `gap_ms` ms (sleeping in between). How long DDP waits at the end, against a blocking all-reduce of them all."""
+    nn = runtime.nn
+    MPI = dist._state["MPI"]
+    n = int(mb * 1024 * 1024 // 4)
+    arrays = [np.ones(n, dtype=np.float32) for _ in range(layers)]
+    fns, waits = {"comm": lambda: [comm.Allreduce(MPI.IN_PLACE, a) for a in arrays]}, {}
+    for mode in progress:
+        model = nn.ParameterList([nn.Parameter(runtime.zeros(n, dtype=runtime.float32)) for _ in range(layers)])
+        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp.progress = mode.partition("@")[0]
+        if "@" in mode:
+            ddp._progress_interval = float(mode.partition("@")[2]) * 1e-6
+        waits[mode] = []
+
+        def backward(ddp=ddp, model=model, mode=mode):
+            ddp._arm()
+            for position in reversed(range(layers)):
+                time.sleep(gap_ms * 1e-3)
+                model[position].grad = runtime.ones(n, dtype=runtime.float32)
+                ddp._grad_ready(position, from_backward=True)
+            waits[mode].append(ddp.timings["wait_s"])
+        fns[mode] = backward
+    times = timed_together(fns, repeats, comm)
+    t_comm = statistics.median(times["comm"])
+    say(f"\nbackward leaving the CPU free: {layers} gradients of {mb} MB, one every {gap_ms} ms; blocking all-reduce "
+        f"of them all {spread(times['comm'])}")
+    for mode in progress:
+        wait = [comm.allreduce(w, op=MPI.MAX) for w in waits[mode][1:]]
+        say(f"  progress from {mode + ':':<12} waited {spread(wait)} at the end; hidden "
+            f"{1 - statistics.median(wait) / t_comm:.0%} (the last gradient's all-reduce cannot be: "
+            f"{1 / layers:.0%} of the bytes)")
 
 
 def main() -> None:
@@ -132,6 +207,9 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--bucket-cap-mb", default="25,2", help="DDP bucket sizes to time the training step with")
+    parser.add_argument("--progress", default="hooks,thread",
+                        help="how DDP drives MPI during backward: from its gradient hooks only (hooks), or a progress "
+                        "thread (thread@US: polling every US microseconds)")
     args = parser.parse_args()
     dist.init_process_group("mpi")
     comm = dist._comm()
@@ -142,7 +220,9 @@ def main() -> None:
         f"BLAS threads per rank: {os.environ['OPENBLAS_NUM_THREADS']}")
     bench_allreduce([int(s) if float(s).is_integer() else s for s in sizes], repeats, comm, say)
     for cap in [float(c) for c in args.bucket_cap_mb.split(",")]:
-        bench_step(args.batch, 256 if args.quick else args.width, args.depth, repeats, comm, say, cap)
+        bench_step(args.batch, 256 if args.quick else args.width, args.depth, repeats, comm, say, cap,
+                   args.progress.split(","))
+    bench_idle_backward(4, 1 if args.quick else 4, 5, repeats, comm, say, args.progress.split(","))
     dist.destroy_process_group()
 
 
