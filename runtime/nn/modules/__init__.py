@@ -13,3 +13,4 @@ from .activation import *  # noqa: F401,F403
 from .extra import *  # noqa: F401,F403
 from .layers import BatchNorm3d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d  # noqa: F401
 from .loss import *  # noqa: F401,F403
+from .more import *  # noqa: F401,F403

@@ -266,11 +266,7 @@ class ParameterList(Module):
     def extra_repr(self) -> str:
         lines = []
         for i, p in enumerate(self):
-            if isinstance(p, Tensor):
-                size = "x".join(str(s) for s in p.shape)
-                lines.append(f"({i}): Parameter containing: [runtime.{p.dtype.name} of size {size}]")
-            else:
-                lines.append(f"({i}): Object of type: {type(p).__name__}")
+            lines.append(f"  ({i}): {_param_line(p, str(p.dtype) if isinstance(p, Tensor) else '')}")
         return "\n".join(lines)
 
 
@@ -335,6 +331,17 @@ class ParameterDict(Module):
     def extra_repr(self) -> str:
         lines = []
         for key, p in self.items():
-            size = "x".join(str(s) for s in p.shape)
-            lines.append(f"({key}): Parameter containing: [runtime.{p.dtype.name} of size {size}]")
+            lines.append(f"  ({key}): {_param_line(p, p.type() if isinstance(p, Tensor) else '')}")
         return "\n".join(lines)
+
+
+def _param_line(p, type_name: str) -> str:
+    """One entry of ParameterList's and ParameterDict's reprs, as torch's: each line is indented two spaces more
+    than the module's own (so four in all), and ParameterDict names a tensor's legacy type (`torch.FloatTensor`)
+    where ParameterList names its dtype."""
+    if not isinstance(p, Tensor):
+        return f"Object of type: {type(p).__name__}"
+    from ..parameter import Parameter
+
+    kind = "Parameter" if isinstance(p, Parameter) else "Tensor"
+    return f"{kind} containing: [{type_name} of size {'x'.join(str(s) for s in p.shape)}]"
