@@ -99,7 +99,7 @@ def test_torch_names_without_a_process_group():
 
     assert dist.is_available() in (True, False) and not dist.is_initialized()
     assert [op.name for op in dist.ReduceOp] == ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]
-    for call in (dist.get_rank, dist.get_world_size, dist.barrier):
+    for call in (dist.get_rank, dist.get_world_size, dist.barrier, dist.new_group):
         with pytest.raises(ValueError, match="init_process_group"):
             call()
     with pytest.raises(ValueError, match="init_process_group"):

@@ -119,6 +119,96 @@ for dtype in DTYPES:
             work.wait()
         check(out, np.concatenate([data(dtype, r, case) for r in range(world)]), f"all_gather_into_tensor {dtype}")
 
+# gather, scatter, all_to_all (uneven sizes), all_to_all_single, point to point: every dtype, blocking and async
+for dtype in DTYPES:
+    rdt = getattr(runtime, dtype)
+    for async_op in (False, True):
+        case += 1
+        tag = f"{dtype} async={async_op}"
+        for root in range(world):
+            gl = [runtime.zeros(SHAPE, dtype=rdt) for _ in range(world)] if rank == root else None
+            w = dist.gather(runtime.tensor(data(dtype, rank, case)), gl, dst=root, async_op=async_op)
+            if w is not None:
+                w.wait()
+            if rank == root:
+                for r in range(world):
+                    check(gl[r], data(dtype, r, case), f"gather to {root} {tag} slot {r}")
+            out = runtime.zeros(SHAPE, dtype=rdt)
+            sl = [runtime.tensor(data(dtype, 10 * root + i, case)) for i in range(world)] if rank == root else None
+            w = dist.scatter(out, sl, src=root, async_op=async_op)
+            if w is not None:
+                w.wait()
+            check(out, data(dtype, 10 * root + rank, case), f"scatter from {root} {tag}")
+        # rank r sends r + i + 1 rows to rank i
+        ins = [runtime.tensor(data(dtype, 100 * rank + i, case, (rank + i + 1, 2))) for i in range(world)]
+        outs = [runtime.zeros((r + rank + 1, 2), dtype=rdt) for r in range(world)]
+        w = dist.all_to_all(outs, ins, async_op=async_op)
+        if w is not None:
+            w.wait()
+        for r in range(world):
+            check(outs[r], data(dtype, 100 * r + rank, case, (r + rank + 1, 2)), f"all_to_all {tag} from {r}")
+        big = runtime.tensor(np.concatenate([data(dtype, 100 * rank + i, case, (rank + i + 1, 2))
+                                             for i in range(world)]))
+        out = runtime.zeros((sum(r + rank + 1 for r in range(world)), 2), dtype=rdt)
+        w = dist.all_to_all_single(out, big, [r + rank + 1 for r in range(world)],
+                                   [rank + i + 1 for i in range(world)], async_op=async_op)
+        if w is not None:
+            w.wait()
+        check(out, np.concatenate([data(dtype, 100 * r + rank, case, (r + rank + 1, 2)) for r in range(world)]),
+              f"all_to_all_single {tag}")
+        even = runtime.tensor(data(dtype, rank, case, (2 * world, 3)))
+        out = runtime.zeros((2 * world, 3), dtype=rdt)
+        w = dist.all_to_all_single(out, even, async_op=async_op)
+        if w is not None:
+            w.wait()
+        check(out, np.concatenate([data(dtype, r, case, (2 * world, 3))[2 * rank:2 * rank + 2] for r in range(world)]),
+              f"all_to_all_single even {tag}")
+        # a ring: each rank sends to the next and receives from the previous
+        nxt, prev = (rank + 1) % world, (rank - 1) % world
+        got = runtime.zeros(SHAPE, dtype=rdt).t()  # a strided tensor: received through a copy
+        mine = runtime.tensor(data(dtype, rank, case)).t()  # strided: sent through a copy
+        if async_op:
+            works = [dist.isend(mine, nxt, tag=7), dist.irecv(got, prev, tag=7)]
+            for w in works:
+                w.wait()
+        elif rank % 2 == 0:
+            dist.send(mine, nxt)
+            assert dist.recv(got, prev) == prev
+        else:
+            assert dist.recv(got, None) == prev  # from any source
+            dist.send(mine, nxt)
+        check(got, data(dtype, prev, case).T, f"send/recv {tag}")
+
+# new_group: the last rank alone, and every rank but the first; src and dst stay global ranks, as torch's
+last = dist.new_group([world - 1])
+assert (last is dist.GroupMember.NON_GROUP_MEMBER) == (rank != world - 1)
+t = runtime.full((3,), float(rank))
+dist.all_reduce(t, group=last)  # a no-op outside the group
+assert float(t[0]) == rank
+assert dist.get_rank(last) == (0 if rank == world - 1 else -1)
+assert dist.get_world_size(last) == (1 if rank == world - 1 else -1)
+tail = dist.new_group(list(range(world))[::-1][:max(world - 1, 1)])  # given unsorted: sorted, as torch
+members = sorted(range(world))[-max(world - 1, 1):]
+if rank in members:
+    assert dist.get_process_group_ranks(tail) == members and dist.get_rank(tail) == members.index(rank)
+    assert dist.get_global_rank(tail, 0) == members[0] and dist.get_group_rank(tail, members[-1]) == len(members) - 1
+    t = runtime.full((4,), float(rank))
+    dist.all_reduce(t, group=tail)
+    check(t, np.full(4, float(sum(members)), np.float32), "all_reduce in a subgroup")
+    t = runtime.full((2,), float(rank))
+    dist.broadcast(t, src=members[-1], group=tail)  # a global rank
+    check(t, np.full(2, float(members[-1]), np.float32), "broadcast in a subgroup")
+    try:
+        dist.broadcast(t, src=0 if 0 not in members else world, group=tail)
+    except ValueError as exc:
+        assert "not part of" in str(exc)
+    else:
+        raise AssertionError("a src outside the group should raise")
+else:
+    assert tail is dist.GroupMember.NON_GROUP_MEMBER and dist.get_rank(tail) == -1
+dist.destroy_process_group(last)
+dist.destroy_process_group(tail)
+
 # a non-blocking all_reduce leaves the tensor alone until wait() (the result is written at completion)
 t = runtime.ones(1000)
 work = dist.all_reduce(t, async_op=True)
