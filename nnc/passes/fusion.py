@@ -137,6 +137,12 @@ def is_matmul(node: Node) -> bool:
     return op is not None and op.kind == Kind.MATMUL and _shape(node) is not None
 
 
+def is_window(node: Node) -> bool:
+    """A kind-other op with a kernel kind of its own (convolution's im2col, pooling): one node, one kernel."""
+    op = op_of(node)
+    return op is not None and op.kernel_kind is not None and _shape(node) is not None
+
+
 def is_reduction(node: Node) -> bool:
     return node.op not in _NON_COMPUTE and rank(node) == REDUCTION and _shape(node) is not None \
         and _shape(node.args[0]) is not None
@@ -285,6 +291,8 @@ class _Fuser:
                 self.group_of[node] = _Group("matmul", [node], anchor=node)
             elif is_pointwise(node):
                 self.group_of[node] = _Group("elementwise", [node])
+            elif is_window(node):  # a kernel of its own, generated (OpDef.kernel_kind), that never grows
+                self.group_of[node] = _Group(op_of(node).kernel_kind, [node])
             else:
                 self.group_of[node] = _Group("opaque", [node])
             self.group_of[node].lo = self.group_of[node].hi = self.position[node]
@@ -544,6 +552,9 @@ def _edge_reason(p: Node, c: Node, fuser: _Fuser) -> str:
     pg, cg = fuser.group_of[p], fuser.group_of[c]
     if pg.kind == "opaque":
         return f"{p.name} is {RANK_NAMES[rank(p)]} and runs alone"
+    if is_window(p) or is_window(c):
+        w = p if is_window(p) else c
+        return f"{w.name} ({op_name(w)}) is a {op_of(w).kernel_kind} kernel of its own"
     if op_of(c) is None:
         return f"{p.name} is read by {c.name}, which is not a primitive (opaque)"
     if is_matmul(c):
