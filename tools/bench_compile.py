@@ -604,6 +604,53 @@ def case_mlp_infer_b1(opts, args):
     return variants, res, ratios, targets, "torch eager"
 
 
+def _mnist_cnn(lib, dropout=True):
+    """pytorch/examples' MNIST CNN with its loss: conv 1->32->64 (3x3), relu, max-pool 2, dropout, two linears,
+    log_softmax + nll_loss, as one module (so nnc compiles the loss and its backward too)."""
+    nn, F = lib.nn, lib.nn.functional
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(1, 32, 3, 1), nn.Conv2d(32, 64, 3, 1)
+            self.dropout1, self.dropout2 = nn.Dropout(0.25 if dropout else 0.0), nn.Dropout(0.5 if dropout else 0.0)
+            self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 10)
+
+        def forward(self, x, y):
+            x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+            x = self.dropout2(F.relu(self.fc1(lib.flatten(self.dropout1(x), 1))))
+            return F.nll_loss(F.log_softmax(self.fc2(x), dim=1), y)
+    return Net()
+
+
+def _cnn_train_setup(lib, compiled, dropout=True, batch=64):
+    def setup():
+        model = _mnist_cnn(lib, dropout)
+        run = nnc.compile(model) if compiled else model
+        opt = lib.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+        rng = np.random.default_rng(0)
+        xb = lib.tensor(rng.standard_normal((batch, 1, 28, 28)).astype(np.float32))
+        yb = lib.tensor(rng.integers(0, 10, batch))
+        return run, opt, xb, yb
+    return setup
+
+
+def case_cnn_train(opts, args):
+    variants = [Variant("nnc.compile", _cnn_train_setup(runtime, True), _train_step_with_loss, compiled=lambda s: s[0],
+                        note="model+loss compiled; dropout is opaque, so the backward runs eagerly"),
+                Variant("nnc.compile (no dropout)", _cnn_train_setup(runtime, True, False), _train_step_with_loss,
+                        compiled=lambda s: s[0], note="diagnostic: p=0 dropout, so the backward compiles too"),
+                Variant("runtime eager", _cnn_train_setup(runtime, False), _train_step_with_loss)]
+    if torch is not None:
+        variants.append(Variant("torch eager", _cnn_train_setup(torch, False), _train_step_with_loss))
+    res = measure_variants(variants, **opts)
+    ratios = [("nnc.compile", "torch eager"), ("nnc.compile (no dropout)", "torch eager"),
+              ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
+    r = _ratio(res, "nnc.compile", "torch eager")
+    targets = [Target("CNN training step compiled <= 0.8x torch eager", _x(r), None if r is None else r <= 0.8)]
+    return variants, res, ratios, targets, "torch eager"
+
+
 # The child process of case 6: imports only runtime and nnc (no torch), compiles the MLP's forward+backward.
 _CHILD = r"""
 import json, sys, time
@@ -696,6 +743,8 @@ CASES = {
     "mlp_train_b128": ("4a", "MLP 784-512-512-10 SGD step: zero_grad+fwd+CE+bwd+step", "[128,784]", _mlp_case(128)),
     "mlp_train_b8": ("4b", "MLP 784-512-512-10 SGD step: zero_grad+fwd+CE+bwd+step", "[8,784]", _mlp_case(8)),
     "mlp_infer_b1": ("5", "MLP 784-512-512-10 no_grad forward", "[1,784]", case_mlp_infer_b1),
+    "cnn_train_b64": ("7", "MNIST CNN (conv 1-32-64, max-pool, dropout, 2 linears) SGD step", "[64,1,28,28]",
+                      case_cnn_train),
     "compile_time": ("6", "MLP fwd+bwd compile time, cold and from the disk cache (subprocesses)", "[128,784]",
                      None),
 }
