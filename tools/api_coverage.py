@@ -30,7 +30,9 @@ same arguments and must give the same result (shape, dtype and values within 1e-
 functions: shape and dtype only), or raise where torch raises is not asked. A present name **behaves** when every
 candidate torch accepted gave runtime's same result; one that torch accepted none of is reported as unprobed (and
 counted as present only). Module classes, functional, init and optimizers are counted present/missing only: their
-behaviour is checked by the test suites (`tests/test_layers.py`, `tests/test_optim.py`, ...).
+behaviour is checked by the test suites (`tests/test_layers.py`, `tests/test_functional*.py`, `tests/test_optim.py`,
+...). `--probe-functional` runs the same probe over nn.functional; the generic candidate calls fit few of its
+signatures (most come out unprobed), and what it flags are edge cases (empty output sizes, bool targets).
 """
 from __future__ import annotations
 
@@ -221,7 +223,7 @@ PROBE_EXEMPT = {"manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng
 LEGACY_OVERLOADS = {"add", "sub", "subtract", "addcmul", "addcdiv", "add_", "sub_", "subtract_", "addcmul_",
                     "addcdiv_"}
 RANDOM = re.compile(r"rand|bernoulli|multinomial|normal|poisson|binomial|uniform_|exponential_|geometric_|"
-                    r"cauchy_|log_normal_|random_|dropout|empty")
+                    r"cauchy_|log_normal_|random_|dropout|empty|gumbel")
 
 
 def _inputs(torch):
@@ -353,7 +355,7 @@ def _show(candidate) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def measure(areas=None) -> dict:
+def measure(areas=None, probe_functional=False) -> dict:
     import torch
 
     import runtime
@@ -367,7 +369,8 @@ def measure(areas=None) -> dict:
             obj = getattr(runtime.Tensor, name, None) if area == "tensor" else resolve(runtime, name)
             if obj is None or not callable(obj):
                 rows[name] = "missing"
-            elif area in ("torch", "tensor") and name not in PROBE_EXEMPT:
+            elif (area in ("torch", "tensor") or (area == "functional" and probe_functional)) \
+                    and name not in PROBE_EXEMPT:
                 rows[name] = probe(torch, runtime, name, method=area == "tensor")
             else:
                 rows[name] = "present"
@@ -380,8 +383,10 @@ def main(argv=None) -> int:
     parser.add_argument("--missing", action="store_true", help="list the missing and differing names")
     parser.add_argument("--area", action="append", help="only these areas (nn, functional, torch, tensor, optim)")
     parser.add_argument("--json", action="store_true", help="print the per-name table as JSON")
+    parser.add_argument("--probe-functional", action="store_true",
+                        help="probe nn.functional names too (the candidate calls fit few of them: most are unprobed)")
     args = parser.parse_args(argv)
-    result = measure(args.area)
+    result = measure(args.area, args.probe_functional)
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
