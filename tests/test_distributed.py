@@ -114,3 +114,22 @@ def test_train_ddp_example_runs_on_two_ranks(launch):
     assert result.returncode == 0, result.stdout + result.stderr
     losses = [float(line.split("mean loss ")[1].split()[0]) for line in result.stdout.splitlines() if "epoch" in line]
     assert len(losses) == 2 and losses[1] < losses[0]  # one line per epoch from rank 0 only, and it learns
+
+
+def test_futures_chain_and_collect_as_torch():
+    import runtime
+
+    fut = runtime.futures.Future()
+    assert not fut.done()
+    with pytest.raises(RuntimeError, match="before the future completed"):
+        fut.value()
+    doubled = fut.then(lambda f: f.value() * 2)
+    seen = []
+    fut.add_done_callback(lambda f: seen.append(f.value()))
+    fut.set_result(21)
+    assert fut.done() and seen == [21] and doubled.wait() == 42 and doubled.value() == 42
+    both = runtime.futures.collect_all([fut, doubled])
+    assert [f.value() for f in both.wait()] == [21, 42]
+    failing = fut.then(lambda f: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failing.wait()

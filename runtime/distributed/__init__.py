@@ -8,7 +8,9 @@ import sys
 
 import numpy as np
 
-__all__ = ["ReduceOp", "Work", "ProcessGroup", "GroupMember", "group", "is_available", "is_mpi_available",
+from .. import futures
+
+__all__ = ["ReduceOp", "Work", "GradBucket", "ProcessGroup", "GroupMember", "group", "is_available", "is_mpi_available",
            "is_initialized", "init_process_group", "destroy_process_group", "new_group", "get_backend", "get_rank",
            "get_world_size", "get_global_rank", "get_group_rank", "get_process_group_ranks", "barrier", "all_reduce",
            "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
@@ -45,6 +47,34 @@ class _NonMember:
 class GroupMember:
     WORLD = _World()
     NON_GROUP_MEMBER = _NonMember()
+
+
+class GradBucket:
+    """What a DDP comm hook gets: one bucket's gradients as a flat buffer (torch.distributed.GradBucket)."""
+
+    def __init__(self, index: int, buffer, parameters, gradients, is_last: bool):
+        self._index, self._buffer, self._parameters = index, buffer, list(parameters)
+        self._gradients, self._is_last = list(gradients), is_last
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self):
+        """The bucket's gradients, flattened into one 1-d tensor (divided by nothing yet: the hook averages)."""
+        return self._buffer
+
+    def gradients(self) -> list:
+        """Each parameter's gradient, a view of buffer() in its parameter's shape."""
+        return self._gradients
+
+    def parameters(self) -> list:
+        return self._parameters
+
+    def is_last(self) -> bool:
+        return self._is_last
+
+    def set_buffer(self, buffer) -> None:
+        self._buffer._data[...] = buffer._data.reshape(self._buffer._data.shape)
 
 
 class ProcessGroup:
@@ -234,10 +264,11 @@ def get_group_rank(group, global_rank: int) -> int:
 class Work:
     """A collective in flight (async_op=True): wait() blocks until it is done and its results are in the tensors."""
 
-    def __init__(self, requests, finish=None, keep=None):
+    def __init__(self, requests, finish=None, keep=None, result=None):
         self._requests = list(requests)
         self._finish = finish
         self._keep = keep  # a buffer MPI reads until completion (a contiguous copy of the caller's tensor)
+        self._result = list(result or [])  # the tensors the collective writes (Work.result(), the future's value)
         self._done = False
 
     def _complete(self) -> None:
@@ -265,9 +296,20 @@ class Work:
     def exception(self):
         return None
 
+    def result(self) -> list:
+        return self._result
 
-def _run(requests, finish, async_op: bool, keep=None):
-    work = Work(requests, finish, keep)
+    def get_future(self) -> futures.Future:
+        """A Future completed by this Work; its value is the list of tensors the collective wrote, as torch's."""
+        future = futures.Future()
+        future._complete = lambda: (self.wait(), self._result)[1]
+        future._poll = self.is_completed
+        future._requests = lambda: [] if self._done else self._requests
+        return future
+
+
+def _run(requests, finish, async_op: bool, keep=None, result=None):
+    work = Work(requests, finish, keep, result)
     if async_op:
         return work
     work.wait()
@@ -343,7 +385,7 @@ def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op: bool = False):
     def finish():
         _average(buf, comm.Get_size(), op)
         _written(tensor, buf, source)
-    return _run([request], finish, async_op)
+    return _run([request], finish, async_op, result=[tensor])
 
 
 def reduce(tensor, dst: int, op=ReduceOp.SUM, group=None, async_op: bool = False):
@@ -374,7 +416,7 @@ def broadcast(tensor, src: int, group=None, async_op: bool = False):
         return None  # not in the group: nothing to do, as torch
     buf, source = _work_buffer(tensor)
     request = comm.Ibcast(buf, root=_group_rank(group, src, "src"))
-    return _run([request], lambda: _written(tensor, buf, source), async_op)
+    return _run([request], lambda: _written(tensor, buf, source), async_op, result=[tensor])
 
 
 def _check_same(tensors, like, what: str) -> None:

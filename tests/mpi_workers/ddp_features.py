@@ -150,6 +150,57 @@ for strided in (False, True):
     got.append(kept.numpy().copy())
 np.testing.assert_array_equal(got[0], got[1])
 
+# comm hooks: torch's allreduce_hook is the built-in average, fp16_compress_hook close to it, a custom hook (here
+# one that keeps gradients local) replaces it; buckets both flat and reduced in .grad
+from runtime.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
+
+
+def trained(hook=None, state=None, cap=0.0001, group=None):
+    runtime.manual_seed(rank)  # ranks start apart: DDP broadcasts the group's first rank's parameters
+    net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2))
+    ddp = DDP(net, bucket_cap_mb=cap, process_group=group)
+    if hook is not None:
+        ddp.register_comm_hook(state, hook)
+    opt = runtime.optim.SGD(net.parameters(), lr=0.1)
+    for step in range(3):
+        opt.zero_grad()
+        ddp(local_batch(step)).pow(2).mean().backward()
+        opt.step()
+    return [p.detach().numpy().copy() for p in net.parameters()], ddp
+
+
+def keep_local(state, bucket):
+    state.append(bucket.index())
+    future = runtime.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+for cap in (None, 0.0001):
+    plain, _ = trained(cap=cap)
+    for got, want in zip(trained(default_hooks.allreduce_hook, None, cap)[0], plain):
+        np.testing.assert_array_equal(got, want)
+    whole = dist.new_group(list(range(world)))
+    for got, want in zip(trained(default_hooks.allreduce_hook, whole, cap)[0], plain):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(trained(None, None, cap, group=whole)[0], plain):
+        np.testing.assert_array_equal(got, want)
+    dist.destroy_process_group(whole)
+    half, _ = trained(default_hooks.fp16_compress_hook, None, cap)
+    for got, want in zip(half, plain):
+        assert got.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-3)
+    seen = []
+    local, ddp = trained(keep_local, seen, cap)
+    assert seen[:len(ddp.bucket_sizes())] == list(range(len(ddp.bucket_sizes())))
+    assert not same_everywhere(local[0])
+try:
+    ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+except RuntimeError as exc:
+    assert "only be called once" in str(exc)
+else:
+    raise AssertionError("a second comm hook should raise")
+
 # DistributedSampler takes rank and world size from the process group: shards are disjoint and cover the dataset
 sampler = runtime.utils.data.DistributedSampler(range(10), shuffle=True, seed=3)
 sampler.set_epoch(2)

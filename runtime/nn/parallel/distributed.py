@@ -45,6 +45,7 @@ class _Bucket:
         self.array = None  # what this step all-reduces: `flat`, or a solo parameter's own .grad array
         self.pending = 0
         self.request = None
+        self.future = None  # with a comm hook: the hook's Future of this bucket's averaged gradients
 
     @property
     def flat_dtype(self) -> np.dtype:
@@ -116,6 +117,7 @@ class DistributedDataParallel(Module):
         self._comm = dist._comm(process_group)
         self._MPI = dist._state["MPI"]
         self._world = self._comm.Get_size()
+        self._root = dist.get_global_rank(process_group, 0)  # state comes from the group's first rank, as torch
         self._parameters_to_sync = [p for p in module.parameters() if p.requires_grad]
         if not self._parameters_to_sync:
             raise RuntimeError("DistributedDataParallel is not needed when a module doesn't have any parameter that "
@@ -137,6 +139,7 @@ class DistributedDataParallel(Module):
         self._progress_interval = float(os.environ.get("NNC_DDP_PROGRESS_US", "100")) * 1e-6
         self._progress = None
         self._launched = []  # this step's requests, in launch order
+        self._comm_hook = self._comm_hook_state = None
         self.timings = {"wait_s": 0.0, "reduce_s": 0.0}  # the last reduction: time waiting at its end, first to last
         self._expose_signature(module)
         # NOTE: bound methods, not the hook's module argument: around nnc.compile(DDP(model)) the hooks are called
@@ -149,7 +152,7 @@ class DistributedDataParallel(Module):
     def _broadcast_state(self, tensors) -> None:
         with grad_mode.no_grad():
             for t in tensors:
-                dist.broadcast(t, src=0, group=self.process_group)
+                dist.broadcast(t, src=self._root, group=self.process_group)
 
     def _build_buckets(self) -> None:
         # NOTE: a parameter of at least _SOLO_BYTES is a bucket of its own, all-reduced in place in its .grad array
@@ -265,6 +268,9 @@ class DistributedDataParallel(Module):
             if bucket.request is not None:
                 bucket.request.Wait()  # a reduction cut short by an error: finish it so buffers are not in use
                 bucket.request = None
+            if bucket.future is not None:
+                future, bucket.future = bucket.future, None
+                future.wait()
         if self._used_request is not None:
             self._used_request.Wait()
             self._used_request = None
@@ -324,7 +330,8 @@ class DistributedDataParallel(Module):
         if bucket.solo:
             data = None if grad is None else grad._data
             if data is not None and _reducible_in_place(data, bucket.flat_dtype):
-                np.divide(data, self._world, out=data)  # its own array: averaged, then all-reduced, in place
+                if self._comm_hook is None:  # (a comm hook averages itself)
+                    np.divide(data, self._world, out=data)  # its own array: averaged, then all-reduced, in place
                 bucket.array = data
             else:  # no gradient, or one MPI cannot reduce in place (strided, read-only): a staging array
                 if bucket.flat is None:
@@ -332,7 +339,7 @@ class DistributedDataParallel(Module):
                 if data is None:
                     bucket.flat[...] = 0
                 else:
-                    np.divide(data, self._world, out=bucket.flat)
+                    np.divide(data, self._divisor, out=bucket.flat)
                 bucket.array = bucket.flat
         else:
             target = bucket.flat[start:start + numel]
@@ -340,14 +347,17 @@ class DistributedDataParallel(Module):
                 target[...] = 0
             else:  # the average is taken here (as torch, before the sum): one pass that also copies into the bucket
                 source = grad._data
-                np.divide(target if _is_slot(source, bucket.flat) else source.reshape(-1), self._world, out=target)
+                np.divide(target if _is_slot(source, bucket.flat) else source.reshape(-1), self._divisor, out=target)
         bucket.pending -= 1
         MPI = self._MPI
         while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
             launch = self._buckets[self._next_bucket]
-            launch.request = self._comm.Iallreduce(MPI.IN_PLACE, launch.array, op=MPI.SUM)
             self._next_bucket += 1
-            self._launched.append(launch.request)
+            if self._comm_hook is None:
+                launch.request = self._comm.Iallreduce(MPI.IN_PLACE, launch.array, op=MPI.SUM)
+                self._launched.append(launch.request)
+            else:
+                self._run_comm_hook(launch)
             if self.progress == "thread" and len(self._launched) == 1:
                 if self._progress is None:
                     self._progress = _Progress(MPI, self._progress_interval)
@@ -356,6 +366,27 @@ class DistributedDataParallel(Module):
             self._finish()
         else:
             self._poll()
+
+    @property
+    def _divisor(self):
+        return self._world if self._comm_hook is None else 1
+
+    def _run_comm_hook(self, bucket) -> None:
+        flat = bucket.array.reshape(-1)
+        buffer = Tensor._from_array(flat)
+        params = [self._parameters_to_sync[position] for position in bucket.params]
+        gradients = [Tensor._from_array(flat[start:start + numel].reshape(shape))
+                     for start, numel, shape in bucket.offsets]
+        grad_bucket = dist.GradBucket(bucket.index, buffer, params, gradients, bucket.index == len(self._buckets) - 1)
+        with grad_mode.no_grad():
+            future = self._comm_hook(self._comm_hook_state, grad_bucket)
+        if not hasattr(future, "wait"):
+            raise RuntimeError(f"a DDP comm hook must return a Future, got {type(future).__name__}")
+        bucket.future = future
+        while future is not None and not hasattr(future, "_requests"):
+            future = getattr(future, "_parent", None)
+        if future is not None:
+            self._launched.extend(future._requests())
 
     def _poll(self) -> None:
         """Drive MPI's progress engine (MPICH moves a non-blocking collective along only inside MPI calls)."""
@@ -371,7 +402,19 @@ class DistributedDataParallel(Module):
         if self._progress is not None:
             self._progress.stop()
         self._launched = []
-        MPI.Request.Waitall([b.request for b in self._buckets])
+        MPI.Request.Waitall([b.request for b in self._buckets if b.request is not None])
+        for bucket in self._buckets:
+            if bucket.future is not None:
+                future, bucket.future = bucket.future, None
+                with grad_mode.no_grad():
+                    value = future.wait()
+                value = value[0] if isinstance(value, (list, tuple)) else value
+                flat = bucket.array.reshape(-1)
+                if not (isinstance(value, Tensor) and value._data.size == flat.size):
+                    raise RuntimeError(f"a DDP comm hook's future must hold a tensor of the bucket's {flat.size} "
+                                       f"elements, got {value!r}")
+                if not np.shares_memory(value._data, flat):
+                    flat[...] = value._data.reshape(-1)
         used = None
         if self._used_request is not None:
             self._used_request.Wait()
@@ -417,6 +460,19 @@ class DistributedDataParallel(Module):
             yield
         finally:
             self.require_backward_grad_sync = old
+
+    def register_comm_hook(self, state, hook) -> None:
+        """Reduce each bucket with hook(state, bucket) -> Future of the bucket's averaged gradients instead of the
+        built-in average (e.g. runtime.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook with
+        state=None, or a process group). The hook gets the bucket undivided; it is called in the same bucket order
+        on every rank, as soon as the bucket is ready, and its future is waited for at the end of backward."""
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        if not callable(hook):
+            raise TypeError(f"a comm hook must be callable, got {type(hook).__name__}")
+        if self._started:
+            raise RuntimeError("register_comm_hook must be called before the first backward")
+        self._comm_hook, self._comm_hook_state = hook, state
 
     def bucket_sizes(self) -> list:
         """Bytes in each gradient bucket, in launch order."""
