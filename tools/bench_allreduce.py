@@ -78,14 +78,15 @@ def bench_allreduce(sizes_mb, repeats: int, comm, say) -> None:
     MPI = dist._state["MPI"]
     say(f"all-reduce of float32 buffers on {comm.Get_size()} ranks: median (min..max) of {repeats}, slowest rank; "
         "ratio = raw median / median")
-    columns = ["mpi4py Allreduce", "dist.all_reduce", "DDP, 1 parameter", "DDP, 4 parameters", "4, flat buckets",
-               "4, flat, bucket view"]
+    columns = ["mpi4py Allreduce", "raw + average", "dist.all_reduce", "DDP, 1 parameter", "DDP, 4 parameters",
+               "4, flat buckets", "4, flat, bucket view"]
     say(f"{'MB':>5} " + " ".join(f"{c:>28} {'ratio':>6}" if i else f"{c:>28}" for i, c in enumerate(columns)))
     for mb in sizes_mb:
         n = int(mb * 1024 * 1024 // 4)
         raw = np.ones(n, dtype=np.float32)
         tensor = runtime.ones(n, dtype=runtime.float32)
         fns = {"raw": lambda: comm.Allreduce(MPI.IN_PLACE, raw, op=MPI.SUM),
+               "raw_avg": lambda: (comm.Allreduce(MPI.IN_PLACE, raw, op=MPI.SUM), np.divide(raw, 2, out=raw)),
                "dist": lambda: dist.all_reduce(tensor),
                "ddp1": ddp_reducer(n, flat=False, as_view=False, parts=1),
                "ddp": ddp_reducer(n, flat=False, as_view=False),
@@ -96,6 +97,7 @@ def bench_allreduce(sizes_mb, repeats: int, comm, say) -> None:
         cells = [spread(times["raw"])] + [f"{spread(times[k])} {base / statistics.median(times[k]):>5.2f}x"
                                           for k in list(fns)[1:]]
         say(f"{mb:>5} " + " ".join(f"{c:>28}" if i == 0 else f"{c:>35}" for i, c in enumerate(cells)))
+    say("raw + average: Allreduce then one in-place numpy division, the least DDP must do to average one buffer")
     say("DDP: gradients of 128 KB and more are averaged and all-reduced in their own .grad arrays; flat buckets copy "
         "each gradient into a bucket and back (torch's default; before, here, for all sizes); the target is >= 0.9x")
 
