@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from .optimizer import Optimizer, as_float, check_hyper, increment_step, lerp_, new_step, reject_unsupported, zeros_like
+from .optimizer import (Optimizer, as_float, increment_step, lerp_, new_step, reject_unsupported,
+                        validate_adam_family, zeros_like)
 
 
 class Adam(Optimizer):
@@ -22,12 +23,7 @@ class Adam(Optimizer):
         super().__init__(params, defaults)
 
     def _validate(self, hyper: dict) -> None:
-        beta1, beta2 = hyper["betas"]
-        check_hyper(hyper["lr"] >= 0.0, f"Invalid learning rate: {hyper['lr']}")
-        check_hyper(hyper["eps"] >= 0.0, f"Invalid epsilon value: {hyper['eps']}")
-        check_hyper(0.0 <= beta1 < 1.0, f"Invalid beta parameter at index 0: {beta1}")
-        check_hyper(0.0 <= beta2 < 1.0, f"Invalid beta parameter at index 1: {beta2}")
-        check_hyper(hyper["weight_decay"] >= 0.0, f"Invalid weight_decay value: {hyper['weight_decay']}")
+        validate_adam_family(hyper)
 
     def _init_state(self, p: Tensor, group: dict) -> dict:
         state = self.state[p]

@@ -5,7 +5,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from .optimizer import (Optimizer, as_float, check_hyper, increment_step, lerp_, new_step, reject_unsupported,
-                        scalar_dtype, zeros_like)
+                        scalar_dtype, validate_adam_family, zeros_like)
 
 
 def _adam_defaults(lr, betas, eps, weight_decay, decoupled_weight_decay, foreach, maximize, capturable,
@@ -14,15 +14,6 @@ def _adam_defaults(lr, betas, eps, weight_decay, decoupled_weight_decay, foreach
     return {"lr": lr, "betas": tuple(as_float(b) for b in betas), "eps": eps, "weight_decay": weight_decay,
             "decoupled_weight_decay": decoupled_weight_decay, "maximize": maximize, "foreach": foreach,
             "capturable": capturable, "differentiable": differentiable}
-
-
-def _validate_adam(hyper: dict) -> None:
-    beta1, beta2 = hyper["betas"]
-    check_hyper(hyper["lr"] >= 0.0, f"Invalid learning rate: {hyper['lr']}")
-    check_hyper(hyper["eps"] >= 0.0, f"Invalid epsilon value: {hyper['eps']}")
-    check_hyper(0.0 <= beta1 < 1.0, f"Invalid beta parameter at index 0: {beta1}")
-    check_hyper(0.0 <= beta2 < 1.0, f"Invalid beta parameter at index 1: {beta2}")
-    check_hyper(hyper["weight_decay"] >= 0.0, f"Invalid weight_decay value: {hyper['weight_decay']}")
 
 
 def _moments(p: Tensor, grad: np.ndarray, group: dict, state: dict) -> np.ndarray:
@@ -56,7 +47,7 @@ class NAdam(Optimizer):
         super().__init__(params, defaults)
 
     def _validate(self, hyper: dict) -> None:
-        _validate_adam(hyper)
+        validate_adam_family(hyper)
         check_hyper(hyper["momentum_decay"] >= 0.0, f"Invalid momentum_decay value: {hyper['momentum_decay']}")
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
@@ -91,7 +82,7 @@ class RAdam(Optimizer):
         super().__init__(params, defaults)
 
     def _validate(self, hyper: dict) -> None:
-        _validate_adam(hyper)
+        validate_adam_family(hyper)
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         state = self.state[p]

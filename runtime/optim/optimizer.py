@@ -26,6 +26,16 @@ def check_hyper(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
 
+def validate_adam_family(hyper: dict) -> None:
+    """torch's checks of the Adam family's hyperparameters (lr, eps, betas, weight_decay), with its messages."""
+    beta1, beta2 = hyper["betas"]
+    check_hyper(hyper["lr"] >= 0.0, f"Invalid learning rate: {hyper['lr']}")
+    check_hyper(hyper["eps"] >= 0.0, f"Invalid epsilon value: {hyper['eps']}")
+    check_hyper(0.0 <= beta1 < 1.0, f"Invalid beta parameter at index 0: {beta1}")
+    check_hyper(0.0 <= beta2 < 1.0, f"Invalid beta parameter at index 1: {beta2}")
+    check_hyper(hyper["weight_decay"] >= 0.0, f"Invalid weight_decay value: {hyper['weight_decay']}")
+
+
 
 def reject_unsupported(**flags) -> None:
     """fused/capturable/differentiable select kernels runtime does not have: refuse them clearly."""
