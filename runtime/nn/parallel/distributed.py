@@ -1,16 +1,18 @@
 """DistributedDataParallel: rank 0's state broadcast at construction, gradients averaged over MPI in buckets.
 
 How a step runs (as torch's Reducer):
-- construction broadcasts rank 0's parameters and buffers, and assigns the parameters that require grad to buckets
-  in reverse registration order (the order backward produces their gradients), one dtype per bucket, the first
-  bucket at most 1 MB and the others at most `bucket_cap_mb`;
-- each forward (a pre-hook on this module, so it also runs around `nnc.compile(DDP(model))`) broadcasts rank 0's
-  buffers and arms the reducer; with `find_unused_parameters` a forward hook walks the output's autograd graph and
-  marks the parameters it does not reach as ready;
-- during backward, a parameter's gradient is copied into its bucket right after it is accumulated into `.grad`; a
-  full bucket starts a non-blocking MPI all-reduce (buckets start in order, so every rank issues the same sequence
-  of collectives); when the last gradient is in, the reducer waits for all buckets and writes the averages back
-  into `.grad`.
+- construction broadcasts the group's first rank's parameters and buffers, and assigns the parameters that require
+  grad to buckets in reverse registration order (the order backward produces their gradients): a gradient of at
+  least _SOLO_BYTES is a bucket of its own, reduced in place in its .grad array; the smaller ones between two such
+  share a flat bucket (one dtype each, the first at most 1 MB and the others at most `bucket_cap_mb`);
+- each forward (a pre-hook on this module, so it also runs around `nnc.compile(DDP(model))`) broadcasts the buffers
+  and arms the reducer; with `find_unused_parameters` a forward hook walks the output's autograd graph to find the
+  parameters it does not reach (marked ready at the first gradient of backward);
+- during backward, right after a parameter's gradient is accumulated into `.grad` (the engine runs accumulators as
+  soon as their gradient is complete), it is averaged in place or copied into its flat bucket; a complete bucket
+  starts a non-blocking MPI all-reduce (or the comm hook), in bucket order on every rank, so all ranks issue the
+  same sequence of collectives; MPI is driven along from the gradient hooks or a progress thread; when the last
+  gradient is in, the reducer waits for all buckets and writes flat buckets' averages back into `.grad`.
 """
 from __future__ import annotations
 
@@ -134,8 +136,12 @@ class DistributedDataParallel(Module):
         # thread when this host has at least two cores per rank on it, else hooks (on 2 ranks sharing 2 cores the
         # thread's polls cost the backward more time than they save; docs/distributed.md has the figures)
         self.progress = os.environ.get("NNC_DDP_PROGRESS", "auto")
+        if self.progress not in ("auto", "thread", "hooks"):
+            raise ValueError(f"NNC_DDP_PROGRESS must be auto, thread or hooks, got {self.progress!r}")
         if self.progress == "auto":
             self.progress = "thread" if _cores() >= 2 * _ranks_on_this_host(self._comm) else "hooks"
+        if self._MPI.Query_thread() < self._MPI.THREAD_MULTIPLE:
+            self.progress = "hooks"  # MPI was started without thread support: no second thread may call it
         self._progress_interval = float(os.environ.get("NNC_DDP_PROGRESS_US", "100")) * 1e-6
         self._progress = None
         self._launched = []  # this step's requests, in launch order
