@@ -17,7 +17,7 @@ from .interpreter import Interpreter
 from .kernel import Kernel, view_node
 from .passes.fusion import fuse
 from .passes.memory import plan_memory
-from .symbolic import evaluate
+from .symbolic import DynamicSizeError, evaluate, has_symbols
 
 
 class KernelStep:
@@ -344,6 +344,8 @@ class Plan:
             compiled = compile_kernel(kernel)
         except Exception as error:  # never a wrong answer: interpret this group instead
             reason = f"{type(error).__name__}: {error}"
+            if self.shape_env is not None and has_symbols([n.meta.get("shape") for n in kernel.nodes]):
+                raise DynamicSizeError(f"kernel {kernel.name} has no code for symbolic sizes ({reason})") from error
             self.fallbacks.append((kernel.name, reason))
             warnings.warn(f"nnc: kernel {kernel.name} failed to compile ({reason}); running it with the "
                           f"interpreter", RuntimeWarning, stacklevel=4)

@@ -28,7 +28,7 @@ from .passes.decompose import decompose
 from .passes.shapes import propagate_shapes
 from .passes.simplify import cse, dce, fold_constants, remove_noops
 from .split import SplitGraph
-from .symbolic import ShapeEnv, has_symbols
+from .symbolic import DynamicSizeError, ShapeEnv, has_symbols
 from .trace import Tracer, TraceError, symbolic_trace
 
 
@@ -317,10 +317,6 @@ STAGES = (
     Stage("codegen", "the generated numba source of every kernel", _codegen),
 )
 STAGE_NAMES = tuple(stage.name for stage in STAGES)
-
-
-class DynamicSizeError(RuntimeError):
-    """The model cannot be compiled with symbolic sizes (the caller compiles static sizes instead)."""
 
 
 class PipelineError(RuntimeError):

@@ -29,8 +29,8 @@ _TRACE_GUARDS = bool(os.environ.get("NNC_DEBUG_GUARDS"))
 MIN_DYNAMIC_SIZE = 2
 
 
-class PinnedSize(Exception):
-    """Raised instead of pinning a symbol, where the caller asked for errors (ShapeEnv.strict)."""
+class DynamicSizeError(RuntimeError):
+    """A model or kernel cannot be compiled with symbolic sizes (the caller compiles static sizes instead)."""
 
 
 @dataclass

@@ -530,11 +530,19 @@ def any(input, dim=None, keepdim=False):
     return apply("any", input, dims=wrap_dims(dim, input.ndim), keepdim=keepdim)
 
 
+def _surely_equal(a: tuple, b: tuple) -> bool:
+    """Whether two shapes are equal, for a shortcut that is optional: a compiler's symbolic size (which says so) is
+    only equal to itself here, so the shortcut never becomes a decision on its value."""
+    return len(a) == len(b) and builtins.all(
+        x is y or not (getattr(type(x), "symbolic_size", False) or getattr(type(y), "symbolic_size", False))
+        and x == y for x, y in zip(a, b))
+
+
 def sum_to_size(input, *size):
     """Sum over broadcast dims so the result has `size` (the reverse of expand)."""
     size = size_args(size)
     shape = tuple(input.shape)
-    if shape == size:
+    if _surely_equal(shape, size):
         return input
     lead = len(shape) - len(size)
     if lead < 0 or builtins.any(s != 1 and s != shape[lead + i] for i, s in enumerate(size)):

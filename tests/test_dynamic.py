@@ -329,3 +329,35 @@ def test_random_mutation_programs_with_dynamic_batch_sizes_match_static_compiles
     from mutation_programs import random_case, run_dynamic_case
 
     assert run_dynamic_case(random_case(seed), codegen=seed == 0) == []
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(1, 4, 3), nn.Conv2d(4, 6, 3, padding=1)
+
+    def forward(self, x):
+        x = runtime.nn.functional.max_pool2d(self.c2(self.c1(x).relu()).relu(), 2)
+        return x.flatten(1).sum(1)
+
+
+def test_convolutions_and_pooling_take_a_symbolic_batch():
+    runtime.manual_seed(0)
+    model = SmallCNN().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # window kernels generated, never interpreted with a warning
+        for batch in (4, 6, 3, 5):
+            _assert_same(compiled, model, runtime.randn(batch, 1, 12, 12, dtype=runtime.float64))
+    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
+
+
+def test_a_kernel_without_symbolic_code_makes_the_variant_static_without_a_warning():
+    runtime.manual_seed(0)
+    model = SmallCNN().double()
+    compiled = nnc.compile(copy.deepcopy(model), dynamic=True)  # spatial sizes symbolic too: no window kernel
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for size in (12, 10):
+            _assert_same(compiled, model, runtime.randn(2, 1, size, size, dtype=runtime.float64))
+    assert "no code for symbolic sizes" in compiled._dynamic_failed or compiled._dynamic_failed == "the compile failed"

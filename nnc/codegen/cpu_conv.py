@@ -45,14 +45,14 @@ def _geometry(kernel: Kernel):
     if op.name not in WINDOW_OPS:
         raise Unsupported(f"{op.name} has no window kernel")
     shapes = [node_shape(a) for a in args] + [node_shape(node)]
-    if has_symbols(shapes):
-        raise Unsupported("window kernels are generated for static sizes")
     if op.name == "col2im":
         in_shape = tuple(shapes[1])
     elif op.name == "max_pool_backward":
         in_shape = tuple(shapes[1])
     else:
         in_shape = tuple(shapes[0])
+    if has_symbols(in_shape[1:]):  # a symbolic batch is a loop bound; the window geometry must be static
+        raise Unsupported("window kernels take a symbolic batch size only (channels and spatial sizes static)")
     from runtime.ops import window_output_sizes
 
     out_sizes = window_output_sizes(in_shape[2:], attrs["kernel"], attrs["stride"], attrs["padding"],
