@@ -8,8 +8,9 @@ from .trace import Proxy, TraceError, Tracer, symbolic_trace  # noqa: F401
 
 from .compile import compile, mark_dynamic  # noqa: E402,F401
 from .explain import explain  # noqa: E402,F401  (shadows the builtin inside this package's namespace only)
+from .profile import profile  # noqa: E402,F401  (the class shadows its module's name, as compile's does)
 
 trace = symbolic_trace
 
-__all__ = ["compile", "explain", "mark_dynamic", "Graph", "GraphError", "GraphModule", "Interpreter", "Node", "Proxy",
-           "TraceError", "Tracer", "prims", "symbolic_trace", "trace"]
+__all__ = ["compile", "explain", "mark_dynamic", "profile", "Graph", "GraphError", "GraphModule", "Interpreter", "Node",
+           "Proxy", "TraceError", "Tracer", "prims", "symbolic_trace", "trace"]

@@ -17,6 +17,9 @@ from .interpreter import Interpreter
 from .kernel import Kernel, view_node
 from .passes.fusion import fuse
 from .passes.memory import plan_memory
+from .profile import ACTIVE as _profiles
+from .profile import run_steps as _profiled_steps
+from .profile import run_whole as _profiled_whole
 from .symbolic import DynamicSizeError, evaluate, has_symbols
 
 
@@ -368,8 +371,11 @@ class Plan:
             steps, buffers = bound.steps, self._buffers(bound)
         else:
             steps, buffers = self.steps, self._buffers()
-        for step, buffer in zip(steps, buffers):
-            step.run(env, buffer)
+        if _profiles:  # nnc.profile is on: the same loop, each step timed
+            _profiled_steps(self, steps, buffers, env)
+        else:
+            for step, buffer in zip(steps, buffers):
+                step.run(env, buffer)
         return map_arg(self.output, env.__getitem__)
 
     def _run_whole(self, inputs):
@@ -379,7 +385,7 @@ class Plan:
             extra = [n for n in nodes_in(self.output) if n.op in ("placeholder", "get_attr")]
             self._whole_extra = list(zip(extra, self._sources_of(extra)))
         arrays = [inputs[k]._data if read is None else read()._data for k, read in self._whole_args]
-        env = step.run(arrays)
+        env = _profiled_whole(self, step, arrays) if _profiles else step.run(arrays)
         for node, (k, read) in self._whole_extra:  # outputs that are inputs or attributes
             env[node] = inputs[k] if read is None else read()
         return map_arg(self.output, env.__getitem__)

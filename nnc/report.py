@@ -6,11 +6,12 @@ little inline JavaScript switches stages and highlights a kernel's nodes when th
 
 What it shows comes from the entry points everything else uses: `pipeline.run_stages` (stopped after each graph
 stage, as `nnc dump --stage` is), the kernels and plans of the finished `Compilation`, `explain.report`, and
-`nnc.compile` itself for the guards and recompiles. The timings come from a profiled run of the compiled graphs:
-each plan step's `run` is wrapped with a timer for a few forward (and backward) calls, then restored.
+`nnc.compile` itself for the guards and recompiles. The timings come from `nnc.profile` around a few forward (and
+backward) calls of the compiled graphs: its events give each kernel's times, its table and Chrome trace go on the page.
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import html
 import io
@@ -335,60 +336,56 @@ def _kernel_infos(index: int, label: str, plan) -> list[KernelInfo]:
 
 def profile_plans(compilation, plans: list, kernels: dict, needs_grad: bool, seconds: float = 0.5,
                   max_calls: int = 200) -> dict:
-    """Run the compiled graphs (forward, and backward with gradients) for about `seconds`, timing every plan step;
-    the times land in each KernelInfo.seconds. Returns {"calls", "step_seconds" (median forward+backward)}."""
+    """Run the compiled graphs (forward, and backward with gradients) for about `seconds` under nnc.profile; each
+    plan step's times land in its KernelInfo.seconds (a whole-graph run's in its first kernel's). Returns {"calls",
+    "step_seconds" (median forward+backward), "profile" (the nnc.profile, eager ops included)}."""
     from runtime.autograd import enable_grad, no_grad
 
     from . import pytree
+    from .profile import profile
 
-    wrapped = []
+    info_of = {}  # id(Kernel) or id(Plan) -> KernelInfo
     for index, (_, plan) in enumerate(plans):
-        if getattr(plan, "whole_graph", False):
-            targets = [(plan.steps[0], [kernels[f"p{index}-{k.name}"] for k in plan.kernels][:1])]
-        else:
-            targets = [(step, [kernels[f"p{index}-{k.name}"]]) for step, k in zip(plan.steps, plan.kernels)]
-        for step, infos in targets:
-            original = step.run
-
-            def timed(*args, _run=original, _infos=infos, **kwargs):
-                start = time.perf_counter()
-                result = _run(*args, **kwargs)
-                _infos[0].seconds.append(time.perf_counter() - start)
-                return result
-
-            step.run = timed
-            wrapped.append(step)
+        infos = [kernels[f"p{index}-{k.name}"] for k in plan.kernels]
+        info_of.update((id(kernel), info) for kernel, info in zip(plan.kernels, infos))
+        if infos:
+            info_of[id(plan)] = infos[0]
     tensors = compilation.tensors
-    totals = []
+    prof = profile(record_compile=False)
 
     def one_call():
-        start = time.perf_counter()
-        if needs_grad:
-            with enable_grad():
-                out = compilation.run(tensors, True)
-                leaves = [t for t in pytree.tensor_leaves([out]) if t.requires_grad]
-                if leaves:
-                    sum(leaf.float().sum() for leaf in leaves).backward()
-        else:
-            with no_grad():
-                compilation.run(tensors, False)
-        totals.append(time.perf_counter() - start)
+        with prof.record("call"):
+            if needs_grad:
+                with enable_grad():
+                    out = compilation.run(tensors, True)
+                    leaves = [t for t in pytree.tensor_leaves([out]) if t.requires_grad]
+                    if leaves:
+                        sum(leaf.float().sum() for leaf in leaves).backward()
+            else:
+                with no_grad():
+                    compilation.run(tensors, False)
 
     try:
         for _ in range(2):  # warm up: first calls allocate buffers
             one_call()
-        for info in kernels.values():
-            info.seconds.clear()
-        totals.clear()
-        began = time.perf_counter()
-        while len(totals) < max_calls and (len(totals) < 5 or time.perf_counter() - began < seconds):
-            one_call()
+        with prof:
+            began = time.perf_counter()
+            calls = 0
+            while calls < max_calls and (calls < 5 or time.perf_counter() - began < seconds):
+                one_call()
+                calls += 1
     finally:
-        for step in wrapped:
-            step.__dict__.pop("run", None)
         for p in compilation.module.parameters():
             p.grad = None
-    return {"calls": len(totals), "step_seconds": statistics.median(totals) if totals else 0.0}
+    totals = []
+    for event in prof.events:
+        if event.cat == "user":
+            totals.append(event.seconds)
+        elif event.cat in ("kernel", "view", "interpreted", "whole_graph"):
+            info = info_of.get(id(event.source))
+            if info is not None:
+                info.seconds.append(event.seconds)
+    return {"calls": len(totals), "step_seconds": statistics.median(totals) if totals else 0.0, "profile": prof}
 
 
 def guards_and_recompiles(module, inputs: list) -> dict:
@@ -560,7 +557,8 @@ def _page(title, inputs, stages, views, kernels, profile, guards, summary, compi
                     '<th>mean us</th><th>median us</th><th>share</th><th>bytes moved</th><th>GB/s</th></tr>'
                     + "".join(prof_rows[:30]) + "</table>"
                     + (f'<details><summary>{len(prof_rows) - 30} more kernels</summary><table class="proftable">'
-                       + "".join(prof_rows[30:]) + "</table></details>" if len(prof_rows) > 30 else ""))
+                       + "".join(prof_rows[30:]) + "</table></details>" if len(prof_rows) > 30 else "")
+                    + _profile_extras(profile.get("profile")))
     guard_html = "<ol>" + "".join(f"<li>{esc(line)}</li>" for line in guards["compiles"]) + "</ol>"
     for n, lines in enumerate(guards["variants"], 1):
         guard_html += f"<h4>variant {n} is used while</h4><ul>" + "".join(f"<li>{esc(x)}</li>" for x in lines) + \
@@ -590,6 +588,26 @@ def _page(title, inputs, stages, views, kernels, profile, guards, summary, compi
         tabs="".join(tabs), panes="".join(panes), profile=profile_html, guards=guard_html,
         boundaries="".join(boundary_html), extra=(f"<ul>{breaks}{opaque}</ul>" if breaks or opaque else ""),
         css=_CSS, data=data, js=_JS)
+
+
+# the Chrome trace is embedded as a download link up to this size (a long profile of a large model is left out)
+_MAX_TRACE_BYTES = 4 << 20
+
+
+def _profile_extras(prof) -> str:
+    """The nnc.profile behind the timings: its key-averages table (eager ops and graph runs too) and its Chrome
+    trace as a download (a data: URL, so the page stays one file)."""
+    if prof is None:
+        return ""
+    esc = html.escape
+    parts = ['<details class="keyavg"><summary>Every event: nnc.profile\'s key averages (kernels, graph runs, eager '
+             f'ops)</summary><pre>{esc(prof.table(row_limit=60))}</pre></details>']
+    trace = json.dumps(prof.chrome_trace())
+    if len(trace) <= _MAX_TRACE_BYTES:
+        url = "data:application/json;base64," + base64.b64encode(trace.encode()).decode()
+        parts.append(f'<p><a id="trace" download="nnc-trace.json" href="{url}">Download the Chrome trace</a> '
+                     '<span class="muted">(open it in ui.perfetto.dev or chrome://tracing)</span></p>')
+    return "".join(parts)
 
 
 _CSS = """

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import copy as _copy
 import weakref
+from time import perf_counter as _perf_counter
 
 import numpy as np
 
 from . import amp, api
 from . import dtypes as dt
 from . import ops
+from ._profiling import notify as _notify_observers
+from ._profiling import op_observers as _op_observers
 from ._tensor_str import format_tensor
 from .autograd import grad_mode
 from .autograd.graph import CopySlices, OpNode, _retains_grad, accumulator_for, edge_of
@@ -75,6 +78,7 @@ class Tensor:
     @staticmethod
     def _apply_op(op, inputs, attrs):
         """Run one primitive: promote dtypes, call the numpy forward, record the autograd node."""
+        start = _perf_counter() if _op_observers else None  # a profiler is on (runtime._profiling)
         if _amp_state.dtype is not None and op.kind == ops.Kind.MATMUL:  # inside runtime.autocast
             inputs = amp.autocast_inputs(op, inputs)
         arrays, requires = [], False
@@ -124,6 +128,8 @@ class Tensor:
         if requires and _grad_state.enabled and out_dtype.is_floating_point and op.differentiable:
             result._grad_fn = OpNode(op, inputs, attrs, out, result._vc(), [_edge(x) for x in inputs])
             result._rg = True
+        if start is not None:
+            _notify_observers(op, arrays, out, start, _perf_counter(), False)
         return result
 
     # ------------------------------------------------------------------------------------------
@@ -533,8 +539,11 @@ class Tensor:
         if contiguous and isinstance(op.forward, np.ufunc) and all(
                 not isinstance(a, Tensor) or a.dtype.category <= self.dtype.category for a in args):
             arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+            start = _perf_counter() if _op_observers else None
             _wrap_numpy_errors(op, inputs, attrs, lambda: op.forward(self._data, *arrays, out=self._data,
                                                                        casting="unsafe"))
+            if start is not None:
+                _notify_observers(op, [self._data, *arrays], self._data, start, _perf_counter(), True)
         else:
             result = Tensor._apply_op(op, inputs, attrs)
             _wrap_numpy_errors(op, inputs, attrs, lambda: np.copyto(self._data, result._data, casting="unsafe"))
