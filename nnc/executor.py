@@ -254,16 +254,23 @@ class Plan:
         """The memory stage: buffers for the kernels' intermediate results."""
         self.memory = plan_memory(self.kernels, self.gm.graph)
 
-    def generate(self) -> None:
-        """The codegen stage: a step per kernel (generated, a numpy view, or interpreted), or one whole-graph step."""
+    def generate(self, on_kernel=None) -> None:
+        """The codegen stage: a step per kernel (generated, a numpy view, or interpreted), or one whole-graph step.
+        `on_kernel(count)` is told as kernels are done (the compile's progress line)."""
         start = time.perf_counter()
         use_codegen, requested = self.use_codegen, self.requested_whole_graph
         whole = self._whole_graph_step(requested) if use_codegen and requested is not False else None
         if whole is not None:
             self.steps = [whole]
             self.memory = None  # one numba function holds its intermediates itself
+            if on_kernel is not None:
+                on_kernel(len(self.kernels))
         else:
-            self.steps = [self._step_for(kernel, use_codegen) for kernel in self.kernels]
+            self.steps = []
+            for kernel in self.kernels:
+                self.steps.append(self._step_for(kernel, use_codegen))
+                if on_kernel is not None:
+                    on_kernel(1)
             self._buffers()  # the compiling thread's, allocated now rather than on its first call
         self.compile_seconds += time.perf_counter() - start
 

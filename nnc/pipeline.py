@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -289,8 +290,9 @@ def _memory(c: Compilation) -> None:
 
 
 def _codegen(c: Compilation) -> None:
+    progress = Progress._showing if Progress._showing is not None and Progress._showing.c is c else None
     for plan in c.plans:
-        plan.generate()
+        plan.generate(on_kernel=progress.kernel_compiled if progress is not None else None)
     if c.shape_env is not None:
         c.shape_env.frozen = True  # what the variant decided on its sizes is complete: its guards
 
@@ -347,16 +349,115 @@ def run_stages(c: Compilation, until: str | None = None) -> Compilation:
     if until is not None and until not in STAGE_NAMES:
         raise ValueError(f"unknown stage {until!r}; the stages are {', '.join(STAGE_NAMES)}")
     last = STAGE_NAMES.index(until) if until is not None else len(STAGES) - 1
-    for stage in STAGES[len(c.done):last + 1]:
-        start = time.perf_counter()
-        try:
-            stage.run(c)
-        except Exception as error:
-            raise PipelineError(stage.name, c.done, error) from error
-        c.seconds[stage.name] = time.perf_counter() - start
-        c.done.append(stage.name)
-        _report(stage.name, c)
+    progress = Progress.start(c)
+    try:
+        for stage in STAGES[len(c.done):last + 1]:
+            if progress is not None:
+                progress.update(stage.name)
+            start = time.perf_counter()
+            try:
+                stage.run(c)
+            except Exception as error:
+                raise PipelineError(stage.name, c.done, error) from error
+            c.seconds[stage.name] = time.perf_counter() - start
+            c.done.append(stage.name)
+            _report(stage.name, c)
+    finally:
+        if progress is not None:
+            progress.close(failed=len(c.done) <= last)
     return c
+
+
+# -- compile progress on a terminal ---------------------------------------------------------------------
+
+
+PROGRESS_AFTER = 2.0   # seconds a compile runs before it shows what it is doing (on a terminal's stderr)
+PROGRESS_EVERY = 0.25  # seconds between redraws of the status line while a stage runs
+
+
+class Progress:
+    """A status line on stderr for a compile that takes long: the module, the stage, kernels compiled of the total
+    and the time so far, redrawn in place ("\r") by a timer thread and at every stage and kernel, then a last line
+    once the compile ends. Only when stderr is a terminal (NNC_PROGRESS=1 forces it, NNC_PROGRESS=0 turns it off),
+    and only from PROGRESS_AFTER seconds into the compile: a short compile prints nothing."""
+
+    _showing: "Progress | None" = None  # one status line at a time (a compile inside a compile stays quiet)
+
+    @classmethod
+    def start(cls, c: Compilation) -> "Progress | None":
+        setting = os.environ.get("NNC_PROGRESS", "")
+        if setting == "0" or cls._showing is not None:
+            return None
+        stream = sys.stderr
+        if setting != "1":
+            try:
+                if stream is None or not stream.isatty():
+                    return None
+            except (AttributeError, ValueError):  # no isatty, or a closed stream
+                return None
+        progress = cls(c, stream)
+        cls._showing = progress
+        return progress
+
+    def __init__(self, c: Compilation, stream):
+        self.c, self.stream = c, stream
+        self.began = time.perf_counter()
+        self.stage, self.kernels_done, self.kernels_total = "", 0, 0
+        self.shown, self.width = False, 0
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._tick, name="nnc-compile-progress", daemon=True)
+        self.thread.start()
+
+    def _tick(self) -> None:
+        if self.stopped.wait(max(PROGRESS_AFTER - (time.perf_counter() - self.began), 0.0)):
+            return
+        while not self.stopped.is_set():
+            self.draw()
+            self.stopped.wait(PROGRESS_EVERY)
+
+    def update(self, stage: str | None = None) -> None:
+        """A stage begins (stage=its name) or a kernel was compiled; redrawn once the compile has run long enough."""
+        if stage is not None:
+            self.stage = stage
+            if stage == "codegen":
+                self.kernels_total = sum(len(plan.kernels) for plan in self.c.plans)
+        if time.perf_counter() - self.began >= PROGRESS_AFTER:
+            self.draw()
+
+    def kernel_compiled(self, count: int = 1) -> None:
+        self.kernels_done += count
+        self.update()
+
+    def line(self) -> str:
+        name = type(self.c.module).__name__
+        stage = f"stage {self.stage} ({STAGE_NAMES.index(self.stage) + 1}/{len(STAGES)})" if self.stage else "starting"
+        kernels = f", kernel {self.kernels_done}/{self.kernels_total}" if self.stage == "codegen" else ""
+        return f"nnc: compiling {name}: {stage}{kernels}, {time.perf_counter() - self.began:.1f} s"
+
+    def draw(self, text: str | None = None, end: str = "") -> None:
+        with self.lock:
+            text = self.line() if text is None else text
+            try:
+                self.stream.write("\r" + text + " " * max(self.width - len(text), 0) + end)
+                self.stream.flush()
+            except (OSError, ValueError):  # the terminal went away: stop drawing
+                self.stopped.set()
+            self.shown, self.width = True, len(text)
+
+    def close(self, failed: bool) -> None:
+        self.stopped.set()
+        self.thread.join()
+        if Progress._showing is self:
+            Progress._showing = None
+        if not self.shown:
+            return
+        name, seconds = type(self.c.module).__name__, time.perf_counter() - self.began
+        if failed:
+            self.draw(f"nnc: compiling {name} stopped at stage {self.stage} after {seconds:.1f} s", end="\n")
+        else:
+            kernels = f", {self.kernels_total} kernels" if self.kernels_total else ""
+            self.draw(f"nnc: compiled {name} in {seconds:.1f} s ({len(self.c.done)} stages{kernels})", end="\n")
 
 
 def compile_arguments(module: Module, concrete: dict, examples: dict, needs_grad: bool, codegen: bool = True,
