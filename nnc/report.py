@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import html
 import io
 import json
@@ -602,11 +603,18 @@ def _profile_extras(prof) -> str:
     esc = html.escape
     parts = ['<details class="keyavg"><summary>Every event: nnc.profile\'s key averages (kernels, graph runs, eager '
              f'ops)</summary><pre>{esc(prof.table(row_limit=60))}</pre></details>']
-    trace = json.dumps(prof.chrome_trace())
+    trace, which = json.dumps(prof.chrome_trace()), "every profiled call"
+    ends = sorted(e.end for e in prof.events if e.cat == "user")  # one "call" range per profiled call
+    for keep in (20, 5, 1):  # too large a trace for the page: the first calls only
+        if len(trace) <= _MAX_TRACE_BYTES or len(ends) <= keep:
+            break
+        first = copy.copy(prof)
+        first.events = [e for e in prof.events if e.start <= ends[keep - 1]]
+        trace, which = json.dumps(first.chrome_trace()), f"the first {keep} profiled calls"
     if len(trace) <= _MAX_TRACE_BYTES:
         url = "data:application/json;base64," + base64.b64encode(trace.encode()).decode()
         parts.append(f'<p><a id="trace" download="nnc-trace.json" href="{url}">Download the Chrome trace</a> '
-                     '<span class="muted">(open it in ui.perfetto.dev or chrome://tracing)</span></p>')
+                     f'<span class="muted">({which}; open it in ui.perfetto.dev or chrome://tracing)</span></p>')
     return "".join(parts)
 
 
