@@ -205,3 +205,116 @@ def test_drop_in_import():
     import runtime.utils.data as data
 
     assert runtime.utils.data is data and data.DataLoader is DataLoader
+
+
+# -- worker processes (num_workers > 0) ---------------------------------------------------------------------------
+
+class _WhoLoads(Dataset):
+    """Each sample says which worker made it, with that worker's seed and a draw from its runtime generator."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import os
+
+        from runtime.utils.data import get_worker_info
+
+        info = get_worker_info()
+        return {"i": i, "id": info.id, "seed": info.seed, "pid": os.getpid(), "draw": float(runtime.rand(())),
+                "init": _INIT.get("id", -1)}
+
+
+_INIT = {}
+
+
+def _remember_init(worker_id):
+    _INIT["id"] = worker_id
+
+
+class _Shard(IterableDataset):
+    def __iter__(self):
+        from runtime.utils.data import get_worker_info
+
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        return iter(range(start, 10, step))
+
+
+class _Fails(Dataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise ValueError("sample 3 is broken")
+        return i
+
+
+class _Slow(Dataset):
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(5)
+        return i
+
+
+def test_workers_give_the_single_process_batches_in_order():
+    ds = TensorDataset(runtime.arange(46).reshape(23, 2).float(), runtime.arange(23))
+    for kwargs in ({"batch_size": 4, "shuffle": True}, {"batch_size": 5, "drop_last": True}, {"batch_size": None}):
+        runtime.manual_seed(0)
+        alone = [as_numpy(b) for _ in range(2) for b in DataLoader(ds, **kwargs)]
+        runtime.manual_seed(0)
+        loader = DataLoader(ds, num_workers=3, prefetch_factor=1, **kwargs)
+        together = [as_numpy(b) for _ in range(2) for b in loader]
+        assert len(alone) == len(together)
+        for a, b in zip(alone, together):
+            for x, y in zip(a[1] if isinstance(a, tuple) else [a], b[1] if isinstance(b, tuple) else [b]):
+                np.testing.assert_array_equal(x, y)
+
+
+def test_worker_info_seeds_and_init_fn():
+    from runtime.utils.data import get_worker_info
+
+    assert get_worker_info() is None
+    runtime.manual_seed(1)
+    rows = list(DataLoader(_WhoLoads(), batch_size=None, num_workers=2, worker_init_fn=_remember_init))
+    assert [r["i"] for r in rows] == list(range(8)) and [r["id"] for r in rows] == [0, 1] * 4
+    seeds = {r["id"]: r["seed"] for r in rows}
+    assert seeds[1] == seeds[0] + 1  # base_seed + worker id, as torch
+    assert len({r["pid"] for r in rows}) == 2 and [r["init"] for r in rows] == [0, 1] * 4
+    assert len({r["draw"] for r in rows}) == 8  # each worker's generator is seeded differently
+    runtime.manual_seed(1)
+    again = list(DataLoader(_WhoLoads(), batch_size=None, num_workers=2))
+    assert [r["seed"] for r in again] == [r["seed"] for r in rows]  # reproducible under manual_seed
+
+
+def test_iterable_dataset_in_workers_takes_batches_in_turn(torch):
+    ours = [t.tolist() for t in DataLoader(_Shard(), batch_size=2, num_workers=2)]
+    assert ours == [[0, 2], [1, 3], [4, 6], [5, 7], [8], [9]]
+    class TorchShard(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            return iter(range(info.id, 10, info.num_workers))
+    theirs = [t.tolist() for t in torch.utils.data.DataLoader(TorchShard(), batch_size=2, num_workers=2)]
+    assert ours == theirs
+
+
+def test_persistent_workers_live_across_epochs():
+    loader = DataLoader(_WhoLoads(), batch_size=4, num_workers=2, persistent_workers=True)
+    pids = [{p for b in loader for p in b["pid"].tolist()} for _ in range(2)]
+    assert pids[0] == pids[1] and len(pids[0]) == 2
+    stream = DataLoader(_Shard(), batch_size=3, num_workers=2, persistent_workers=True)
+    assert [t.tolist() for t in stream] == [t.tolist() for t in stream] == [[0, 2, 4], [1, 3, 5], [6, 8], [7, 9]]
+
+
+def test_a_worker_error_is_raised_in_the_main_process_and_timeouts():
+    with pytest.raises(ValueError, match="(?s)Caught ValueError in DataLoader worker process 1.*sample 3 is broken"):
+        list(DataLoader(_Fails(), batch_size=None, num_workers=2))
+    with pytest.raises(RuntimeError, match="timed out after 0.5 seconds"):
+        list(DataLoader(_Slow(), batch_size=None, num_workers=1, timeout=0.5))
+    with pytest.raises(ValueError, match="persistent_workers"):
+        DataLoader(_Fails(), persistent_workers=True)

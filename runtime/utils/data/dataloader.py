@@ -1,4 +1,4 @@
-"""DataLoader and default_collate (torch.utils.data's), run in the calling process."""
+"""DataLoader and default_collate (torch.utils.data's); num_workers > 0 loads in worker processes (_worker.py)."""
 from __future__ import annotations
 
 import collections.abc
@@ -79,8 +79,11 @@ def _dtypes():
 class DataLoader:
     """Batches of a dataset, in the order of a sampler, merged by collate_fn; with torch's arguments.
 
-    Loading runs in the calling process: num_workers, pin_memory, prefetch_factor and the worker options are
-    accepted for compatibility and change nothing."""
+    num_workers=0 loads in the calling process. num_workers > 0 starts that many processes (fork on Linux, or
+    multiprocessing_context), each seeded with base_seed + its id (runtime's and Python's generators, as torch) and
+    running worker_init_fn(id); the sampler runs here and the batches come back in its order (prefetch_factor per
+    worker in flight; timeout; persistent_workers keeps them across epochs). An iterable dataset is iterated in every
+    worker (shard it with get_worker_info()), batches taken from the workers in turn. pin_memory changes nothing."""
 
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, num_workers: int = 0,
                  collate_fn=None, pin_memory: bool = False, drop_last: bool = False, timeout: float = 0,
@@ -91,7 +94,15 @@ class DataLoader:
                              "multiprocessing.")
         self.dataset, self.num_workers, self.pin_memory, self.timeout = dataset, num_workers, pin_memory, timeout
         self.worker_init_fn, self.generator, self.prefetch_factor = worker_init_fn, generator, prefetch_factor
-        self.persistent_workers = persistent_workers
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError("prefetch_factor option could only be specified in multiprocessing.let num_workers > 0 "
+                             "to enable multiprocessing, otherwise set prefetch_factor to None.")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        self.persistent_workers, self.multiprocessing_context = persistent_workers, multiprocessing_context
+        self._pool = None
         self._iterable = isinstance(dataset, IterableDataset)
         if self._iterable:
             if shuffle not in (None, False):
@@ -129,6 +140,10 @@ class DataLoader:
         return self.batch_sampler is not None or (self._iterable and self.batch_size is not None)
 
     def __iter__(self):
+        if self.num_workers > 0:
+            from . import _worker
+
+            return _worker.iterate(self)
         if self._iterable:
             return self._iter_stream()
         if self.batch_sampler is not None:
@@ -154,6 +169,16 @@ class DataLoader:
                 batch = []
         if batch and not self.drop_last:
             yield self.collate_fn(batch)
+
+    def __del__(self):
+        pool = self.__dict__.get("_pool")
+        if pool is not None:
+            pool.shutdown()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_pool"] = None  # a worker gets the loader, not the processes
+        return state
 
     def __len__(self) -> int:
         if self._iterable:
