@@ -606,8 +606,10 @@ def _profile_extras(prof) -> str:
     trace, which = json.dumps(prof.chrome_trace()), "every profiled call"
     ends = sorted(e.end for e in prof.events if e.cat == "user")  # one "call" range per profiled call
     for keep in (20, 5, 1):  # too large a trace for the page: the first calls only
-        if len(trace) <= _MAX_TRACE_BYTES or len(ends) <= keep:
+        if len(trace) <= _MAX_TRACE_BYTES:
             break
+        if len(ends) <= keep:
+            continue
         first = copy.copy(prof)
         first.events = [e for e in prof.events if e.start <= ends[keep - 1]]
         trace, which = json.dumps(first.chrome_trace()), f"the first {keep} profiled calls"

@@ -136,7 +136,7 @@ def test_nothing_is_observed_when_off():
     assert len(prof.events) == seen  # nothing recorded outside the block
 
 
-def test_report_takes_its_kernel_times_from_a_profile():
+def test_report_takes_its_kernel_times_from_a_profile(monkeypatch):
     import base64
 
     from nnc.compile import bind_arguments, split_arguments
@@ -160,3 +160,5 @@ def test_report_takes_its_kernel_times_from_a_profile():
     url = extras.split('href="', 1)[1].split('"', 1)[0]
     trace = json.loads(base64.b64decode(url.split(",", 1)[1]))
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
+    monkeypatch.setattr("nnc.report._MAX_TRACE_BYTES", len(json.dumps(prof.chrome_trace())) - 1)
+    assert "the first 1 profiled calls" in _profile_extras(prof)  # too large: the first call's events only
