@@ -81,6 +81,10 @@ def test_ddp_equals_single_process_whichever_way_mpi_progresses(launch, progress
     launch("ddp_equivalence.py", "mlp", "eager", progress)
 
 
+def test_ddp_join_trains_on_uneven_inputs(launch):
+    launch("ddp_join.py")
+
+
 def test_ddp_no_sync_unused_parameters_buffers_and_errors(launch):
     launch("ddp_features.py")
 

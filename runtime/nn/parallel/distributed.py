@@ -146,6 +146,8 @@ class DistributedDataParallel(Module):
         self._progress = None
         self._launched = []  # this step's requests, in launch order
         self._comm_hook = self._comm_hook_state = None
+        self._joining = None  # inside join(): {"divide_by_initial_world_size": ...}
+        self._join_divisor = None  # inside join() without dividing by the initial world size: ranks still training
         self.timings = {"wait_s": 0.0, "reduce_s": 0.0}  # the last reduction: time waiting at its end, first to last
         self._expose_signature(module)
         # NOTE: bound methods, not the hook's module argument: around nnc.compile(DDP(model)) the hooks are called
@@ -239,14 +241,29 @@ class DistributedDataParallel(Module):
                 "unused parameter detection by passing the keyword argument `find_unused_parameters=True` to "
                 "`DistributedDataParallel`, and by making sure all `forward` function outputs participate in "
                 f"calculating loss. Parameters that did not receive a gradient: {', '.join(unready)}")
-        if self.broadcast_buffers and self.require_forward_param_sync:
-            buffers = list(self.module.buffers())
-            if buffers:
-                self._broadcast_state(buffers)
+        syncing = grad_mode.is_grad_enabled() and self.require_backward_grad_sync
+        if self._joining is not None:  # tell the ranks that ran out of inputs what this step does, so they shadow it
+            flags = self._join_flags(1, int(syncing), int(self._broadcasting_buffers()))
+            if self._joining["throw"] and flags[0] < self._world:
+                raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing exception across all "
+                                   "ranks.")
+            if not self._joining["divide_by_initial_world_size"]:
+                self._join_divisor = int(flags[0])
+        if self._broadcasting_buffers():
+            self._broadcast_state(list(self.module.buffers()))
         self._disarm()
-        if grad_mode.is_grad_enabled() and self.require_backward_grad_sync:
+        if syncing:
             self._arm()
         return None
+
+    def _broadcasting_buffers(self) -> bool:
+        return bool(self.broadcast_buffers and self.require_forward_param_sync and list(self.module.buffers()))
+
+    def _join_flags(self, active: int, syncing: int, broadcasting: int) -> np.ndarray:
+        """Sum over ranks of (still training, will all-reduce gradients, will broadcast buffers)."""
+        flags = np.array([active, syncing, broadcasting], dtype=np.int64)
+        self._comm.Allreduce(self._MPI.IN_PLACE, flags, op=self._MPI.SUM)
+        return flags
 
     def _post_forward(self, module, args, output):
         syncing = grad_mode.is_grad_enabled() and self.require_backward_grad_sync
@@ -337,7 +354,7 @@ class DistributedDataParallel(Module):
             data = None if grad is None else grad._data
             if data is not None and _reducible_in_place(data, bucket.flat_dtype):
                 if self._comm_hook is None:  # (a comm hook averages itself)
-                    np.divide(data, self._world, out=data)  # its own array: averaged, then all-reduced, in place
+                    np.divide(data, self._divisor, out=data)  # its own array: averaged, then all-reduced, in place
                 bucket.array = data
             else:  # no gradient, or one MPI cannot reduce in place (strided, read-only): a staging array
                 if bucket.flat is None:
@@ -375,7 +392,9 @@ class DistributedDataParallel(Module):
 
     @property
     def _divisor(self):
-        return self._world if self._comm_hook is None else 1
+        if self._comm_hook is not None:
+            return 1
+        return self._join_divisor or self._world
 
     def _run_comm_hook(self, bucket) -> None:
         flat = bucket.array.reshape(-1)
@@ -479,6 +498,70 @@ class DistributedDataParallel(Module):
         if self._started:
             raise RuntimeError("register_comm_hook must be called before the first backward")
         self._comm_hook, self._comm_hook_state = hook, state
+
+    @contextlib.contextmanager
+    def join(self, divide_by_initial_world_size: bool = True, enable: bool = True,
+             throw_on_early_termination: bool = False):
+        """Train on inputs of different lengths per rank (torch's DDP.join): a rank that leaves the loop early keeps
+        taking part in the other ranks' steps (their buffer broadcasts and gradient all-reduces, with zero gradients)
+        until every rank has left. Gradients are divided by the initial world size, or by the number of ranks still
+        training (divide_by_initial_world_size=False). throw_on_early_termination=True raises on every rank instead,
+        as soon as one runs out of inputs. Each step inside costs one more small all-reduce."""
+        if not enable:
+            yield
+            return
+        self._joining = {"divide_by_initial_world_size": divide_by_initial_world_size,
+                         "throw": throw_on_early_termination}
+        try:
+            yield
+        except BaseException:
+            self._joining = self._join_divisor = None
+            raise
+        try:
+            self._shadow_until_all_joined()
+        finally:
+            self._joining = self._join_divisor = None
+
+    def _shadow_until_all_joined(self) -> None:
+        throw = self._joining["throw"]
+        last = True  # no rank trained after this one left its loop
+        while True:
+            flags = self._join_flags(0, 0, 0)
+            if flags[0] == 0:  # every rank has left its loop: all take the model of (the highest) last one to leave
+                MPI = self._MPI
+                root = self._comm.allreduce(self._comm.Get_rank() if last else -1, op=MPI.MAX)
+                self._root = dist.get_global_rank(self.process_group, root)
+                try:
+                    self._broadcast_state(list(self.module.parameters()) + list(self.module.buffers()))
+                finally:
+                    self._root = dist.get_global_rank(self.process_group, 0)
+                return
+            last = False
+            if throw:
+                raise RuntimeError("Detected at least one rank that exhausted inputs. Throwing exception across all "
+                                   "ranks.")
+            if flags[2]:
+                self._broadcast_state(list(self.module.buffers()))
+            if not flags[1]:
+                continue
+            MPI = self._MPI
+            if self.find_unused_parameters:
+                used = np.zeros(len(self._parameters_to_sync), dtype=np.int32)
+                self._comm.Iallreduce(np.zeros_like(used), used, op=MPI.MAX).Wait()
+            # NOTE: non-blocking like the training ranks' (MPI never matches a blocking collective with a
+            # non-blocking one), in the order they start them, with nothing to add
+            for bucket in self._buckets:
+                zeros = np.zeros(bucket.numel, dtype=bucket.flat_dtype)
+                if self._comm_hook is None:
+                    self._comm.Iallreduce(MPI.IN_PLACE, zeros, op=MPI.SUM).Wait()
+                else:
+                    zero_grads = [Tensor._from_array(zeros[start:start + numel].reshape(shape))
+                                  for start, numel, shape in bucket.offsets]
+                    params = [self._parameters_to_sync[position] for position in bucket.params]
+                    last = bucket.index == len(self._buckets) - 1
+                    self._comm_hook(self._comm_hook_state,
+                                    dist.GradBucket(bucket.index, Tensor._from_array(zeros), params, zero_grads,
+                                                    last)).wait()
 
     def bucket_sizes(self) -> list:
         """Bytes in each gradient bucket, in launch order."""
