@@ -381,7 +381,8 @@ class DistributedDataParallel(Module):
                 self._launched.append(launch.request)
             else:
                 self._run_comm_hook(launch)
-            if self.progress == "thread" and len(self._launched) == 1:
+            if self.progress == "thread" and self._launched and (self._progress is None or
+                                                                 self._progress.requests is not self._launched):
                 if self._progress is None:
                     self._progress = _Progress(MPI, self._progress_interval)
                 self._progress.start(self._launched)
