@@ -11,7 +11,6 @@ import numpy as np
 
 from runtime.tensor import Tensor
 
-from .blas_threads import choice_for
 from .graph import Node, map_arg, nodes_in
 from .graph_module import GraphModule
 from .interpreter import Interpreter
@@ -38,7 +37,6 @@ class KernelStep:
         self.out_specs = [(tuple(n.meta["shape"]), n.meta["dtype"].np) for n in kernel.outputs]
         self.reuse_outputs = reuse_outputs
         self.parallel = bool(getattr(compiled, "parallel", False))
-        self.blas = choice_for(kernel, getattr(compiled, "source", ""))  # OpenBLAS's thread count, timed
 
     def bind(self, sizes: dict, values: tuple) -> "KernelStep":
         """This step for one call's symbolic sizes (nnc.symbolic): concrete output shapes, the kernel given them."""
@@ -58,8 +56,6 @@ class KernelStep:
         if self.parallel and not threading_layer_is_threadsafe():
             with _PARALLEL_REGIONS:
                 self.compiled.run_into(inputs, arrays)
-        elif self.blas is not None:
-            self.blas.run(lambda: self.compiled.run_into(inputs, arrays))
         else:
             self.compiled.run_into(inputs, arrays)
         buffers.handed_out(arrays)
