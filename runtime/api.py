@@ -1033,18 +1033,9 @@ def broadcast_shapes(*shapes):
         raise RuntimeError(f"shape mismatch: {e}") from None
 
 
-def _math_fn(name):
-    def fn(input):
-        return apply(name, input)
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"Elementwise {name} (op {name!r})."
-    return fn
-
-
-tan, asin, acos, atan = (_math_fn(n) for n in ("tan", "asin", "acos", "atan"))
-sinh, cosh, asinh, acosh, atanh = (_math_fn(n) for n in ("sinh", "cosh", "asinh", "acosh", "atanh"))
-expm1, erfc, erfinv, lgamma, digamma, trunc = (_math_fn(n) for n in ("expm1", "erfc", "erfinv", "lgamma", "digamma",
+tan, asin, acos, atan = (_unary(n) for n in ("tan", "asin", "acos", "atan"))
+sinh, cosh, asinh, acosh, atanh = (_unary(n) for n in ("sinh", "cosh", "asinh", "acosh", "atanh"))
+expm1, erfc, erfinv, lgamma, digamma, trunc = (_unary(n) for n in ("expm1", "erfc", "erfinv", "lgamma", "digamma",
                                                                      "trunc"))
 arcsin, arccos, arctan, arcsinh, arccosh, arctanh, fix = asin, acos, atan, asinh, acosh, atanh, trunc
 
