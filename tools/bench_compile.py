@@ -651,6 +651,133 @@ def case_cnn_train(opts, args):
     return variants, res, ratios, targets, "torch eager"
 
 
+def _gpt(lib, dropout=0.1, n_layer=2, n_head=2, n_embd=64, block=64, vocab=65):
+    """A nanoGPT-shaped model written once for runtime and torch: causal self-attention blocks (pre-LayerNorm,
+    GELU MLP), tied embeddings, size asserts; forward(idx, targets) returns the cross-entropy loss, or the last
+    position's logits without targets."""
+    nn, F = lib.nn, lib.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(n_embd), nn.LayerNorm(n_embd)
+            self.qkv, self.proj = nn.Linear(n_embd, 3 * n_embd), nn.Linear(n_embd, n_embd)
+            self.fc, self.out = nn.Linear(n_embd, 4 * n_embd), nn.Linear(4 * n_embd, n_embd)
+            self.drop = nn.Dropout(dropout)
+            self.register_buffer("mask", lib.tril(lib.ones(block, block)).view(1, 1, block, block))
+
+        def forward(self, x):
+            b, t, c = x.size()
+            q, k, v = self.qkv(self.ln1(x)).split(n_embd, dim=2)
+            q, k, v = (z.view(b, t, n_head, c // n_head).transpose(1, 2) for z in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = self.drop(att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf")).softmax(-1))
+            x = x + self.drop(self.proj((att @ v).transpose(1, 2).contiguous().view(b, t, c)))
+            return x + self.drop(self.out(F.gelu(self.fc(self.ln2(x)))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, n_embd), nn.Embedding(block, n_embd)
+            self.blocks = nn.ModuleList([Block() for _ in range(n_layer)])
+            self.ln_f, self.head = nn.LayerNorm(n_embd), nn.Linear(n_embd, vocab, bias=False)
+            self.head.weight = self.wte.weight
+            self.drop = nn.Dropout(dropout)
+
+        def forward(self, idx, targets=None):
+            b, t = idx.size()
+            assert t <= block
+            x = self.drop(self.wte(idx) + self.wpe(lib.arange(0, t, dtype=lib.long)))
+            for blk in self.blocks:
+                x = blk(x)
+            logits = self.head(self.ln_f(x))
+            if targets is None:
+                return logits[:, -1, :]
+            return F.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+    return GPT()
+
+
+def _gpt_setup(lib, compiled, train=True, batch=8, length=64):
+    def setup():
+        lib.manual_seed(0)
+        model = _gpt(lib, dropout=0.1 if train else 0.0)
+        if not train:
+            model.eval()
+        run = nnc.compile(model) if compiled else model
+        opt = lib.optim.AdamW(model.parameters(), lr=1e-3)
+        rng = np.random.default_rng(0)
+        idx = lib.tensor(rng.integers(0, 65, (batch, length)))
+        targets = lib.tensor(rng.integers(0, 65, (batch, length)))
+        return (run, opt, idx, targets) if train else (run, idx)
+    return setup
+
+
+def _gpt_infer_step(state):
+    run, x = state
+    with (torch if _is_torch(run) else runtime).no_grad():
+        return run(x)
+
+
+def _is_torch(module) -> bool:
+    return torch is not None and isinstance(module, torch.nn.Module)
+
+
+def case_gpt_train(opts, args):
+    variants = [Variant("nnc.compile", _gpt_setup(runtime, True), _train_step_with_loss, compiled=lambda s: s[0],
+                        note="dropout 0.1 is opaque: the graph compiles in pieces around it"),
+                Variant("runtime eager", _gpt_setup(runtime, False), _train_step_with_loss)]
+    if torch is not None:
+        variants.append(Variant("torch eager", _gpt_setup(torch, False), _train_step_with_loss))
+    res = measure_variants(variants, **opts)
+    ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
+    r = _ratio(res, "nnc.compile", "torch eager")
+    targets = [Target("GPT training step compiled <= 0.8x torch eager", _x(r), None if r is None else r <= 0.8)]
+    return variants, res, ratios, targets, "torch eager"
+
+
+def _infer_case(build_setup, label):
+    def case(opts, args):
+        variants = [Variant("nnc.compile", build_setup(runtime, True), _gpt_infer_step, compiled=lambda s: s[0]),
+                    Variant("runtime eager", build_setup(runtime, False), _gpt_infer_step)]
+        if torch is not None:
+            variants.append(Variant("torch eager", build_setup(torch, False), _gpt_infer_step))
+        res = measure_variants(variants, **opts)
+        ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "runtime eager")]
+        r = _ratio(res, "nnc.compile", "torch eager")
+        targets = [Target(f"{label} batch-1 inference compiled <= 0.5x torch eager", _x(r),
+                          None if r is None else r <= 0.5)]
+        return variants, res, ratios, targets, "torch eager"
+    return case
+
+
+def _cnn_infer_setup(lib, compiled):
+    def setup():
+        lib.manual_seed(0)
+        model = _mnist_cnn(lib, dropout=False)
+        model.eval()
+        body = _Logits(lib, model)
+        run = nnc.compile(body) if compiled else body
+        x = lib.tensor(np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype(np.float32))
+        return run, x
+    return setup
+
+
+def _Logits(lib, net):
+    """The MNIST CNN's log-probabilities for an input (its forward without the loss)."""
+    F = lib.nn.functional
+
+    class Logits(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            n = self.net
+            x = F.max_pool2d(F.relu(n.conv2(F.relu(n.conv1(x)))), 2)
+            return F.log_softmax(n.fc2(F.relu(n.fc1(lib.flatten(x, 1)))), dim=1)
+    return Logits()
+
+
 # The child process of case 6: imports only runtime and nnc (no torch), compiles the MLP's forward+backward.
 _CHILD = r"""
 import json, sys, time
@@ -747,6 +874,11 @@ CASES = {
                       case_cnn_train),
     "compile_time": ("6", "MLP fwd+bwd compile time, cold and from the disk cache (subprocesses)", "[128,784]",
                      None),
+    "gpt_train_b8": ("8a", "GPT (2 layers, 2 heads, n_embd 64, block 64, dropout 0.1) AdamW step", "[8,64]",
+                     case_gpt_train),
+    "gpt_infer_b1": ("8b", "the GPT's no_grad forward, last position's logits", "[1,64]",
+                     _infer_case(lambda lib, c: _gpt_setup(lib, c, train=False, batch=1), "GPT")),
+    "cnn_infer_b1": ("7b", "the MNIST CNN's no_grad forward", "[1,1,28,28]", _infer_case(_cnn_infer_setup, "CNN")),
 }
 
 
