@@ -602,11 +602,12 @@ def test_linear_bias_relu(dtype, m, k, n):
 
 
 # (op, dtype, (rows, sum length, output columns), parallel)
-SMALL_MATMULS = [("linear", torch.float32, (1, 784, 512), True), ("linear", torch.float64, (3, 7, 5), False),
-                 ("linear", torch.float32, (4, 100, 1030), True),
+SMALL_MATMULS = [("linear", torch.float32, (1, 784, 512), False),  # below PARALLEL_MIN_WORK: serial
+                 ("linear", torch.float64, (3, 7, 5), False),
+                 ("linear", torch.float32, (4, 100, 1030), False),
                  ("linear", torch.float32, (8, 784, 512), True),  # a batch-8 layer: every row in one sweep
                  ("linear", torch.float64, (6, 13, 7), False),
-                 ("matmul", torch.float32, (2, 300, 1000), True),
+                 ("matmul", torch.float32, (8, 300, 1000), True),
                  ("matmul", torch.float64, (4, 9, 11), False),
                  ("matmul", torch.float32, (512, 8, 784), True),  # g^T @ x at batch 8: a short sum
                  ("matmul", torch.float64, (40, 3, 17), False),

@@ -127,8 +127,9 @@ def test_schedule_of_a_reduction_kernel_asks_its_reducers(op, blocked):
 @pytest.mark.parametrize("op,a,b,dtype,form,parallel", [
     ("linear", (4, 32), (16, 32), F32, "linear_few_rows", False),
     ("linear", (FEW_ROWS, 784), (512, 784), F32, "linear_few_rows", True),   # a batch-8 layer
-    ("linear", (1, 784), (512, 784), F32, "linear_few_rows", True),
-    ("matmul", (2, 300), (300, 1000), F32, "matmul_few_rows", True),
+    ("linear", (1, 784), (512, 784), F32, "linear_few_rows", False),      # < PARALLEL_MIN_WORK: serial
+    ("matmul", (2, 300), (300, 1000), F32, "matmul_few_rows", False),
+    ("matmul", (8, 300), (300, 1000), F32, "matmul_few_rows", True),
     ("matmul", (4, 9), (9, 11), F64, "matmul_few_rows", False),
     ("matmul", (512, 8), (8, 784), F32, "short_sum", True),                # g^T @ x at batch 8
     ("matmul", (40, 3), (3, 17), F64, "short_sum", False),

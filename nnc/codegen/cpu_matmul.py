@@ -11,7 +11,7 @@ from runtime.ops import Kind
 from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import has_symbols
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, flat_view, indent
+from .cpu_elementwise import Array, Function, KernelBuilder, flat_view, indent
 from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
 
 # A matmul/linear whose first operand has at most FEW_ROWS rows, or a matmul that sums over at most FEW_ROWS
@@ -29,6 +29,10 @@ FEW_ROWS = 8
 # 128 x 512 x 10 linear, 15 us as a loop), and a serial loop has no thread pool to contend with BLAS's.
 FEW_COLUMNS = 16
 _SERIAL_LOOP_WORK = 2 ** 20
+# A matmul loop runs as a prange from this many multiply-adds. NOTE: a numba parallel region leaves its OpenMP threads
+# spinning, and the OpenBLAS calls around it then wait for the cores: MNIST-CNN batch-1 inference, whose 1 x 9216 x 128
+# linear ran as a prange between BLAS products, took 8.9 ms against 0.22 ms with the spinning turned off.
+PARALLEL_MIN_WORK = 2 ** 21
 _FEW_ROWS_BLOCK = 8
 _AXPY_BLOCK = 1024
 
@@ -48,7 +52,7 @@ class MatmulSchedule:
                             written out, one output row a task.
       "linear_few_columns"  a small linear with at most FEW_COLUMNS outputs: every column's dot product in one sweep
                             over a row of `a`.
-    parallel: the loop is a prange (>= PARALLEL_MIN_ELEMENTS multiply-adds; the FEW_COLUMNS forms are serial).
+    parallel: the loop is a prange (>= PARALLEL_MIN_WORK multiply-adds; the FEW_COLUMNS forms are serial).
     Measured against OpenBLAS here: tools/bench_compile.py cases 4 and 5. Loops sum in the output dtype with
     reassociation and FMA, as BLAS does.
     """
@@ -75,7 +79,7 @@ def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype)
         return MatmulSchedule("blas")
     n_out = b_shape[0] if op_name == "linear" else b_shape[1]
     work = rows * kdim * n_out  # multiply-adds
-    parallel = work >= PARALLEL_MIN_ELEMENTS
+    parallel = work >= PARALLEL_MIN_WORK
     batched = len(a_shape) >= 2
     if op_name == "linear" and rows <= FEW_ROWS:
         form = "linear_few_rows"
