@@ -179,7 +179,7 @@ class CompiledModule(Module):
     def _compile(self, key, arguments):
         changing = self._changing_dimension(key)
         dims = self._dims_to_make_dynamic(key, arguments)
-        if dims and (changing is None or changing_is_dynamic(changing, dims)):
+        if dims and (changing is None or changing[1] in dims.get(changing[0], ())):
             artifact = self._compile_dynamic(key, arguments, dims)
             if artifact is not None:
                 return artifact
@@ -188,7 +188,8 @@ class CompiledModule(Module):
             # NOTE: where symbolic sizes failed (the reason is in NNC_DEBUG=1's output), kernels are generated for
             # static sizes; a dimension seen with a third value would compile once per value, seconds each. Such
             # calls run eagerly instead, and the variants compiled so far keep serving their sizes.
-            debug(1, f"{self._module._get_name()}: {changing} keeps changing; running eagerly for its new sizes")
+            debug(1, f"{self._module._get_name()}: {changing[0][0]}'s dim {changing[1]} keeps changing; running "
+                     f"eagerly for its new sizes")
             self._cache[key] = _EAGER
             return _EAGER
         return self._compile_variant(key, arguments)
@@ -222,7 +223,7 @@ class CompiledModule(Module):
         new_shapes = _tensor_shapes(key)
         changed = []
         for other, artifact in self._cache.items():
-            if artifact is _EAGER or _wildcard(other, _ALL_DIMS) != _wildcard(key, _ALL_DIMS):
+            if artifact is _EAGER or _wildcard(other, None) != _wildcard(key, None):
                 continue
             for leaf, shape in _tensor_shapes(other).items():
                 changed += [(leaf, d) for d, (a, b) in enumerate(zip(shape, new_shapes[leaf])) if a != b]
@@ -295,8 +296,8 @@ class CompiledModule(Module):
             self._keys.append(key)
         return artifact
 
-    def _changing_dimension(self, key) -> str | None:
-        """'x's dim 1' when this key gives a static tensor dimension a third distinct size, among the compiled
+    def _changing_dimension(self, key) -> tuple | None:
+        """(leaf, dim) when this key gives a static tensor dimension a third distinct size, among the compiled
         variants (dimensions with symbolic sizes do not count)."""
         new_shapes = _tensor_shapes(key)
         seen: dict = {}
@@ -310,7 +311,7 @@ class CompiledModule(Module):
                     continue
                 sizes = seen.get((leaf, len(shape), dim), set())
                 if size not in sizes and len(sizes) >= 2:
-                    return f"{leaf[0]}'s dim {dim}"
+                    return leaf, dim
         return None
 
     def _why_recompile(self, key) -> str:
@@ -418,29 +419,15 @@ def split_arguments(arguments: dict) -> tuple[dict, dict]:
     return concrete, {k: v for k, v in arguments.items() if k not in concrete}
 
 
-def changing_is_dynamic(changing: str, dims: dict) -> bool:
-    """Whether the dimension `_changing_dimension` named ("x's dim 1") is among the dims about to be symbolic."""
-    return any(changing == f"{leaf[0]}'s dim {d}" for leaf, ds in dims.items() for d in ds)
-
-
-class _AllDims(dict):
-    """A dims table that wildcards every dimension: keys equal under it differ only in tensor sizes."""
-
-    def get(self, leaf, default=None):
-        return range(64)
-
-
-_ALL_DIMS = _AllDims()
-
-
-def _wildcard(key, dims: dict):
+def _wildcard(key, dims: dict | None):
     """The guard key with the sizes of `dims` ((argument name, leaf position) -> dims) replaced by None, where
-    they are at least MIN_DYNAMIC_SIZE (sizes 0 and 1 are compiled apart); every size with _ALL_DIMS."""
-    smallest = 0 if dims is _ALL_DIMS else MIN_DYNAMIC_SIZE
-
+    they are at least MIN_DYNAMIC_SIZE (sizes 0 and 1 are compiled apart); with dims None, every tensor size (keys
+    equal then differ only in tensor sizes)."""
     def blank(shape, leaf):
+        if dims is None:
+            return (None,) * len(shape)
         chosen = dims.get(leaf, ())
-        return tuple(None if d in chosen and size >= smallest else size for d, size in enumerate(shape))
+        return tuple(None if d in chosen and size >= MIN_DYNAMIC_SIZE else size for d, size in enumerate(shape))
 
     parts = []
     for part in key[0]:

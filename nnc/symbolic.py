@@ -85,9 +85,6 @@ class ShapeEnv:
         check = eval(source, {"__builtins__": {}})  # NOTE: our own expression text, built from SymInt terms
         return (lambda sizes: check(*sizes)) if self.symbols else (lambda sizes: True)
 
-    def hints(self) -> tuple:
-        return tuple(s.hint for s in self.symbols)
-
     def describe(self) -> str:
         """One line per symbol and guard, for explain and debug output."""
         lines = [f"{s.name} = {s.source} (compiled at {s.hint})" for s in self.symbols]
@@ -394,14 +391,6 @@ def _atom_value(atom: str, sizes: dict) -> int:
     kind, operand, divisor = _ATOMS[atom]
     value = _evaluate_terms(operand.terms, sizes)
     return value // divisor if kind == "//" else value % divisor
-
-
-def compiled_evaluator(values: list, names: list[str]):
-    """f(sizes tuple) -> the values evaluated (ints), generated once as Python: the per-size work of a plan."""
-    expressions = ", ".join(_code(v.terms) if isinstance(v, SymInt) else repr(int(v)) for v in values)
-    source = f"lambda {', '.join(names) or '_'}: ({expressions}{',' if len(values) == 1 else ''})"
-    function = eval(source, {"__builtins__": {}})  # NOTE: our own expression text, built from SymInt terms
-    return lambda sizes: function(*sizes)
 
 
 # -- polynomials: tuples of (monomial, coefficient), a monomial a sorted tuple of atom names --------------------------

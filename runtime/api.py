@@ -47,7 +47,12 @@ def wrap_dims(dim, ndim: int) -> tuple:
 
 def _size_value(value):
     """An int from an index-like value; a compiler's symbolic size (it says so) stays one."""
-    return value if getattr(type(value), "symbolic_size", False) else value.__index__()
+    return value if _is_symbolic_size(value) else value.__index__()
+
+
+def _is_symbolic_size(value) -> bool:
+    """Whether a size is a compiler's symbolic size (nnc.symbolic.SymInt says so), which stays as it is."""
+    return getattr(type(value), "symbolic_size", False)
 
 
 def size_args(sizes) -> tuple:
@@ -534,7 +539,7 @@ def _surely_equal(a: tuple, b: tuple) -> bool:
     """Whether two shapes are equal, for a shortcut that is optional: a compiler's symbolic size (which says so) is
     only equal to itself here, so the shortcut never becomes a decision on its value."""
     return len(a) == len(b) and builtins.all(
-        x is y or not (getattr(type(x), "symbolic_size", False) or getattr(type(y), "symbolic_size", False))
+        x is y or not (_is_symbolic_size(x) or _is_symbolic_size(y))
         and x == y for x, y in zip(a, b))
 
 
