@@ -14,7 +14,12 @@ Cases (all float32; every figure is a median measured in this run, every ratio i
   4 mlp_train_*    MLP 784-512-512-10 (ReLU) training step (zero_grad, forward, CrossEntropyLoss, backward,
                    SGD momentum) at batch 128 and 8: nnc.compile(model) vs torch eager. Target: <= 1.0x torch eager.
   5 mlp_infer_b1   batch-1 inference of that MLP under no_grad (nnc.compile runs it in whole-graph mode: one numba
-                   call; "kernel by kernel" is the same model with whole_graph=False). Target: compiled <= 45 us.
+                   call; "kernel by kernel" is the same model with whole_graph=False), beside onnxruntime running
+                   the torch model exported with torch.onnx.export(dynamo=False) (needs the onnx and onnxruntime
+                   packages; the row reports the import error without them). Targets: compiled <= 45 us and
+                   <= onnxruntime's time.
+  5b mlp_infer_b1_loaded  case 5 quiet, then again beside one CPU-bound process (a Python spin loop) per core.
+                   Target: compiled beside the neighbours <= 2x its quiet time.
   6 compile_time   compile time of that MLP's forward+backward, cold (a fresh NNC_CACHE_DIR, in a subprocess) and
                    from the disk cache (a second subprocess with the same directory). Targets: < 3 s cold,
                    < 0.5 s from the cache.
@@ -35,6 +40,7 @@ and the rest of the call (guards, autograd glue, the eager loss and optimizer), 
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -43,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -580,28 +587,99 @@ def _mlp_case(batch):
     return case
 
 
-def case_mlp_infer_b1(opts, args):
-    def setup(lib, compiled, whole_graph=None):
-        def s():
-            model = _mlp(lib)
-            model.eval()
-            run = nnc.compile(model, whole_graph=whole_graph) if compiled else model
-            xb, _ = _batch(lib, 1)
-            return run, xb
-        return s
+def _mlp_infer_setup(lib, compiled, whole_graph=None):
+    def setup():
+        model = _mlp(lib)
+        model.eval()
+        run = nnc.compile(model, whole_graph=whole_graph) if compiled else model
+        xb, _ = _batch(lib, 1)
+        return run, xb
+    return setup
 
-    variants = [Variant("nnc.compile", setup(runtime, True), infer_step, _nograd(runtime), compiled=lambda s: s[0]),
-                Variant("kernel by kernel", setup(runtime, True, whole_graph=False), infer_step, _nograd(runtime),
+
+def _onnxruntime_setup(batch=1):
+    """The torch MLP exported to ONNX (torch.onnx.export, dynamo=False) in an onnxruntime session with this run's
+    thread count; raises ImportError when torch, onnx or onnxruntime is missing (the variant then reports it)."""
+    def setup():
+        import onnxruntime as ort
+
+        if torch is None:
+            raise ImportError("torch is needed to export the model to ONNX")
+        model = _mlp(torch)
+        model.eval()
+        x, _ = _batch(torch, batch)
+        path = os.path.join(tempfile.mkdtemp(prefix="nnc_bench_onnx_"), "mlp.onnx")
+        with warnings.catch_warnings():  # the TorchScript exporter's deprecation notice
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(model, (x,), path, input_names=["x"], dynamo=False)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = numba.get_num_threads()
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        return session, {"x": x.numpy()}
+    return setup
+
+
+def _onnxruntime_step(state):
+    session, feed = state
+    session.run(None, feed)
+
+
+def _mlp_infer_variants():
+    variants = [Variant("nnc.compile", _mlp_infer_setup(runtime, True), infer_step, _nograd(runtime),
                         compiled=lambda s: s[0]),
-                Variant("runtime eager", setup(runtime, False), infer_step, _nograd(runtime))]
+                Variant("kernel by kernel", _mlp_infer_setup(runtime, True, whole_graph=False), infer_step,
+                        _nograd(runtime), compiled=lambda s: s[0]),
+                Variant("runtime eager", _mlp_infer_setup(runtime, False), infer_step, _nograd(runtime)),
+                Variant("onnxruntime", _onnxruntime_setup(), _onnxruntime_step,
+                        note="torch.onnx.export(dynamo=False); same thread count")]
     if torch is not None:
-        variants.append(Variant("torch eager", setup(torch, False), infer_step, _nograd(torch)))
+        variants.append(Variant("torch eager", _mlp_infer_setup(torch, False), infer_step, _nograd(torch)))
+    return variants
+
+
+def case_mlp_infer_b1(opts, args):
+    variants = _mlp_infer_variants()
     res = measure_variants(variants, **opts)
-    ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "kernel by kernel"), ("nnc.compile", "runtime eager")]
+    ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "onnxruntime"), ("nnc.compile", "kernel by kernel"),
+              ("nnc.compile", "runtime eager")]
     m = res["nnc.compile"]
+    r = _ratio(res, "nnc.compile", "onnxruntime")
     targets = [Target("compiled <= 45 us per batch-1 forward", _fmt(m.median).strip() if m.ok else "-",
-                      m.median <= 45e-6 if m.ok else None)]
+                      m.median <= 45e-6 if m.ok else None),
+               Target("compiled <= onnxruntime (batch 1)", _x(r), None if r is None else r <= 1.0)]
     return variants, res, ratios, targets, "torch eager"
+
+
+@contextlib.contextmanager
+def _busy_neighbours(count):
+    """`count` CPU-bound processes (pure-Python spin loops) running beside the measurement, killed afterwards."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5)  # let the scheduler see them as CPU-bound
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def case_mlp_infer_b1_loaded(opts, args):
+    """Batch-1 inference quiet, then beside one spinning process per core: the loaded/quiet ratio per variant."""
+    variants = _mlp_infer_variants()
+    quiet = measure_variants(variants, **opts)
+    with _busy_neighbours(os.cpu_count() or 1):
+        loaded = measure_variants(variants, **opts)
+    shown, res = [], {}
+    for v in variants:
+        quiet_label = f"{v.label} (quiet)"
+        shown += [dataclasses.replace(v, label=quiet_label, note="no neighbours"), v]
+        res[quiet_label], res[v.label] = quiet[v.label], loaded[v.label]
+    ratios = [(v.label, f"{v.label} (quiet)") for v in variants]
+    r = _ratio(res, "nnc.compile", "nnc.compile (quiet)")
+    targets = [Target("compiled beside busy neighbours <= 2x its quiet time", _x(r), None if r is None else r <= 2.0)]
+    return shown, res, ratios, targets, "torch eager"
 
 
 def _mnist_cnn(lib, dropout=True):
@@ -870,6 +948,8 @@ CASES = {
     "mlp_train_b128": ("4a", "MLP 784-512-512-10 SGD step: zero_grad+fwd+CE+bwd+step", "[128,784]", _mlp_case(128)),
     "mlp_train_b8": ("4b", "MLP 784-512-512-10 SGD step: zero_grad+fwd+CE+bwd+step", "[8,784]", _mlp_case(8)),
     "mlp_infer_b1": ("5", "MLP 784-512-512-10 no_grad forward", "[1,784]", case_mlp_infer_b1),
+    "mlp_infer_b1_loaded": ("5b", "case 5 quiet, then beside one CPU-bound process per core", "[1,784]",
+                            case_mlp_infer_b1_loaded),
     "cnn_train_b64": ("7", "MNIST CNN (conv 1-32-64, max-pool, dropout, 2 linears) SGD step", "[64,1,28,28]",
                       case_cnn_train),
     "compile_time": ("6", "MLP fwd+bwd compile time, cold and from the disk cache (subprocesses)", "[128,784]",
