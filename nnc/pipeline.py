@@ -291,10 +291,35 @@ def _memory(c: Compilation) -> None:
 
 def _codegen(c: Compilation) -> None:
     progress = Progress._showing if Progress._showing is not None and Progress._showing.c is c else None
+    _precompile_in_helpers(c.plans)
     for plan in c.plans:
         plan.generate(on_kernel=progress.kernel_compiled if progress is not None else None)
     if c.shape_env is not None:
         c.shape_env.frozen = True  # what the variant decided on its sizes is complete: its guards
+
+
+def _precompile_in_helpers(plans) -> None:
+    """Hand the kernels that run kernel by kernel and that numba has not compiled yet to helper processes
+    (nnc.codegen.compile_workers), so that a cold compile uses more than one core. Whole-graph candidates are left
+    alone: their kernels are compiled into the graph's function instead."""
+    from .codegen.compile_workers import precompile, worker_count
+    from .codegen.cpu import generate
+    from .executor import _has_empty_value
+
+    if worker_count() == 0:
+        return
+    generated = []
+    for plan in plans:
+        if not plan.use_codegen or plan.requested_whole_graph is not False:
+            continue
+        for kernel in plan.kernels:
+            if kernel.kind == "opaque" or _has_empty_value(kernel.nodes):
+                continue
+            try:
+                generated.append(generate(kernel))
+            except Exception:  # noqa: BLE001  the plan reports it when it compiles the kernel itself
+                continue
+    precompile(generated)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..kernel import Kernel
 from ..symbolic import evaluate, has_symbols
-from . import cache
+from . import cache, compile_workers
 from .cpu_conv import WindowSchedule, gen_window, window_schedule_of
 from .cpu_elementwise import (KERNEL_NAME, ElementwiseSchedule, KernelBuilder, elementwise_schedule, gen_elementwise,
                               indent, symbols_in)
@@ -254,6 +254,7 @@ def compile_kernel(kernel: Kernel) -> CompiledKernel:
 def compile_generated(kernel: Kernel, generated: Generated, start: float | None = None) -> CompiledKernel:
     """Cache and compile the module `generate(kernel)` made (see compile_kernel)."""
     start = time.perf_counter() if start is None else start
+    compile_workers.wait_for(generated.source)  # a helper process compiling it: load its result from the cache
     try:
         module, path, _ = cache.load_module(generated.source)
     except Exception as e:

@@ -1,0 +1,123 @@
+"""Helper processes compile a compilation's new kernels into numba's disk cache; this process then loads them, and
+compiles itself whatever a helper did not finish."""
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import nnc
+import runtime
+from nnc.codegen import cache, compile_workers
+from nnc.codegen.cpu import compile_generated, generate
+from nnc.graph import Graph
+from nnc.kernel import Kernel
+from nnc.passes import propagate_shapes
+from nnc.prims import prims
+from runtime import nn
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    directory = tmp_path / "kernels"
+    monkeypatch.setenv(cache.ENV_VAR, str(directory))
+    cache.forget()
+    yield directory
+    cache.forget()
+
+
+def _kernel(cols: int) -> Kernel:
+    """tanh(x * w + b) over [6, cols]: a different source for each cols."""
+    g = Graph()
+    x, w, b = (g.placeholder(n) for n in "xwb")
+    t = g.call_function(prims["tanh"], (g.call_function(prims["add"], (g.call_function(prims["mul"], (x, w)), b)),))
+    g.output(t)
+    propagate_shapes(nnc.GraphModule(nn.Module(), g), runtime.zeros(6, cols), runtime.zeros(cols), runtime.zeros(cols))
+    nodes = [n for n in g.nodes if n.op == "call_function"]
+    return Kernel(f"k_{cols}", "elementwise", nodes, [x, w, b], [t], (6, cols))
+
+
+def _index_files(directory: Path) -> set[str]:
+    return {p.name for p in (directory / "__pycache__").glob("*.nbi")} if (directory / "__pycache__").exists() else set()
+
+
+def _run(compiled, cols: int) -> np.ndarray:
+    rng = np.random.default_rng(cols)
+    x, w, b = rng.standard_normal((6, cols)), rng.standard_normal(cols), rng.standard_normal(cols)
+    x, w, b = (a.astype(np.float32) for a in (x, w, b))
+    got = compiled.run([x, w, b])[0]
+    np.testing.assert_allclose(got, np.tanh(x * w + b), rtol=2e-6, atol=2e-6)
+    return got
+
+
+def test_helpers_compile_all_but_the_first_share_into_the_disk_cache(fresh_cache, monkeypatch):
+    monkeypatch.setenv(compile_workers.ENV_VAR, "1")
+    kernels = [_kernel(cols) for cols in range(10, 18)]
+    generated = [generate(k) for k in kernels]
+    sent = compile_workers.precompile(generated)
+    assert sent == len(generated) // 2  # one helper: this process keeps the first half
+    for g in generated[-sent:]:
+        compile_workers.wait_for(g.source)
+    assert len(_index_files(fresh_cache)) >= sent  # the helper's modules are in numba's disk cache
+    results = [compile_generated(k, g) for k, g in zip(kernels, generated)]
+    assert [r.cache_hit for r in results] == [False] * (len(kernels) - sent) + [True] * sent
+    for r, cols in zip(results, range(10, 18)):
+        _run(r, cols)
+
+
+def test_kernels_already_compiled_are_not_sent(fresh_cache, monkeypatch):
+    monkeypatch.setenv(compile_workers.ENV_VAR, "1")
+    kernels = [_kernel(cols) for cols in range(20, 26)]
+    generated = [generate(k) for k in kernels]
+    for k, g in zip(kernels, generated):
+        compile_generated(k, g)
+    assert compile_workers.precompile(generated) == 0
+    cache.forget()  # a new process would find them on disk
+    assert compile_workers.precompile(generated) == 0
+
+
+def test_no_helpers_when_turned_off_or_for_few_kernels(fresh_cache, monkeypatch):
+    generated = [generate(_kernel(cols)) for cols in range(30, 36)]
+    monkeypatch.setenv(compile_workers.ENV_VAR, "0")
+    assert compile_workers.worker_count() == 0 and compile_workers.precompile(generated) == 0
+    monkeypatch.setenv(compile_workers.ENV_VAR, "1")
+    assert compile_workers.precompile(generated[:compile_workers.MIN_NEW_KERNELS - 1]) == 0
+
+
+def test_a_helper_that_dies_leaves_its_kernels_to_this_process(fresh_cache, monkeypatch):
+    monkeypatch.setenv(compile_workers.ENV_VAR, "1")
+    worker = compile_workers._worker(0)
+    worker.process.kill()
+    worker.process.wait()
+    kernels = [_kernel(cols) for cols in range(40, 46)]
+    generated = [generate(k) for k in kernels]
+    compile_workers._workers[0] = worker  # the dead helper is still registered: sending to it fails or is lost
+    for g in generated:
+        key = cache.digest(g.source)
+        compile_workers._pending[key] = compile_workers.threading.Event()
+        worker.jobs.add(key)
+    worker._release_all()
+    for k, g, cols in zip(kernels, generated, range(40, 46)):
+        compile_workers.wait_for(g.source)  # returns: nothing is pending any more
+        _run(compile_generated(k, g), cols)
+    assert not compile_workers._pending
+
+
+def test_a_model_compiled_with_helpers_matches_eager(fresh_cache, monkeypatch):
+    monkeypatch.setenv(compile_workers.ENV_VAR, "1")
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(12, 24), nn.Tanh(), nn.Linear(24, 24), nn.GELU(), nn.LayerNorm(24),
+                          nn.Linear(24, 5))
+    x = runtime.randn(7, 12, dtype=runtime.float64)
+    model = model.double()
+    compiled = nnc.compile(model)
+    out = compiled(x)
+    out.sum().backward()
+    grads = [p.grad.numpy().copy() for p in model.parameters()]
+    model.zero_grad()
+    want = model(x)
+    want.sum().backward()
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for got, p in zip(grads, model.parameters()):
+        np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-12, atol=1e-12)
+    plans = [p for c in compiled.compilations for p in c.plans]
+    assert sum(p.cache_hits for p in plans) > 0  # some kernels came from the helper through the disk cache
