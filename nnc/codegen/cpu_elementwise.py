@@ -184,11 +184,13 @@ class KernelBuilder:
                     refs.append(f"{a.arg}[{b}]")
                     if k < len(ins):
                         hoisted.add(k)
-            for m, n in enumerate(indexed):
+            for m, n in enumerate(indexed):  # the node's index: its row's base + j * step, as an array's offset
                 base, step = bases[len(arrays) + m], collapsed[len(arrays) + m][-1]
-                if base != "0" and not base.isidentifier():
-                    row_lines.append(f"ix{m} = {base}")
-                    base = f"ix{m}"
+                if base != "0" and base not in base_vars:
+                    base_vars[base] = base if base.isidentifier() else f"b{len(base_vars)}"
+                    if base_vars[base] != base:
+                        row_lines.append(f"{base_vars[base]} = {base}")
+                base = base_vars.get(base, "0")
                 index_of[n] = " + ".join(t for t in (base, "j" if step == 1 else f"j * {step}" if step else "0")
                                          if t != "0") or "0"
             header = [f"for o in {loop}({schedule.rows}):"] + indent(row_lines)
