@@ -315,6 +315,25 @@ def test_a_draw_from_a_users_generator_stays_eager():
     assert any("rand" in str(n) for n in report.opaque_nodes)
 
 
+def test_draws_it_does_not_compile_stay_calls_that_draw_anew():
+    """normal, randint and a user's generator are not compiled: each stays an eager call (never a frozen constant),
+    even with plain sizes, which the tracer would otherwise have run once."""
+    class Others(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gen = runtime.Generator().manual_seed(5)
+
+        def forward(self, x):
+            return (x + runtime.normal(0.0, 1.0, size=(4,)) + runtime.randint(0, 5, (4,))
+                    + runtime.rand(4, generator=self.gen))
+
+    x = runtime.zeros(4)
+    compiled = nnc.compile(Others())
+    assert not np.array_equal(compiled(x).numpy(), compiled(x).numpy())
+    eager_calls = {name for name, _ in nnc.explain(Others(), x).opaque_nodes}
+    assert {"normal", "randint", "rand"} <= eager_calls
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Models with dropout: one graph, and they train
 # ---------------------------------------------------------------------------------------------------------------

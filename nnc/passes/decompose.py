@@ -26,7 +26,7 @@ from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
 from ..symbolic import has_symbols, is_symbolic
-from ..trace import has_hooks
+from ..trace import RANDOM_FACTORIES, has_hooks
 from . import functionalize
 from .functionalize import FunctionalizeError
 from .shapes import propagate_shapes
@@ -34,9 +34,6 @@ from .shapes import propagate_shapes
 
 class DecomposeError(RuntimeError):
     """A node cannot be expressed with primitives (why is in the message); it stays opaque."""
-
-
-_RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like")
 
 
 class MetaValue:
@@ -277,7 +274,7 @@ def _compiled_random(builder: GraphBuilder):
         raise DecomposeError("the code draws random numbers (kept as a call so each run draws anew)")
 
     compiled = {fn.__name__: draw for fn, draw in _COMPILED_DRAWS.items()}
-    saved = [(ns, name, getattr(ns, name)) for ns in (factories, runtime) for name in _RANDOM_FACTORIES
+    saved = [(ns, name, getattr(ns, name)) for ns in (factories, api, runtime) for name in RANDOM_FACTORIES
              if hasattr(ns, name)]
     try:
         for ns, name, _ in saved:
@@ -315,7 +312,7 @@ _COMPILED_DRAWS = {factories.rand: _drawing("uniform"), factories.randn: _drawin
 
 def _draw(distribution: str, shape: tuple, dtype) -> "MetaValue":
     """A philox_<distribution> node of the current graph: its stream the number of draws before it, its seed the
-    graph's random_seed node. float16 and bfloat16 are drawn in float32 and cast, as eager draws them wider."""
+    graph's random_seed node. Other floating dtypes are drawn in float32 and cast (eager draws them in float64)."""
     if not dtype.is_floating_point:
         raise DecomposeError(f"the code draws random numbers of dtype {dtype} (kept as a call)")
     builder = GraphBuilder.current
@@ -469,6 +466,8 @@ def _run_symbolically(node: Node, module, args, kwargs):
         return _sized_factory(node.target, args, kwargs)
     if node.op == "call_function" and node.target in _COMPILED_DRAWS:  # a draw traced as a node of its own
         return _COMPILED_DRAWS[node.target](*args, **kwargs)
+    if node.op == "call_function" and getattr(node.target, "__name__", None) in RANDOM_FACTORIES:
+        raise DecomposeError("the code draws random numbers (kept as a call so each run draws anew)")
     if node.op == "call_module":
         result = module.forward(*args, **kwargs)
     elif node.op == "call_method":
