@@ -302,19 +302,6 @@ def test_eval_mode_is_the_identity():
     assert not [n for n in artifact.forward.graph.nodes if "philox" in str(n.target)]
 
 
-def test_a_draw_from_a_users_generator_stays_eager():
-    class OwnGenerator(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gen = runtime.Generator().manual_seed(5)
-
-        def forward(self, x):
-            return x + runtime.rand(x.shape, generator=self.gen)
-
-    report = nnc.explain(OwnGenerator(), runtime.zeros(3))
-    assert any("rand" in str(n) for n in report.opaque_nodes)
-
-
 def test_draws_it_does_not_compile_stay_calls_that_draw_anew():
     """normal, randint and a user's generator are not compiled: each stays an eager call (never a frozen constant),
     even with plain sizes, which the tracer would otherwise have run once."""
