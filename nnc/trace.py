@@ -564,12 +564,19 @@ def _is_api_function(namespace, name: str, fn) -> bool:
     return module in ("runtime.api", "runtime.factories") and name in vars(runtime)
 
 
+# runtime's functions that draw from a random generator
+RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "bernoulli",
+                    "multinomial", "normal", "poisson")
+
+
 def _recording(fn, tracer: Tracer):
     """A stand-in for a runtime function: recorded as call_function when any argument is a proxy."""
 
     def recorder(*args, **kwargs):
         symbolic = tracer.shape_env is not None and has_symbols((args, kwargs))  # arange(0, T): a node of its own
-        if _has_proxy(args) or _has_proxy(kwargs) or symbolic:
+        # NOTE: a random draw is a node even of plain sizes (runtime.rand(3, 4)): as a constant it would be frozen
+        drawn = getattr(fn, "__name__", "") in RANDOM_FACTORIES
+        if _has_proxy(args) or _has_proxy(kwargs) or symbolic or drawn:
             if isinstance(kwargs.get("out"), Tensor):
                 # NOTE: the write would happen in the graph only; the real tensor, which later Python code reads
                 # while tracing, would keep its old value

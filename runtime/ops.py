@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import dtypes as dt
+from . import _philox, dtypes as dt
 from ._special import erf as _np_erf
 
 
@@ -87,6 +87,12 @@ class OpDef:
     # A kind-other op that code generation runs as a kernel of its own, of this kernel kind (nnc.codegen.cpu's
     # SKELETONS: "window" for the sliding-window gathers and scatters of convolution and pooling), not opaquely.
     kernel_kind: str | None = None
+    # The op draws from runtime's random generator (`random_seed`): each call gives a new value, so compilers
+    # must never fold, merge or cache a call of it.
+    draws_random: bool = False
+    # An elementwise op whose value also depends on its element's flat (row-major) index in its output (the
+    # counter-based random draws): code generators pass that index as one more operand, after the op's own.
+    needs_index: bool = False
 
     def is_noop(self, in_shape, in_dtype, out_shape, out_dtype, attrs) -> bool:
         """Whether a call with these input and result shapes/dtypes and attributes returns its input unchanged."""
@@ -1539,3 +1545,46 @@ _register(OpDef("max_pool_backward", Kind.OTHER, 2, _np_max_pool_backward, _max_
 
 
 del E
+
+
+# ---------------------------------------------------------------------------------------------
+# Counter-based random numbers (Philox-4x32-10, runtime/_philox.py), for compilers: a random draw is
+# `random_seed()` (a 64-bit seed from runtime's generator, drawn anew by every call) and an elementwise op of it and
+# of each element's index, so a kernel computes any element on its own, and a backward regenerates a dropout mask
+# from the seed instead of saving it. Eager runtime.rand keeps numpy's stream; nnc's decompose uses these.
+# ---------------------------------------------------------------------------------------------
+
+def _np_random_seed():
+    from .random import default_generator
+
+    return np.array(default_generator.numpy.integers(0, 2 ** 63, dtype=np.int64), dtype=np.int64)
+
+
+def _seed_dtype(op, operands, attrs):
+    return None, dt.int64
+
+
+def _draw_dtype(op, operands, attrs):
+    if operands[0].dtype is not dt.int64 or operands[0].ndim != 0:
+        raise TypeError(f"{op.name}(): the seed must be a 0-dim int64 tensor, got {operands[0].dtype} with "
+                        f"{operands[0].ndim} dims")
+    if attrs["dtype"] not in (dt.float32, dt.float64):
+        raise TypeError(f"{op.name}(): draws float32 or float64 values, not {attrs['dtype']}")
+    return None, attrs["dtype"]
+
+
+def _philox_draw(distribution):
+    def forward(seed, shape, dtype, stream):
+        return _philox.draw(int(seed), shape, stream, dtype.np, distribution)
+
+    forward.__name__ = f"_np_philox_{distribution}"
+    return forward
+
+
+_register(OpDef("random_seed", Kind.OTHER, 0, _np_random_seed, lambda op, shapes, attrs, dtypes: (), _seed_dtype,
+                draws_random=True))
+# uniform in [0, 1) and standard normal; `stream` tells apart the draws of one graph under one seed
+for _distribution in ("uniform", "normal"):
+    _register(OpDef(f"philox_{_distribution}", Kind.ELEMENTWISE, 1, _philox_draw(_distribution), _full_rule,
+                    _draw_dtype, template=f"philox_{_distribution}({{0}}, {{1}})", vjp=(None,), cast_inputs=(),
+                    attr_names=("shape", "dtype", "stream"), needs_index=True))

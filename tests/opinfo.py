@@ -1,6 +1,7 @@
 """Sample inputs for every primitive op in the op table, with the torch call that computes the same thing."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -384,6 +385,17 @@ SAMPLES: dict[str, list[Sample]] = {
     # a fixed matrix: eigenvectors' signs are LAPACK's choice, and numpy's and torch's agree on this one
     "eigh_vectors": [Sample((np.array([[4.0, 1.0, 0.5], [1.0, 3.0, 0.2], [0.5, 0.2, 2.0]]),),
                             torch_fn=lambda torch, a: torch.linalg.eigh(a).eigenvectors)],
+    # counter-based random draws (runtime/_philox.py), against a Philox written with torch's int64 arithmetic
+    "random_seed": [Sample((), {}, None, note="draws from runtime's generator: no torch equivalent")],
+    "philox_uniform": [Sample((np.array(0x123456789ABCDEF, dtype=np.int64),),
+                              {"shape": (3, 5), "dtype": dt.float32, "stream": 2},
+                              lambda torch, seed: _torch_philox(torch, seed, (3, 5), torch.float32, 2, "uniform")),
+                       Sample((np.array(7, dtype=np.int64),), {"shape": (4,), "dtype": dt.float64, "stream": 0},
+                              lambda torch, seed: _torch_philox(torch, seed, (4,), torch.float64, 0, "uniform"))],
+    "philox_normal": [Sample((np.array(99, dtype=np.int64),), {"shape": (2, 6), "dtype": dt.float64, "stream": 1},
+                             lambda torch, seed: _torch_philox(torch, seed, (2, 6), torch.float64, 1, "normal")),
+                      Sample((np.array(5, dtype=np.int64),), {"shape": (7,), "dtype": dt.float32, "stream": 3},
+                             lambda torch, seed: _torch_philox(torch, seed, (7,), torch.float32, 3, "normal"))],
 }
 
 
@@ -402,3 +414,36 @@ def _torch_setitem(torch, x, key, v):
     out = x.clone()
     out[key] = v
     return out
+
+
+def _torch_philox(torch, seed, shape, dtype, stream, distribution):
+    """Philox-4x32-10 draws written independently with torch int64 tensors: each 32 x 32-bit product is made of
+    16-bit halves, so no int64 overflows."""
+    mask = 0xFFFFFFFF
+
+    def mulhilo(m, c):
+        a, b = m * (c & 0xFFFF), m * (c >> 16)  # both below 2^48
+        t = a + ((b & 0xFFFF) << 16)
+        return (t >> 32) + (b >> 16), t & mask
+
+    s = int(seed)
+    index = torch.arange(int(np.prod(shape)), dtype=torch.int64)
+    c = [index & mask, index >> 32, torch.full_like(index, stream), torch.zeros_like(index)]
+    k0, k1 = s & mask, (s >> 32) & mask
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & mask, (k1 + 0xBB67AE85) & mask
+        hi0, lo0 = mulhilo(0xD2511F53, c[0])
+        hi1, lo1 = mulhilo(0xCD9E8D57, c[2])
+        c = [hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0]
+
+    def u53(w0, w1):
+        return ((w0 >> 5) * (1 << 26) + (w1 >> 6)).to(torch.float64) * 2.0 ** -53
+
+    if distribution == "normal":
+        values = torch.sqrt(-2.0 * torch.log(1.0 - u53(c[0], c[1]))) * torch.cos(2.0 * math.pi * u53(c[2], c[3]))
+    elif dtype == torch.float32:
+        values = (c[0] >> 8).to(torch.float32) * 2.0 ** -24
+    else:
+        values = u53(c[0], c[1])
+    return values.to(dtype).reshape(shape)

@@ -401,20 +401,25 @@ def test_failed_compiles_do_not_count_towards_the_limit():
     assert compiled.compiled_variants == 1
 
 
-def test_gpt_with_dropout_trains_in_pieces_and_draws_what_eager_draws():
-    """Dropout is opaque (it draws random numbers): the pieces between dropouts compile, and compiling draws
-    nothing from the user's random stream, so the same seed gives eager's masks."""
+def test_gpt_with_dropout_trains_as_one_graph_repeatably():
+    """Dropout draws its masks inside the kernels (Philox, seeded from runtime's generator): the graph is not split,
+    the same seed repeats a compiled run exactly, and the masks are other than eager's (same rate and scaling)."""
     runtime.manual_seed(0)
     config = real_models.GPTConfig(dropout=0.1, n_layer=1)
     model = real_models.GPT(config).double()
-    compiled = nnc.compile(copy.deepcopy(model))
     batches = gpt_batches(config, steps=2)
-    runtime.manual_seed(7)
-    got = train(compiled, batches)
+    runs = []
+    for _ in range(2):
+        compiled = nnc.compile(copy.deepcopy(model))
+        runtime.manual_seed(7)
+        runs.append(train(compiled, batches))
+    artifact = only_artifact(compiled)
+    assert artifact.split is None and artifact.training_plan is not None and artifact.backward_plan is not None
+    (losses, grads, params), (losses2, grads2, params2) = runs
+    assert losses == losses2
+    for a, b in zip(params, params2):
+        np.testing.assert_array_equal(a, b)
     runtime.manual_seed(7)
     want = train(model, batches)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
-    for g, w in zip(got[2], want[2]):
-        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
-    split = only_artifact(compiled).split
-    assert len(split.pieces) >= 4 and all(p.compiled.training_plan is not None for p in split.pieces)
+    assert losses != want[0]
+    np.testing.assert_allclose(losses, want[0], rtol=0.05)  # the same model and data: close, not equal

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import approx
+from . import approx, philox
 from .scalar import Dialect, Unsupported
 
 
@@ -19,6 +19,7 @@ class CpuDialect(Dialect):
 
     def __init__(self):
         self._approx: set[str] = set()  # the approx.py functions the calls so far use (exp_f32, erf_f64, ...)
+        self._philox: set[str] = set()  # the philox.py helpers they use (philox_uniform_f32, ...)
         self.approx_digest: str | None = None
 
     def call(self, name, args, attrs, compute):
@@ -30,6 +31,10 @@ class CpuDialect(Dialect):
             helper = approx.approx_name(name, compute)
             self._approx.add(helper)
             return f"{helper}({', '.join(args)})"
+        if name in philox.HELPERS:  # (seed, element index): random draws, the stream an attribute
+            helper = philox.helper_name(name, compute)
+            self._philox.add(helper)
+            return f"{helper}({args[0]}, {args[1]}, {int(attrs['stream'])})"
         if name == "clamp":
             if len(args) != 1:
                 raise Unsupported("clamp takes one operand (min/max are attributes)")
@@ -45,12 +50,16 @@ class CpuDialect(Dialect):
         raise Unsupported(f"template function {name!r} has no CPU code generator helper")
 
     def preamble(self):
-        if not self._approx:
-            return []
+        lines = []
         # NOTE: numba's cache does not notice when a called function changes, so approx.py's hash is part of the
         # source (and so of the file name): editing approx.py gives new kernel files, never stale code.
-        self.approx_digest = _file_digest(approx.__file__)
-        return [f"from nnc.codegen.approx import {', '.join(sorted(self._approx))}"]
+        if self._approx:
+            self.approx_digest = _file_digest(approx.__file__)
+            lines.append(f"from nnc.codegen.approx import {', '.join(sorted(self._approx))}")
+        if self._philox:  # the same for the Philox helpers and the runtime functions they compile
+            digest = _file_digest(philox.__file__) + _file_digest(philox._philox.__file__)
+            lines.append(f"from nnc.codegen.philox import {', '.join(sorted(self._philox))}  # {digest}")
+        return lines
 
 
 def _file_digest(path) -> str:

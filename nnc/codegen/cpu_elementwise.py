@@ -144,9 +144,14 @@ class KernelBuilder:
         """The elementwise skeleton: loads at broadcast offsets, the scalar body, stores, in the loops
         `elementwise_schedule` lays out."""
         arrays = ins + outs
-        schedule = elementwise_schedule(shape, [a.shape for a in arrays])
+        # nodes that need their element's flat index (random draws) are indexed like contiguous arrays of their
+        # shape: their offsets are computed with the arrays' (after them), and never loaded
+        indexed = [n for n in nodes if op_and_attrs(n)[0].needs_index]
+        shapes = [a.shape for a in arrays] + [node_shape(n) for n in indexed]
+        schedule = elementwise_schedule(shape, shapes)
         loop = schedule.loop
-        strides = [broadcast_strides(a.shape, shape) for a in arrays]
+        strides = [broadcast_strides(s, shape) for s in shapes]
+        index_of: dict[Node, str] = {}
         hoisted: set[int] = set()
         if schedule.nested:
             # NOTE: each row reads and writes through slices (row_in0 = in0[b0:b0 + n]) indexed by the inner j: j is
@@ -179,16 +184,30 @@ class KernelBuilder:
                     refs.append(f"{a.arg}[{b}]")
                     if k < len(ins):
                         hoisted.add(k)
+            for m, n in enumerate(indexed):  # the node's index: its row's base + j * step, as an array's offset
+                base, step = bases[len(arrays) + m], collapsed[len(arrays) + m][-1]
+                if base != "0" and base not in base_vars:
+                    base_vars[base] = base if base.isidentifier() else f"b{len(base_vars)}"
+                    if base_vars[base] != base:
+                        row_lines.append(f"{base_vars[base]} = {base}")
+                base = base_vars.get(base, "0")
+                index_of[n] = " + ".join(t for t in (base, "j" if step == 1 else f"j * {step}" if step else "0")
+                                         if t != "0") or "0"
             header = [f"for o in {loop}({schedule.rows}):"] + indent(row_lines)
             inner_loop = [f"for j in range({length}):"]
             depth = 2
         else:
             index_lines, offsets = emit_offsets(shape, strides, "i", "i_")
             refs = [f"{a.arg}[{off}]" for a, off in zip(arrays, offsets)]
+            index_of = dict(zip(indexed, offsets[len(arrays):]))
             header = [f"for i in {loop}({schedule.numel}):"] + indent(index_lines)
             inner_loop = []
             depth = 1
-        row_loads, loads, body, stores, _ = self.scalar_pass(ins, outs, refs, hoisted, nodes)
+        self.body.index_of = index_of.__getitem__
+        try:
+            row_loads, loads, body, stores, _ = self.scalar_pass(ins, outs, refs, hoisted, nodes)
+        finally:
+            self.body.index_of = None
         header += indent(row_loads + inner_loop)
         unique: dict[str, Array] = {}
         for a in arrays:  # an array read and written in place is one argument (its last role names it)

@@ -193,6 +193,9 @@ class ScalarBody:
         self.dialect = dialect
         # the variable a node's value gets (a target names them by position, so the code does not name nodes)
         self.value_name = value_name or (lambda node: f"v_{node.name}")
+        # index_of(node) -> the expression of the node's element's flat index in its own shape, for ops that
+        # need it (OpDef.needs_index: counter-based random draws); a skeleton that can say it sets this
+        self.index_of = None
 
     def emit(self, nodes: list[Node], env: dict[Node, Value]) -> list[str]:
         return [self.statement(node, env) for node in nodes]
@@ -221,6 +224,11 @@ class ScalarBody:
                 texts.append(self.dialect.literal(a, compute if cast else None) if a is not None else "None")
             else:
                 raise Unsupported(f"node {node.name}: operand {k} is {type(a).__name__}, not a node or a scalar")
+        if op.needs_index:
+            if self.index_of is None:
+                raise Unsupported(f"node {node.name}: {op.name} needs its element's index, which this kernel's "
+                                  f"skeleton does not provide")
+            texts.append(self.index_of(node))
         try:
             expr = self.render_template(op.template, texts, attrs, compute, f"node {node.name}")
         except Unsupported as e:

@@ -2,8 +2,12 @@
 
 Every node is replayed on MetaValues: tensor-likes that know their shape and dtype and record each primitive
 that runtime's API reaches through ops.apply. Modules with hooks stay `call_module` nodes, so their hooks fire
-with real values at run time. A node whose replay fails (it reads tensor values, draws random numbers, or
-mutates real state) stays as it was: an opaque node, run by the interpreter, with the reason in its meta.
+with real values at run time. A node whose replay fails (it reads tensor values, draws random numbers it cannot
+compile, or mutates real state) stays as it was: an opaque node, run by the interpreter, with the reason in its meta.
+
+Random draws (`rand`, `randn` and their `_like` forms on the default generator, so dropout too) become
+counter-based ones (`_compiled_random`): one `random_seed` node per graph, drawn from runtime's generator on every
+run, and a `philox_uniform`/`philox_normal` node per draw, elementwise in the seed and each element's index.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
 from ..symbolic import has_symbols, is_symbolic
-from ..trace import has_hooks
+from ..trace import RANDOM_FACTORIES, has_hooks
 from . import functionalize
 from .functionalize import FunctionalizeError
 from .shapes import propagate_shapes
@@ -30,9 +34,6 @@ from .shapes import propagate_shapes
 
 class DecomposeError(RuntimeError):
     """A node cannot be expressed with primitives (why is in the message); it stays opaque."""
-
-
-_RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like")
 
 
 class MetaValue:
@@ -152,6 +153,8 @@ class GraphBuilder:
         self._attr_nodes: dict[str, Node] = {}
         self.storages: dict[Node, functionalize.Storage] = {}  # by the node that first held each value
         self.writes = 0  # in-place writes functionalized so far
+        self.seed: MetaValue | None = None  # the graph's random_seed node, made at its first random draw
+        self.draws = 0  # random draws recorded so far: the next one's stream number
         self._tensor_paths, self.constants = {}, {}
         if gm is not None:
             named = [*gm.named_parameters(remove_duplicate=False), *gm.named_buffers(remove_duplicate=False)]
@@ -263,21 +266,63 @@ class _ShapeOnly:
 
 
 @contextlib.contextmanager
-def _random_forbidden():
-    """Random draws inside a decomposed node would be frozen into the graph: refuse them instead."""
+def _compiled_random(builder: GraphBuilder):
+    """Random draws inside a decomposed node become graph nodes (`_draw`) where they can; the others would be
+    frozen into the graph, so they are refused (the node stays an opaque call that draws anew on every run)."""
 
     def refuse(*args, **kwargs):
         raise DecomposeError("the code draws random numbers (kept as a call so each run draws anew)")
 
-    saved = [(ns, name, getattr(ns, name)) for ns in (factories, runtime) for name in _RANDOM_FACTORIES
+    compiled = {fn.__name__: draw for fn, draw in _COMPILED_DRAWS.items()}
+    saved = [(ns, name, getattr(ns, name)) for ns in (factories, api, runtime) for name in RANDOM_FACTORIES
              if hasattr(ns, name)]
     try:
         for ns, name, _ in saved:
-            setattr(ns, name, refuse)
+            setattr(ns, name, compiled.get(name, refuse))
         yield
     finally:
         for ns, name, fn in saved:
             setattr(ns, name, fn)
+
+
+def _drawing(distribution: str):
+    """A stand-in for runtime.rand (uniform) or runtime.randn (normal) that records a counter-based draw."""
+
+    def draw(*size, generator=None, dtype=None, device=None, requires_grad=False, **kw):
+        if generator is not None or requires_grad or set(kw) - {"size"}:
+            raise DecomposeError("the code draws random numbers from its own generator, or a tensor that "
+                                 "requires grad (kept as a call so each run draws anew)")
+        shape = api.size_args((kw["size"],) if "size" in kw else size)
+        return _draw(distribution, shape, dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype())
+
+    return draw
+
+
+def _drawing_like(distribution: str):
+    def draw_like(input, *, dtype=None, device=None, requires_grad=False, **kw):
+        return _drawing(distribution)(tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
+                                      requires_grad=requires_grad, **kw)
+
+    return draw_like
+
+
+_COMPILED_DRAWS = {factories.rand: _drawing("uniform"), factories.randn: _drawing("normal"),
+                   factories.rand_like: _drawing_like("uniform"), factories.randn_like: _drawing_like("normal")}
+
+
+def _draw(distribution: str, shape: tuple, dtype) -> "MetaValue":
+    """A philox_<distribution> node of the current graph: its stream the number of draws before it, its seed the
+    graph's random_seed node. Other floating dtypes are drawn in float32 and cast (eager draws them in float64)."""
+    if not dtype.is_floating_point:
+        raise DecomposeError(f"the code draws random numbers of dtype {dtype} (kept as a call)")
+    builder = GraphBuilder.current
+    if builder.seed is None or builder.seed.node not in set(builder.graph.nodes):  # (a failed replay erased it)
+        builder.seed = builder.emit(OPS["random_seed"], (), {})
+    draw_dtype = dtype if dtype in (dt.float32, dt.float64) else dt.float32
+    value = builder.emit(OPS[f"philox_{distribution}"], (builder.seed,),
+                         dict(shape=tuple(shape), dtype=draw_dtype, stream=builder.draws))
+    builder.draws += 1
+    return value if draw_dtype is dtype else api.to_dtype(value, dtype)
 
 
 def replay_for_tracer(tracer):
@@ -293,7 +338,7 @@ def replay_for_tracer(tracer):
             builder._tensor_paths.setdefault(id(tensor), path)
         previous, GraphBuilder.current = GraphBuilder.current, builder
         try:
-            with _random_forbidden(), _state_as_graph_values(builder):
+            with _compiled_random(builder), _state_as_graph_values(builder):
                 builder.origin = node
                 if node.op == "get_attr" and node.target in tracer.constants:
                     return builder.value_of_attr(node.target, tracer.constants[node.target])
@@ -312,7 +357,7 @@ def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
     env: dict[Node, object] = {}
     previous, GraphBuilder.current = GraphBuilder.current, builder
     try:
-        with _random_forbidden(), _state_as_graph_values(builder):
+        with _compiled_random(builder), _state_as_graph_values(builder):
             for node in gm.graph.nodes:
                 builder.origin = node
                 env[node] = _replay(builder, gm, node, env)
@@ -419,6 +464,10 @@ def _erase_new_nodes(builder: GraphBuilder, existing: set) -> None:
 def _run_symbolically(node: Node, module, args, kwargs):
     if node.op == "call_function" and node.target in _SIZED_FACTORIES and has_symbols((args, kwargs)):
         return _sized_factory(node.target, args, kwargs)
+    if node.op == "call_function" and node.target in _COMPILED_DRAWS:  # a draw traced as a node of its own
+        return _COMPILED_DRAWS[node.target](*args, **kwargs)
+    if node.op == "call_function" and getattr(node.target, "__name__", None) in RANDOM_FACTORIES:
+        raise DecomposeError("the code draws random numbers (kept as a call so each run draws anew)")
     if node.op == "call_module":
         result = module.forward(*args, **kwargs)
     elif node.op == "call_method":

@@ -132,6 +132,13 @@ def is_pointwise(node: Node) -> bool:
     return node.op not in _NON_COMPUTE and rank(node) <= BROADCAST and _shape(node) is not None
 
 
+def needs_index(node: Node) -> bool:
+    """A pointwise node whose value depends on its element's index (a counter-based random draw): only the
+    elementwise skeleton (elementwise kernels, matmul epilogues) gives that index, so it stays out of reductions."""
+    op = op_of(node)
+    return op is not None and op.needs_index
+
+
 def is_matmul(node: Node) -> bool:
     op = op_of(node)
     return op is not None and op.kind == Kind.MATMUL and _shape(node) is not None
@@ -332,6 +339,9 @@ class _Fuser:
                 continue
             if not self._free_pointwise(p):
                 continue  # an anchor, an opaque node, or already in a group: _edge_reason says why
+            if needs_index(p):
+                self.refused[(p, _first_user_in(p, group))] = _INDEX_REASON.format(p.name)
+                continue
             if _shape(p) != in_shape:
                 continue  # (cannot happen for a direct input of a pointwise prologue; kept for safety)
             outside = [u for u in p.users if u not in group.nodes]
@@ -364,6 +374,9 @@ class _Fuser:
             p = inside[0]
             if not self._free_pointwise(c):
                 continue  # an anchor, an opaque node, or already in a group: _edge_reason says why
+            if group.kind == "reduction" and needs_index(c):
+                self.refused[(p, c)] = _INDEX_REASON.format(c.name)
+                continue
             if _shape(c) != out_shape:
                 self.refused[(p, c)] = (f"{c.name} {list(_shape(c))} reads the {group.kind} output shape "
                                         f"{list(out_shape)} with broadcasting, so it cannot be an epilogue")
@@ -482,6 +495,9 @@ class _Fuser:
         One pass computes the prologue values and accumulates every reduction; the epilogue runs after it. So no
         value of the pass may depend on a reduction result, and no epilogue node may read a prologue value."""
         name = group.anchor.name
+        drawn = next((n for n in other.nodes if needs_index(n)), None)
+        if drawn is not None:
+            return lambda p, c: _INDEX_REASON.format(drawn.name)
         late = _read_from(_pass_nodes(other), _results(group)) or _read_from(_pass_nodes(group), _results(other))
         if late is not None:
             reader, value = late
@@ -508,6 +524,9 @@ class _Fuser:
         at = self.position[node]
         group.lo, group.hi = min(group.lo, at), max(group.hi, at)
         self.spans.raise_(group.lo, group.hi)
+
+
+_INDEX_REASON = "{} draws random numbers by element index, which a reduction kernel's loops do not give"
 
 
 def _pass_nodes(group: _Group) -> set:

@@ -13,6 +13,11 @@ def is_pure_prim(node: Node) -> bool:
     return node.op == "call_function" and isinstance(node.target, Prim) and "opaque_reason" not in node.meta
 
 
+def draws_random(node: Node) -> bool:
+    """A random_seed node: a new value on every run, so never merged with another or folded into a constant."""
+    return node.op == "call_function" and isinstance(node.target, Prim) and node.target.op.draws_random
+
+
 def _key(value):
     """A hashable identity for an argument structure (nodes by identity)."""
     if isinstance(value, Node):
@@ -58,10 +63,10 @@ def _returns_a_new_view_of_an_input(node: Node) -> bool:
 
 
 def cse(gm):
-    """Merge primitive nodes that compute the same op on the same inputs (random ops never reach here)."""
+    """Merge primitive nodes that compute the same op on the same inputs (never two random seeds)."""
     seen: dict = {}
     for node in list(gm.graph.nodes):
-        if not is_pure_prim(node):
+        if not is_pure_prim(node) or draws_random(node):
             continue
         key = (node.target.op.name, _key(node.args), _key(node.kwargs))
         first = seen.get(key)
@@ -84,7 +89,7 @@ def dce(gm):
 
 def _foldable(node: Node, constants: set) -> bool:
     """A pure primitive whose tensor inputs are all constants (not parameters or buffers, which change)."""
-    if not is_pure_prim(node) or has_symbols((node.args, node.kwargs, node.meta.get("shape"))):
+    if not is_pure_prim(node) or draws_random(node) or has_symbols((node.args, node.kwargs, node.meta.get("shape"))):
         return False  # (a value of symbolic size differs from call to call)
     inputs = node.all_input_nodes
     return all(n in constants for n in inputs)

@@ -363,6 +363,8 @@ def _dropout_mask(input, p, mask_shape):
 
 
 def dropout(input, p=0.5, training=True, inplace=False):
+    """Zero each element with probability p and scale the rest by 1 / (1 - p) (the identity unless training).
+    nnc.compile draws the mask in its kernels from Philox instead of this stream: see nn.Dropout."""
     _check_p(p)
     if not training or p == 0.0:
         return input

@@ -222,6 +222,12 @@ class LogSoftmax(Softmax):
 # --- regularisation, embeddings, normalisation -----------------------------------------------------
 
 class Dropout(Module):
+    """Zeroes each element with probability p in training and scales the rest by 1 / (1 - p).
+
+    Compiled (nnc.compile), the mask is drawn inside the fused kernels by a counter-based generator (Philox) seeded
+    from runtime's generator: manual_seed makes compiled runs repeatable, but they drop other elements than an eager
+    run of the same seed (as torch.compile's do)."""
+
     def __init__(self, p: float = 0.5, inplace: bool = False):
         super().__init__()
         if not 0 <= p <= 1:
