@@ -34,6 +34,9 @@ CONVS = [
     ("stride_pad_non_square", 2, (2, 3, 11, 5), 2, (3, 2), {"stride": (2, 3), "padding": 1, "dilation": (1, 2)}),
     ("conv1d_same_even", 1, (2, 2, 8), 3, (4,), {"padding": "same"}),
     ("batch_0", 2, (0, 3, 6, 5), 2, (3, 3), {"padding": 1}),
+    ("no_bias", 2, (2, 3, 6, 5), 4, (3, 3), {"bias": False, "padding": 1}),
+    ("groups_no_bias", 2, (1, 4, 5, 6), 4, (1, 3), {"groups": 2, "bias": False}),
+    ("conv1d_no_bias", 1, (3, 2, 7), 2, (1,), {"bias": False}),
     ("mnist_conv2", 2, (2, 4, 12, 10), 6, (3, 3), {}),
 ]
 
