@@ -972,8 +972,8 @@ def _parse(argv):
     p.add_argument("--threads", type=int, default=None,
                    help="thread count for numba, numpy's BLAS and torch (set before they load); default: all cores")
     p.add_argument("--openblas-coretype", default=None, metavar="NAME",
-                   help="OPENBLAS_CORETYPE for numpy's OpenBLAS (set before it loads), e.g. SkylakeX on an AVX-512 "
-                        "machine that OpenBLAS runs with its Haswell kernels (AMD Zen 4/5)")
+                   help="OPENBLAS_CORETYPE for numpy's OpenBLAS (set before it loads; overrides the environment's), "
+                        "e.g. SkylakeX on an AVX-512 machine whose environment pins Haswell")
     p.add_argument("--steps", action="store_true",
                    help="per-step timing of every nnc.compile variant (kernels, interpreted steps, glue)")
     p.add_argument("--in-process", dest="isolate", action="store_false",
