@@ -27,6 +27,17 @@ CONVS = [
     ("same", 2, (2, 2, 6, 5), 3, (4, 3), {"padding": "same"}),
     ("conv1d", 1, (2, 3, 11), 4, (3,), {"stride": 2, "padding": 2, "dilation": 2}),
     ("conv1d_groups", 1, (1, 4, 9), 4, (2,), {"groups": 4}),
+    # the window kernels check bounds only in dims a window can leave: padding in the last dim only, in the first
+    # only, a stride with padding on a non-square input, and a 1-d convolution padded on one side ('same')
+    ("pad_last_dim_only", 2, (2, 2, 5, 7), 3, (3, 3), {"padding": (0, 1)}),
+    ("pad_first_dim_only", 2, (1, 2, 6, 4), 2, (2, 3), {"padding": (1, 0), "stride": (1, 2)}),
+    ("stride_pad_non_square", 2, (2, 3, 11, 5), 2, (3, 2), {"stride": (2, 3), "padding": 1, "dilation": (1, 2)}),
+    ("conv1d_same_even", 1, (2, 2, 8), 3, (4,), {"padding": "same"}),
+    ("batch_0", 2, (0, 3, 6, 5), 2, (3, 3), {"padding": 1}),
+    ("no_bias", 2, (2, 3, 6, 5), 4, (3, 3), {"bias": False, "padding": 1}),
+    ("groups_no_bias", 2, (1, 4, 5, 6), 4, (1, 3), {"groups": 2, "bias": False}),
+    ("conv1d_no_bias", 1, (3, 2, 7), 2, (1,), {"bias": False}),
+    ("mnist_conv2", 2, (2, 4, 12, 10), 6, (3, 3), {}),
 ]
 
 # (name, function name, input shape, kwargs)
@@ -43,6 +54,13 @@ POOLS = [
                                                        "count_include_pad": False}),
     ("avg2d_ceil", "avg_pool2d", (2, 1, 7, 6), {"kernel_size": 3, "stride": 2, "ceil_mode": True}),
     ("avg1d", "avg_pool1d", (2, 2, 9), {"kernel_size": 3, "stride": 2, "padding": 1}),
+    # windows that tile the input exactly: the backward writes each element once instead of zeroing and scattering
+    ("max2d_tiles", "max_pool2d", (2, 3, 8, 6), {"kernel_size": 2}),
+    ("max2d_tiles_rect", "max_pool2d", (1, 2, 9, 8), {"kernel_size": (3, 2)}),
+    ("max1d_tiles", "max_pool1d", (2, 2, 12), {"kernel_size": 3}),
+    ("max2d_overlap", "max_pool2d", (2, 2, 7, 7), {"kernel_size": 3, "stride": 1}),
+    ("max2d_batch_0", "max_pool2d", (0, 2, 6, 6), {"kernel_size": 2}),
+    ("avg2d_batch_0", "avg_pool2d", (0, 2, 6, 6), {"kernel_size": 2}),
 ]
 
 
@@ -108,7 +126,7 @@ def _check_window_kernels_run(compiled, expect_backward=True):
     assert not {"im2col", "col2im", "max_pool", "max_pool_backward", "cat", "getitem"} & set(interpreted)
 
 
-def _compare(a, b, tol=1e-9):
+def _compare(a, b, tol=1e-12):
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
@@ -128,7 +146,11 @@ def test_conv_compiled_matches_eager(name, nd, shape, out_ch, kernel, kw):
         _compare(a, b)
 
 
-@pytest.mark.parametrize("name,nd,shape,out_ch,kernel,kw", CONVS, ids=[c[0] for c in CONVS])
+# a size-0 value runs through the interpreter by design (nothing to loop over)
+NONEMPTY_CONVS = [c for c in CONVS if c[2][0] > 0]
+
+
+@pytest.mark.parametrize("name,nd,shape,out_ch,kernel,kw", NONEMPTY_CONVS, ids=[c[0] for c in NONEMPTY_CONVS])
 def test_conv_kernels_are_generated(name, nd, shape, out_ch, kernel, kw):
     m = _conv_module(runtime, nd, shape, out_ch, kernel, kw).double()
     x = _data(shape)
@@ -168,7 +190,8 @@ def test_pool_compiled_matches_eager_and_torch(name, fn, shape, kw, request):
         ((eo, ex, _), (co, cx, _)), compiled = _eager_and_compiled(m, x, gy)
     _compare(co, eo)
     _compare(cx, ex)
-    _check_window_kernels_run(compiled)
+    if shape[0]:
+        _check_window_kernels_run(compiled)
     try:
         torch = request.getfixturevalue("torch")
     except pytest.skip.Exception:
@@ -235,3 +258,48 @@ def test_window_schedule(op, in_shape, kernel, out_sizes, want):
     assert got == want
     assert got.loop == ("prange" if want.parallel else "range")
     assert got.parallel == (got.tasks * got.work >= PARALLEL_MIN_ELEMENTS)
+
+
+F32_CONVS = [c for c in CONVS if c[0] in ("plain", "padding_stride", "pad_last_dim_only", "conv1d", "mnist_conv2")]
+F32_POOLS = [p for p in POOLS if p[0] in ("max2d", "max2d_pad_stride", "max2d_tiles", "max1d_tiles", "avg2d_pad")]
+
+
+@pytest.mark.parametrize("name,nd,shape,out_ch,kernel,kw", F32_CONVS, ids=[c[0] for c in F32_CONVS])
+def test_conv_float32_compiled_matches_eager(name, nd, shape, out_ch, kernel, kw):
+    runtime.manual_seed(0)
+    m = _conv_module(runtime, nd, shape, out_ch, kernel, kw)
+    x = _data(shape).astype(np.float32)
+    gy = _data(tuple(m(runtime.tensor(x)).shape), 1).astype(np.float32)
+    ((eo, ex, ep), (co, cx, cp)), compiled = _eager_and_compiled(m, x, gy)
+    assert co.dtype == np.float32 and cx.dtype == np.float32
+    for a, b in [(co, eo), (cx, ex)] + list(zip(cp, ep)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    _check_window_kernels_run(compiled)
+
+
+@pytest.mark.parametrize("name,fn,shape,kw", F32_POOLS, ids=[p[0] for p in F32_POOLS])
+def test_pool_float32_compiled_matches_eager(name, fn, shape, kw):
+    m = _pool_module(runtime, fn, kw)
+    x = _data(shape).astype(np.float32)
+    gy = _data(tuple(m(runtime.tensor(x)).shape), 1).astype(np.float32)
+    ((eo, ex, _), (co, cx, _)), compiled = _eager_and_compiled(m, x, gy)
+    np.testing.assert_allclose(co, eo, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(cx, ex, rtol=1e-6, atol=1e-7)
+    _check_window_kernels_run(compiled)
+
+
+@pytest.mark.parametrize("kw", [{"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1},
+                                {"kernel_size": 3, "stride": 1}, {"kernel_size": 2, "ceil_mode": True}],
+                         ids=["tiles", "padding", "overlap", "ceil"])
+def test_max_pool_ties_and_nan_match_eager(kw):
+    # many ties (values on a coarse grid, a plane of zeros) and a nan: the same element wins compiled and eager
+    x = np.round(_data((2, 2, 7, 7)) * 4) / 4
+    x[0, 1] = 0.0
+    x[1, 0, 2, 3] = np.nan
+    m = _pool_module(runtime, "max_pool2d", kw)
+    gy = _data(tuple(m(runtime.tensor(x)).shape), 1)
+    ((eo, ex, _), (co, cx, _)), compiled = _eager_and_compiled(m, x, gy)
+    np.testing.assert_array_equal(co, eo)
+    _compare(cx, ex)  # overlapping windows sum their gradients in another order
+    assert np.isnan(co).any()
+    _check_window_kernels_run(compiled)

@@ -33,7 +33,7 @@ runs in a fresh process of this script (--in-process: all in this one), because 
 OpenBLAS, numba and torch leave state behind that slows later cases. Asserts nothing.
 
     python tools/bench_compile.py [--quick] [--cases chain_fwd,membound,...] [--torch-compile] [--threads N]
-                                  [--steps] [--in-process]
+                                  [--steps] [--in-process] [--openblas-coretype NAME]
 
 --steps adds, for every nnc.compile variant, the time spent in each executor step (kernel or interpreted group)
 and the rest of the call (guards, autograd glue, the eager loss and optimizer), from a short extra run.
@@ -61,6 +61,9 @@ if __name__ == "__main__":  # before numpy/torch/numba load: they read thread co
 
     apply_threads_flag(sys.argv[1:], ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                                       "NUMBA_NUM_THREADS"))
+    for _i, _a in enumerate(sys.argv[:-1]):  # --openblas-coretype NAME: OpenBLAS reads it once, when it loads
+        if _a == "--openblas-coretype":
+            os.environ["OPENBLAS_CORETYPE"] = sys.argv[_i + 1]
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
@@ -708,10 +711,17 @@ def _mnist_cnn(lib, dropout=True):
     return Net()
 
 
+def _wrapped(model, compiled):
+    """The model run eagerly (compiled False), by nnc.compile (True), or by the compiler given (torch.compile)."""
+    if compiled is True:
+        return nnc.compile(model)
+    return compiled(model) if compiled else model
+
+
 def _cnn_train_setup(lib, compiled, dropout=True, batch=64):
     def setup():
         model = _mnist_cnn(lib, dropout)
-        run = nnc.compile(model) if compiled else model
+        run = _wrapped(model, compiled)
         opt = lib.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         rng = np.random.default_rng(0)
         xb = lib.tensor(rng.standard_normal((batch, 1, 28, 28)).astype(np.float32))
@@ -728,9 +738,13 @@ def case_cnn_train(opts, args):
                 Variant("runtime eager", _cnn_train_setup(runtime, False), _train_step_with_loss)]
     if torch is not None:
         variants.append(Variant("torch eager", _cnn_train_setup(torch, False), _train_step_with_loss))
+        variants.append(Variant("torch eager (no dropout)", _cnn_train_setup(torch, False, False),
+                                _train_step_with_loss))
+        if args.torch_compile:
+            variants.append(Variant("torch.compile", _cnn_train_setup(torch, torch.compile), _train_step_with_loss))
     res = measure_variants(variants, **opts)
-    ratios = [("nnc.compile", "torch eager"), ("nnc.compile (no dropout)", "torch eager"),
-              ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
+    ratios = [("nnc.compile", "torch eager"), ("nnc.compile (no dropout)", "torch eager (no dropout)"),
+              ("nnc.compile", "torch.compile"), ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
     r = _ratio(res, "nnc.compile", "torch eager")
     targets = [Target("CNN training step compiled <= 0.8x torch eager", _x(r), None if r is None else r <= 0.8)]
     return variants, res, ratios, targets, "torch eager"
@@ -820,14 +834,17 @@ def case_gpt_train(opts, args):
     return variants, res, ratios, targets, "torch eager"
 
 
-def _infer_case(build_setup, label):
+def _infer_case(build_setup, label, torch_compile=False):
+    """A batch-1 inference case; with torch_compile, build_setup(torch, torch.compile) is a --torch-compile row."""
     def case(opts, args):
         variants = [Variant("nnc.compile", build_setup(runtime, True), _gpt_infer_step, compiled=lambda s: s[0]),
                     Variant("runtime eager", build_setup(runtime, False), _gpt_infer_step)]
         if torch is not None:
             variants.append(Variant("torch eager", build_setup(torch, False), _gpt_infer_step))
+            if torch_compile and args.torch_compile:
+                variants.append(Variant("torch.compile", build_setup(torch, torch.compile), _gpt_infer_step))
         res = measure_variants(variants, **opts)
-        ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "runtime eager")]
+        ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "torch.compile"), ("nnc.compile", "runtime eager")]
         r = _ratio(res, "nnc.compile", "torch eager")
         targets = [Target(f"{label} batch-1 inference compiled <= 0.5x torch eager", _x(r),
                           None if r is None else r <= 0.5)]
@@ -841,7 +858,7 @@ def _cnn_infer_setup(lib, compiled):
         model = _mnist_cnn(lib, dropout=False)
         model.eval()
         body = _Logits(lib, model)
-        run = nnc.compile(body) if compiled else body
+        run = _wrapped(body, compiled)
         x = lib.tensor(np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype(np.float32))
         return run, x
     return setup
@@ -966,7 +983,8 @@ CASES = {
                      case_gpt_train),
     "gpt_infer_b1": ("8b", "the GPT's no_grad forward, last position's logits", "[1,64]",
                      _infer_case(lambda lib, c: _gpt_setup(lib, c, train=False, batch=1), "GPT")),
-    "cnn_infer_b1": ("7b", "the MNIST CNN's no_grad forward", "[1,1,28,28]", _infer_case(_cnn_infer_setup, "CNN")),
+    "cnn_infer_b1": ("7b", "the MNIST CNN's no_grad forward", "[1,1,28,28]",
+                     _infer_case(_cnn_infer_setup, "CNN", torch_compile=True)),
 }
 
 
@@ -1038,9 +1056,12 @@ def _parse(argv):
     p.add_argument("--quick", action="store_true", help="short run (smoke test): ~20 ms x 3 repeats")
     p.add_argument("--cases", default=None, help="comma-separated subset of: " + ",".join(CASES))
     p.add_argument("--torch-compile", action="store_true",
-                   help="also time torch.compile (cases 1 and 3; compiling takes long on this machine)")
+                   help="also time torch.compile (cases 1, 3, 7 and 7b; compiling takes long on this machine)")
     p.add_argument("--threads", type=int, default=None,
                    help="thread count for numba, numpy's BLAS and torch (set before they load); default: all cores")
+    p.add_argument("--openblas-coretype", default=None, metavar="NAME",
+                   help="OPENBLAS_CORETYPE for numpy's OpenBLAS (set before it loads; overrides the environment's), "
+                        "e.g. SkylakeX on an AVX-512 machine whose environment pins Haswell")
     p.add_argument("--steps", action="store_true",
                    help="per-step timing of every nnc.compile variant (kernels, interpreted steps, glue)")
     p.add_argument("--in-process", dest="isolate", action="store_false",
@@ -1051,6 +1072,18 @@ def _parse(argv):
         p.error("--threads must be at least 1")
     args.selected = selected_names(p, args.cases, list(CASES))
     return args
+
+
+def _openblas_kernels() -> str:
+    """The kernel family OpenBLAS picked for this CPU (threadpoolctl's 'architecture'), when threadpoolctl is here."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return ""
+    arch = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]
+    coretype = os.environ.get("OPENBLAS_CORETYPE")
+    return f"  OpenBLAS kernels: {', '.join(a for a in arch if a) or '?'}" + \
+        (f" (OPENBLAS_CORETYPE={coretype})" if coretype else "")
 
 
 def _loadavg():
@@ -1087,7 +1120,7 @@ def main(argv=None):
     for line in _header():
         print(line)
     print(_numba_line())
-    print(_blas_line())
+    print(_blas_line() + _openblas_kernels())
     print(f"load average at start: {_loadavg()} (other processes on a machine with few cores skew every figure; "
           f"the spread and min columns show it)")
     print(f"mode: {'quick' if args.quick else 'full'}  (~{opts['target_s'] * 1e3:.0f} ms per repeat, median of "
@@ -1141,6 +1174,8 @@ def _run_case_isolated(name, args):
                                   ("--steps", args.steps)) if on]
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]
+    if args.openblas_coretype is not None:
+        cmd += ["--openblas-coretype", args.openblas_coretype]
     targets = []
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=_ROOT) as proc:
         for line in proc.stdout:

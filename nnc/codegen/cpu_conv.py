@@ -76,27 +76,59 @@ def window_schedule_of(kernel: Kernel) -> WindowSchedule:
     return window_schedule(op, in_shape, attrs["kernel"], out_sizes)
 
 
-def _positions(nd, kvars, attrs, in_sizes, out_sizes, body, guard):
-    """Nested loops over the output positions o0.. of one kernel offset (kvars), computing the input index i<d> of
-    each dim; `body(pos, src, valid)` gives the innermost lines (pos: flat output position, src: flat input position
-    within a plane, valid: the condition that the window element lies inside the input, or None). With guard the
-    out-of-input rows are skipped as soon as a dim leaves the input (pooling: nothing to do there)."""
-    lines, depth = [], 0
-    conds = []
-    for d in range(nd):
+def _may_leave(attrs, d, in_size, out_size) -> bool:
+    """Whether some window of dim d reaches outside the input (into padding, or past its end): only such dims need
+    bounds checks; a "valid" convolution's and an unpadded pooling's have none."""
+    (lo, _), s, dl, k = attrs["padding"][d], attrs["stride"][d], attrs["dilation"][d], attrs["kernel"][d]
+    return lo > 0 or (out_size - 1) * s + (k - 1) * dl - lo > in_size - 1
+
+
+def _tiles(attrs, in_sizes, out_sizes) -> bool:
+    """Whether the windows tile the input exactly (no padding, no overlap, no gap): each input element lies in
+    exactly one window, so a pooling backward writes every element once instead of zeroing and scattering."""
+    return all(lo == 0 and hi == 0 and dl * (k - 1) + 1 == s and o * s == n
+               for (lo, hi), s, dl, k, n, o in zip(attrs["padding"], attrs["stride"], attrs["dilation"],
+                                                   attrs["kernel"], in_sizes, out_sizes))
+
+
+def _valid_range(d, attrs, in_size, out_size) -> list[str]:
+    """Lines setting a<d>, b<d>: the output positions [a, b) of dim d whose element at kernel offset k<d> lies
+    inside the input (i = o * s + k * dl - lo in [0, in_size))."""
+    (lo, _), s, dl = attrs["padding"][d], attrs["stride"][d], attrs["dilation"][d]
+    return [f"a{d} = max(0, -((k{d} * {dl} - {lo}) // {s}))",
+            f"b{d} = min({out_size}, ({in_size} - 1 - k{d} * {dl} + {lo}) // {s} + 1)",
+            f"if b{d} < a{d}:", f"    b{d} = a{d}"]
+
+
+def _rows(nd, attrs, in_sizes, out_sizes, body, outside):
+    """Nested loops over the output positions of one kernel offset (k0..), all dims but the last, then one line
+    range of the last: `body(row, src)` gives the lines for that range (row: flat output position of its first
+    element, src: flat input position of the element at output position 0 of the last dim, which may lie outside
+    the input). Where an outer dim's position leaves the input, `outside(start, count)` gives the lines for the
+    `count` output positions from `start` under it (None: nothing to do there)."""
+    lines, depth, last = [], 0, nd - 1
+    for d in range(last):
         (lo, _), s, dl = attrs["padding"][d], attrs["stride"][d], attrs["dilation"][d]
         lines += indent([f"for o{d} in range({out_sizes[d]}):",
-                         f"    i{d} = o{d} * {s} + {kvars[d]} * {dl} - {lo}"], depth)
+                         f"    i{d} = o{d} * {s} + k{d} * {dl} - {lo}"], depth)
         depth += 1
-        cond = f"0 <= i{d} < {in_sizes[d]}"
-        if guard:
-            lines += indent([f"if not ({cond}):", "    continue"], depth)
-        else:
-            conds.append(cond)
-    pos = _flat([f"o{d}" for d in range(nd)], out_sizes)
-    src = _flat([f"i{d}" for d in range(nd)], in_sizes)
-    lines += indent(body(pos, src, " and ".join(conds) if conds else None), depth)
+        if _may_leave(attrs, d, in_sizes[d], out_sizes[d]):
+            block = math.prod(out_sizes[d + 1:])
+            start = f"({_flat([f'o{e}' for e in range(d + 1)], out_sizes[:d + 1])}) * {block}"
+            lines += indent([f"if not (0 <= i{d} < {in_sizes[d]}):"]
+                            + indent(outside(start, block) if outside else []) + ["    continue"], depth)
+    (lo, _), dl = attrs["padding"][last], attrs["dilation"][last]
+    outer = _flat([f"i{d}" for d in range(last)], in_sizes[:last]) if last else "0"
+    src = f"({outer}) * {in_sizes[last]} + k{last} * {dl} - {lo}"
+    lines += indent(body(_row_start(nd, out_sizes), src), depth)
     return lines
+
+
+def _row_start(nd, out_sizes) -> str:
+    """The flat output position of (o0, .., o<nd-2>, 0)."""
+    if nd == 1:
+        return "0"
+    return f"({_flat([f'o{d}' for d in range(nd - 1)], out_sizes[:-1])}) * {out_sizes[-1]}"
 
 
 def _flat(vars_, sizes) -> str:
@@ -127,50 +159,78 @@ def gen_window(kb: KernelBuilder) -> None:
     in_sizes, kernel_sizes = in_shape[2:], tuple(attrs["kernel"])
     nd = len(kernel_sizes)
     k, plane, positions = math.prod(kernel_sizes), math.prod(in_sizes), math.prod(out_sizes)
-    kvars = [f"k{d}" for d in range(nd)]
     loop = sched.loop
+    last, width, step = nd - 1, out_sizes[-1], attrs["stride"][-1]
+    checked = _may_leave(attrs, last, in_sizes[last], width)
+    span = _valid_range(last, attrs, in_sizes[last], width) if checked else []
+    o = f"o{last}"
     if op == "im2col":  # in0 (N, C, *S) -> out0 (C*K, N*L); task t = (c*K + k)*N + n
         lines = [f"for t in {loop}({sched.tasks}):", f"    n = t % {n}", f"    ck = t // {n}",
                  f"    kk = ck % {k}", f"    c = ck // {k}"]
         lines += indent(_kernel_offsets(nd, kernel_sizes, "kk"))
-        lines += indent([f"src0 = (n * {c} + c) * {plane}", f"dst0 = ck * {n * positions} + n * {positions}"])
+        lines += indent([f"src0 = (n * {c} + c) * {plane}", f"dst0 = ck * {n * positions} + n * {positions}"] + span)
 
-        def body(pos, src, valid):
-            if valid is None:
-                return [f"out0[dst0 + {pos}] = in0[src0 + {src}]"]
-            return [f"if {valid}:", f"    out0[dst0 + {pos}] = in0[src0 + {src}]", "else:",
-                    f"    out0[dst0 + {pos}] = 0"]
-        lines += indent(_positions(nd, kvars, attrs, in_sizes, out_sizes, body, guard=False))
+        def body(row, src):
+            copy = f"out0[dst0 + {row} + {o}] = in0[src0 + {src} + {o} * {step}]"
+            if not checked:
+                return [f"for {o} in range({width}):", "    " + copy]
+            zero = f"    out0[dst0 + {row} + {o}] = 0"
+            return [f"for {o} in range(a{last}):", zero, f"for {o} in range(a{last}, b{last}):", "    " + copy,
+                    f"for {o} in range(b{last}, {width}):", zero]
+
+        def outside(start, count):
+            return [f"for j in range({count}):", f"    out0[dst0 + {start} + j] = 0"]
+        lines += indent(_rows(nd, attrs, in_sizes, out_sizes, body, outside))
     elif op == "col2im":  # in0 (C*K, N*L) -> out0 (N, C, *S); task t = n*C + c owns its plane
         lines = [f"for t in {loop}({sched.tasks}):", f"    n = t // {c}", f"    c = t % {c}",
                  f"    dst0 = t * {plane}", f"    for j in range({plane}):", "        out0[dst0 + j] = 0",
                  f"    for kk in range({k}):"]
         lines += indent(_kernel_offsets(nd, kernel_sizes, "kk"), 2)
-        lines += indent([f"src0 = (c * {k} + kk) * {n * positions} + n * {positions}"], 2)
+        lines += indent([f"src0 = (c * {k} + kk) * {n * positions} + n * {positions}"] + span, 2)
 
-        def body(pos, src, valid):
-            return [f"out0[dst0 + {src}] += in0[src0 + {pos}]"]
-        lines += indent(_positions(nd, kvars, attrs, in_sizes, out_sizes, body, guard=True), 2)
+        def body(row, src):
+            bounds = f"a{last}, b{last}" if checked else f"{width}"
+            return [f"d = dst0 + {src}", f"s = src0 + {row}", f"for {o} in range({bounds}):",
+                    f"    out0[d + {o} * {step}] += in0[s + {o}]"]
+        lines += indent(_rows(nd, attrs, in_sizes, out_sizes, body, None), 2)
     else:  # max_pool: in0 (N, C, *S) -> out0 (N, C, *O); backward: in0 g (N, C, *O), in1 x -> out0 (N, C, *S)
         x = "in0" if op == "max_pool" else "in1"
         lines = [f"for t in {loop}({sched.tasks}):", f"    src0 = t * {plane}", f"    pos0 = t * {positions}"]
-        if op == "max_pool_backward":
+        tiles = _tiles(attrs, in_sizes, out_sizes)
+        if op == "max_pool_backward" and not tiles:  # else every element is written once below
             lines += [f"    for j in range({plane}):", "        out0[src0 + j] = 0"]
         # every window holds an element of the input (padding is at most half a window): the first one found
-        # starts the maximum; then the first greater one, or a nan, wins (torch's rule)
+        # starts the maximum; then the first greater one, or a nan, wins (torch's rule). Without bounds checks the
+        # window's first element starts it, and the comparisons are selects, not branches (random data mispredicts)
+        checks = [_may_leave(attrs, d, in_sizes[d], out_sizes[d]) for d in range(nd)]
         inner = []
         for d in range(nd):
             (lo, _), s, dl = attrs["padding"][d], attrs["stride"][d], attrs["dilation"][d]
+            check = [f"    if not (0 <= i{d} < {in_sizes[d]}):", "        continue"] if checks[d] else []
             inner += indent([f"for k{d} in range({kernel_sizes[d]}):",
-                             f"    i{d} = o{d} * {s} + k{d} * {dl} - {lo}",
-                             f"    if not (0 <= i{d} < {in_sizes[d]}):", "        continue"], d)
+                             f"    i{d} = o{d} * {s} + k{d} * {dl} - {lo}"] + check, d)
         src = _flat([f"i{d}" for d in range(nd)], in_sizes)
-        inner += indent([f"v = {x}[src0 + {src}]",
-                         "if found == 0 or v > best or v != v:", "    best = v", f"    arg = {src}",
-                         "    found = 1"], nd)
+        if any(checks):
+            start = ["found = 0", f"best = {x}[src0]", "arg = 0"]
+            inner += indent([f"v = {x}[src0 + {src}]", "if found == 0 or v > best or v != v:", "    best = v",
+                             f"    arg = {src}", "    found = 1"], nd)
+        else:
+            first = _flat([f"o{d} * {attrs['stride'][d]}" for d in range(nd)], in_sizes)
+            start = [f"arg = {first}", f"best = {x}[src0 + arg]"]
+            inner += indent([f"j = {src}", f"v = {x}[src0 + j]", "better = v > best or v != v",
+                             "best = v if better else best", "arg = j if better else arg"], nd)
         pos = _flat([f"o{d}" for d in range(nd)], out_sizes)
-        store = [f"out0[pos0 + {pos}] = best"] if op == "max_pool" else [f"out0[src0 + arg] += in0[pos0 + {pos}]"]
-        body = ["found = 0", f"best = {x}[src0]", "arg = 0"] + inner + store
+        if op == "max_pool":
+            store = [f"out0[pos0 + {pos}] = best"]
+        elif tiles:  # the window's elements are no other window's: write each, the gradient at the maximum
+            store = [f"g = in0[pos0 + {pos}]"]
+            for d in range(nd):
+                store += indent([f"for k{d} in range({kernel_sizes[d]}):",
+                                 f"    i{d} = o{d} * {attrs['stride'][d]} + k{d} * {attrs['dilation'][d]}"], d)
+            store += indent([f"j = {src}", "out0[src0 + j] = g if j == arg else 0"], nd)
+        else:
+            store = [f"out0[src0 + arg] += in0[pos0 + {pos}]"]
+        body = start + inner + store
         outer = []
         for d in range(nd):
             outer += indent([f"for o{d} in range({out_sizes[d]}):"], d)

@@ -687,9 +687,12 @@ def _conv(name, nd, input, weight, bias, stride, padding, dilation, groups):
         w = weight.reshape(groups, out_ch // groups, in_per_group * k)
     else:
         w = weight.reshape(out_ch, in_per_group * k)
-    out = api.matmul(w, cols).reshape((out_ch, n) + out_sizes).transpose(0, 1)
+    out = api.matmul(w, cols)  # (O, N*L), or (g, O/g, N*L)
     if bias is not None:
-        out = out + bias.reshape((out_ch,) + (1,) * nd)
+        # NOTE: added in the product's layout, not to the (N, O, *out) result: nnc computes the add in the matmul's
+        # pass, and the bias gradient is a sum along contiguous rows instead of over dims (0, 2, ...) of NCHW
+        out = out + bias.reshape(out.shape[:-1] + (1,))
+    out = out.reshape((out_ch, n) + out_sizes).transpose(0, 1)
     return out.squeeze(0) if unbatched else out
 
 
