@@ -155,6 +155,8 @@ def hand_cases() -> list[KernelCase]:
                    lambda c, x: _logsumexp(c, x), shape=(4, 7)),
         _hand_case("column sum float64", "reduction", {"x": f64(37, 5), "w": f64(5)},
                    lambda c, x, w: [c("sum", c("mul", x, w), dims=(0,), keepdim=False)], shape=(37, 5)),
+        _hand_case("column sum with prologue output and epilogue", "reduction", {"x": f32(2, 3, 70), "g": f32(70)},
+                   lambda c, x, g: _stored_prologue(c, x, g), shape=(2, 3, 70)),
         _hand_case("inner dims prod amin", "reduction", {"x": f32(3, 4, 2)},
                    lambda c, x: [c("prod", x, dims=(0, 2), keepdim=False), c("amin", x, dims=(0, 2), keepdim=False)],
                    shape=(3, 4, 2)),
@@ -177,3 +179,8 @@ def _logsumexp(c, x):
     m = c("amax", x, dims=(1,), keepdim=True)
     s = c("sum", c("exp", x), dims=(1,), keepdim=True)
     return [m, c("add", c("log", s), m)]
+
+
+def _stored_prologue(c, x, g):
+    p = c("mul", x, g)
+    return [p, c("mul", c("sum", p, dims=(0, 1), keepdim=False), 0.5)]

@@ -1,5 +1,7 @@
 """CUDA reduction kernels: one block per kept position (output row), its threads striding over the reduced
-positions, then a tree reduction in shared memory; thread 0 runs the epilogue and stores.
+positions, then a tree reduction in shared memory; thread 0 runs the epilogue and stores. When the last dim is kept
+(a bias gradient: a sum over the batch), a block takes a warp's width of consecutive kept positions instead, so that
+reads are coalesced, with groups of threads striding over the reduced positions (CudaReductionSchedule).
 
 As on the CPU (cpu_reduction), one pass computes the elementwise prologue (storing the prologue values the kernel
 outputs) and accumulates every sibling reduction of the kernel, each in its reducer's accumulator dtype (float32
@@ -15,31 +17,50 @@ from ..graph import Node
 from .cpu_elementwise import indent
 from .cpu_reduction import _split_reduction_kernel, accumulators
 from .cuda_elementwise import MAX_BLOCKS, THREADS, WARP, CudaFunction, CudaKernelBuilder, Launch
+
 from .indexing import broadcast_strides, emit_offsets
 from .scalar import Unsupported, Value, ctor, node_shape
+
+# Row groups of the column layout: a block is WARP kept positions x up to this many groups of reduced positions.
+COLUMN_GROUPS = 8
 
 
 @dataclass(frozen=True)
 class CudaReductionSchedule:
-    """How a CUDA reduction runs: `n_outer` kept positions, one block each (blocks stride over them past
-    MAX_BLOCKS), `threads` threads per block (a power of two) striding over the `n_red` reduced positions."""
+    """How a CUDA reduction runs over `n_outer` kept positions and `n_red` reduced positions per kept position.
 
+    layout "rows": one block per kept position (blocks stride over them past MAX_BLOCKS), its `threads` threads (a
+      power of two) striding over the reduced positions, then a tree over the threads.
+    layout "columns" (the last dim kept, e.g. a bias gradient): a block per tile of WARP consecutive kept positions,
+      a thread per (kept position, row group): threadIdx.x walks the kept positions, so a warp reads consecutive
+      memory, and `threads` row groups (threadIdx.y) stride over the reduced positions; then a tree over the groups.
+    """
+
+    layout: str
     n_outer: int
     n_red: int
     threads: int
 
     @property
+    def tiles(self) -> int:
+        """Blocks' worth of kept positions: n_outer (rows) or tiles of WARP of them (columns)."""
+        return self.n_outer if self.layout == "rows" else -(-self.n_outer // WARP)
+
+    @property
     def launch(self) -> Launch:
-        return Launch((max(1, min(self.n_outer, MAX_BLOCKS)),), (self.threads,))
+        block = (self.threads,) if self.layout == "rows" else (WARP, self.threads)
+        return Launch((max(1, min(self.tiles, MAX_BLOCKS)),), block)
 
 
 def reduction_schedule(shape, dims) -> CudaReductionSchedule:
-    """The schedule of a reduction over `shape` reducing `dims`: threads for the reduced positions, a power of two
-    between a warp and THREADS."""
+    """The schedule of a reduction over `shape` reducing `dims` (see CudaReductionSchedule): rows take a power of
+    two between a warp and THREADS threads, columns up to COLUMN_GROUPS row groups."""
     n_outer = math.prod(s for d, s in enumerate(shape) if d not in dims)
     n_red = math.prod(shape[d] for d in dims)
-    threads = min(THREADS, max(WARP, 1 << max(0, n_red - 1).bit_length()))
-    return CudaReductionSchedule(n_outer, n_red, threads)
+    pow2 = 1 << max(0, n_red - 1).bit_length()  # the reduced positions, rounded up to a power of two
+    if shape and (len(shape) - 1) not in dims and shape[-1] > 1 and n_red > 1:
+        return CudaReductionSchedule("columns", n_outer, n_red, min(COLUMN_GROUPS, pow2))
+    return CudaReductionSchedule("rows", n_outer, n_red, min(THREADS, max(WARP, pow2)))
 
 
 def gen_reduction(kb: CudaKernelBuilder) -> None:
@@ -64,34 +85,50 @@ def gen_reduction(kb: CudaKernelBuilder) -> None:
     pro_outs = [a for a in kb.outs if a.node in prologue_set]
     epi_outs = [a for a in kb.outs if a.node not in prologue_set]
     kept = [d for d in range(len(shape)) if d not in dims]
-    schedule = reduction_schedule(shape, dims)
-    threads = schedule.threads
+    s = reduction_schedule(shape, dims)
 
     # the pass: prologue arrays at base(o) over the kept dims + offset(r) over the reduced dims
     pro_arrays = pro_ins + pro_outs
     strides = [broadcast_strides(a.shape, shape) for a in pro_arrays]
-    o_lines, o_offs = emit_offsets([shape[d] for d in kept], [[s[d] for d in kept] for s in strides], "o", "o_")
-    r_lines, r_offs = emit_offsets([shape[d] for d in dims], [[s[d] for d in dims] for s in strides], "r", "r_")
+    o_lines, o_offs = emit_offsets([shape[d] for d in kept], [[st[d] for d in kept] for st in strides], "o", "o_")
+    r_lines, r_offs = emit_offsets([shape[d] for d in dims], [[st[d] for d in dims] for st in strides], "r", "r_")
     refs = [f"{a.arg}[{' + '.join(t for t in (oo, ro) if t != '0') or '0'}]"
             for a, oo, ro in zip(pro_arrays, o_offs, r_offs)]
-    _, loads, pro_body, pro_stores, env = kb.scalar_pass(pro_ins, pro_outs, refs, set(), prologue)
+    invariant = {k for k, ro in enumerate(r_offs[:len(pro_ins)]) if ro == "0"}  # loaded once per kept position
+    o_loads, loads, pro_body, pro_stores, env = kb.scalar_pass(pro_ins, pro_outs, refs, invariant, prologue)
+    o_lines = o_lines + o_loads
     combines = [f"{a.acc} = {_fold(kb, a, a.acc, _as_acc(kb, env[a.source], a))}" for a in accs]
-    lines = [f"{_shared(a)} = cuda.shared.array({threads}, {ctor(a.acc_dtype)})" for a in accs]
-    lines += ["t = cuda.threadIdx.x", f"for o in range(cuda.blockIdx.x, {schedule.n_outer}, cuda.gridDim.x):"]
-    row = o_lines + [f"{a.acc} = {a.identity}" for a in accs]
-    row += [f"for r in range(t, {schedule.n_red}, {threads}):"]
-    row += indent(r_lines + loads + pro_body + pro_stores + combines)
-    row += [f"{_shared(a)}[t] = {a.acc}" for a in accs] + ["cuda.syncthreads()"]
-    step = threads // 2
-    while step:  # the tree: halve the live threads, each folding in its partner's partial result
-        folds = [f"{_shared(a)}[t] = {_fold(kb, a, f'{_shared(a)}[t]', f'{_shared(a)}[t + {step}]')}" for a in accs]
-        row += [f"if t < {step}:"] + indent(folds) + ["cuda.syncthreads()"]
+    finish = _finish(kb, accs, out_shape, epilogue, epi_ins, epi_outs, env)
+    if s.layout == "rows":
+        lane, group, sizes = "t", "t", f"{s.threads}"
+        lines = ["t = cuda.threadIdx.x", f"for o in range(cuda.blockIdx.x, {s.n_outer}, cuda.gridDim.x):"]
+        task = o_lines + [f"{a.acc} = {a.identity}" for a in accs]
+        task += [f"for r in range(t, {s.n_red}, {s.threads}):"] + indent(r_lines + loads + pro_body + pro_stores
+                                                                         + combines)
+        partner = lambda step: f"t + {step}"  # noqa: E731
+        last, done = "t == 0", "0"
+    else:
+        lane, group, sizes = "ty, tx", "ty", f"({s.threads}, {WARP})"
+        lines = ["tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
+                 f"for tile in range(cuda.blockIdx.x, {s.tiles}, cuda.gridDim.x):"]
+        task = [f"o = tile * {WARP} + tx"] + [f"{a.acc} = {a.identity}" for a in accs]
+        task += [f"if o < {s.n_outer}:"] + indent(o_lines + [f"for r in range(ty, {s.n_red}, {s.threads}):"]
+                                                  + indent(r_lines + loads + pro_body + pro_stores + combines))
+        partner = lambda step: f"ty + {step}, tx"  # noqa: E731
+        last, done = f"ty == 0 and o < {s.n_outer}", "0, tx"
+    lines = [f"{_shared(a)} = cuda.shared.array({sizes}, {ctor(a.acc_dtype)})" for a in accs] + lines
+    task += [f"{_shared(a)}[{lane}] = {a.acc}" for a in accs] + ["cuda.syncthreads()"]
+    step = s.threads // 2
+    while step:  # the tree: halve the live row groups, each folding in its partner's partial result
+        folds = [f"{_shared(a)}[{lane}] = {_fold(kb, a, f'{_shared(a)}[{lane}]', f'{_shared(a)}[{partner(step)}]')}"
+                 for a in accs]
+        task += [f"if {group} < {step}:"] + indent(folds) + ["cuda.syncthreads()"]
         step //= 2
-    row += ["if t == 0:"] + indent(_finish(kb, accs, out_shape, epilogue, epi_ins, epi_outs, env))
-    # NOTE: the next row overwrites the shared arrays: every thread waits until thread 0 has read them
-    row += ["cuda.syncthreads()"]
-    lines += indent(row)
-    f = CudaFunction(kb.name, kb.ins + kb.outs, lines, schedule.launch)
+    task += [f"if {last}:"] + indent([line.replace("SHARED_AT", done) for line in finish])
+    # NOTE: the next task overwrites the shared arrays: every thread waits until the finishing ones have read them
+    task += ["cuda.syncthreads()"]
+    lines += indent(task)
+    f = CudaFunction(kb.name, kb.ins + kb.outs, lines, s.launch)
     kb.functions.append(f)
     kb.launch = [f.launch_line()]
 
@@ -112,13 +149,14 @@ def _as_acc(kb: CudaKernelBuilder, value: Value, acc) -> str:
 
 
 def _finish(kb: CudaKernelBuilder, accs, out_shape, epilogue, epi_ins, epi_outs, env: dict[Node, Value]) -> list[str]:
-    """Thread 0's lines for kept position o: the reductions' values, the epilogue, the stores."""
+    """The finishing thread's lines for kept position o: the reductions' values (from SHARED_AT, the index the
+    layout's tree leaves them at), the epilogue, the stores."""
     e_lines, e_offs = emit_offsets(out_shape, [broadcast_strides(a.shape, out_shape) for a in epi_ins + epi_outs],
                                    "o", "e_")
     lines = []
     for a in accs:
         env[a.node] = Value(kb.value_name(a.node), a.out_dtype)
-        lines.append(f"{kb.value_name(a.node)} = {kb.dialect.cast(f'{_shared(a)}[0]', a.out_dtype)}")
+        lines.append(f"{kb.value_name(a.node)} = {kb.dialect.cast(f'{_shared(a)}[SHARED_AT]', a.out_dtype)}")
     lines += e_lines + [f"{kb.value_name(a.node)} = {a.arg}[{off}]" for a, off in zip(epi_ins, e_offs)]
     for a in epi_ins:
         env[a.node] = Value(kb.value_name(a.node), a.dtype)
