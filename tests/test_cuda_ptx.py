@@ -92,3 +92,31 @@ def test_the_source_is_a_function_of_the_computation_only():
     a, b = cuda.generate(first.kernel), cuda.generate(second.kernel)
     assert a.source == b.source and a.legend != b.legend
     assert not any(n.name in a.source for n in second.kernel.nodes)
+
+
+def test_explain_shows_cuda_source_launches_and_registers():
+    import nnc
+    import runtime as torch
+    from models import MLP
+
+    report = nnc.explain(MLP((12, 8, 6, 3)), torch.randn(4, 12), backward=True, target="cuda")
+    kernels = report.kernels + report.backward_kernels
+    generated = [k for k in kernels if k.generated]
+    assert report.target == "cuda" and len(generated) == len([k for k in kernels if k.kind != "opaque"]) > 3
+    for k in generated:
+        assert "@cuda.jit" in k.source and "def launch(ins, outs):" in k.source, k.name
+        assert k.launch and "grid [" in k.launch[0] and "block [" in k.launch[0], k.name
+        if cuda.find_ptxas() is not None:
+            assert "registers" in k.resources and "spill" in k.resources, k.resources
+    assert "target cuda" in str(report) and "(cuda; k_" in str(report)
+    with pytest.raises(ValueError, match="unknown code generation target 'gpu'"):
+        nnc.explain(MLP((12, 8, 6, 3)), torch.randn(4, 12), target="gpu")
+
+
+def test_dump_codegen_for_the_cuda_target(capsys):
+    from nnc.cli import main
+
+    assert main(["dump", "examples/models.py:mlp", "--input", "float32[2,784]", "--stage", "codegen",
+                 "--target", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("@cuda.jit") >= 3 and "# launch k_" in out and "@njit" not in out

@@ -189,6 +189,23 @@ def ptx_resources(ptx: str, cc: tuple = (8, 0), ptxas: str | None = None) -> Res
                      int(spill.group(2)) if spill else 0, int(smem.group(1)) if smem else 0)
 
 
+def resource_summary(generated: CudaGenerated, kernel_name: str = "kernel", cc: tuple = (9, 0)) -> str:
+    """One line of ptxas's report for a generated module's kernels on sm_<cc> (registers per thread, spills,
+    shared memory), or why there is none (no toolkit, the simulator, a compile error)."""
+    where = f"sm_{cc[0]}{cc[1]}"
+    if simulator_enabled():
+        return f"{where}: no register report under numba's simulator"
+    ptxas = find_ptxas()
+    if ptxas is None:
+        return f"{where}: no register report (the CUDA toolkit's ptxas is not installed)"
+    try:
+        used = [ptx_resources(ptx, cc, ptxas) for ptx in compile_ptx(generated, cc, kernel_name).values()]
+    except Exception as error:  # a report, never a failure: say why
+        return f"{where}: no register report ({type(error).__name__}: {str(error)[:200]})"
+    return "; ".join(f"{where}: {r.registers} registers, {r.spill_stores} B spill stores, {r.spill_loads} B spill "
+                     f"loads, {r.shared} B shared" for r in used)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Compilation for a GPU (or the simulator) and running on device arrays
 # ---------------------------------------------------------------------------------------------------------------
