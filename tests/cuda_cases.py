@@ -29,16 +29,18 @@ class KernelCase:
 
 
 class TinyCNN(nn.Module):
-    """Conv2d + ReLU + MaxPool2d, then Linear: examples/models.py's CNN at simulator-friendly sizes."""
+    """Conv2d + ReLU + MaxPool2d, a second Conv2d (its input gradient is a col2im), then Linear: examples/models.py's
+    CNN at simulator-friendly sizes."""
 
     def __init__(self, channels=2, size=6, classes=3):
         super().__init__()
         self.conv = nn.Conv2d(1, channels, kernel_size=3, padding=1)
         self.pool = nn.MaxPool2d(2)
-        self.fc = nn.Linear(channels * (size // 2) ** 2, classes)
+        self.conv2 = nn.Conv2d(channels, channels, kernel_size=2, stride=1)
+        self.fc = nn.Linear(channels * (size // 2 - 1) ** 2, classes)
 
     def forward(self, x):
-        return self.fc(self.pool(torch.relu(self.conv(x))).flatten(1))
+        return self.fc(self.conv2(self.pool(torch.relu(self.conv(x)))).flatten(1))
 
 
 def models(small: bool) -> list[tuple[str, nn.Module, torch.Tensor, object]]:
@@ -165,6 +167,20 @@ def hand_cases() -> list[KernelCase]:
                                  c("all", c("gt", x, -3.0), dims=(1,), keepdim=False)], shape=(5, 300)),
         _hand_case("integer sum of one", "reduction", {"a": i64(6, 1)},
                    lambda c, a: [c("sum", a, dims=(1,), keepdim=True)], shape=(6, 1)),
+        _hand_case("im2col strided dilated padded", "window", {"x": f32(2, 3, 7, 6)},
+                   lambda c, x: [c("im2col", x, **_window((2, 3), (2, 1), ((1, 1), (2, 0)), (2, 1)))]),
+        _hand_case("col2im strided dilated padded", "window", {"cols": f64(3 * 6, 2 * 4 * 6)},
+                   lambda c, cols: [c("col2im", cols, size=(7, 6), **_window((2, 3), (2, 1), ((1, 1), (2, 0)),
+                                                                             (2, 1)))]),
+        _hand_case("max_pool overlapping windows with nan", "window", {"x": _with_nans(2, 2, 7)},
+                   lambda c, x: [c("max_pool", x, **_window((3,), (2,), ((1, 1),), (1,)))]),
+        _hand_case("max_pool_backward ties and nan", "window",
+                   {"g": f64(1, 2, 4), "x": torch.tensor(np.array([[[1.0, 3, 3, 0, 2, np.nan, 2],
+                                                                    [5, 5, 5, 5, 5, 5, 5]]]))},
+                   lambda c, g, x: [c("max_pool_backward", g, x, **_window((3,), (2,), ((1, 1),), (1,)))]),
+        _hand_case("max_pool 3d", "window", {"x": f32(1, 2, 3, 4, 5)},
+                   lambda c, x: [c("max_pool", x, **_window((2, 2, 3), (1, 2, 2), ((0, 0), (1, 0), (1, 1)),
+                                                            (1, 1, 1)))]),
         _hand_case("batched matmul broadcast", "matmul", {"a": f32(2, 1, 3, 20), "b": f32(3, 20, 5)},
                    lambda c, a, b: [c("matmul", a, b)]),
         _hand_case("linear of a vector", "matmul", {"x": f64(17), "w": f64(3, 17), "b": f64(3)},
@@ -184,3 +200,7 @@ def _logsumexp(c, x):
 def _stored_prologue(c, x, g):
     p = c("mul", x, g)
     return [p, c("mul", c("sum", p, dims=(0, 1), keepdim=False), 0.5)]
+
+
+def _window(kernel, stride, padding, dilation) -> dict:
+    return {"kernel": kernel, "stride": stride, "padding": padding, "dilation": dilation}
