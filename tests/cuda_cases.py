@@ -92,8 +92,8 @@ def kernel_cases(small: bool, kinds=GENERATED_KINDS) -> list[KernelCase]:
             for kernel in plan.kernels:
                 if kernel.kind in kinds:
                     cases.append(KernelCase(f"{name} {part} {kernel.name}", kernel,
-                                            [np.ascontiguousarray(env[n]._data) for n in kernel.inputs],
-                                            [np.ascontiguousarray(env[n]._data) for n in kernel.outputs]))
+                                            [np.array(env[n]._data, order="C") for n in kernel.inputs],
+                                            [np.array(env[n]._data, order="C") for n in kernel.outputs]))
     return cases
 
 
@@ -122,8 +122,8 @@ def _hand_case(label: str, kind: str, inputs: dict, build, shape=None) -> Kernel
     kernel = Kernel(label.replace(" ", "_"), kind, nodes, used, outputs,
                     tuple(shape if shape is not None else outputs[-1].meta["shape"]))
     env = interpreter.env
-    return KernelCase(label, kernel, [np.ascontiguousarray(env[n]._data) for n in used],
-                      [np.ascontiguousarray(env[n]._data) for n in outputs])
+    return KernelCase(label, kernel, [np.array(env[n]._data, order="C") for n in used],
+                      [np.array(env[n]._data, order="C") for n in outputs])
 
 
 def _with_nans(*shape, dtype=np.float32):
@@ -159,6 +159,11 @@ def hand_cases() -> list[KernelCase]:
                    lambda c, x, w: [c("sum", c("mul", x, w), dims=(0,), keepdim=False)], shape=(37, 5)),
         _hand_case("column sum with prologue output and epilogue", "reduction", {"x": f32(2, 3, 70), "g": f32(70)},
                    lambda c, x, g: _stored_prologue(c, x, g), shape=(2, 3, 70)),
+        _hand_case("chunked full mean with stored square", "reduction", {"x": f32(2, 9000)},
+                   lambda c, x: _chunked_mean(c, x), shape=(2, 9000)),
+        _hand_case("chunked column sum and amax", "reduction", {"x": f32(20000, 3)},
+                   lambda c, x: [c("sum", x, dims=(0,), keepdim=False), c("amax", x, dims=(0,), keepdim=False)],
+                   shape=(20000, 3)),
         _hand_case("inner dims prod amin", "reduction", {"x": f32(3, 4, 2)},
                    lambda c, x: [c("prod", x, dims=(0, 2), keepdim=False), c("amin", x, dims=(0, 2), keepdim=False)],
                    shape=(3, 4, 2)),
@@ -204,3 +209,8 @@ def _stored_prologue(c, x, g):
 
 def _window(kernel, stride, padding, dilation) -> dict:
     return {"kernel": kernel, "stride": stride, "padding": padding, "dilation": dilation}
+
+
+def _chunked_mean(c, x):
+    square = c("mul", x, x)
+    return [square, c("mul", c("sum", square, dims=(0, 1), keepdim=False), 1 / 18000)]

@@ -243,7 +243,7 @@ class CudaCompiledKernel:
         for k, (a, (shape, dtype)) in enumerate(zip(inputs, self.in_specs)):
             _check_device_array(self.name, f"input {k}", a, shape, dtype)
         if out is None:
-            out = [cuda.device_array(shape, dtype) for shape, dtype in self.out_specs]
+            out = [cuda.device_array(tuple(shape), dtype) for shape, dtype in self.out_specs]
         elif len(out) != len(self.out_specs):
             raise ValueError(f"kernel {self.name} has {len(self.out_specs)} outputs, got {len(out)} out buffers")
         for k, (a, (shape, dtype)) in enumerate(zip(out, self.out_specs)):
