@@ -190,6 +190,10 @@ def hand_cases() -> list[KernelCase]:
                    lambda c, a, b: [c("matmul", a, b)]),
         _hand_case("linear of a vector", "matmul", {"x": f64(17), "w": f64(3, 17), "b": f64(3)},
                    lambda c, x, w, b: [c("tanh", c("add", c("linear", x, w), b))]),
+        _hand_case("blocked linear with epilogue", "matmul", {"x": f32(70, 20), "w": f32(66, 20), "b": f32(66)},
+                   lambda c, x, w, b: [c("relu", c("add", c("linear", x, w), b))]),
+        _hand_case("blocked batched matmul float64", "matmul", {"a": f64(2, 65, 17), "b": f64(1, 17, 80)},
+                   lambda c, a, b: [c("matmul", a, b)]),
         _hand_case("int64 matmul", "matmul", {"a": i64(33, 18), "b": i64(18, 2)},
                    lambda c, a, b: [c("matmul", a, b)]),
     ]

@@ -19,6 +19,26 @@ from nnc.codegen import cuda, targets  # noqa: E402
 from nnc.codegen.scalar import KernelCompileError  # noqa: E402
 
 
+def _nvvm_problem() -> str | None:
+    """Why numba.cuda cannot compile to PTX here (no CUDA toolkit's NVVM: numba-cuda without its [cu12] wheels)."""
+    from numba import cuda as numba_cuda, types
+
+    def probe(a):
+        a[0] = 1.0
+
+    try:
+        numba_cuda.compile_ptx(probe, (types.float32[::1],), cc=(8, 0))
+    except Exception as error:
+        return f"{type(error).__name__}: {str(error)[:200]}"
+    return None
+
+
+_PROBLEM = _nvvm_problem()
+if _PROBLEM:
+    pytest.skip(f"numba.cuda cannot compile to PTX here (install numba-cuda[cu12]): {_PROBLEM}",
+                allow_module_level=True)
+
+
 @pytest.fixture(scope="module")
 def generated():
     """(label, kind, generated module) per distinct module the models and the hand-built cases make."""
@@ -54,7 +74,7 @@ def test_every_kernel_compiles_to_ptx(generated, cc):
             assert f".target sm_{cc[0]}{cc[1]}" in text and ".entry" in text and name in text, label
 
 
-def test_ptxas_assembles_without_spills(generated):
+def test_ptxas_assembles_without_spills_or_local_memory(generated):
     ptxas = cuda.find_ptxas()
     if ptxas is None:
         pytest.skip("the CUDA toolkit's ptxas is not installed")
@@ -63,7 +83,7 @@ def test_ptxas_assembles_without_spills(generated):
         for name, ptx in ptx_of(label, module, (9, 0)).items():
             used = cuda.ptx_resources(ptx, (9, 0), ptxas)
             report.append((label, kind, used))
-            assert used.spill_stores == 0 and used.spill_loads == 0, (label, used)
+            assert used.spill_stores == 0 and used.spill_loads == 0 and used.stack == 0, (label, used)
             assert 0 < used.registers <= 255, (label, used)
     most = max(report, key=lambda r: r[2].registers)
     print(f"\n{len(report)} kernels for sm_90; most registers: {most[0]} ({most[1]}) {most[2]}")

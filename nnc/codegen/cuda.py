@@ -158,17 +158,20 @@ def find_ptxas() -> str | None:
 
 @dataclass(frozen=True)
 class Resources:
-    """What ptxas reports for one kernel: registers per thread, spilled bytes, shared memory bytes."""
+    """What ptxas reports for one kernel: registers per thread, spilled bytes, shared memory bytes, and the stack
+    frame (local memory: a local array that did not stay in registers)."""
 
     registers: int
     spill_stores: int
     spill_loads: int
     shared: int
+    stack: int = 0
 
 
 _USED = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_STACK = re.compile(r"(\d+) bytes stack frame")
 
 
 def ptx_resources(ptx: str, cc: tuple = (8, 0), ptxas: str | None = None) -> Resources:
@@ -184,9 +187,10 @@ def ptx_resources(ptx: str, cc: tuple = (8, 0), ptxas: str | None = None) -> Res
     if done.returncode:
         raise RuntimeError(f"ptxas failed: {done.stderr.strip()[:2000]}")
     report = done.stderr + done.stdout
-    used, spill, smem = _USED.search(report), _SPILL.search(report), _SMEM.search(report)
+    used, spill, smem, stack = _USED.search(report), _SPILL.search(report), _SMEM.search(report), _STACK.search(report)
     return Resources(int(used.group(1)) if used else 0, int(spill.group(1)) if spill else 0,
-                     int(spill.group(2)) if spill else 0, int(smem.group(1)) if smem else 0)
+                     int(spill.group(2)) if spill else 0, int(smem.group(1)) if smem else 0,
+                     int(stack.group(1)) if stack else 0)
 
 
 def resource_summary(generated: CudaGenerated, kernel_name: str = "kernel", cc: tuple = (9, 0)) -> str:
@@ -203,7 +207,7 @@ def resource_summary(generated: CudaGenerated, kernel_name: str = "kernel", cc: 
     except Exception as error:  # a report, never a failure: say why
         return f"{where}: no register report ({type(error).__name__}: {str(error)[:200]})"
     return "; ".join(f"{where}: {r.registers} registers, {r.spill_stores} B spill stores, {r.spill_loads} B spill "
-                     f"loads, {r.shared} B shared" for r in used)
+                     f"loads, {r.stack} B stack, {r.shared} B shared" for r in used)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
-"""CUDA matmul kernels: a generated tiled matmul (TILE x TILE output tiles, one thread an output element, the
-operands staged through shared memory a TILE-wide slice of the summed dim at a time) with the elementwise epilogue
-fused: each thread runs the epilogue's scalar body on its product and stores, so the product never goes to memory
-unless it is an output itself.
+"""CUDA matmul kernels: a generated tiled matmul with the elementwise epilogue fused: each thread runs the
+epilogue's scalar body on its products and stores, so the product never goes to memory unless it is an output.
+
+Two tilings (CudaMatmulSchedule.blocked): products of at least BLOCKED_MIN rows and columns take BIG x BIG output
+tiles, each of the 16 x 16 threads computing REG x REG outputs (strided by 16, so warps read shared memory without
+bank conflicts and store coalesced) from operand slices of TILE along the summed dim staged through shared memory;
+smaller ones (a batch of a few rows) take TILE x TILE tiles, one output a thread.
 
 Shapes: linear (x[..., K] @ w[N, K]^T) and matmul with a 2-D right operand run as one M x N product over all rows
 of the left operand; a batched matmul runs one product per batch position (grid z, broadcast batch dims read at
@@ -21,13 +24,17 @@ from .indexing import broadcast_strides, emit_offsets
 from .scalar import Unsupported, Value, ctor, node_dtype, node_shape
 
 TILE = 16
+REG = 4              # outputs per thread along each dim of a blocked tile
+BIG = TILE * REG     # a blocked tile's rows and columns
+BLOCKED_MIN = BIG    # the blocked tiling from this many rows and columns
 MAX_GRID_YZ = 65535  # CUDA's limit on grid dims y and z
 
 
 @dataclass(frozen=True)
 class CudaMatmulSchedule:
     """A product of `batch` M x K by K x N matrices, as tiles of TILE x TILE outputs (grid x over N, y over M,
-    z over the batch, striding past MAX_GRID_YZ). transposed: the right operand is a linear's weight [N, K]."""
+    z over the batch, striding past MAX_GRID_YZ); blocked: BIG x BIG tiles, REG x REG outputs a thread.
+    transposed: the right operand is a linear's weight [N, K]."""
 
     op: str
     batch: int
@@ -37,8 +44,16 @@ class CudaMatmulSchedule:
     transposed: bool
 
     @property
+    def blocked(self) -> bool:
+        return self.m >= BLOCKED_MIN and self.n >= BLOCKED_MIN
+
+    @property
+    def tile(self) -> int:
+        return BIG if self.blocked else TILE
+
+    @property
     def launch(self) -> Launch:
-        return Launch((-(-self.n // TILE), -(-self.m // TILE), min(self.batch, MAX_GRID_YZ)), (TILE, TILE))
+        return Launch((-(-self.n // self.tile), -(-self.m // self.tile), min(self.batch, MAX_GRID_YZ)), (TILE, TILE))
 
 
 def matmul_schedule(op_name: str, a_shape, b_shape, out_shape) -> CudaMatmulSchedule:
@@ -50,7 +65,7 @@ def matmul_schedule(op_name: str, a_shape, b_shape, out_shape) -> CudaMatmulSche
     else:
         schedule = CudaMatmulSchedule(op_name, math.prod(out_shape[:-2]), a_shape[-2], a_shape[-1], b_shape[-1],
                                       False)
-    if -(-schedule.m // TILE) > MAX_GRID_YZ:
+    if -(-schedule.m // schedule.tile) > MAX_GRID_YZ:
         raise Unsupported(f"a product of {schedule.m} rows needs more than {MAX_GRID_YZ} blocks along grid y")
     return schedule
 
@@ -78,6 +93,22 @@ def gen_matmul(kb: CudaKernelBuilder) -> None:
             raise Unsupported(f"epilogue node {n.name} has shape {list(node_shape(n))}, not the matmul "
                               f"output shape {list(mm_shape)}")
     s = matmul_schedule(op.name, a_arr.shape, b_arr.shape, mm_shape)
+    if s.blocked:
+        lines, product = _blocked_product(kb, s, a_arr, b_arr, mm, epilogue, dtype, mm_shape)
+    else:
+        lines, product = _simple_product(kb, s, a_arr, b_arr, mm, epilogue, dtype, mm_shape)
+    if s.batch > 1:
+        lines += [f"for z in range(cuda.blockIdx.z, {s.batch}, cuda.gridDim.z):"]
+        lines += indent(_batch_bases(a_arr.shape, b_arr.shape, mm_shape, s) + product)
+    else:
+        lines += product
+    f = CudaFunction(kb.name, kb.ins + kb.outs, lines, s.launch)
+    kb.functions.append(f)
+    kb.launch = [f.launch_line()]
+
+
+def _simple_product(kb, s: CudaMatmulSchedule, a_arr, b_arr, mm, epilogue, dtype, mm_shape):
+    """(lines before the batch loop, the product and epilogue): TILE x TILE tiles, one output a thread."""
     zero = kb.dialect.literal(0, dtype)
     lines = [f"tile_a = cuda.shared.array(({TILE}, {TILE + 1}), {ctor(dtype)})",
              f"tile_b = cuda.shared.array(({TILE}, {TILE + 1}), {ctor(dtype)})",
@@ -96,15 +127,48 @@ def gen_matmul(kb: CudaKernelBuilder) -> None:
                                "    acc += tile_a[ty, kk] * tile_b[kk, tx]", "cuda.syncthreads()"])
     flat = "z * {} + i * {} + j".format(s.m * s.n, s.n) if s.batch > 1 else f"i * {s.n} + j"
     product += [f"if i < {s.m} and j < {s.n}:"] + indent([f"flat = {flat}"]
-                                                          + _epilogue(kb, mm, epilogue, dtype, mm_shape))
-    if s.batch > 1:
-        lines += [f"for z in range(cuda.blockIdx.z, {s.batch}, cuda.gridDim.z):"]
-        lines += indent(_batch_bases(a_arr.shape, b_arr.shape, mm_shape, s) + product)
+                                                          + _epilogue(kb, mm, epilogue, dtype, mm_shape, "acc"))
+    return lines, product
+
+
+def _blocked_product(kb, s: CudaMatmulSchedule, a_arr, b_arr, mm, epilogue, dtype, mm_shape):
+    """(lines before the batch loop, the product and epilogue): BIG x BIG tiles; thread (ty, tx) computes the
+    outputs at rows ty + 16 p and columns tx + 16 q (p, q < REG) in registers."""
+    zero, t = kb.dialect.literal(0, dtype), ctor(dtype)
+    threads = TILE * TILE
+    lines = [f"tile_a = cuda.shared.array(({TILE}, {BIG + 1}), {t})  # [k, row]",
+             f"tile_b = cuda.shared.array(({TILE}, {BIG + 1}), {t})  # [k, column]",
+             "tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y", f"tid = ty * {TILE} + tx",
+             f"m0 = cuda.blockIdx.y * {BIG}", f"n0 = cuda.blockIdx.x * {BIG}"]
+    a0 = "a0 + " if s.batch > 1 else ""
+    b0 = "b0 + " if s.batch > 1 else ""
+    # each thread stages REG elements of each operand's slice: element e of the tile, read along k (a and a linear's
+    # weight: rows contiguous in k) or along the columns (a matmul's right operand)
+    loads = [f"e = tid + l * {threads}", f"row = e // {TILE}", f"col = e % {TILE}",
+             f"tile_a[col, row] = {a_arr.arg}[{a0}(m0 + row) * {s.k} + k0 + col] "
+             f"if m0 + row < {s.m} and k0 + col < {s.k} else {zero}"]
+    if s.transposed:
+        loads.append(f"tile_b[col, row] = {b_arr.arg}[(n0 + row) * {s.k} + k0 + col] "
+                     f"if n0 + row < {s.n} and k0 + col < {s.k} else {zero}")
     else:
-        lines += product
-    f = CudaFunction(kb.name, kb.ins + kb.outs, lines, s.launch)
-    kb.functions.append(f)
-    kb.launch = [f.launch_line()]
+        loads += [f"kr = e // {BIG}", f"nc = e % {BIG}",
+                  f"tile_b[kr, nc] = {b_arr.arg}[{b0}(k0 + kr) * {s.n} + n0 + nc] "
+                  f"if k0 + kr < {s.k} and n0 + nc < {s.n} else {zero}"]
+    product = [f"acc = cuda.local.array(({REG}, {REG}), {t})", f"b_reg = cuda.local.array({REG}, {t})",
+               f"for p in range({REG}):", f"    for q in range({REG}):", f"        acc[p, q] = {zero}",
+               f"for k0 in range(0, {s.k}, {TILE}):"]
+    product += indent([f"for l in range({REG}):"] + indent(loads) + ["cuda.syncthreads()"])
+    product += indent([f"for kk in range({TILE}):",
+                       f"    for q in range({REG}):", f"        b_reg[q] = tile_b[kk, tx + q * {TILE}]",
+                       f"    for p in range({REG}):", f"        a_val = tile_a[kk, ty + p * {TILE}]",
+                       f"        for q in range({REG}):", "            acc[p, q] += a_val * b_reg[q]",
+                       "cuda.syncthreads()"])
+    flat = f"z * {s.m * s.n} + i * {s.n} + j" if s.batch > 1 else f"i * {s.n} + j"
+    store = [f"if i < {s.m} and j < {s.n}:"] + indent([f"flat = {flat}"]
+                                                      + _epilogue(kb, mm, epilogue, dtype, mm_shape, "acc[p, q]"))
+    product += [f"for p in range({REG}):", f"    i = m0 + ty + p * {TILE}", f"    for q in range({REG}):",
+                f"        j = n0 + tx + q * {TILE}"] + indent(store, 2)
+    return lines, product
 
 
 def _batch_bases(a_shape, b_shape, out_shape, s: CudaMatmulSchedule) -> list[str]:
@@ -116,14 +180,14 @@ def _batch_bases(a_shape, b_shape, out_shape, s: CudaMatmulSchedule) -> list[str
     return lines + [f"a0 = {a0}", f"b0 = {b0}"]
 
 
-def _epilogue(kb: CudaKernelBuilder, mm: Node, epilogue, dtype, mm_shape) -> list[str]:
-    """The lines a thread runs on its product `acc` at flat output index `flat`: the epilogue inputs' loads, the
-    epilogue's scalar body, the stores of every output."""
+def _epilogue(kb: CudaKernelBuilder, mm: Node, epilogue, dtype, mm_shape, product: str) -> list[str]:
+    """The lines a thread runs on its product (the expression `product`) at flat output index `flat`: the epilogue
+    inputs' loads, the epilogue's scalar body, the stores of every output."""
     env = {mm: Value(kb.value_name(mm), dtype)}
     ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in epilogue)]
     arrays = ins + kb.outs
     index_lines, offs = emit_offsets(mm_shape, [broadcast_strides(a.shape, mm_shape) for a in arrays], "flat", "e_")
-    lines = [f"{kb.value_name(mm)} = acc"] + index_lines
+    lines = [f"{kb.value_name(mm)} = {product}"] + index_lines
     for a, off in zip(ins, offs):
         env[a.node] = Value(kb.value_name(a.node), a.dtype)
         lines.append(f"{env[a.node].name} = {a.arg}[{off}]")
