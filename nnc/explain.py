@@ -43,6 +43,9 @@ class Report:
 
     def forward_mode(self) -> str:
         """One line: how the forward runs (whole-graph mode, or kernel by kernel and why)."""
+        if self.target == "cuda":
+            return ("target cuda: CUDA kernels generated (and compiled to PTX where the toolkit is installed), not "
+                    "run; the forward launches them one by one (whole-graph mode is CPU only)")
         if self.whole_graph:
             return "forward: one numba function (whole-graph mode)"
         return f"forward: kernel by kernel (not whole-graph: {self.whole_graph_reason})"
@@ -50,9 +53,7 @@ class Report:
     def __str__(self) -> str:
         lines = [f"{len(self.kernels)} forward kernels, {len(self.backward_kernels)} backward kernels; "
                  f"compile {self.compile_seconds:.2f} s, {self.cache_hits} kernels from the disk cache"]
-        lines.append(self.forward_mode() if self.target == "cpu" else
-                     "target cuda: CUDA kernels generated (and compiled to PTX where the toolkit is installed), "
-                     "not run")
+        lines.append(self.forward_mode())
         if self.sizes:
             lines.append("symbolic sizes:")
             lines.extend(f"  {line}" for line in self.sizes.splitlines())
