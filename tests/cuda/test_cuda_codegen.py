@@ -83,3 +83,19 @@ def test_bad_device_arguments_are_clear_errors():
 def test_model_kernels_at_full_size_on_a_gpu(model):
     for case in _model_cases(small=False)[model]:
         check(case)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="checks tools/bench_cuda_kernels.py under numba's CUDA simulator")
+def test_the_cuda_benchmark_runs_in_the_simulator():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, str(root / "tools" / "bench_cuda_kernels.py"), "--quick", "--repeats", "1",
+                           "--cases", "membound,mlp_infer_b1"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "device: numba's simulator" in done.stdout and "of the copy" in done.stdout
+    assert "mlp infer b1: all kernels" in done.stdout and "3 launches" in done.stdout
