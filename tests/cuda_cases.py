@@ -153,6 +153,10 @@ def hand_cases() -> list[KernelCase]:
                                  c("logical_or", c("lt", x, -1.0), c("gt", x, 1.0))]),
         _hand_case("size one", "elementwise", {"x": f32(1, 1), "y": f32(1)},
                    lambda c, x, y: [c("add", x, y)]),
+        _hand_case("size zero", "elementwise", {"x": f32(0, 3), "y": f32(3)},
+                   lambda c, x, y: [c("mul", c("exp", x), y)]),
+        _hand_case("sum over an empty dim", "reduction", {"x": f32(3, 0)},
+                   lambda c, x: [c("add", c("sum", x, dims=(1,), keepdim=False), 1.0)], shape=(3, 0)),
         _hand_case("row amax with nan and logsumexp", "reduction", {"x": _with_nans(4, 7)},
                    lambda c, x: _logsumexp(c, x), shape=(4, 7)),
         _hand_case("column sum float64", "reduction", {"x": f64(37, 5), "w": f64(5)},
@@ -194,10 +198,17 @@ def hand_cases() -> list[KernelCase]:
                    lambda c, x, w, b: [c("relu", c("add", c("linear", x, w), b))]),
         _hand_case("blocked batched matmul float64", "matmul", {"a": f64(2, 65, 17), "b": f64(1, 17, 80)},
                    lambda c, a, b: [c("matmul", a, b)]),
+        _hand_case("matmul summing over nothing", "matmul", {"a": f32(3, 0), "b": f32(0, 2)},
+                   lambda c, a, b: [c("matmul", a, b)]),
         _hand_case("int64 matmul", "matmul", {"a": i64(33, 18), "b": i64(18, 2)},
                    lambda c, a, b: [c("matmul", a, b)]),
     ]
     return cases
+
+
+def hand_case(label: str) -> KernelCase:
+    """The hand-built case of this label (built afresh)."""
+    return next(case for case in hand_cases() if case.label == label)
 
 
 def _logsumexp(c, x):

@@ -90,14 +90,14 @@ def test_ptxas_assembles_without_spills_or_local_memory(generated):
 
 
 def test_a_kernel_with_no_cuda_skeleton_is_a_clear_compile_error():
-    case = cuda_cases.hand_cases()[0]
+    case = cuda_cases.hand_case("nan maximum minimum sign clamp")
     case.kernel.kind = "opaque"
     with pytest.raises(KernelCompileError, match="kind 'opaque' has no CUDA code generation"):
         targets.generate(case.kernel, "cuda")
 
 
 def test_generation_dispatches_by_target():
-    case = cuda_cases.hand_cases()[0]
+    case = cuda_cases.hand_case("nan maximum minimum sign clamp")
     on_gpu, on_cpu = targets.generate(case.kernel, "cuda"), targets.generate(case.kernel, "cpu")
     assert "@cuda.jit" in on_gpu.source and "@njit" in on_cpu.source
     assert targets.launch_configuration(on_gpu) and not targets.launch_configuration(on_cpu)
@@ -106,7 +106,7 @@ def test_generation_dispatches_by_target():
 
 
 def test_the_source_is_a_function_of_the_computation_only():
-    first, second = cuda_cases.hand_cases()[5], cuda_cases.hand_cases()[5]
+    first, second = (cuda_cases.hand_case("row amax with nan and logsumexp") for _ in range(2))
     for node in second.kernel.nodes:
         node.name = f"renamed_{node.name}"
     a, b = cuda.generate(first.kernel), cuda.generate(second.kernel)
