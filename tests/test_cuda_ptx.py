@@ -140,3 +140,16 @@ def test_dump_codegen_for_the_cuda_target(capsys):
                  "--target", "cuda"]) == 0
     out = capsys.readouterr().out
     assert out.count("@cuda.jit") >= 3 and "# launch k_" in out and "@njit" not in out
+
+
+def test_compiled_code_is_cached_only_beside_the_kernel_sources(tmp_path, monkeypatch):
+    from nnc.codegen import cache
+
+    module = cuda_cases.hand_case("size one")
+    generated = cuda.generate(module.kernel)
+    loaded, path = cuda._load("size_one", generated)
+    dispatcher = getattr(loaded, next(iter(generated.signatures)))
+    assert dispatcher._cache.cache_path == str(path.parent / "__pycache__")
+    monkeypatch.setattr(cache, "cache_dir", lambda: tmp_path)  # the cache now lives elsewhere: not this directory
+    cuda._keep_compiled_code_private(loaded, generated)
+    assert dispatcher._cache.cache_path is None  # compiles in memory

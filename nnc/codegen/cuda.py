@@ -116,10 +116,26 @@ def numba_signature(dtypes) -> tuple:
 
 def _load(kernel_name: str, generated: CudaGenerated):
     try:
-        return cache.load_module(generated.source)[:2]
+        module, path, _ = cache.load_module(generated.source)
     except Exception as e:
         raise KernelCompileError(kernel_name, f"importing the generated CUDA module failed: "
                                               f"{type(e).__name__}: {e}") from e
+    _keep_compiled_code_private(module, generated)
+    return module, path
+
+
+def _keep_compiled_code_private(module, generated: CudaGenerated) -> None:
+    """Let numba-cuda's compiled-code cache (the kernels' `cache=True`) live only in the kernel cache's own
+    __pycache__, beside the sources (the directory nnc.codegen.cache checks for the CPU kernels' numba cache);
+    where NUMBA_CACHE_DIR points elsewhere, those kernels compile in memory and read and write nothing."""
+    private = os.path.realpath(cache.cache_dir() / "__pycache__")
+    for fname in generated.signatures:
+        dispatcher = getattr(module, fname)
+        where = getattr(getattr(dispatcher, "_cache", None), "cache_path", None)
+        if where is not None and os.path.realpath(where) != private:
+            from numba.cuda.core.caching import NullCache
+
+            dispatcher._cache = NullCache()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,7 +290,7 @@ def compile_kernel(kernel: Kernel) -> CudaCompiledKernel:
     start = time.perf_counter()
     generated = generate(kernel)
     module, path = _load(kernel.name, generated)
-    if not simulator_enabled():
+    if not simulator_enabled():  # NOTE: on a GPU, numba-cuda's cache (cache=True) may load it from disk
         for fname, dtypes in generated.signatures.items():
             try:
                 getattr(module, fname).compile(numba_signature(dtypes))

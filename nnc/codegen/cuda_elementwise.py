@@ -55,7 +55,7 @@ class CudaFunction:
 
     def source(self) -> str:
         doc = "; ".join(f"{a.arg}: {a.dtype.name}{list(a.shape)}" for a in self.args)
-        head = ["@cuda.jit", f"def {self.name}({', '.join(a.arg for a in self.args)}):", f"    # {doc}"]
+        head = ["@cuda.jit(cache=True)", f"def {self.name}({', '.join(a.arg for a in self.args)}):", f"    # {doc}"]
         return "\n".join(head + indent(self.lines))
 
     def launch_line(self, views=None) -> str:
