@@ -168,6 +168,9 @@ def hand_cases() -> list[KernelCase]:
         _hand_case("chunked column sum and amax", "reduction", {"x": f32(20000, 3)},
                    lambda c, x: [c("sum", x, dims=(0,), keepdim=False), c("amax", x, dims=(0,), keepdim=False)],
                    shape=(20000, 3)),
+        _hand_case("short rows a warp each softmax", "reduction", {"x": _with_nans(21, 3, 5)},
+                   lambda c, x: _logsumexp(c, x, dims=(1, 2)),
+                   shape=(21, 3, 5)),
         _hand_case("inner dims prod amin", "reduction", {"x": f32(3, 4, 2)},
                    lambda c, x: [c("prod", x, dims=(0, 2), keepdim=False), c("amin", x, dims=(0, 2), keepdim=False)],
                    shape=(3, 4, 2)),
@@ -211,9 +214,9 @@ def hand_case(label: str) -> KernelCase:
     return next(case for case in hand_cases() if case.label == label)
 
 
-def _logsumexp(c, x):
-    m = c("amax", x, dims=(1,), keepdim=True)
-    s = c("sum", c("exp", x), dims=(1,), keepdim=True)
+def _logsumexp(c, x, dims=(1,)):
+    m = c("amax", x, dims=dims, keepdim=True)
+    s = c("sum", c("exp", x), dims=dims, keepdim=True)
     return [m, c("add", c("log", s), m)]
 
 

@@ -43,6 +43,15 @@ def batched_matmul():
     return hand_kernel("scores", "matmul", {"q": f32(2, 4, 8, 16), "k": f32(2, 4, 16, 8)}, build)
 
 
+def short_rows():
+    """Row max and sum of exp over 10 classes at batch 64 (sibling reductions): a warp per row, 8 rows a block."""
+    def build(g, x):
+        m = call(g, "amax", x, dims=(1,), keepdim=True)
+        return [m, call(g, "log", call(g, "sum", call(g, "exp", x), dims=(1,), keepdim=True))]
+
+    return hand_kernel("lse_10", "reduction", {"x": f32(64, 10)}, build, shape=(64, 10))
+
+
 def window(op: str):
     """A 3x3, stride-2, padded 2-d window op (im2col or max_pool_backward) over [2, 3, 9, 9]."""
     attrs = {"kernel": (3, 3), "stride": (2, 2), "padding": ((1, 1), (1, 1)), "dilation": (1, 1)}
@@ -56,7 +65,7 @@ def window(op: str):
 CASES = {**{name: CPU_CASES[name] for name in ("elementwise_broadcast", "row_reduction", "column_reduction",
                                                  "chunked_reduction", "small_matmul", "mlp_backward",
                                                  "layer_backward")},
-         "blocked_linear": blocked_linear, "batched_matmul": batched_matmul,
+         "blocked_linear": blocked_linear, "short_rows": short_rows, "batched_matmul": batched_matmul,
          "im2col": lambda: window("im2col"), "max_pool_backward": lambda: window("max_pool_backward")}
 
 

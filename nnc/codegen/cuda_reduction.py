@@ -1,7 +1,8 @@
 """CUDA reduction kernels: one block per kept position (output row), its threads striding over the reduced
 positions, then a tree reduction in shared memory; thread 0 runs the epilogue and stores. When the last dim is kept
 (a bias gradient: a sum over the batch), a block takes a warp's width of consecutive kept positions instead, so that
-reads are coalesced, with groups of threads striding over the reduced positions (CudaReductionSchedule).
+reads are coalesced, with groups of threads striding over the reduced positions; and rows of at most a warp's width
+take a warp each, several a block (CudaReductionSchedule).
 
 As on the CPU (cpu_reduction), one pass computes the elementwise prologue (storing the prologue values the kernel
 outputs) and accumulates every sibling reduction of the kernel, each in its reducer's accumulator dtype (float32
@@ -26,6 +27,8 @@ from .scalar import Unsupported, Value, ctor, node_shape
 
 # Row groups of the column layout: a block is WARP kept positions x up to this many groups of reduced positions.
 COLUMN_GROUPS = 8
+# Kept positions (a warp each) per block of the warps layout (rows of at most a warp's width).
+WARP_ROWS = 8
 # A reduction with fewer than TARGET_BLOCKS blocks' worth of kept positions splits its reduced range into chunks
 # (at most MAX_CHUNKS, each of at least CHUNK_ELEMENTS input elements a block) until it has about TARGET_BLOCKS.
 TARGET_BLOCKS = 256
@@ -42,6 +45,8 @@ class CudaReductionSchedule:
     layout "columns" (the last dim kept, e.g. a bias gradient): a block per tile of WARP consecutive kept positions,
       a thread per (kept position, row group): threadIdx.x walks the kept positions, so a warp reads consecutive
       memory, and `threads` row groups (threadIdx.y) stride over the reduced positions; then a tree over the groups.
+    layout "warps" (rows of at most WARP reduced positions, many of them: a softmax over 10 classes): a warp per
+      kept position, WARP_ROWS of them a block (threadIdx.y), so that short rows do not take a block each.
     chunks (> 1): the reduced range is split into `chunks` chunks of `chunk` positions, a block per (tile, chunk),
       leaving partial results that a second kernel (`combine_launch`) folds per kept position before the epilogue.
     """
@@ -56,11 +61,13 @@ class CudaReductionSchedule:
     @property
     def tiles(self) -> int:
         """Blocks' worth of kept positions: n_outer (rows) or tiles of WARP of them (columns)."""
-        return self.n_outer if self.layout == "rows" else -(-self.n_outer // WARP)
+        if self.layout == "rows":
+            return self.n_outer
+        return -(-self.n_outer // (WARP if self.layout == "columns" else WARP_ROWS))
 
     @property
     def launch(self) -> Launch:
-        block = (self.threads,) if self.layout == "rows" else (WARP, self.threads)
+        block = {"rows": (self.threads,), "columns": (WARP, self.threads), "warps": (WARP, WARP_ROWS)}[self.layout]
         return Launch((max(1, min(self.tiles * self.chunks, MAX_BLOCKS)),), block)
 
     @property
@@ -77,6 +84,8 @@ def reduction_schedule(shape, dims) -> CudaReductionSchedule:
     if shape and (len(shape) - 1) not in dims and shape[-1] > 1 and n_red > 1:
         s = CudaReductionSchedule("columns", n_outer, n_red, min(COLUMN_GROUPS, pow2))
         width = min(WARP, n_outer)  # kept positions a block reads per reduced position
+    elif n_red <= WARP and n_outer > WARP_ROWS:
+        return CudaReductionSchedule("warps", n_outer, n_red, WARP)  # too little to split into chunks
     else:
         s = CudaReductionSchedule("rows", n_outer, n_red, min(THREADS, max(WARP, pow2)))
         width = 1
@@ -136,6 +145,15 @@ def gen_reduction(kb: CudaKernelBuilder) -> None:
                                                                              + combines)
         partner = lambda step: f"t + {step}"  # noqa: E731
         last, done = "t == 0", "0"
+    elif s.layout == "warps":
+        lane, group, sizes = "ty, tx", "tx", f"({WARP_ROWS}, {WARP})"
+        lines = ["tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
+                 f"for task in range(cuda.blockIdx.x, {s.tiles}, cuda.gridDim.x):"]
+        task = [f"o = task * {WARP_ROWS} + ty"] + [f"{a.acc} = {a.identity}" for a in accs]
+        task += [f"if o < {s.n_outer}:"] + indent(o_lines + [f"for r in range(tx, {s.n_red}, {WARP}):"]
+                                                  + indent(r_lines + loads + pro_body + pro_stores + combines))
+        partner = lambda step: f"ty, tx + {step}"  # noqa: E731
+        last, done = f"tx == 0 and o < {s.n_outer}", "ty, 0"
     else:
         lane, group, sizes = "ty, tx", "ty", f"({s.threads}, {WARP})"
         lines = ["tx = cuda.threadIdx.x", "ty = cuda.threadIdx.y",
