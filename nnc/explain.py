@@ -89,9 +89,6 @@ def _cuda_kernel_reports(plan, reports: list[KernelReport], resources: dict) -> 
 
     out = []
     for kernel, k in zip(plan.kernels, reports):
-        if kernel.kind == "opaque":
-            out.append(replace(k, generated=False, fallback="opaque: no CUDA kernel, runs as is"))
-            continue
         try:
             generated = cuda.generate(kernel)
         except KernelCompileError as error:

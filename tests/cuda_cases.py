@@ -14,8 +14,16 @@ from nnc.interpreter import Interpreter
 from runtime import nn
 from runtime.nn import functional as F
 
-# Kernel kinds the CUDA code generator has a skeleton for (nnc.codegen.cuda.SKELETONS; the rest run as is).
-GENERATED_KINDS = ("elementwise", "reduction", "matmul", "window")
+# Kernel kinds the CUDA code generator has a skeleton for (nnc.codegen.cuda.SKELETONS); "view": an opaque kernel of
+# one reshape, permute or expand (copied); other opaque kernels have none.
+GENERATED_KINDS = ("elementwise", "reduction", "matmul", "window", "view")
+
+
+def kind_of(kernel) -> str:
+    """A kernel's kind, with "view" for an opaque kernel that is one view of one tensor."""
+    from nnc.kernel import view_node
+
+    return "view" if kernel.kind == "opaque" and view_node(kernel) is not None else kernel.kind
 
 
 @dataclass
@@ -90,7 +98,7 @@ def kernel_cases(small: bool, kinds=GENERATED_KINDS) -> list[KernelCase]:
             env = interpreter.env
             part = "forward" if k == 0 else "backward"
             for kernel in plan.kernels:
-                if kernel.kind in kinds:
+                if kind_of(kernel) in kinds:
                     cases.append(KernelCase(f"{name} {part} {kernel.name}", kernel,
                                             [np.array(env[n]._data, order="C") for n in kernel.inputs],
                                             [np.array(env[n]._data, order="C") for n in kernel.outputs]))
@@ -193,6 +201,11 @@ def hand_cases() -> list[KernelCase]:
         _hand_case("max_pool 3d", "window", {"x": f32(1, 2, 3, 4, 5)},
                    lambda c, x: [c("max_pool", x, **_window((2, 2, 3), (1, 2, 2), ((0, 0), (1, 0), (1, 1)),
                                                             (1, 1, 1)))]),
+        _hand_case("permute negative dims", "opaque", {"x": f32(2, 3, 4)},
+                   lambda c, x: [c("permute", x, dims=(-1, 0, 1))]),
+        _hand_case("expand new and size-1 dims", "opaque", {"x": i64(3, 1)},
+                   lambda c, x: [c("expand", x, shape=(2, 3, 4))]),
+        _hand_case("reshape", "opaque", {"x": f32(2, 6)}, lambda c, x: [c("reshape", x, shape=(3, 2, 2))]),
         _hand_case("batched matmul broadcast", "matmul", {"a": f32(2, 1, 3, 20), "b": f32(3, 20, 5)},
                    lambda c, a, b: [c("matmul", a, b)]),
         _hand_case("linear of a vector", "matmul", {"x": f64(17), "w": f64(3, 17), "b": f64(3)},

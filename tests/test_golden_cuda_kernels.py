@@ -1,7 +1,7 @@
 """Golden generated CUDA kernels: the source nnc.codegen.cuda writes for the CPU golden cases (tests/
-test_golden_kernels.py) and a few CUDA-only shapes (a blocked matmul, window kernels), compared exactly with
-tests/golden/cuda_kernels/<case>.py.golden under their legend. Generation needs no GPU and no numba-cuda. After an
-intended change, regenerate and review:
+test_golden_kernels.py) and a few CUDA-only shapes (a blocked matmul, short rows, a view's copy, window kernels),
+compared exactly with tests/golden/cuda_kernels/<case>.py.golden under their legend. Generation needs no GPU and
+no numba-cuda. After an intended change, regenerate and review:
 
     NNC_UPDATE_GOLDEN=1 python -m pytest -q tests/test_golden_cuda_kernels.py
     git diff tests/golden/cuda_kernels/
@@ -66,6 +66,8 @@ CASES = {**{name: CPU_CASES[name] for name in ("elementwise_broadcast", "row_red
                                                  "chunked_reduction", "small_matmul", "mlp_backward",
                                                  "layer_backward")},
          "blocked_linear": blocked_linear, "short_rows": short_rows, "batched_matmul": batched_matmul,
+         "permute_copy": lambda: hand_kernel("permute", "opaque", {"x": f32(2, 3, 4)},
+                                             lambda g, x: [call(g, "permute", x, dims=(0, 2, 1))]),
          "im2col": lambda: window("im2col"), "max_pool_backward": lambda: window("max_pool_backward")}
 
 

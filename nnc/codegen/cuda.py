@@ -28,12 +28,15 @@ from .cpu_elementwise import KERNEL_NAME
 from .cuda_elementwise import CudaKernelBuilder, Launch, gen_elementwise
 from .cuda_matmul import gen_matmul
 from .cuda_reduction import gen_reduction
+from .cuda_views import gen_view
 from .cuda_window import gen_window
 from .scalar import KernelCompileError, Unsupported
 
 GENERATOR_VERSION = 1
-# The CUDA skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind).
-SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "matmul": gen_matmul, "window": gen_window}
+# The CUDA skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind); of the opaque kernels, only views
+# (a reshape, permute or expand) have one: a copy.
+SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "matmul": gen_matmul, "window": gen_window,
+             "opaque": gen_view}
 # The compute capabilities the PTX checks build for (Ampere A100, Hopper H100).
 ARCHITECTURES = ((8, 0), (9, 0))
 
