@@ -3,10 +3,11 @@
 module from the on-disk cache and compiles it for the GPU (or numba's simulator, NUMBA_ENABLE_CUDASIM=1).
 
 A kernel becomes readable Python, as on the CPU (nnc.codegen.cpu): the same scalar body (nnc.codegen.scalar, spelled
-by the CUDA dialect) inside a `cuda.jit` skeleton (cuda_elementwise, cuda_reduction, cuda_matmul, cuda_window), and a
-host `launch(ins, outs)` that starts each kernel with its launch configuration on flat device views. The source is a
-function of the computation only: kernels are named from a hash of the source, and identical kernels share one
-cache file. Kernels take numba device arrays (`numba.cuda.to_device`, `cuda.device_array`).
+by the CUDA dialect) inside a `cuda.jit` skeleton (cuda_elementwise, cuda_reduction, cuda_matmul, cuda_window, and
+cuda_views for the opaque kernels that are one view), and a host `launch(ins, outs)` that starts each kernel with
+its launch configuration on flat device views. The source is a function of the computation only: kernels are named
+from a hash of the source, and identical kernels share one cache file. Kernels take numba device arrays
+(`numba.cuda.to_device`, `cuda.device_array`).
 """
 from __future__ import annotations
 
