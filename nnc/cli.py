@@ -70,7 +70,8 @@ Stages, in the order nnc.compile runs them (graph stages print in any --format):
   fuse               the kernels (forward and backward): ops, why each boundary exists, bytes moved
                      (format text or json)
   memory             each graph's buffers for intermediate results, and the bytes reuse saves (text)
-  codegen            the generated numba source of every kernel (text)
+  codegen            the generated numba source of every kernel (text); with --target cuda the CUDA source,
+                     launch configuration and ptxas's registers per thread of every kernel (nothing runs)
   inference          the forward without gradients as nnc.compile runs it: the one numba function of
                      whole-graph mode (or why the forward runs kernel by kernel), then its kernels' source
 Old names still accepted: traced, decomposed (= simplify), backward (= simplify_backward),
@@ -144,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"output format: {', '.join(FORMATS)} (default: text)")
     dump.add_argument("--out", "-o", metavar="FILE", default=None,
                       help="write the output to FILE instead of standard output")
+    dump.add_argument("--target", "-t", choices=("cpu", "cuda"), default="cpu", dest="codegen_target",
+                      help="the code generation target the kernel stages show (default: cpu)")
     dump.add_argument("--verbose", "-v", action="store_true",
                       help="show full Python tracebacks for errors, and progress on standard error")
     dump.set_defaults(run=cmd_dump)
@@ -373,9 +376,9 @@ def _check_arity(module, specs, where: str) -> None:
                        f"in order.")
 
 
-def _compile_to(module, specs, stage: str, where: str, path: str):
+def _compile_to(module, specs, stage: str, where: str, path: str, codegen: bool = True):
     """The compiler's pipeline run on `module` for the --input tensors, as nnc.compile runs it: up to `stage` for
-    a graph stage, to the end for the kernel views."""
+    a graph stage, to the end for the kernel views (codegen=False: no CPU kernels compiled, for --target cuda)."""
     from runtime.autograd import no_grad
 
     from .compile import bind_arguments, split_arguments
@@ -383,7 +386,7 @@ def _compile_to(module, specs, stage: str, where: str, path: str):
 
     concrete, examples = split_arguments(bind_arguments(module, tuple(make_inputs(specs)), {}))
     needs_grad = stage != "inference" and any(p.requires_grad for p in module.parameters())
-    compilation = Compilation(module, concrete, examples, needs_grad)
+    compilation = Compilation(module, concrete, examples, needs_grad, codegen=codegen)
     try:
         with no_grad():  # as nnc.compile builds it
             return run_stages(compilation, until=stage if stage in GRAPH_STAGES else None)
@@ -493,8 +496,8 @@ def _memory_text(compilation) -> str:
     return "\n".join(lines)
 
 
-def _kernel_stage(compilation, stage: str, fmt: str) -> str:
-    """The fused kernels (a table or JSON), their buffers, or their generated source."""
+def _kernel_stage(compilation, stage: str, fmt: str, target: str = "cpu") -> str:
+    """The fused kernels (a table or JSON), their buffers, or their generated source (for the target)."""
     import dataclasses
     import json
 
@@ -505,7 +508,7 @@ def _kernel_stage(compilation, stage: str, fmt: str) -> str:
         raise CliError(f"--stage {stage} prints as {' or '.join(allowed)}, not {fmt!r}.")
     if stage == "memory":
         return _memory_text(compilation)
-    report = explain_report(compilation)
+    report = explain_report(compilation, target)
     if stage == "inference":
         sources = [report.whole_graph_source] if report.whole_graph else []
         return "\n\n".join(["# " + report.forward_mode()] + sources + [_kernel_source(k) for k in report.kernels])
@@ -547,10 +550,10 @@ def cmd_dump(args) -> int:
         return _write(args, _format(gm, args.fmt), stage)
     _check_arity(module, specs, where)
     _progress(args, f"running the compiler's stages up to {stage} on {', '.join(format_spec(*s) for s in specs)}")
-    compilation = _compile_to(module, specs, stage, where, path)
+    compilation = _compile_to(module, specs, stage, where, path, codegen=args.codegen_target == "cpu")
     if stage in GRAPH_STAGES:
         return _write(args, _graph_stage(compilation, stage, args.fmt, where), stage)
-    return _write(args, _kernel_stage(compilation, stage, args.fmt), stage)
+    return _write(args, _kernel_stage(compilation, stage, args.fmt, args.codegen_target), stage)
 
 
 def cmd_report(args) -> int:

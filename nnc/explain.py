@@ -20,6 +20,8 @@ class KernelReport:
     fallback: str = ""
     source: str = ""
     view: bool = False  # a reshape/permute/expand run as a numpy view (no code needed)
+    launch: list = field(default_factory=list)  # target "cuda": each GPU kernel's grid and block
+    resources: str = ""  # target "cuda": ptxas's registers per thread, spills and shared memory
 
 
 @dataclass
@@ -37,9 +39,13 @@ class Report:
     graph_breaks: list = field(default_factory=list)  # (submodule path, why it could not be traced)
     pieces: int = 0  # with gradients and opaque nodes: the compiled pieces between eager calls (nnc.split)
     sizes: str = ""  # with symbolic sizes: the symbols, and the guards a call's sizes must pass
+    target: str = "cpu"  # "cuda": the kernels' CUDA source and launches, generated but not run
 
     def forward_mode(self) -> str:
         """One line: how the forward runs (whole-graph mode, or kernel by kernel and why)."""
+        if self.target == "cuda":
+            return ("target cuda: CUDA kernels generated (and compiled to PTX where the toolkit is installed), not "
+                    "run; the forward launches them one by one (whole-graph mode is CPU only)")
         if self.whole_graph:
             return "forward: one numba function (whole-graph mode)"
         return f"forward: kernel by kernel (not whole-graph: {self.whole_graph_reason})"
@@ -68,10 +74,34 @@ class Report:
 
 
 def _kernel_line(k: KernelReport) -> str:
-    how = "numba" if k.generated else "numpy view" if k.view else \
+    how = ("cuda" if k.launch else "numba") if k.generated else "numpy view" if k.view else \
         ("interpreted: " + k.fallback if k.fallback else "interpreted")
+    how = "; ".join([how] + k.launch + ([k.resources] if k.resources else []))
     return (f"  {k.name:<16} {k.kind:<11} {k.bytes_moved / 1024:9.1f} KiB  [{', '.join(k.ops)}]  ({how})"
             + (f"  boundary: {k.reason}" if k.reason else ""))
+
+
+def _cuda_kernel_reports(plan, reports: list[KernelReport], resources: dict) -> list[KernelReport]:
+    """The reports of a plan compiled with codegen off, with each kernel's CUDA module in place of its CPU one:
+    source and launch configuration, and ptxas's resource line (`resources` memoizes it by source)."""
+    from .codegen import cuda
+    from .codegen.scalar import KernelCompileError
+
+    out = []
+    for kernel, k in zip(plan.kernels, reports):
+        try:
+            generated = cuda.generate(kernel)
+        except KernelCompileError as error:
+            out.append(replace(k, generated=False, fallback=error.reason))
+            continue
+        if generated.source not in resources:
+            resources[generated.source] = cuda.resource_summary(generated, kernel.name)
+        launch = generated.launch_summary()
+        source = "\n".join([f"# launch {line}" for line in launch] + [f"# {resources[generated.source]}",
+                                                                       generated.annotated])
+        out.append(replace(k, generated=True, fallback="", source=source, launch=launch,
+                           resources=resources[generated.source]))
+    return out
 
 
 def _kernel_reports(plan) -> list[KernelReport]:
@@ -89,24 +119,29 @@ def _kernel_reports(plan) -> list[KernelReport]:
     return reports
 
 
-def explain(module: Module, *args, backward: bool = False, **kwargs) -> Report:
+def explain(module: Module, *args, backward: bool = False, target: str = "cpu", **kwargs) -> Report:
     """Compile `module` for these arguments (any forward takes: tensors, nested tuples, Python values) and its
     backward, if asked, and report what came out: kernels, graph breaks and the nodes that run eagerly. Dimensions
-    marked with nnc.mark_dynamic compile with symbolic sizes, and the report lists the guards."""
+    marked with nnc.mark_dynamic compile with symbolic sizes, and the report lists the guards. target="cuda"
+    reports each kernel's CUDA source, launch configuration and ptxas's registers instead (nothing runs)."""
+    from .codegen.targets import check_target
     from .compile import bind_arguments, marked_placeholder_dims, root_trace_error, split_arguments
     from .pipeline import compile_arguments
 
+    check_target(target)
     arguments = bind_arguments(module, args, kwargs)
     concrete, examples = split_arguments(arguments)
     try:
-        compilation = compile_arguments(module, concrete, examples, needs_grad=backward,
+        compilation = compile_arguments(module, concrete, examples, needs_grad=backward, codegen=target == "cpu",
                                         dynamic=marked_placeholder_dims(arguments))
     except Exception as error:
         reason = root_trace_error(error)
         if reason is None:
             raise
+        if target != "cpu":
+            raise
         return _partly_compiled_report(module, reason, args, kwargs, backward)
-    return report(compilation)
+    return report(compilation, target)
 
 
 def _partly_compiled_report(module: Module, reason: str, args, kwargs, backward: bool) -> Report:
@@ -143,8 +178,9 @@ def _prefixed(kernel: KernelReport, path: str) -> KernelReport:
     return replace(kernel, name=f"{path}:{kernel.name}")
 
 
-def report(compilation) -> Report:
-    """The Report of a finished nnc.pipeline.Compilation."""
+def report(compilation, target: str = "cpu") -> Report:
+    """The Report of a finished nnc.pipeline.Compilation; target "cuda" (of one compiled with codegen off): the
+    kernels' CUDA modules."""
     forward_plans = [g.forward_plan or g.training_plan for g in compilation.graphs]
     first = forward_plans[0]
     result = Report(kernels=[k for plan in forward_plans for k in _kernel_reports(plan)],
@@ -160,4 +196,12 @@ def report(compilation) -> Report:
                     sizes=compilation.shape_env.describe() if compilation.shape_env is not None else "")
     result.backward_kernels = [k for g in compilation.graphs if g.backward_plan is not None
                                for k in _kernel_reports(g.backward_plan)]
+    if target == "cuda":
+        memo: dict = {}
+        backward_plans = [g.backward_plan for g in compilation.graphs if g.backward_plan is not None]
+        result.kernels = [k for plan in forward_plans
+                          for k in _cuda_kernel_reports(plan, _kernel_reports(plan), memo)]
+        result.backward_kernels = [k for plan in backward_plans
+                                   for k in _cuda_kernel_reports(plan, _kernel_reports(plan), memo)]
+        result.target, result.whole_graph = "cuda", False
     return result
