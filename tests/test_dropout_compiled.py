@@ -326,41 +326,22 @@ def test_draws_it_does_not_compile_stay_calls_that_draw_anew():
 # ---------------------------------------------------------------------------------------------------------------
 
 def _tiny_gpt(lib, dropout):
-    nn_, F_ = lib.nn, lib.nn.functional
-    n_embd, n_head, block, vocab = 32, 2, 16, 20
+    """examples/real_models.py's GPT (one block, dropout after the embeddings, in attention and after each
+    sublayer), returning its loss."""
+    from real_models import GPT, GPTConfig
 
-    class Block(nn_.Module):
+    config = GPTConfig(block_size=16, vocab_size=20, n_layer=1, n_head=2, n_embd=32, dropout=dropout)
+
+    class Loss(lib.nn.Module):
         def __init__(self):
             super().__init__()
-            self.ln1, self.ln2 = nn_.LayerNorm(n_embd), nn_.LayerNorm(n_embd)
-            self.qkv, self.proj = nn_.Linear(n_embd, 3 * n_embd), nn_.Linear(n_embd, n_embd)
-            self.fc, self.out = nn_.Linear(n_embd, 4 * n_embd), nn_.Linear(4 * n_embd, n_embd)
-            self.drop = nn_.Dropout(dropout)
-            self.register_buffer("mask", lib.tril(lib.ones(block, block)).view(1, 1, block, block))
-
-        def forward(self, x):
-            b, t, c = x.size()
-            q, k, v = self.qkv(self.ln1(x)).split(n_embd, dim=2)
-            q, k, v = (z.view(b, t, n_head, c // n_head).transpose(1, 2) for z in (q, k, v))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-            att = self.drop(att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf")).softmax(-1))
-            x = x + self.drop(self.proj((att @ v).transpose(1, 2).contiguous().view(b, t, c)))
-            return x + self.drop(self.out(F_.gelu(self.fc(self.ln2(x)))))
-
-    class GPT(nn_.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte = nn_.Embedding(vocab, n_embd)
-            self.block, self.head = Block(), nn_.Linear(n_embd, vocab)
-            self.drop = nn_.Dropout(dropout)
+            self.gpt = GPT(config)
 
         def forward(self, idx, targets):
-            x = self.drop(self.wte(idx))
-            return F_.cross_entropy(self.head(self.block(x)).view(-1, vocab), targets.view(-1))
+            return self.gpt(idx, targets)[1]
 
-    rng = np.random.default_rng(0)
-    data = rng.integers(0, vocab, (4, block + 1))
-    return GPT(), (lib.tensor(data[:, :-1]), lib.tensor(data[:, 1:]))
+    data = np.random.default_rng(0).integers(0, config.vocab_size, (4, config.block_size + 1))
+    return Loss(), (lib.tensor(data[:, :-1]), lib.tensor(data[:, 1:]))
 
 
 def _tiny_cnn(lib, dropout):
