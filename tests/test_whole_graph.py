@@ -84,7 +84,9 @@ class WithGetitem(Views):
         return e, flat[:, 1:3], m                # getitem: an opaque node the function cannot hold
 
 
-def test_views_between_kernels_are_numpy_views_inside_the_function():
+def test_views_between_kernels_fold_into_the_kernels_inside_the_function():
+    """The transpose, expand and reshapes fold into the kernels reading them (nnc.passes.views): no view is left
+    for run_graph to make (the reshape of the transposed [1, 4, 4] to [4, 4] is a view too)."""
     runtime.manual_seed(1)
     model = Views()
     x = runtime.randn(1, 4, 6)
@@ -92,7 +94,9 @@ def test_views_between_kernels_are_numpy_views_inside_the_function():
     assert plan.whole_graph, plan.whole_graph_reason
     assert_close(list(got), list(want))
     source = plan.steps[0].compiled.source
-    assert "np.transpose(" in source and "np.broadcast_to(" in source and "np.ascontiguousarray(" in source
+    assert "np.transpose(" not in source and "np.broadcast_to(" not in source
+    assert sum(len(k.meta["views"]) for k in plan.kernels) >= 3
+    assert [k.kind for k in plan.kernels] == ["matmul", "reduction", "elementwise", "matmul"]
 
 
 def test_an_opaque_node_keeps_the_graph_kernel_by_kernel_with_a_reason():

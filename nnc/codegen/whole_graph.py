@@ -139,6 +139,8 @@ class _Emitter:
     def emit(self) -> None:
         for kernel in self.kernels:
             if kernel.kind == "opaque":
+                for folded, m in kernel.meta.get("views", {}).items():
+                    self.folded_view(folded, m)
                 self.view(kernel.nodes[0])
             else:
                 self.launch(kernel)
@@ -172,6 +174,14 @@ class _Emitter:
             line = re.sub(r"\bins\[(\d+)\]", lambda m: ins[int(m.group(1))], line)
             line = re.sub(r"\bouts\[(\d+)\]", lambda m: outs[int(m.group(1))], line)
             self.lines.append(re.sub(r"\bmm\b", mm, line))
+
+    def folded_view(self, node: Node, m) -> None:
+        """A folded view (nnc.passes.views) a view step reads: numpy's strided view of its base."""
+        itemsize = np_dtype(node.meta["dtype"]).itemsize
+        self.var[node] = f"v_{node.name}"
+        self.non_contiguous.add(node)
+        self.lines.append(f"v_{node.name} = np.lib.stride_tricks.as_strided({self.read(m.base)}.reshape(-1)"
+                          f"[{m.offset}:], {tuple(m.shape)!r}, {tuple(s * itemsize for s in m.strides)!r})")
 
     def view(self, node: Node) -> None:
         op, args, attrs = op_and_attrs(node)
