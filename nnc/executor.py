@@ -128,14 +128,16 @@ class WholeGraphStep:
 
 class ViewStep:
     """A reshape, permute or expand node run as its op's numpy forward on the array (a view where numpy can make
-    one): no eager dispatch, no autograd bookkeeping, for a node the kernels around it read as an array."""
+    one): no eager dispatch, no autograd bookkeeping, for a node the kernels around it read as an array. A source
+    that is a folded view (nnc.passes.views) is made from its base first."""
 
-    def __init__(self, node: Node):
+    def __init__(self, node: Node, views: dict | None = None):
         from .codegen.scalar import op_and_attrs
 
         op, args, self.attrs = op_and_attrs(node)
         self.node, self.source, self.forward = node, args[0], op.forward
         self.nodes = [node]
+        self.folded = (views or {}).get(self.source)
 
     def bind(self, sizes: dict, values: tuple) -> "ViewStep":
         step = copy.copy(self)
@@ -143,15 +145,19 @@ class ViewStep:
         return step
 
     def run(self, env: dict, buffers=None) -> None:
-        env[self.node] = Tensor._from_array(self.forward(env[self.source]._data, **self.attrs))
+        m = self.folded
+        source = env[self.source]._data if m is None else m.apply(env[m.base]._data)
+        env[self.node] = Tensor._from_array(self.forward(source, **self.attrs))
 
 
 class InterpretedStep:
-    """Nodes run one by one with the op table's numpy forwards (opaque kernels, and the fallback)."""
+    """Nodes run one by one with the op table's numpy forwards (opaque kernels, and the fallback). A kernel's folded
+    views (nnc.passes.views) are made first, as numpy views of their bases."""
 
-    def __init__(self, nodes: list[Node], interpreter: Interpreter, reason: str):
+    def __init__(self, nodes: list[Node], interpreter: Interpreter, reason: str, views: dict | None = None):
         self.nodes, self.interpreter, self.reason = nodes, interpreter, reason
         self.calls = [(node, node.args, node.kwargs) for node in nodes]
+        self.views = list((views or {}).items())
 
     def bind(self, sizes: dict, values: tuple) -> "InterpretedStep":
         step = copy.copy(self)
@@ -160,6 +166,8 @@ class InterpretedStep:
 
     def run(self, env: dict, buffers=None) -> None:
         interpreter = self.interpreter
+        for view, m in self.views:
+            env[view] = Tensor._from_array(m.apply(env[m.base]._data))
         for node, args, kwargs in self.calls:
             args, kwargs = map_arg(args, env.__getitem__), map_arg(kwargs, env.__getitem__)
             env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
@@ -343,11 +351,12 @@ class Plan:
     def _step_for(self, kernel: Kernel, use_codegen: bool):
         view = view_node(kernel) if use_codegen else None
         if view is not None:
-            return ViewStep(view)
+            return ViewStep(view, kernel.meta.get("views"))
+        views = kernel.meta.get("views")
         if kernel.kind == "opaque" or not use_codegen:
-            return InterpretedStep(kernel.nodes, self.interpreter, "opaque" if use_codegen else "codegen off")
+            return InterpretedStep(kernel.nodes, self.interpreter, "opaque" if use_codegen else "codegen off", views)
         if _has_empty_value(kernel.nodes):  # nothing to loop over; numpy gets size-0 edge cases right
-            return InterpretedStep(kernel.nodes, self.interpreter, "size-0 values")
+            return InterpretedStep(kernel.nodes, self.interpreter, "size-0 values", views)
         from .codegen.cpu import compile_kernel
 
         try:
@@ -359,7 +368,7 @@ class Plan:
             self.fallbacks.append((kernel.name, reason))
             warnings.warn(f"nnc: kernel {kernel.name} failed to compile ({reason}); running it with the "
                           f"interpreter", RuntimeWarning, stacklevel=4)
-            return InterpretedStep(kernel.nodes, self.interpreter, reason)
+            return InterpretedStep(kernel.nodes, self.interpreter, reason, views)
         self.cache_hits += bool(getattr(compiled, "cache_hit", False))
         kernel.meta["source"] = getattr(compiled, "source", "")
         return KernelStep(kernel, compiled, self.reuse_outputs)

@@ -28,6 +28,7 @@ from .passes import functionalize
 from .passes.decompose import decompose
 from .passes.shapes import propagate_shapes
 from .passes.simplify import cse, dce, fold_constants, remove_noops
+from .passes.views import copy_strided_reshapes
 from .split import SplitGraph
 from .symbolic import DynamicSizeError, ShapeEnv, has_symbols
 from .trace import Tracer, TraceError, symbolic_trace
@@ -48,8 +49,10 @@ def debug(level: int, message: str) -> None:
 
 # -- the cleanup passes of the two simplify stages ------------------------------------------------------
 
-FORWARD_CLEANUPS = [("remove_noops", remove_noops), ("cse", cse), ("fold_constants", fold_constants), ("dce", dce)]
-BACKWARD_CLEANUPS = [("remove_noops", remove_noops), ("cse", cse), ("dce", dce)]
+FORWARD_CLEANUPS = [("remove_noops", remove_noops), ("cse", cse), ("fold_constants", fold_constants), ("dce", dce),
+                    ("copy_strided_reshapes", copy_strided_reshapes)]
+BACKWARD_CLEANUPS = [("remove_noops", remove_noops), ("cse", cse), ("dce", dce),
+                     ("copy_strided_reshapes", copy_strided_reshapes)]
 
 
 def run_passes(gm: GraphModule, passes, label: str) -> GraphModule:

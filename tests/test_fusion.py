@@ -65,6 +65,8 @@ def run_kernels(gm, kernels, examples):
     env = {n: interp.env[n] for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")}
     for k in kernels:
         local = {n: env[n] for n in k.inputs}  # KeyError: an input is not available yet
+        for view, m in k.meta.get("views", {}).items():  # folded views: read from their bases
+            local[view] = torch.tensor(m.apply(array(local[m.base])))
         for node in k.nodes:
             args = map_arg(node.args, local.__getitem__)
             kwargs = map_arg(node.kwargs, local.__getitem__)
@@ -480,7 +482,9 @@ def test_matmul_does_not_take_prologues():
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_views_and_gathers_stay_opaque():
+def test_views_fold_into_kernels_but_not_into_opaque_nodes():
+    """The reshape read by neg folds into neg's kernel (it reads exp's output as its base); the permute read by
+    gather (opaque) runs as a step of its own."""
     def body(g, x, idx):
         a = call(g, "exp", x)
         r = call(g, "reshape", a, shape=(8, 4))
@@ -490,12 +494,18 @@ def test_views_and_gathers_stay_opaque():
         return call(g, "add", gat, 1.0)
 
     gm, kernels = fused(body, X48(), torch.zeros(4, 8, dtype=torch.int64))
-    assert [(k.kind, ops(k)) for k in kernels] == [("elementwise", ["exp"]), ("opaque", ["reshape"]),
-                                                   ("elementwise", ["neg"]), ("opaque", ["permute"]),
-                                                   ("opaque", ["gather"]), ("elementwise", ["add"])]
-    assert kernels[1].reason.startswith("injective: view/shape op reshape")
-    assert kernels[4].reason.startswith("opaque: other op gather")
-    assert "feeds the injective op reshape" in kernels[0].reason
+    assert [(k.kind, ops(k)) for k in kernels] == [("elementwise", ["exp"]), ("elementwise", ["neg"]),
+                                                   ("opaque", ["permute"]), ("opaque", ["gather"]),
+                                                   ("elementwise", ["add"])]
+    assert [n.name for n in kernels[1].inputs] == ["exp"] and list(kernels[1].meta["views"]) == [r_node(gm)]
+    assert kernels[2].reason.startswith("injective: view/shape op permute runs as a step of its own")
+    assert "read by gather" in kernels[2].reason
+    assert kernels[3].reason.startswith("opaque: other op gather")
+    assert "read through the view reshape (reshape), folded into the indexing of neg" in kernels[0].reason
+
+
+def r_node(gm):
+    return next(n for n in gm.graph.nodes if n.name == "reshape")
 
 
 def test_opaque_node_between_same_shaped_nodes_blocks_merging():

@@ -64,6 +64,8 @@ def run_in_buffers(gm, kernels, examples, plan: MemoryPlan):
     env = {n: interp.env[n] for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")}
     for k in kernels:
         local = {n: env[n] for n in k.inputs}
+        for view, m in k.meta.get("views", {}).items():  # folded views read their bases' buffers
+            local[view] = torch.tensor(m.apply(array(local[m.base])))
         for node in k.nodes:
             local[node] = node.target(*map_arg(node.args, local.__getitem__), **map_arg(node.kwargs, local.__getitem__))
         for out in k.outputs:
@@ -120,7 +122,8 @@ def test_graph_outputs_and_views_of_inputs_are_not_planned():
 
     gm, kernels, plan = planned(body, X48())
     names = {n.name: why for n, why in plan.unplanned.items()}
-    assert names == {"reshape": "view of a graph input", "div": "graph output", "sum_1": "graph output"}
+    # the reshape is folded into exp's kernel, which reads x itself
+    assert names == {"div": "graph output", "sum_1": "graph output"}
     assert [n.name for n in plan.slots] == ["exp"]
 
 
@@ -139,9 +142,25 @@ def test_view_of_an_intermediate_keeps_its_base_alive():
     gm, kernels, plan = planned(body, X48())
     exp = next(n for n in gm.graph.nodes if n.name == "exp")
     reshape_1 = next(n for n in gm.graph.nodes if n.name == "reshape_1")
-    assert plan.aliases[reshape_1] is exp  # a view of a view of exp
-    last_reader = max(i for i, k in enumerate(kernels) if reshape_1 in k.inputs)
+    # both reshapes fold into the last kernel, which reads exp's buffer through them
+    last_reader = max(i for i, k in enumerate(kernels) if reshape_1 in k.meta["views"])
+    assert last_reader == len(kernels) - 1 and exp in kernels[last_reader].inputs
     assert plan.slots[exp].last_use == last_reader
+
+
+def test_a_view_kept_as_a_step_keeps_its_base_alive():
+    """A view read by an opaque node (gather) runs as a step and aliases its base's buffer."""
+    def body(g, x, idx):
+        a = call(g, "exp", x)
+        v = call(g, "reshape", a, shape=(8, 4))
+        s = call(g, "sum", call(g, "neg", x), **SUM1)
+        return call(g, "add", call(g, "gather", v, idx, dim=1), 1.0), s
+
+    gm, kernels, plan = planned(body, X48(), torch.zeros(8, 4, dtype=torch.int64))
+    exp = next(n for n in gm.graph.nodes if n.name == "exp")
+    view = next(n for n in gm.graph.nodes if n.name == "reshape")
+    gather = next(i for i, k in enumerate(kernels) if k.meta["ops"] == ["gather"])
+    assert plan.aliases[view] is exp and plan.slots[exp].last_use == gather
 
 
 def test_a_view_returned_by_the_graph_keeps_its_base_out_of_the_plan():

@@ -126,7 +126,8 @@ def schedule(kernel: Kernel) -> ElementwiseSchedule | ReductionSchedule | Matmul
         return window_schedule_of(kernel)
     if kernel.kind == "elementwise":
         kb = KernelBuilder(kernel)
-        return elementwise_schedule(tuple(kernel.shape), [a.shape for a in kb.ins + kb.outs])
+        arrays, shape = kb.reads + kb.outs, tuple(kernel.shape)
+        return elementwise_schedule(shape, [a.shape for a in arrays], [a.strides_in(shape) for a in arrays])
     raise Unsupported(f"kernel kind {kernel.kind!r} has no code generation (run it as is)")
 
 

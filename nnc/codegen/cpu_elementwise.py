@@ -19,7 +19,7 @@ from ..graph import Node
 from ..kernel import Kernel
 from ..symbolic import Shape
 from .cpu_dialect import CpuDialect
-from .indexing import broadcast_shape, broadcast_strides, collapse, emit_offsets
+from .indexing import broadcast_strides, broadcast_shape, collapse, emit_offsets, shifted, view_strides
 from .scalar import ScalarBody, Unsupported, Value, node_dtype, node_shape, op_and_attrs
 
 # NOTE: a warm parallel kernel costs ~1.6 µs, which alone would put the crossover near 2**16 elements; but between
@@ -33,12 +33,19 @@ _MIN_PARALLEL_ROWS = 64
 
 @dataclass
 class Array:
-    """One argument of a numba function: a 1-D C-contiguous view of a value."""
+    """One argument of a numba function: a 1-D C-contiguous view of a value; or one value a kernel reads from an
+    argument: a folded view (nnc.passes.views) reads its base's argument at `offset` with element `strides`."""
 
     arg: str
     node: Node
     shape: tuple
     dtype: np.dtype
+    offset: int = 0
+    strides: tuple | None = None  # None: C-contiguous over `shape`
+
+    def strides_in(self, full) -> list[int]:
+        """Element strides of this value read over the loop shape `full` (0 along broadcast dims)."""
+        return view_strides(self.shape, self.strides, full)
 
 
 @dataclass
@@ -105,6 +112,9 @@ class KernelBuilder:
         self._value_names: dict[Node, str] = {}
         for k, node in enumerate(kernel.inputs):
             self._value_names.setdefault(node, f"v_in{k}")
+        views = kernel.meta.get("views", {})  # folded views: read from their bases' arguments
+        for k, node in enumerate(views):
+            self._value_names[node] = f"v_view{k}"
         for i, node in enumerate(kernel.nodes):
             self._value_names[node] = f"v{i}_{py_name(getattr(getattr(node.target, 'op', None), 'name', 'node'))}"
         self.body = ScalarBody(self.dialect, self.value_name)
@@ -124,6 +134,29 @@ class KernelBuilder:
                 raise Unsupported(f"output {a.node.name} is not a node of the kernel")
         if not kernel.outputs:
             raise Unsupported("the kernel has no outputs")
+        self.reads = self._reads(views)
+
+    def _reads(self, views: dict) -> list[Array]:
+        """The values the kernel's nodes read from its arguments: inputs read as they are, then folded views."""
+        read = {a for n in self.kernel.nodes for a in n.all_input_nodes}
+        arg_of = {a.node: a for a in self.ins}
+        reads = [a for a in self.ins if a.node in read]
+        for node, m in views.items():
+            base = arg_of.get(m.base)
+            if base is None:
+                raise Unsupported(f"the base {m.base.name} of folded view {node.name} is not a kernel input")
+            reads.append(Array(base.arg, node, tuple(m.shape), base.dtype, int(m.offset), tuple(m.strides)))
+        return reads
+
+    def arguments(self, arrays) -> list[Array]:
+        """The distinct numba arguments behind some reads and outputs (a base read through views is one argument;
+        an array read and written in place is one argument, its last role naming it)."""
+        own = {a.arg: a for a in self.ins}
+        unique: dict[str, Array] = {}
+        for a in arrays:
+            unique.pop(a.arg, None)
+            unique[a.arg] = own.get(a.arg, a) if a.strides is not None else a
+        return list(unique.values())
 
     def value_name(self, node: Node) -> str:
         """The generated variable holding a node's scalar value (by its position in the kernel, see the class)."""
@@ -147,10 +180,9 @@ class KernelBuilder:
         # nodes that need their element's flat index (random draws) are indexed like contiguous arrays of their
         # shape: their offsets are computed with the arrays' (after them), and never loaded
         indexed = [n for n in nodes if op_and_attrs(n)[0].needs_index]
-        shapes = [a.shape for a in arrays] + [node_shape(n) for n in indexed]
-        schedule = elementwise_schedule(shape, shapes)
+        strides = [a.strides_in(shape) for a in arrays] + [broadcast_strides(node_shape(n), shape) for n in indexed]
+        schedule = elementwise_schedule(shape, [a.shape for a in arrays] + [node_shape(n) for n in indexed], strides)
         loop = schedule.loop
-        strides = [broadcast_strides(s, shape) for s in shapes]
         index_of: dict[Node, str] = {}
         hoisted: set[int] = set()
         if schedule.nested:
@@ -161,8 +193,9 @@ class KernelBuilder:
             length = schedule.length
             sizes, collapsed = collapse(list(shape), strides)
             row_lines, bases = emit_offsets(sizes[:-1], [st[:-1] for st in collapsed], "o", "o_")
+            bases = [shifted(base, a.offset) for a, base in zip(arrays, bases)] + bases[len(arrays):]
             base_vars: dict[str, str] = {}
-            views: set[str] = set()
+            views: dict[tuple, str] = {}  # (argument, row start, step) -> its row slice
             refs = []
             for k, (a, base, st) in enumerate(zip(arrays, bases, collapsed)):
                 if base != "0" and base not in base_vars:
@@ -174,9 +207,10 @@ class KernelBuilder:
                 if step and b == "0":  # a row the same for every o (a bias): the array itself
                     refs.append(f"{a.arg}[{'j' if step == 1 else f'j * {step}'}]")
                 elif step:
-                    view = f"row_{a.arg}"
-                    if view not in views:
-                        views.add(view)
+                    view = views.get((a.arg, b, step))
+                    if view is None:
+                        view = f"row_{a.arg}"
+                        view = views[(a.arg, b, step)] = view + (f"_{len(views)}" if view in views.values() else "")
                         span = (length - 1) * step + 1
                         row_lines.append(f"{view} = {a.arg}[{b}:{b} + {span}]")
                     refs.append(f"{view}[{'j' if step == 1 else f'j * {step}'}]")
@@ -198,7 +232,7 @@ class KernelBuilder:
             depth = 2
         else:
             index_lines, offsets = emit_offsets(shape, strides, "i", "i_")
-            refs = [f"{a.arg}[{off}]" for a, off in zip(arrays, offsets)]
+            refs = [f"{a.arg}[{shifted(off, a.offset)}]" for a, off in zip(arrays, offsets)]
             index_of = dict(zip(indexed, offsets[len(arrays):]))
             header = [f"for i in {loop}({schedule.numel}):"] + indent(index_lines)
             inner_loop = []
@@ -209,11 +243,7 @@ class KernelBuilder:
         finally:
             self.body.index_of = None
         header += indent(row_loads + inner_loop)
-        unique: dict[str, Array] = {}
-        for a in arrays:  # an array read and written in place is one argument (its last role names it)
-            unique.pop(a.arg, None)
-            unique[a.arg] = a
-        return Function(fname, list(unique.values()), header + indent(loads + body + stores, depth),
+        return Function(fname, self.arguments(arrays), header + indent(loads + body + stores, depth),
                         schedule.parallel)
 
     def scalar_pass(self, ins, outs, refs, hoisted, nodes):
@@ -277,11 +307,14 @@ class ElementwiseSchedule:
         return "prange" if self.parallel else "range"
 
 
-def elementwise_schedule(shape, array_shapes) -> ElementwiseSchedule:
-    """The schedule of an elementwise loop over `shape` reading and writing arrays of `array_shapes`."""
+def elementwise_schedule(shape, array_shapes, stride_lists=None) -> ElementwiseSchedule:
+    """The schedule of an elementwise loop over `shape` reading and writing arrays of `array_shapes` (C-contiguous,
+    or read with the given element `stride_lists` over `shape`: folded views)."""
     numel = math.prod(shape)
     parallel = numel >= PARALLEL_MIN_ELEMENTS
-    sizes, _ = collapse(list(shape), [broadcast_strides(s, shape) for s in array_shapes])
+    if stride_lists is None:
+        stride_lists = [view_strides(s, None, shape) for s in array_shapes]
+    sizes, _ = collapse(list(shape), stride_lists)
     rows = math.prod(sizes[:-1]) if sizes else 1
     if len(sizes) >= 2 and (not parallel or rows >= _MIN_PARALLEL_ROWS):
         return ElementwiseSchedule(numel, parallel, rows, sizes[-1])
@@ -298,6 +331,6 @@ def gen_elementwise(kb: KernelBuilder) -> None:
         if Shape(broadcast_shape(node_shape(n), shape) or ()) != Shape(shape):
             raise Unsupported(f"node {n.name} has shape {list(node_shape(n))}, which does not fit the kernel "
                               f"shape {list(shape)}")
-    f = kb.elementwise_function(kb.name, kb.kernel.nodes, kb.ins, kb.outs, shape)
+    f = kb.elementwise_function(kb.name, kb.kernel.nodes, kb.reads, kb.outs, shape)
     kb.functions.append(f)
     kb.launch = [launch_line(f)]

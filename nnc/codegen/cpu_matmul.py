@@ -118,7 +118,7 @@ def gen_matmul(kb: KernelBuilder) -> None:
     """A matmul kernel: the product (a loop function or a BLAS call in the launcher), then the epilogue."""
     k = kb.kernel
     mm, op, args = _anchor(k)
-    by_node = {a.node: a for a in kb.ins}
+    by_node = {a.node: a for a in kb.reads}
     if any(a not in by_node for a in args):
         raise Unsupported(f"the operands of {mm.name} are not kernel inputs")
     a_arr, b_arr = by_node[args[0]], by_node[args[1]]
@@ -142,31 +142,67 @@ def gen_matmul(kb: KernelBuilder) -> None:
         lines.append(f"mm = np.empty({mm_shape!r}, dtype={ctor(mm_dtype)})")
     else:
         lines.append(f"mm = {target}")
-    ia, ib = f"ins[{kb.ins.index(a_arr)}]", f"ins[{kb.ins.index(b_arr)}]"
     schedule = matmul_schedule(op.name, a_arr.shape, b_arr.shape, a_arr.dtype, b_arr.dtype, mm_dtype)
+    batched = schedule.form == "blas" and op.name == "matmul" and not (len(b_arr.shape) == 2 and len(a_arr.shape) >= 2)
+    blas_2d = schedule.form == "blas" and not batched
+    a_view_2d = blas_2d and len(a_arr.shape) == 2 and a_arr.strides is not None  # read whole: no reshape
+    ia = operand(a_arr, strided_ok=batched, transposed_ok=a_view_2d)
+    ib = operand(b_arr, strided_ok=batched, transposed_ok=blas_2d)
     if schedule.form != "blas":
         loop = _loop_function(kb, schedule, mm, a_arr, b_arr)
         kb.functions.append(loop)
         lines.append(f"{loop.name}({ia}.reshape(-1), {ib}.reshape(-1), mm.reshape(-1))")
     elif op.name == "linear":
         kdim, n_out = b_arr.shape[1], b_arr.shape[0]
-        lines.append(f"np.dot({ia}.reshape(-1, {kdim}), {ib}.T, out=mm.reshape(-1, {n_out}))")
+        rows = ia if a_view_2d else f"{ia}.reshape(-1, {kdim})"
+        lines.append(f"np.dot({rows}, {ib}.T, out=mm.reshape(-1, {n_out}))")
     elif len(b_arr.shape) == 2 and len(a_arr.shape) >= 2:
         kdim, n_out = b_arr.shape
-        lines.append(f"np.dot({ia}.reshape(-1, {kdim}), {ib}, out=mm.reshape(-1, {n_out}))")
+        rows = ia if a_view_2d else f"{ia}.reshape(-1, {kdim})"
+        lines.append(f"np.dot({rows}, {ib}, out=mm.reshape(-1, {n_out}))")
     else:
         lines.append(f"np.matmul({ia}, {ib}, out=mm)")
     if epilogue:
         # NOTE: in place, the product is read through the output's own argument: with two arguments pointing at
         # the same memory LLVM's runtime alias check fails and the loop runs scalar (measured 3.4x slower).
         mm_arr = Array(in_place.arg if in_place is not None else "mm", mm, mm_shape, mm_dtype)
-        ins = [mm_arr] + [a for a in kb.ins if any(a.node in n.all_input_nodes for n in epilogue)]
+        ins = [mm_arr] + [a for a in kb.reads if any(a.node in n.all_input_nodes for n in epilogue)]
         outs = [a for a in kb.outs if a.node is not mm]
         f = kb.elementwise_function(f"{kb.name}_epilogue", epilogue, ins, outs, mm_shape)
         kb.functions.append(f)
         flat = ["mm.reshape(-1)" if a.arg == "mm" else flat_view(a) for a in f.args]
         lines.append(f"{f.name}({', '.join(flat + f.symbols)})")
     kb.launch = lines
+
+
+def operand(a: Array, strided_ok: bool = False, transposed_ok: bool = False) -> str:
+    """The launcher's expression for a matmul operand: its input array, or a folded view (nnc.passes.views) of its
+    base's. A C-contiguous view is a slice of the flat base; a 2-D transposed one, where np.dot reads it whole,
+    its transpose (BLAS reads it as is); any other is numpy's strided view where BLAS may read it (np.matmul: the
+    batched products, run from Python), else its C-contiguous copy (np.dot's first operand when it is reshaped to
+    rows, and the generated loops, take contiguous operands)."""
+    flat = f"np.ascontiguousarray(ins[{int(a.arg[2:])}]).reshape(-1)"  # a strided input's flat view is no base
+    if a.strides is None:
+        return f"ins[{int(a.arg[2:])}]"
+    shape, strides, size = tuple(a.shape), tuple(a.strides), math.prod(a.shape)
+    run = f"{flat}[{a.offset}:{a.offset + size}]"
+    if strides == _c_order(shape, strides):
+        return f"{run}.reshape({shape!r})"
+    if transposed_ok and len(shape) == 2 and strides == _c_order(shape[::-1], strides[::-1])[::-1]:
+        return f"{run}.reshape({shape[::-1]!r}).T"
+    itemsize = a.dtype.itemsize
+    view = (f"np.lib.stride_tricks.as_strided({flat}[{a.offset}:], {shape!r}, "
+            f"{tuple(s * itemsize for s in strides)!r})")
+    return view if strided_ok else f"np.ascontiguousarray({view})"
+
+
+def _c_order(shape, strides) -> tuple:
+    """C-contiguous element strides of `shape` (a size-1 dim keeps its given stride: any stride fits it)."""
+    out, step = [0] * len(shape), 1
+    for k in reversed(range(len(shape))):
+        out[k] = strides[k] if shape[k] == 1 else step
+        step *= shape[k]
+    return tuple(out)
 
 
 def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr) -> Function:

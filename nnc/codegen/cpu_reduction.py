@@ -23,7 +23,7 @@ from ..graph import Node
 from ..kernel import Kernel
 from ..prims import Prim
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, indent, launch_line
-from .indexing import broadcast_strides, collapse, emit_offsets
+from .indexing import broadcast_strides, collapse, emit_offsets, shifted
 from .scalar import Dialect, Unsupported, Value, ctor, format_literal, node_dtype, node_shape, op_and_attrs
 
 # Reductions with fewer kept positions than this split the reduced range into chunks (a parallel two-pass form).
@@ -141,10 +141,10 @@ def gen_reduction(kb: KernelBuilder) -> None:
                               f"shape {list(out_shape)}")
         if any(a in prologue_set for a in n.all_input_nodes):
             raise Unsupported(f"epilogue node {n.name} reads a prologue value")
-    pro_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in prologue + red_nodes)]
-    epi_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in epilogue)]
+    pro_ins = [a for a in kb.reads if any(a.node in n.all_input_nodes for n in prologue + red_nodes)]
+    epi_ins = [a for a in kb.reads if any(a.node in n.all_input_nodes for n in epilogue)]
     for a in epi_ins:
-        broadcast_strides(a.shape, out_shape)
+        a.strides_in(out_shape)
     pro_outs = [a for a in kb.outs if a.node in prologue_set]
     epi_outs = [a for a in kb.outs if a.node not in prologue_set]
 
@@ -152,8 +152,8 @@ def gen_reduction(kb: KernelBuilder) -> None:
     schedule = reduction_schedule(shape, dims, blockable(accs))
 
     # epilogue over the reduced shape at flat index o
-    e_lines, e_offs = emit_offsets(out_shape, [broadcast_strides(a.shape, out_shape) for a in epi_ins + epi_outs],
-                                   "o", "e_")
+    e_lines, e_offs = emit_offsets(out_shape, [a.strides_in(out_shape) for a in epi_ins + epi_outs], "o", "e_")
+    e_offs = [shifted(off, a.offset) for a, off in zip(epi_ins + epi_outs, e_offs)]
     env: dict[Node, Value] = {}
 
     def finish_lines(results: list[str]) -> list[str]:
@@ -191,9 +191,10 @@ def _row_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept, 
     # provable there, so no negative-index wraparound and the prologue loop vectorizes); otherwise from the
     # digits of the absolute reduced index.
     pro_arrays = pro_ins + pro_outs
-    full_strides = [broadcast_strides(a.shape, shape) for a in pro_arrays]
+    full_strides = [a.strides_in(shape) for a in pro_arrays]
     o_lines, o_offs = emit_offsets([shape[d] for d in kept], [[s[d] for d in kept] for s in full_strides],
                                    "o", "o_")
+    o_offs = [shifted(off, a.offset) for a, off in zip(pro_arrays, o_offs)]
     red_sizes, red_strides = collapse([shape[d] for d in dims], [[s[d] for d in dims] for s in full_strides])
     linear = len(red_sizes) <= 1
     lo = "0" if chunks == 1 else f"c * {chunk}"
@@ -214,7 +215,7 @@ def _row_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept, 
             start = "" if lo == "0" and oo == "0" else start
             view = a.arg
             if start:
-                view = f"red_{a.arg}"
+                view = _read_name("red", a, k)
                 task_lines.append(f"{view} = {a.arg}[{start}:]")
             refs.append(f"{view}[{'r' if step == 1 else f'r * {step}'}]")
     else:
@@ -225,8 +226,8 @@ def _row_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept, 
             digit_lines = [f"ra = {lo} + r"] + digit_lines
         for k, (a, oo, ro) in enumerate(zip(pro_arrays, o_offs, r_offs)):
             if oo != "0" and ro != "0":
-                task_lines.append(f"b_{a.arg} = {oo}")
-                oo = f"b_{a.arg}"
+                task_lines.append(f"{_read_name('b', a, k)} = {oo}")
+                oo = _read_name("b", a, k)
             refs.append(f"{a.arg}[{' + '.join(t for t in (oo, ro) if t != '0') or '0'}]")
             if ro == "0" and k < len(pro_ins):
                 hoisted.add(k)
@@ -327,8 +328,9 @@ def column_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept
     n_outer, n_red = schedule.n_outer, schedule.n_red
     tile, chunk, chunks = schedule.tile, schedule.chunk, schedule.chunks
     arrays = pro_ins + pro_outs
-    strides = [broadcast_strides(a.shape, shape) for a in arrays]
+    strides = [a.strides_in(shape) for a in arrays]
     r_lines, r_offs = emit_offsets([shape[d] for d in dims], [[s[d] for d in dims] for s in strides], "r", "r_")
+    r_offs = [shifted(off, a.offset) for a, off in zip(arrays, r_offs)]
     ksizes, kstrides = collapse([shape[d] for d in kept], [[s[d] for d in kept] for s in strides])
     per_r, inner, refs, hoisted = list(r_lines), [], [], set()
     if len(ksizes) <= 1:  # the kept positions are one strided run per array: read through per-r slices
@@ -340,8 +342,9 @@ def column_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept
                     hoisted.add(k)
                 continue
             start = " + ".join(t for t in (ro, "o0" if step == 1 else f"o0 * {step}") if t != "0")
-            per_r.append(f"col_{a.arg} = {a.arg}[{start}:]")
-            refs.append(f"col_{a.arg}[{'oo' if step == 1 else f'oo * {step}'}]")
+            col = _read_name("col", a, k)
+            per_r.append(f"{col} = {a.arg}[{start}:]")
+            refs.append(f"{col}[{'oo' if step == 1 else f'oo * {step}'}]")
     else:
         o_lines, o_offs = emit_offsets([shape[d] for d in kept], [[s[d] for d in kept] for s in strides], "o",
                                        "o_")
@@ -481,6 +484,12 @@ def _column_tasks(n_outer: int, n_red: int, parallel: bool) -> tuple[int, int, i
         chunks = max(1, min(-(-_COLUMN_TASKS // n_tiles), n_red // _MIN_COLUMN_CHUNK))
     chunk = -(-n_red // chunks)
     return tile, n_tiles, chunk, -(-n_red // chunk)
+
+
+def _read_name(prefix: str, a, k: int) -> str:
+    """A per-task variable for read k of a pass: named by its argument, and by its position too when it is a folded
+    view (nnc.passes.views), since a base read through several views is one argument read at several places."""
+    return f"{prefix}_{a.arg}" if a.strides is None else f"{prefix}{k}_{a.arg}"
 
 
 def _split_reduction_kernel(nodes: list[Node], reductions: list[Node]) -> tuple[list[Node], list[Node]]:

@@ -14,19 +14,36 @@ from .scalar import Unsupported
 
 def broadcast_strides(shape, full) -> list[int]:
     """Element strides of a C-contiguous array of `shape` read broadcast to `full` (0 along broadcast dims)."""
+    return view_strides(shape, None, full)
+
+
+def view_strides(shape, strides, full) -> list[int]:
+    """Element strides of a value of `shape` stored with element `strides` (None: C-contiguous; a folded view's
+    strides, nnc.passes.views) read broadcast to `full` (0 along broadcast dims and dims of size 1)."""
     shape, full = tuple(shape), tuple(full)
     pad = len(full) - len(shape)
     if pad < 0:
         raise Unsupported(f"shape {list(shape)} does not broadcast to {list(full)}")
+    if strides is None:
+        strides, step = [0] * len(shape), 1
+        for k in reversed(range(len(shape))):
+            strides[k], step = step, step * shape[k]
     padded = (1,) * pad + shape
-    strides, step = [0] * len(full), 1
-    for k in reversed(range(len(full))):
+    stored = (0,) * pad + tuple(strides)
+    out = [0] * len(full)
+    for k in range(len(full)):
         if padded[k] == full[k] and full[k] != 1:
-            strides[k] = step
-            step *= padded[k]
+            out[k] = stored[k]
         elif padded[k] != 1:
             raise Unsupported(f"shape {list(shape)} does not broadcast to {list(full)}")
-    return strides
+    return out
+
+
+def shifted(expr: str, offset: int) -> str:
+    """An offset expression plus a constant element offset (a folded view's start in its base)."""
+    if not offset:
+        return expr
+    return str(offset) if expr == "0" else f"{expr} + {offset}"
 
 
 def broadcast_shape(a, b):

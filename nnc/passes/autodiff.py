@@ -7,9 +7,11 @@ Save-or-recompute rule. Some forward values cost the backward nothing: forward p
 parameters/buffers/constants (they exist whatever the backward keeps), and values already saved. When a rule reads
 another forward value v:
 
-  - If v is a cheap primitive (an elementwise prims.* call, not opaque), its *cone* is what recomputing it takes:
-    v and, recursively, the elementwise inputs the backward does not have yet. The cone stops at free values and at
-    *leaves* it cannot recompute (matmuls, reductions, views, opaque calls, ...), which would have to be saved.
+  - If v is a cheap primitive (an elementwise prims.* call, not opaque, or a view of one tensor: reshape, permute,
+    expand, basic getitem), its *cone* is what recomputing it takes: v and, recursively, the cheap inputs the
+    backward does not have yet. The cone stops at free values and at *leaves* it cannot recompute (matmuls,
+    reductions, opaque calls, ...), which would have to be saved. So the backward saves a view's base and
+    recomputes the view, which fusion folds into the kernels reading it (a view of a parameter costs nothing).
   - v is recomputed iff the bytes (shape x itemsize) of the leaves it would save are at most the bytes of v. On a
     tie, v is saved when the forward writes it to memory anyway (a matmul, view, opaque call or the graph output
     reads it) and some leaf is not written: saving the leaf would cost the forward an extra write.
@@ -37,6 +39,7 @@ from ..prims import Prim
 from ..symbolic import Shape
 from .decompose import GraphBuilder, MetaValue
 from .fusion import nbytes
+from .views import is_view_node
 
 
 class AutodiffError(RuntimeError):
@@ -120,7 +123,9 @@ class _Differentiator:
             for a in n.all_input_nodes:
                 if self._available(a) or a in cone:
                     continue
-                if _recomputable(a):
+                # NOTE: a view's base is a leaf: the forward stores it anyway (its readers index it), so the
+                # backward reads it too rather than recomputing it
+                if _recomputable(a) and (is_view_node(a) or not is_view_node(n)):
                     stack.append(a)
                 elif a not in self.saved_leaves:
                     leaves.add(a)
@@ -182,9 +187,12 @@ class _Differentiator:
 
 
 def _recomputable(node: Node) -> bool:
-    """A cheap primitive the backward may recompute: an elementwise prims.* call that is not opaque."""
+    """A cheap primitive the backward may recompute: an elementwise prims.* call that is not opaque, or a view of one
+    tensor (it costs nothing where fusion folds it into the kernels reading it, nnc.passes.views)."""
+    if "opaque_reason" in node.meta:
+        return False
     return node.op == "call_function" and isinstance(node.target, Prim) \
-        and node.target.op.kind == Kind.ELEMENTWISE and "opaque_reason" not in node.meta
+        and (node.target.op.kind == Kind.ELEMENTWISE or is_view_node(node))
 
 
 def _written(node: Node) -> bool:

@@ -55,8 +55,14 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      DAG would get a cycle). After grouping, the kernel DAG is built with networkx and checked to be acyclic, and
      kernels are ordered topologically (ties by graph position).
 
-No work is ever duplicated: a node belongs to exactly one kernel and no kernel recomputes another's node, so
-transcendental or otherwise expensive nodes (exp, erf, ...) are computed once by construction; `verify` checks it.
+Folded views (nnc.passes.views): after grouping, a view whose chain is a strided map of a stored base and whose
+readers are all elementwise, reduction or matmul kernels (or views with a map) belongs to no kernel: its readers
+take the base as an input and record the map in meta `views`; the base's producer says so in its boundary reason.
+The other views stay opaque kernels, and their reason says why (a graph output, an opaque reader, no map).
+
+No work is ever duplicated: a node belongs to exactly one kernel (a folded view to none: it does no work) and no
+kernel recomputes another's node, so transcendental or otherwise expensive nodes (exp, erf, ...) are computed once
+by construction; `verify` checks it.
 
 Every kernel records why it ends in `Kernel.reason` (the boundary reasons of the edges leaving it, or why an opaque
 node runs alone), and in meta: `ops` (op names), `ranks`, `bytes_moved` (bytes of inputs + outputs from shape and
@@ -77,6 +83,7 @@ from ..graph import Graph, Node, target_name
 from ..kernel import BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel
 from ..prims import Prim
 from ..symbolic import Shape
+from .views import fold_views, is_view_node, why_not_folded
 
 _NON_COMPUTE = ("placeholder", "get_attr", "output")
 
@@ -224,6 +231,7 @@ class _Fuser:
         self.group_of: dict[Node, _Group] = {}
         self.spans = _PrefixMax(len(graph.nodes))  # at each group's first position: its last position
         self.refused: dict[tuple[Node, Node], str] = {}  # (producer, consumer) -> why they were not merged
+        self.folded: dict = {}  # view node -> ViewMap, for the views folded into their readers (set by fuse)
         self.ipdom = self._post_dominators()
 
     # -- analyses ---------------------------------------------------------------------------------------------
@@ -568,6 +576,8 @@ def _edge_reason(p: Node, c: Node, fuser: _Fuser) -> str:
     """Why producer p and consumer c ended up in different kernels (c reads p across a kernel boundary)."""
     if c.op == "output":
         return f"{p.name} is a graph output"
+    if c in fuser.folded:
+        return _folded_view_reason(p, c, fuser.folded)
     pg, cg = fuser.group_of[p], fuser.group_of[c]
     if pg.kind == "opaque":
         return f"{p.name} is {RANK_NAMES[rank(p)]} and runs alone"
@@ -601,13 +611,28 @@ def _edge_reason(p: Node, c: Node, fuser: _Fuser) -> str:
     return f"{p.name} and {c.name} were not merged"
 
 
-def _opaque_reason(node: Node) -> str:
+def _folded_view_reason(p: Node, view: Node, folded: dict) -> str:
+    """Why p is stored although its reader is a view: the view is folded into the indexing of the kernels that
+    read it, which read p's memory."""
+    readers, stack = [], [view]
+    while stack:
+        for u in stack.pop().users:
+            if u in folded:
+                stack.append(u)
+            elif u not in readers:
+                readers.append(u)
+    return (f"{p.name} is read through the view {view.name} ({op_name(view)}), folded into the indexing of "
+            f"{', '.join(u.name for u in readers)}")
+
+
+def _opaque_reason(node: Node, graph: Graph, folded: dict) -> str:
     r = rank(node)
     op = op_of(node)
     if op is None:
         return f"opaque: {node.op} {target_name(node.target)} is not a primitive; run as is"
     if r == INJECTIVE:
-        return f"injective: view/shape op {op.name} runs as is (no code generation)"
+        return (f"injective: view/shape op {op.name} runs as a step of its own (not folded into its readers: "
+                f"{why_not_folded(node, graph, folded)})")
     if op.kind == Kind.REDUCTION:
         return f"opaque: reduction {op.name} has no fusable accumulator (OpDef.reducer); run as is"
     return f"opaque: {op.kind} op {op.name} runs as is"
@@ -624,6 +649,10 @@ def fuse(graph: Graph) -> list[Kernel]:
     groups = fuser.run()
     position = fuser.position
     graph_outputs = set(graph.output_node.all_input_nodes)
+    # views read only by kernels that index strided inputs are folded into them (nnc.passes.views): no kernel
+    folded = fuser.folded = fold_views(graph, lambda n: fuser.group_of[n].kind if n in fuser.group_of else "")
+    groups = [g for g in groups if not (g.nodes & folded.keys())]
+    stored = lambda arg: folded[arg].base if arg in folded else arg  # noqa: E731  (what a kernel reads)
 
     # the kernel DAG: it must stay acyclic
     dag = nx.DiGraph()
@@ -632,7 +661,7 @@ def fuse(graph: Graph) -> list[Kernel]:
     index = {id(g): i for i, g in enumerate(groups)}
     for i, group in enumerate(groups):
         for node in group.nodes:
-            for arg in node.all_input_nodes:
+            for arg in map(stored, node.all_input_nodes):
                 if arg.op not in _NON_COMPUTE and fuser.group_of[arg] is not group:
                     dag.add_edge(index[id(fuser.group_of[arg])], i)
     if not nx.is_directed_acyclic_graph(dag):
@@ -646,14 +675,17 @@ def fuse(graph: Graph) -> list[Kernel]:
         group = groups[i]
         nodes = sorted(group.nodes, key=position.__getitem__)
         inputs: dict[Node, None] = {}
+        views = {}  # folded views the kernel reads: it takes their bases as inputs
         for node in nodes:
             for arg in node.all_input_nodes:
+                if arg in folded:
+                    views[arg] = folded[arg]
                 if arg not in group.nodes:
-                    inputs.setdefault(arg, None)
+                    inputs.setdefault(stored(arg), None)
         outputs = [n for n in nodes if n in graph_outputs or any(u not in group.nodes for u in n.users)]
         boundaries = [(n, u, _edge_reason(n, u, fuser)) for n in outputs for u in n.users if u not in group.nodes]
         if group.kind == "opaque":
-            reason = _opaque_reason(nodes[0])
+            reason = _opaque_reason(nodes[0], graph, folded)
         elif boundaries:
             reason = "; ".join(dict.fromkeys(r for _, _, r in boundaries))
         else:
@@ -672,6 +704,7 @@ def fuse(graph: Graph) -> list[Kernel]:
             "bytes_moved": sum(nbytes(n) for n in inputs) + sum(nbytes(n) for n in outputs),
             "boundaries": [(p.name, c.name, r) for p, c, r in boundaries],
             "broadcast_inputs": [n for n in inputs if kind != "opaque" and _read_with_broadcasting(group, n)],
+            "views": views,
         }
         if kind in ("reduction", "matmul"):
             meta["anchor"] = min(group.anchors, key=position.__getitem__)
@@ -718,7 +751,12 @@ def verify(kernels: list[Kernel], graph: Graph) -> None:
     kernel's inputs come from earlier kernels, placeholders or get_attrs), form an acyclic DAG, and list the right
     inputs and outputs."""
     graph = getattr(graph, "graph", graph)
-    compute = [n for n in graph.nodes if n.op not in _NON_COMPUTE]
+    folded = {v: m for k in kernels for v, m in k.meta.get("views", {}).items()}
+    chained = set(folded)  # folded views, and the views only they read (the start of a folded chain)
+    for n in reversed(list(graph.nodes)):
+        if n.users and all(u in chained for u in n.users) and is_view_node(n):
+            chained.add(n)
+    compute = [n for n in graph.nodes if n.op not in _NON_COMPUTE and n not in chained]
     seen: dict[Node, str] = {}
     for k in kernels:
         for n in k.nodes:
@@ -733,7 +771,8 @@ def verify(kernels: list[Kernel], graph: Graph) -> None:
     outputs = set(graph.output_node.all_input_nodes)
     for k in kernels:
         members = set(k.nodes)
-        reads = {a for n in k.nodes for a in n.all_input_nodes if a not in members}
+        reads = {folded[a].base if a in folded else a
+                 for n in k.nodes for a in n.all_input_nodes if a not in members}
         if set(k.inputs) != reads or len(k.inputs) != len(reads):
             raise FusionError(f"{k.name}: inputs {k.inputs} should be {sorted(reads, key=str)}")
         late = [a.name for a in k.inputs if a not in available]

@@ -121,12 +121,13 @@ def plan_memory(kernels: list[Kernel], graph: Graph) -> MemoryPlan:
     kernel_of = {n: i for i, k in enumerate(kernels) for n in k.nodes}
     graph_outputs = set(graph.output_node.all_input_nodes)
 
-    # alias roots: a view of a view of x is a view of x
+    # alias roots: a view of a view of x is a view of x (and a view of a folded view reads that view's base)
+    folded = {view: m.base for k in kernels for view, m in k.meta.get("views", {}).items()}
     root: dict[Node, Node] = {}
     for i, k in enumerate(kernels):
         for node in k.outputs:
             if _is_alias(node, k):
-                base = node.args[0]
+                base = folded.get(node.args[0], node.args[0])
                 root[node] = root.get(base, base)
 
     # values that escape: graph outputs and the bases of views that are graph outputs
