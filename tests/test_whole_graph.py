@@ -81,7 +81,16 @@ class Views(nn.Module):
 class WithGetitem(Views):
     def forward(self, x):
         e, flat, m = super().forward(x)
-        return e, flat[:, 1:3], m                # getitem: an opaque node the function cannot hold
+        return e, flat[:, INDEX], m              # getitem with a tensor: an opaque node the function cannot hold
+
+
+INDEX = runtime.tensor([1, 2])
+
+
+class WithSlice(Views):
+    def forward(self, x):
+        e, flat, m = super().forward(x)
+        return e, flat[1:, 1:4:2], m             # a basic getitem: numpy's strided view inside the function
 
 
 def test_views_between_kernels_fold_into_the_kernels_inside_the_function():
@@ -112,6 +121,14 @@ def test_an_opaque_node_keeps_the_graph_kernel_by_kernel_with_a_reason():
         _, got, plan = run_both(model, x, whole_graph=True)
     assert not plan.whole_graph
     assert_close(list(got), list(want))
+
+
+def test_a_basic_getitem_output_is_a_strided_view_inside_the_function():
+    runtime.manual_seed(2)
+    want, got, plan = run_both(WithSlice(), runtime.randn(1, 4, 6))
+    assert plan.whole_graph, plan.whole_graph_reason
+    assert_close(list(got), list(want))
+    assert "as_strided(" in plan.steps[0].compiled.source
 
 
 def test_large_values_run_kernel_by_kernel():

@@ -145,17 +145,21 @@ def gen_matmul(kb: KernelBuilder) -> None:
     schedule = matmul_schedule(op.name, a_arr.shape, b_arr.shape, a_arr.dtype, b_arr.dtype, mm_dtype)
     batched = schedule.form == "blas" and op.name == "matmul" and not (len(b_arr.shape) == 2 and len(a_arr.shape) >= 2)
     blas_2d = schedule.form == "blas" and not batched
-    ia, ib = operand(a_arr, strided_ok=batched), operand(b_arr, strided_ok=batched, transposed_ok=blas_2d)
+    a_view_2d = blas_2d and len(a_arr.shape) == 2 and a_arr.strides is not None  # read whole: no reshape
+    ia = operand(a_arr, strided_ok=batched, transposed_ok=a_view_2d)
+    ib = operand(b_arr, strided_ok=batched, transposed_ok=blas_2d)
     if schedule.form != "blas":
         loop = _loop_function(kb, schedule, mm, a_arr, b_arr)
         kb.functions.append(loop)
         lines.append(f"{loop.name}({ia}.reshape(-1), {ib}.reshape(-1), mm.reshape(-1))")
     elif op.name == "linear":
         kdim, n_out = b_arr.shape[1], b_arr.shape[0]
-        lines.append(f"np.dot({ia}.reshape(-1, {kdim}), {ib}.T, out=mm.reshape(-1, {n_out}))")
+        rows = ia if a_view_2d else f"{ia}.reshape(-1, {kdim})"
+        lines.append(f"np.dot({rows}, {ib}.T, out=mm.reshape(-1, {n_out}))")
     elif len(b_arr.shape) == 2 and len(a_arr.shape) >= 2:
         kdim, n_out = b_arr.shape
-        lines.append(f"np.dot({ia}.reshape(-1, {kdim}), {ib}, out=mm.reshape(-1, {n_out}))")
+        rows = ia if a_view_2d else f"{ia}.reshape(-1, {kdim})"
+        lines.append(f"np.dot({rows}, {ib}, out=mm.reshape(-1, {n_out}))")
     else:
         lines.append(f"np.matmul({ia}, {ib}, out=mm)")
     if epilogue:
@@ -173,10 +177,10 @@ def gen_matmul(kb: KernelBuilder) -> None:
 
 def operand(a: Array, strided_ok: bool = False, transposed_ok: bool = False) -> str:
     """The launcher's expression for a matmul operand: its input array, or a folded view (nnc.passes.views) of its
-    base's. A C-contiguous view is a slice of the flat base; a 2-D transposed one, where np.dot's second operand,
+    base's. A C-contiguous view is a slice of the flat base; a 2-D transposed one, where np.dot reads it whole,
     its transpose (BLAS reads it as is); any other is numpy's strided view where BLAS may read it (np.matmul: the
-    batched products, run from Python), else its C-contiguous copy (the first operand of np.dot, reshaped, and the
-    generated loops take contiguous operands)."""
+    batched products, run from Python), else its C-contiguous copy (np.dot's first operand when it is reshaped to
+    rows, and the generated loops, take contiguous operands)."""
     flat = f"np.ascontiguousarray(ins[{int(a.arg[2:])}]).reshape(-1)"  # a strided input's flat view is no base
     if a.strides is None:
         return f"ins[{int(a.arg[2:])}]"

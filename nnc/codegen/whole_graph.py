@@ -12,9 +12,10 @@ WHOLE_GRAPH_MAX_ELEMENTS; inputs and parameters may be any size): these graphs a
 overhead (a few microseconds a launch) is a large part of the time, and their buffers come from malloc's free
 lists, so allocating them on every call costs less than planning them. Graphs with larger values run kernel by
 kernel (`nnc.executor.Plan`), with planned buffers that are reused between calls. A matmul left to BLAS also
-needs scipy (numba calls BLAS through it). View nodes compile to numpy views (reshape, transpose, broadcast_to);
-a kernel reading a non-contiguous view gets a contiguous copy, as the kernel-by-kernel executor does. Any other
-opaque node keeps the graph out of whole-graph mode.
+needs scipy (numba calls BLAS through it). Views are mostly folded into the kernels reading them
+(nnc.passes.views); the view nodes left compile to numpy views (reshape, transpose, broadcast_to; a basic getitem,
+or a view of a folded view, to `as_strided` of its base); a kernel reading a non-contiguous view gets a contiguous
+copy, as the kernel-by-kernel executor does. Any other opaque node keeps the graph out of whole-graph mode.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import numpy as np
 
 from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
+from ..passes.views import view_maps
 from . import cache
 from .cpu import Generated, all_writeable, compile_generated, generate, numba_signature_nd
 from .cpu_elementwise import py_name
@@ -61,8 +63,11 @@ def unsupported_reason(kernels: list[Kernel], graph: Graph) -> str | None:
             check_dtype(np_dtype(node.meta["dtype"]), f"node {node.name}")
         except Exception as error:
             return str(error)
+    maps = view_maps(graph)
     for kernel in kernels:
         view = view_node(kernel)
+        if kernel.kind == "opaque" and view is None and kernel.nodes[0] in maps:
+            continue  # a view with a strided map (a basic getitem): numpy's strided view of its base
         if kernel.kind == "opaque" and view is None:
             node = kernel.nodes[0]
             return f"opaque node {node.name} ({getattr(node.target, '__name__', node.target)}) runs in Python"
@@ -129,6 +134,7 @@ class _Emitter:
         self.copies: set[str] = set()
         self.lines: list[str] = []
         self.generated: list[tuple[Kernel, Generated]] = []
+        self.maps = view_maps(graph)
 
     def arguments(self) -> list[Node]:
         args = [n for n in self.graph.nodes if n.op in ("placeholder", "get_attr") and "shape" in n.meta]
@@ -138,7 +144,9 @@ class _Emitter:
 
     def emit(self) -> None:
         for kernel in self.kernels:
-            if kernel.kind == "opaque":
+            if kernel.kind == "opaque" and view_node(kernel) is None:
+                self.folded_view(kernel.nodes[0], self.maps[kernel.nodes[0]])  # a basic getitem
+            elif kernel.kind == "opaque":
                 for folded, m in kernel.meta.get("views", {}).items():
                     self.folded_view(folded, m)
                 self.view(kernel.nodes[0])
@@ -176,7 +184,8 @@ class _Emitter:
             self.lines.append(re.sub(r"\bmm\b", mm, line))
 
     def folded_view(self, node: Node, m) -> None:
-        """A folded view (nnc.passes.views) a view step reads: numpy's strided view of its base."""
+        """A view as numpy's strided view of its base (nnc.passes.views): a folded view a view step reads, or a
+        view with no spelling of its own (a basic getitem the graph returns)."""
         itemsize = np_dtype(node.meta["dtype"]).itemsize
         self.var[node] = f"v_{node.name}"
         self.non_contiguous.add(node)

@@ -55,8 +55,14 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      DAG would get a cycle). After grouping, the kernel DAG is built with networkx and checked to be acyclic, and
      kernels are ordered topologically (ties by graph position).
 
-No work is ever duplicated: a node belongs to exactly one kernel and no kernel recomputes another's node, so
-transcendental or otherwise expensive nodes (exp, erf, ...) are computed once by construction; `verify` checks it.
+Folded views (nnc.passes.views): after grouping, a view whose chain is a strided map of a stored base and whose
+readers are all elementwise, reduction or matmul kernels (or views with a map) belongs to no kernel: its readers
+take the base as an input and record the map in meta `views`; the base's producer says so in its boundary reason.
+The other views stay opaque kernels, and their reason says why (a graph output, an opaque reader, no map).
+
+No work is ever duplicated: a node belongs to exactly one kernel (a folded view to none: it does no work) and no
+kernel recomputes another's node, so transcendental or otherwise expensive nodes (exp, erf, ...) are computed once
+by construction; `verify` checks it.
 
 Every kernel records why it ends in `Kernel.reason` (the boundary reasons of the edges leaving it, or why an opaque
 node runs alone), and in meta: `ops` (op names), `ranks`, `bytes_moved` (bytes of inputs + outputs from shape and
