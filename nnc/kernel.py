@@ -76,14 +76,15 @@ _FULL_SLICE = ("slice", None, None, None)
 
 
 def gather_dim(node: Node) -> int | None:
-    """The indexed dim when `node` is a getitem or index_put whose key is full slices then one integer index tensor
-    (the form gather kernels take); None otherwise."""
+    """The indexed dim when `node` is a getitem or index_put whose key is one integer index tensor among full slices
+    (the form gather kernels take: x[idx], x[:, idx], x[:, [-1], :]); None otherwise."""
     if node.op != "call_function" or not isinstance(node.target, Prim) or node.target.op.name not in GATHER_OPS:
         return None
     key = node.kwargs.get("key")
-    if not isinstance(key, tuple) or not key or tuple(key[-1]) != ("tensor", 0):
+    if not isinstance(key, tuple) or ("tensor", 0) not in [tuple(item) for item in key]:
         return None
-    if any(tuple(item) != _FULL_SLICE for item in key[:-1]):
+    dim = [tuple(item) for item in key].index(("tensor", 0))
+    if any(tuple(item) != _FULL_SLICE for k, item in enumerate(key) if k != dim):
         return None
     first = 1 if node.target.op.name == "getitem" else 2  # the index tensors follow x (and index_put's values)
     if len(node.args) != first + 1:
@@ -96,7 +97,7 @@ def gather_dim(node: Node) -> int | None:
         return None  # a bool index is a mask: another operation
     if node.meta.get("shape") is None or node.args[0].meta.get("shape") is None:
         return None
-    return len(key) - 1
+    return dim
 
 
 def own_kernel_kind(node: Node) -> str | None:

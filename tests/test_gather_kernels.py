@@ -129,7 +129,7 @@ def test_only_full_slices_then_one_integer_index_is_a_gather():
 
     class Mixed(nn.Module):
         def forward(self, x, i, mask):
-            return x[i], x[:, i], x[1:, i], x[mask], x[i, i]
+            return x[i], x[:, i], x[:, i, None], x[1:, i], x[mask], x[i, i]
 
     x = runtime.randn(6, 6)
     i = runtime.tensor(np.array([0, 2]))
@@ -137,7 +137,7 @@ def test_only_full_slices_then_one_integer_index_is_a_gather():
     gm = decompose(nnc.symbolic_trace(Mixed(), example_inputs={"x": x, "i": i, "mask": mask}), x, i, mask)
     dims = [gather_dim(n) for n in gm.graph.nodes
             if n.op == "call_function" and getattr(getattr(n.target, "op", None), "name", None) == "getitem"]
-    assert dims[:2] == [0, 1] and len(dims) >= 4 and set(dims[2:]) == {None}  # x[1:, i], x[mask], x[i, i]: no
+    assert dims[:2] == [0, 1] and len(dims) >= 5 and set(dims[2:]) == {None}  # x[:, i, None], x[1:, i], x[mask], ..
 
 
 def test_symbolic_sizes_gather_and_scatter_at_every_length():
@@ -162,3 +162,19 @@ def test_symbolic_sizes_gather_and_scatter_at_every_length():
     symbolic = [k for c in compiled.compilations for p in c.plans for k in p.kernels
                 if k.kind == "gather" and "S" in str(k.shape)]
     assert symbolic
+
+
+def test_a_gpt_forward_without_gradients_runs_as_one_numba_function():
+    from real_models import GPT, GPTConfig
+
+    runtime.manual_seed(6)
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=2, n_embd=8, dropout=0.0))
+    model.eval()
+    idx = runtime.tensor(np.random.default_rng(2).integers(0, 16, (1, 8)))
+    compiled = nnc.compile(model)
+    with runtime.no_grad():
+        got, _ = compiled(idx)
+        want, _ = model(idx)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    plan = compiled.compilations[0].plans[0]
+    assert plan.whole_graph, plan.whole_graph_reason

@@ -53,8 +53,6 @@ def _geometry(kernel: Kernel):
                               f"them whole, or one value for every element)")
         if node_dtype(node.args[1]) != node_dtype(node) or node_dtype(node.args[0]) != node_dtype(node):
             raise Unsupported("index_put values and target must have the result's dtype")
-    if has_symbols([x_shape[dim]]):
-        raise Unsupported("the indexed dim must have a static size")
     outer, inner = math.prod(x_shape[:dim]), math.prod(x_shape[dim + 1:])
     return node, op, dim, outer, x_shape[dim], math.prod(i_shape), inner, out_shape
 
@@ -67,13 +65,13 @@ def gather_schedule_of(kernel: Kernel) -> GatherSchedule:
     return GatherSchedule(op, tasks, inner, parallel)
 
 
-def _check_indices(index: str, n, k: int, dim: int) -> list[str]:
+def _check_indices(index: str, n, k: str, dim: int) -> list[str]:
     """Lines raising IndexError (torch's message) unless every index lies in [-k, k)."""
+    where = f"[-{k}, {k}) for dim {dim} of size {k}" if k.isdigit() else f"the range of dim {dim}"
     return [f"for i in range({n}):",
             f"    j = {index}[i]",
             f"    if j < -{k} or j >= {k}:",
-            f"        raise IndexError('index out of range in self: an index tensor holds a value outside "
-            f"[-{k}, {k}) for dim {dim} of size {k}')"]
+            f"        raise IndexError('index out of range in self: an index tensor holds a value outside {where}')"]
 
 
 def _wrapped(index: str, k: int) -> list[str]:
@@ -89,7 +87,7 @@ def _size(value) -> str:
 def gen_gather(kb: KernelBuilder) -> None:
     node, op, dim, outer, k, n, inner, _ = _geometry(kb.kernel)
     sched = gather_schedule_of(kb.kernel)
-    outer, n, inner, tasks, total = (_size(v) for v in (outer, n, inner, sched.tasks, outer * k * inner))
+    outer, k, n, inner, tasks, total = (_size(v) for v in (outer, k, n, inner, sched.tasks, outer * k * inner))
     if op == "getitem":  # in0 x, in1 index -> out0
         lines = _check_indices("in1", n, k, dim)
         lines += [f"for t in {sched.loop}({tasks}):", f"    a = t // {n}", f"    i = t % {n}"]
