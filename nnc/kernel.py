@@ -29,7 +29,9 @@ class Kernel:
       - "matmul": one matmul/linear node (BLAS, or a generated loop for small-batch shapes) and elementwise
         epilogue nodes on its output shape (`shape`), e.g. bias add + activation; epilogue nodes that do not read
         the product (a relu mask only the epilogue reads) may come before it in `nodes`.
-      - "opaque": a single node run as is (views, gathers, cat, ...): no code generation.
+      - "window" / "gather": a single node generated as a kernel of its own (own_kernel_kind): convolution's and
+        pooling's sliding windows, or a getitem/index_put along one dim by an integer index tensor.
+      - "opaque": a single node run as is (views, cat, other indexing, ...): no code generation.
     nodes: the group's nodes in graph order.
     inputs: nodes outside the group whose values the group reads (tensors), in a fixed order.
     outputs: nodes of the group whose values are read outside it (or are graph outputs).
@@ -67,3 +69,43 @@ def view_node(kernel: Kernel) -> Node | None:
 def matmul_nodes(kernel: Kernel) -> list[Node]:
     """The matmul/linear nodes of a kernel (a "matmul" kernel has exactly one, its anchor)."""
     return [n for n in kernel.nodes if isinstance(n.target, Prim) and n.target.op.kind == Kind.MATMUL]
+
+
+GATHER_OPS = ("getitem", "index_put")
+_FULL_SLICE = ("slice", None, None, None)
+
+
+def gather_dim(node: Node) -> int | None:
+    """The indexed dim when `node` is a getitem or index_put whose key is one integer index tensor among full slices
+    (the form gather kernels take: x[idx], x[:, idx], x[:, [-1], :]); None otherwise."""
+    if node.op != "call_function" or not isinstance(node.target, Prim) or node.target.op.name not in GATHER_OPS:
+        return None
+    key = node.kwargs.get("key")
+    if not isinstance(key, tuple) or ("tensor", 0) not in [tuple(item) for item in key]:
+        return None
+    dim = [tuple(item) for item in key].index(("tensor", 0))
+    if any(tuple(item) != _FULL_SLICE for k, item in enumerate(key) if k != dim):
+        return None
+    first = 1 if node.target.op.name == "getitem" else 2  # the index tensors follow x (and index_put's values)
+    if len(node.args) != first + 1:
+        return None
+    index = node.args[first]
+    if not isinstance(index, Node) or index.meta.get("dtype") is None:
+        return None
+    dtype = index.meta["dtype"]
+    if getattr(dtype, "is_floating_point", True) or getattr(dtype, "name", "bool") == "bool":
+        return None  # a bool index is a mask: another operation
+    if node.meta.get("shape") is None or node.args[0].meta.get("shape") is None:
+        return None
+    return dim
+
+
+def own_kernel_kind(node: Node) -> str | None:
+    """The kind of kernel a node is alone in, generated but never grown: its op's `kernel_kind` ("window": the
+    sliding-window ops of convolution and pooling), or "gather" for a getitem/index_put of one integer index tensor
+    after full slices (see gather_dim); None for every other node."""
+    if node.op != "call_function" or not isinstance(node.target, Prim):
+        return None
+    if node.target.op.kernel_kind is not None:
+        return node.target.op.kernel_kind
+    return "gather" if gather_dim(node) is not None else None

@@ -137,7 +137,9 @@ def test_schedule_of_a_reduction_kernel_asks_its_reducers(op, blocked):
     ("matmul", (128, 10), (10, 512), F32, "short_sum", False),             # its input gradient: serial
     ("matmul", (FEW_ROWS + 1, FEW_COLUMNS + 1), (FEW_COLUMNS + 1, 6), F32, "blas", False),
     ("linear", (512, 64), (128, 64), F32, "blas", False),
-    ("matmul", (2, 8, 12), (2, 12, 10), F32, "blas", False),               # a batched right operand
+    ("matmul", (2, 8, 12), (2, 12, 10), F32, "batched_small", False),      # a small batched product: a loop
+    ("matmul", (2, 64, 64), (2, 64, 256), F32, "blas", False),             # a larger one: np.matmul
+    ("matmul", (1, 8, 12), (2, 12, 10), F32, "blas", False),               # batch dims broadcast: np.matmul
     ("matmul", (4, 5), (5, 6), np.dtype(np.int64), "blas", False),         # loops are for floats
     ("matmul", (4, 0), (0, 6), F32, "blas", False),                        # an empty sum
 ])
@@ -146,7 +148,8 @@ def test_matmul_schedule(op, a, b, dtype, form, parallel):
     assert (got.form, got.parallel) == (form, parallel)
     if form != "blas":
         rows, kdim = math.prod(a[:-1]), a[-1]
-        assert got == MatmulSchedule(form, parallel, rows, kdim, b[0] if op == "linear" else b[1])
+        batch_rows = a[-2] if form == "batched_small" else 0
+        assert got == MatmulSchedule(form, parallel, rows, kdim, b[0] if op == "linear" else b[-1], batch_rows)
 
 
 def test_mixed_dtypes_go_to_blas():

@@ -81,7 +81,7 @@ class Views(nn.Module):
 class WithGetitem(Views):
     def forward(self, x):
         e, flat, m = super().forward(x)
-        return e, flat[:, INDEX], m              # getitem with a tensor: an opaque node the function cannot hold
+        return e, flat[:, INDEX, None], m        # an index tensor with None: an opaque node the function cannot hold
 
 
 INDEX = runtime.tensor([1, 2])

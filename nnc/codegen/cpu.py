@@ -27,6 +27,7 @@ from ..kernel import Kernel
 from ..symbolic import evaluate, has_symbols
 from . import cache, compile_workers
 from .cpu_conv import WindowSchedule, gen_window, window_schedule_of
+from .cpu_gather import GatherSchedule, gen_gather, gather_schedule_of
 from .cpu_elementwise import (KERNEL_NAME, ElementwiseSchedule, KernelBuilder, elementwise_schedule, gen_elementwise,
                               indent, symbols_in)
 from .cpu_matmul import MatmulSchedule, gen_matmul, matmul_schedule_of
@@ -35,7 +36,8 @@ from .scalar import KernelCompileError, Unsupported
 
 GENERATOR_VERSION = 1
 # The skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind).
-SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "matmul": gen_matmul, "window": gen_window}
+SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "matmul": gen_matmul, "window": gen_window,
+             "gather": gen_gather}
 
 
 @dataclass
@@ -116,7 +118,8 @@ def _generate(kernel: Kernel) -> Generated:
                      launch=[named(line) for line in kb.launch], stamp=header[1], legend=kb.legend())
 
 
-def schedule(kernel: Kernel) -> ElementwiseSchedule | ReductionSchedule | MatmulSchedule | WindowSchedule:
+def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | MatmulSchedule | WindowSchedule
+                                 | GatherSchedule):
     """The loop layout code generation chooses for a kernel (raises Unsupported for one it cannot generate)."""
     if kernel.kind == "reduction":
         return reduction_schedule_of(kernel)
@@ -124,6 +127,8 @@ def schedule(kernel: Kernel) -> ElementwiseSchedule | ReductionSchedule | Matmul
         return matmul_schedule_of(kernel)
     if kernel.kind == "window":
         return window_schedule_of(kernel)
+    if kernel.kind == "gather":
+        return gather_schedule_of(kernel)
     if kernel.kind == "elementwise":
         kb = KernelBuilder(kernel)
         arrays, shape = kb.reads + kb.outs, tuple(kernel.shape)

@@ -52,6 +52,9 @@ class MatmulSchedule:
                             written out, one output row a task.
       "linear_few_columns"  a small linear with at most FEW_COLUMNS outputs: every column's dot product in one sweep
                             over a row of `a`.
+      "batched_small"       a batched matmul (same batch dims, nothing broadcast) of at most _SERIAL_LOOP_WORK
+                            multiply-adds, serial: a row of one product a task (attention's products at batch 1, where
+                            np.matmul's per-call cost dominates; numba has no batched np.matmul for whole-graph mode).
     parallel: the loop is a prange (>= PARALLEL_MIN_WORK multiply-adds; the FEW_COLUMNS forms are serial).
     Measured against OpenBLAS here: tools/bench_compile.py cases 4 and 5. Loops sum in the output dtype with
     reassociation and FMA, as BLAS does.
@@ -62,6 +65,7 @@ class MatmulSchedule:
     rows: int = 0
     kdim: int = 0
     n_out: int = 0
+    batch_rows: int = 0  # batched_small: the rows of one product (rows // batch_rows products)
 
     @property
     def loop(self) -> str:
@@ -70,15 +74,20 @@ class MatmulSchedule:
 
 def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype) -> MatmulSchedule:
     """The schedule of `op_name` ("matmul" or "linear") on operands of these shapes and dtypes."""
-    if out_dtype.kind != "f" or a_dtype != out_dtype or b_dtype != out_dtype or len(b_shape) != 2 or not a_shape:
+    if out_dtype.kind != "f" or a_dtype != out_dtype or b_dtype != out_dtype or len(b_shape) < 2 or not a_shape:
         return MatmulSchedule("blas")
     if has_symbols((a_shape, b_shape)):  # the loop forms unroll by their sizes: BLAS serves every size
         return MatmulSchedule("blas")
     rows, kdim = math.prod(a_shape[:-1]), a_shape[-1]
     if kdim == 0:
         return MatmulSchedule("blas")
-    n_out = b_shape[0] if op_name == "linear" else b_shape[1]
+    n_out = b_shape[0] if op_name == "linear" else b_shape[-1]
     work = rows * kdim * n_out  # multiply-adds
+    if len(b_shape) > 2:  # a batched product: a loop when small and nothing broadcasts, else np.matmul
+        same_batch = len(a_shape) == len(b_shape) and tuple(a_shape[:-2]) == tuple(b_shape[:-2])
+        if op_name == "matmul" and same_batch and work <= _SERIAL_LOOP_WORK:
+            return MatmulSchedule("batched_small", False, rows, kdim, n_out, a_shape[-2])
+        return MatmulSchedule("blas")
     parallel = work >= PARALLEL_MIN_WORK
     batched = len(a_shape) >= 2
     if op_name == "linear" and rows <= FEW_ROWS:
@@ -218,6 +227,8 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
         lines = _axpy_rows_lines(rows, kdim, n_out, zero)
     elif schedule.form == "short_sum":
         lines = _short_sum_lines(rows, kdim, n_out)
+    elif schedule.form == "batched_small":
+        lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero)
     elif schedule.form == "linear_few_columns":  # each row of `a` swept once, every weight row held
         lines = _dot_lines("a", "b", rows, n_out, kdim, lambda h: f"s * {n_out} + {h}", zero, 1)
     else:
@@ -252,6 +263,21 @@ def _short_sum_lines(rows, kdim, n_out) -> list[str]:
             + [f"    base = i * {n_out}",
                f"    for j in range({n_out}):",
                f"        out[base + j] = {terms}"])
+
+
+def _batched_axpy_lines(rows, batch_rows, kdim, n_out, zero) -> list[str]:
+    """out[p, i, :] = sum over k of a[p, i, k] * b[p, k, :] for every product p of `batch_rows` rows: a row a task,
+    vectorized along the output row."""
+    return [f"for t in LOOP({rows}):",
+            f"    boff = (t // {batch_rows}) * {kdim * n_out}",
+            f"    orow = out[t * {n_out}:t * {n_out} + {n_out}]",
+            f"    for j in range({n_out}):",
+            f"        orow[j] = {zero}",
+            f"    for k in range({kdim}):",
+            f"        aik = a[t * {kdim} + k]",
+            f"        brow = b[boff + k * {n_out}:boff + k * {n_out} + {n_out}]",
+            f"        for j in range({n_out}):",
+            "            orow[j] += aik * brow[j]"]
 
 
 def _axpy_rows_lines(rows, kdim, n_out, zero) -> list[str]:

@@ -35,7 +35,8 @@ from ..passes.views import view_maps
 from . import cache
 from .cpu import Generated, all_writeable, compile_generated, generate, numba_signature_nd
 from .cpu_elementwise import py_name
-from .scalar import KernelCompileError, check_dtype, ctor, np_dtype, op_and_attrs
+from .cpu_matmul import matmul_schedule
+from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shape, np_dtype, op_and_attrs
 
 # NOTE: a kernel over 2**20 elements takes ~0.2 ms or more, where a launch from Python (~5 us) is noise, and a
 # fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
@@ -79,9 +80,13 @@ def unsupported_reason(kernels: list[Kernel], graph: Graph) -> str | None:
 
 
 def _dot_matmul(node: Node) -> bool:
-    """Whether codegen lowers this matmul/linear to np.dot (numba has no batched np.matmul)."""
+    """Whether codegen lowers this matmul/linear to np.dot or a generated loop (numba has no batched np.matmul)."""
     a, b = node.args[0], node.args[1]
-    return node.target.op.name == "linear" or (len(b.meta["shape"]) == 2 and len(a.meta["shape"]) >= 2)
+    if node.target.op.name == "linear" or (len(b.meta["shape"]) == 2 and len(a.meta["shape"]) >= 2):
+        return True
+    schedule = matmul_schedule(node.target.op.name, node_shape(a), node_shape(b), node_dtype(a), node_dtype(b),
+                               node_dtype(node))
+    return schedule.form != "blas"
 
 
 @dataclass

@@ -80,7 +80,7 @@ import networkx as nx
 from runtime.ops import Kind
 
 from ..graph import Graph, Node, target_name
-from ..kernel import BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel
+from ..kernel import BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel, own_kernel_kind
 from ..prims import Prim
 from ..symbolic import Shape
 from .views import fold_views, is_view_node, why_not_folded
@@ -152,9 +152,9 @@ def is_matmul(node: Node) -> bool:
 
 
 def is_window(node: Node) -> bool:
-    """A kind-other op with a kernel kind of its own (convolution's im2col, pooling): one node, one kernel."""
-    op = op_of(node)
-    return op is not None and op.kernel_kind is not None and _shape(node) is not None
+    """A node that is a generated kernel of its own (nnc.kernel.own_kernel_kind: convolution's im2col, pooling, a
+    gather or scatter along one dim): one node, one kernel."""
+    return own_kernel_kind(node) is not None and _shape(node) is not None
 
 
 def is_reduction(node: Node) -> bool:
@@ -307,7 +307,7 @@ class _Fuser:
             elif is_pointwise(node):
                 self.group_of[node] = _Group("elementwise", [node])
             elif is_window(node):  # a kernel of its own, generated (OpDef.kernel_kind), that never grows
-                self.group_of[node] = _Group(op_of(node).kernel_kind, [node])
+                self.group_of[node] = _Group(own_kernel_kind(node), [node])
             else:
                 self.group_of[node] = _Group("opaque", [node])
             self.group_of[node].lo = self.group_of[node].hi = self.position[node]
@@ -583,7 +583,7 @@ def _edge_reason(p: Node, c: Node, fuser: _Fuser) -> str:
         return f"{p.name} is {RANK_NAMES[rank(p)]} and runs alone"
     if is_window(p) or is_window(c):
         w = p if is_window(p) else c
-        return f"{w.name} ({op_name(w)}) is a {op_of(w).kernel_kind} kernel of its own"
+        return f"{w.name} ({op_name(w)}) is a {own_kernel_kind(w)} kernel of its own"
     if op_of(c) is None:
         return f"{p.name} is read by {c.name}, which is not a primitive (opaque)"
     if is_matmul(c):
@@ -703,7 +703,7 @@ def fuse(graph: Graph) -> list[Kernel]:
             "ranks": [RANK_NAMES[rank(n)] for n in nodes],
             "bytes_moved": sum(nbytes(n) for n in inputs) + sum(nbytes(n) for n in outputs),
             "boundaries": [(p.name, c.name, r) for p, c, r in boundaries],
-            "broadcast_inputs": [n for n in inputs if kind != "opaque" and _read_with_broadcasting(group, n)],
+            "broadcast_inputs": [n for n in inputs if kind in _POINTWISE_KINDS and _read_with_broadcasting(group, n)],
             "views": views,
         }
         if kind in ("reduction", "matmul"):
@@ -720,6 +720,10 @@ def fuse(graph: Graph) -> list[Kernel]:
 def _reduction_meta(r: Node) -> dict:
     return {"op": op_of(r).name, "node": r, "dims": tuple(r.kwargs.get("dims", ())),
             "keepdim": bool(r.kwargs.get("keepdim", False)), "out_shape": _shape(r)}
+
+
+# The kernel kinds whose pointwise nodes may read an input broadcast (window and gather kernels index theirs).
+_POINTWISE_KINDS = ("elementwise", "reduction", "matmul")
 
 
 def _read_with_broadcasting(group: _Group, value: Node) -> bool:

@@ -1,0 +1,109 @@
+"""CPU gather and scatter kernels: `getitem` with one integer index tensor after full slices (an embedding lookup,
+index_select) and `index_put` of that form (their backward: the gradient's rows written or added into a tensor), as
+generated loops.
+
+x has shape A + (K,) + B (A: the sliced dims before the indexed one), the index tensor any shape I; the gathered
+value has shape A + I + B. Every index is checked (numpy's wrap of -K..-1, anything else out of [-K, K) raises
+IndexError) in a serial pass before any element moves. A gather copies rows of B in a loop over (a, i) tasks, a
+prange when the elements moved reach PARALLEL_MIN_ELEMENTS; a scatter runs serially in index order, so repeated
+indices accumulate (accumulate=True, numpy's add.at) or the last one wins, as numpy's does. A scatter's values have
+the gathered shape, or are one value written everywhere (index_put's own gradient writes zeros).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..kernel import Kernel, gather_dim
+from ..symbolic import has_symbols
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, indent, launch_line
+from .scalar import Unsupported, node_dtype, node_shape
+
+
+@dataclass(frozen=True)
+class GatherSchedule:
+    """How a gather/scatter kernel runs: `tasks` rows of `row` elements; a prange over the tasks (gathers only)."""
+
+    op: str
+    tasks: int
+    row: int
+    parallel: bool
+
+    @property
+    def loop(self) -> str:
+        return "prange" if self.parallel else "range"
+
+
+def _geometry(kernel: Kernel):
+    """(node, op name, dim, A size, K, I size, B size)."""
+    if len(kernel.nodes) != 1:
+        raise Unsupported("a gather kernel has exactly one node")
+    node = kernel.nodes[0]
+    dim = gather_dim(node)
+    if dim is None:
+        raise Unsupported(f"{node.name} is not a getitem/index_put of one integer index tensor after full slices")
+    x_shape, out_shape = tuple(node_shape(node.args[0])), tuple(node_shape(node))
+    op = node.target.op.name
+    index = node.args[1] if op == "getitem" else node.args[2]
+    i_shape = tuple(node_shape(index))
+    if op == "index_put":
+        values = tuple(node_shape(node.args[1]))
+        if values != x_shape[:dim] + i_shape + x_shape[dim + 1:] and math.prod(values) != 1:
+            raise Unsupported(f"index_put values of shape {list(values)} would broadcast (a scatter kernel takes "
+                              f"them whole, or one value for every element)")
+        if node_dtype(node.args[1]) != node_dtype(node) or node_dtype(node.args[0]) != node_dtype(node):
+            raise Unsupported("index_put values and target must have the result's dtype")
+    outer, inner = math.prod(x_shape[:dim]), math.prod(x_shape[dim + 1:])
+    return node, op, dim, outer, x_shape[dim], math.prod(i_shape), inner, out_shape
+
+
+def gather_schedule_of(kernel: Kernel) -> GatherSchedule:
+    _, op, _, outer, _, n, inner, _ = _geometry(kernel)
+    tasks = outer * n
+    parallel = (op == "getitem" and not has_symbols([tasks, inner]) and tasks > 1
+                and tasks * inner >= PARALLEL_MIN_ELEMENTS)
+    return GatherSchedule(op, tasks, inner, parallel)
+
+
+def _check_indices(index: str, n, k: str, dim: int) -> list[str]:
+    """Lines raising IndexError (torch's message) unless every index lies in [-k, k)."""
+    where = f"[-{k}, {k}) for dim {dim} of size {k}" if k.isdigit() else f"the range of dim {dim}"
+    return [f"for i in range({n}):",
+            f"    j = {index}[i]",
+            f"    if j < -{k} or j >= {k}:",
+            f"        raise IndexError('index out of range in self: an index tensor holds a value outside {where}')"]
+
+
+def _wrapped(index: str, k: int) -> list[str]:
+    return [f"j = {index}[i]", "if j < 0:", f"    j += {k}"]
+
+
+def _size(value) -> str:
+    """A size as a generated expression: a number, or a symbolic polynomial in parentheses."""
+    text = str(value)
+    return text if text.isdigit() else f"({text})"
+
+
+def gen_gather(kb: KernelBuilder) -> None:
+    node, op, dim, outer, k, n, inner, _ = _geometry(kb.kernel)
+    sched = gather_schedule_of(kb.kernel)
+    outer, k, n, inner, tasks, total = (_size(v) for v in (outer, k, n, inner, sched.tasks, outer * k * inner))
+    if op == "getitem":  # in0 x, in1 index -> out0
+        lines = _check_indices("in1", n, k, dim)
+        lines += [f"for t in {sched.loop}({tasks}):", f"    a = t // {n}", f"    i = t % {n}"]
+        lines += indent(_wrapped("in1", k))
+        lines += indent([f"src = (a * {k} + j) * {inner}", f"dst = t * {inner}",
+                         f"for b in range({inner}):", "    out0[dst + b] = in0[src + b]"])
+    else:  # in0 x, in1 values, in2 index -> out0 = x with values written (or added) at the indexed rows
+        store = "+=" if node.kwargs.get("accumulate") else "="
+        one_value = math.prod(node_shape(node.args[1])) == 1 and (n, inner) != ("1", "1")
+        value = "in1[0]" if one_value else "in1[src + b]"
+        lines = _check_indices("in2", n, k, dim)
+        lines += [f"for e in range({total}):", "    out0[e] = in0[e]",
+                  f"for t in range({tasks}):", f"    a = t // {n}", f"    i = t % {n}"]
+        lines += indent(_wrapped("in2", k))
+        lines += indent([f"dst = (a * {k} + j) * {inner}", f"src = t * {inner}",
+                         f"for b in range({inner}):", f"    out0[dst + b] {store} {value}"])
+    f = Function(kb.name, kb.ins + kb.outs, lines, sched.parallel)
+    kb.functions.append(f)
+    kb.launch = [launch_line(f)]
