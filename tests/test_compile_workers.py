@@ -37,7 +37,8 @@ def _kernel(cols: int) -> Kernel:
 
 
 def _index_files(directory: Path) -> set[str]:
-    return {p.name for p in (directory / "__pycache__").glob("*.nbi")} if (directory / "__pycache__").exists() else set()
+    pycache = directory / "__pycache__"
+    return {p.name for p in pycache.glob("*.nbi")} if pycache.exists() else set()
 
 
 def _run(compiled, cols: int) -> np.ndarray:
