@@ -1,0 +1,423 @@
+"""Eager ops on CUDA tensors: runs one primitive of the op table on device arrays (kernels from kernels.py, views
+without copies) and returns the result's device array. Called by Tensor._apply_op when an input is on the device.
+
+What runs: every elementwise op with a template, the reductions (sum, prod, amax, amin, all, any, argmax,
+argmin), matmul and linear, the view ops (reshape, permute, expand, getitem with basic keys), cat, index_put with
+basic keys, full, and the fused ops that have a decomposition (log_softmax, nll_loss and their backwards) through
+it. Anything else raises NoLowering naming the op: nothing is ever computed on the host.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import ops
+from ..ops import Kind
+from . import kernels, memory
+from .templates import NoLowering
+
+
+def device_error(devices) -> RuntimeError:
+    names = sorted(set(devices), key=lambda d: d != "cuda:0")
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"{names[0]} and {names[1]}!")
+
+
+def run(op, inputs, arrays, attrs, compute, out_dtype):
+    """(result device array, whether it is a view of input 0's memory) of op on inputs, some on the device.
+
+    `arrays` are the inputs' arrays (device or host) or scalars; `compute` and `out_dtype` come from the op's dtype
+    rule (runtime dtypes; compute may be None). A fused op with no lowering of its own but a decomposition runs as
+    that (the result is then a Tensor with its own autograd history)."""
+    if op.decomposition is not None:
+        return op.decomposition(*inputs, **attrs), False
+    arrays = _operands(op, arrays)
+    out_np = out_dtype.np
+    compute_np = compute.np if compute is not None else None
+    if op.kind == Kind.ELEMENTWISE and op.template is not None:
+        if op.name == "detach":
+            return arrays[0], True
+        if op.divisor is not None and compute_np is not None and compute_np.kind in "iu":
+            _check_divisor(arrays[op.divisor])
+        return elementwise(op, arrays, attrs, compute_np, out_np), False
+    if op.kind == Kind.REDUCTION:
+        return reduce(op, arrays[0], attrs, out_np), False
+    if op.name == "matmul":
+        return matmul(arrays[0], arrays[1], out_np), False
+    if op.name == "linear":
+        return linear(arrays[0], arrays[1], out_np), False
+    if op.name in _VIEWS:
+        return _VIEWS[op.name](op, arrays, attrs)
+    if op.name == "cat":
+        return cat(arrays, attrs["dim"], out_np), False
+    if op.name == "index_put":
+        return index_put(arrays, attrs, out_np), False
+    if op.name == "full":
+        return full(attrs["shape"], attrs["value"], out_np), False
+    if op.name == "gather":
+        return gather(arrays[0], arrays[1], attrs["dim"], out_np), False
+    if op.name == "scatter_add":
+        return scatter_add(arrays[0], arrays[1], arrays[2], attrs["dim"], out_np), False
+    raise NoLowering(f"op {op.name!r} has no CUDA lowering in runtime's eager CUDA backend; "
+                     f"run it on the CPU (tensor.cpu()) or add a lowering in runtime/cuda/dispatch.py")
+
+
+def _is_scalar(a) -> bool:
+    return a is None or isinstance(a, (bool, int, float, np.generic))
+
+
+def _operands(op, arrays):
+    """Host 0-d arrays (CPU scalar tensors, which torch lets CUDA ops read) become scalars; other host arrays
+    mixed with device ones are torch's device error."""
+    out = []
+    for a in arrays:
+        if isinstance(a, np.ndarray):
+            if a.ndim != 0 or op.kind not in (Kind.ELEMENTWISE,):
+                raise device_error(["cuda:0", "cpu"])
+            a = a.item()
+        out.append(a)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# elementwise
+# ---------------------------------------------------------------------------------------------------------------
+
+def broadcast_view(a, shape):
+    """a viewed with `shape` (numpy's broadcasting: stride 0 along the dims it repeats)."""
+    if tuple(a.shape) == tuple(shape):
+        return a
+    base = memory.stand_in(a)
+    return memory.strided_view(a, *memory.layout_of(np.broadcast_to(base, shape), base))
+
+
+def _kernel_view(a, rank: int):
+    """Rank-0 arrays run as rank 1 (one element)."""
+    return memory.strided_view(a, (1,), (0,)) if rank == 0 else a
+
+
+def elementwise(op, arrays, attrs, compute, out_dtype, out=None):
+    """op's template over operands broadcast together (scalars become kernel arguments), into a new array or out."""
+    shapes = [tuple(a.shape) for a in arrays if not _is_scalar(a)]
+    shape = ops.broadcast_shapes(*shapes)
+    if out is None:
+        out = memory.empty(shape, out_dtype)
+    elif tuple(out.shape) != shape:
+        shape = tuple(out.shape)
+    n = math.prod(shape)
+    if n == 0:
+        return out
+    rank = len(shape)
+    dtypes, args = [], []
+    for k, a in enumerate(arrays):
+        if _is_scalar(a):
+            is_cast = op.cast_inputs is None or k in op.cast_inputs
+            target = (compute if compute is not None else out_dtype) if is_cast else None
+            dtypes.append(None)
+            args.append(_typed_scalar(a, target))
+        else:
+            dtypes.append(np.dtype(a.dtype))
+            args.append(_kernel_view(broadcast_view(a, shape), rank))
+    if op.name == "clamp":
+        work = compute if compute is not None else out_dtype
+        args += [_typed_scalar(attrs["min"] if attrs["min"] is not None else 0, work),
+                 _typed_scalar(attrs["max"] if attrs["max"] is not None else 0, work)]
+    kernel = kernels.elementwise(op, tuple(dtypes), None if compute is None else np.dtype(compute),
+                                 np.dtype(out_dtype), max(rank, 1), attrs)
+    blocks, threads = kernels.launch_1d(n)
+    kernel[blocks, threads](_kernel_view(out, rank), *args, n)
+    return out
+
+
+def _typed_scalar(value, dtype):
+    if value is None:
+        return False
+    if dtype is None:
+        return value
+    return np.dtype(dtype).type(value)
+
+
+def copy_into(dst, src) -> None:
+    """dst[...] = src (a device array broadcast to dst's shape, or a scalar), cast to dst's dtype."""
+    op = ops.OPS["clone"] if _is_scalar(src) or np.dtype(src.dtype) == np.dtype(dst.dtype) else ops.OPS["cast"]
+    if not _is_scalar(src):
+        src = broadcast_view(src, tuple(dst.shape))
+    elif src is not None:
+        src = np.dtype(dst.dtype).type(src)
+    attrs = {"dtype": _runtime_dtype(dst.dtype)} if op.name == "cast" else {}
+    elementwise(op, [src], attrs, None, np.dtype(dst.dtype), out=dst)
+
+
+def _runtime_dtype(np_dtype):
+    from .. import dtypes as dt
+
+    return dt.from_numpy_dtype(np.dtype(np_dtype))
+
+
+def contiguous(a):
+    """A C-contiguous copy of a device array."""
+    out = memory.empty(tuple(a.shape), a.dtype)
+    copy_into(out, a)
+    return out
+
+
+def clone(a):
+    return contiguous(a)
+
+
+def full(shape, value, dtype):
+    out = memory.empty(tuple(shape), dtype)
+    copy_into(out, value)
+    return out
+
+
+def _check_divisor(divisor) -> None:
+    """Integer division by zero raises, as on the CPU (torch's ZeroDivisionError): one bool read back."""
+    if _is_scalar(divisor):
+        if divisor == 0:
+            raise RuntimeError("ZeroDivisionError")
+        return
+    zero = elementwise(ops.OPS["eq"], [divisor, 0], {}, np.dtype(divisor.dtype), np.dtype(np.bool_))
+    if memory.to_host(reduce(ops.OPS["any"], zero, {"dims": tuple(range(zero.ndim)), "keepdim": False},
+                             np.dtype(np.bool_))).item():
+        raise RuntimeError("ZeroDivisionError")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reductions
+# ---------------------------------------------------------------------------------------------------------------
+
+def _rows(a, dims):
+    """a as a (rows, cols) array whose columns are the reduced dims (a view when the layout allows, else a copy),
+    and the kept dims' sizes."""
+    keep = [d for d in range(a.ndim) if d not in dims]
+    moved = permute_view(a, tuple(keep) + tuple(dims))
+    rows = math.prod(a.shape[d] for d in keep)
+    cols = math.prod(a.shape[d] for d in dims)
+    return reshape_view(moved, (rows, cols)), tuple(a.shape[d] for d in keep)
+
+
+def reduce(op, a, attrs, out_dtype):
+    if op.reducer is None:
+        return arg_reduce(op, a, attrs)
+    dims, keepdim = tuple(attrs["dims"]), attrs.get("keepdim", False)
+    out_shape = ops.reduced_shape(tuple(a.shape), dims, keepdim) if a.ndim else ()
+    if a.ndim == 0:
+        a, dims = reshape_view(a, (1,)), (0,)
+    rows2d, _ = _rows(a, dims)
+    acc = op.reducer.accumulator(np.dtype(a.dtype), np.dtype(out_dtype))
+    out = memory.empty((rows2d.shape[0],), out_dtype)
+    if rows2d.shape[0]:
+        kernel, threads = kernels.reduction(op, a.dtype, acc, out_dtype)
+        kernel[min(rows2d.shape[0], kernels.MAX_BLOCKS), threads](out, rows2d)
+    return memory.reshaped(out, out_shape)
+
+
+def arg_reduce(op, a, attrs):
+    dim, keepdim = attrs["dim"], attrs.get("keepdim", False)
+    shape = tuple(a.shape)
+    if dim is None:
+        flat = reshape_view(a, (1, a.size))
+        out_shape = (1,) * a.ndim if keepdim else ()
+    else:
+        flat, _ = _rows(a, (dim,))
+        out_shape = ops.reduced_shape(shape, (dim,), keepdim)
+    if flat.shape[1] == 0:
+        raise ValueError(f"{op.name}: attempt to get {op.name} of an empty sequence")
+    out = memory.empty((flat.shape[0],), np.int64)
+    if flat.shape[0]:
+        kernel, threads = kernels.arg_reduction(op, a.dtype)
+        scratch = memory.empty((flat.shape[0], threads), a.dtype)
+        kernel[min(flat.shape[0], kernels.MAX_BLOCKS), threads](out, flat, scratch)
+    return memory.reshaped(out, out_shape)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# matmul
+# ---------------------------------------------------------------------------------------------------------------
+
+def _as_batched(a, batch: tuple):
+    """a (..., M, K) broadcast to batch + (M, K) and viewed as (B, M, K) (copied when no view gives that)."""
+    a = broadcast_view(a, batch + tuple(a.shape[-2:]))
+    return reshape_view(a, (math.prod(batch),) + tuple(a.shape[-2:]))
+
+
+def matmul(a, b, out_dtype):
+    out_dtype = np.dtype(out_dtype)
+    if out_dtype.kind == "b":
+        raise NoLowering("op 'matmul' has no CUDA lowering for bool tensors")
+    batch = ops.broadcast_shapes(tuple(a.shape[:-2]), tuple(b.shape[:-2]))
+    m, n = tuple(a.shape)[-2], tuple(b.shape)[-1]
+    out = memory.empty((math.prod(batch), m, n), out_dtype)
+    if out.size:
+        acc = np.dtype(np.int64) if out_dtype.kind in "iu" else out_dtype
+        kernel, tile = kernels.matmul(acc, out_dtype)
+        grid = (-(-n // tile), -(-m // tile), math.prod(batch))
+        kernel[grid, (tile, tile)](out, _as_batched(a, batch), _as_batched(b, batch))
+    return memory.reshaped(out, batch + (m, n))
+
+
+def linear(x, w, out_dtype):
+    """x @ w.T with w stored (out, in): x's leading dims flattened into one matrix."""
+    rows = reshape_view(x, (1, math.prod(x.shape[:-1]), tuple(x.shape)[-1]))
+    wt = permute_view(w, (1, 0))
+    wt = memory.strided_view(wt, (1,) + tuple(wt.shape), (0,) + tuple(wt.strides))
+    out = matmul(rows, wt, out_dtype)
+    return memory.reshaped(out, tuple(x.shape[:-1]) + (w.shape[0],))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# views
+# ---------------------------------------------------------------------------------------------------------------
+
+def reshape_view(a, shape):
+    """a with another shape: a view when the layout allows (as numpy's reshape), else a contiguous copy's view."""
+    shape = tuple(shape)
+    if tuple(a.shape) == shape:
+        return a
+    base = memory.stand_in(a)
+    try:
+        view = np.reshape(base, shape, copy=False)
+    except ValueError:
+        return memory.reshaped(contiguous(a), shape)
+    return memory.strided_view(a, *memory.layout_of(view, base))
+
+
+def permute_view(a, dims):
+    base = memory.stand_in(a)
+    return memory.strided_view(a, *memory.layout_of(base.transpose(dims), base))
+
+
+def _reshape(op, arrays, attrs):
+    a = arrays[0]
+    out = reshape_view(a, attrs["shape"])
+    return out, _shares(out, a)
+
+
+def _shares(out, a) -> bool:
+    """Whether reshape_view gave a view of a (not a copy)."""
+    base = memory.stand_in(a)
+    try:
+        np.reshape(base, tuple(out.shape), copy=False)
+    except ValueError:
+        return False
+    return True
+
+
+def _permute(op, arrays, attrs):
+    return permute_view(arrays[0], tuple(attrs["dims"])), True
+
+
+def _expand(op, arrays, attrs):
+    return broadcast_view(arrays[0], tuple(attrs["shape"])), True
+
+
+def basic_view(a, key):
+    """a[key] for a key of ints, slices, None and ... (runtime.ops' encoded form): always a view."""
+    if any(item[0] == "tensor" for item in key):
+        raise NoLowering("op 'getitem' has no CUDA lowering for tensor (advanced) indices; only ints, slices, "
+                         "None and ... index CUDA tensors")
+    base = memory.stand_in(a)
+    index = ops.decode_key(key, [])
+    if Ellipsis not in index:
+        index += (Ellipsis,)  # `...` keeps integer keys a 0-d view, never a read
+    view = base[index]
+    return memory.strided_view(a, *memory.layout_of(view, base))
+
+
+def _getitem(op, arrays, attrs):
+    if len(arrays) > 1:
+        raise NoLowering("op 'getitem' has no CUDA lowering for tensor (advanced) indices; only ints, slices, "
+                         "None and ... index CUDA tensors")
+    return basic_view(arrays[0], attrs["key"]), True
+
+
+_VIEWS = {"reshape": _reshape, "permute": _permute, "expand": _expand, "getitem": _getitem}
+
+
+def cat(arrays, dim, out_dtype):
+    shape = list(arrays[0].shape)
+    shape[dim] = sum(a.shape[dim] for a in arrays)
+    out = memory.empty(tuple(shape), out_dtype)
+    start = 0
+    for a in arrays:
+        size = a.shape[dim]
+        key = tuple(("slice", None, None, None) for _ in range(dim)) + (("slice", start, start + size, None),)
+        if a.size:
+            copy_into(basic_view(out, key), a)
+        start += size
+    return out
+
+
+def index_put(arrays, attrs, out_dtype):
+    """A copy of input 0 with values written at a basic key (accumulate adds them: the same as writing when a
+    basic key selects each element once)."""
+    x, values = arrays[0], arrays[1]
+    if len(arrays) > 2:
+        raise NoLowering("op 'index_put' has no CUDA lowering for tensor (advanced) indices; only ints, slices, "
+                         "None and ... index CUDA tensors")
+    out = memory.empty(tuple(x.shape), out_dtype)
+    copy_into(out, x)
+    region = basic_view(out, attrs["key"])
+    if attrs["accumulate"]:
+        total = elementwise(ops.OPS["add"], [region, values], {}, np.dtype(out_dtype), np.dtype(out_dtype))
+        copy_into(region, total)
+    else:
+        copy_into(region, values)
+    return out
+
+
+def add_into(dst, src) -> None:
+    """dst += src, in place (gradient accumulation)."""
+    d = np.dtype(dst.dtype)
+    elementwise(ops.OPS["add"], [dst, src], {}, d, d, out=dst)
+
+
+def _check_index_range(index, dim: int, size: int) -> None:
+    """gather/scatter indices must lie in [0, size), as on the CPU: their min and max, read back."""
+    if not index.size:
+        return
+    dims = {"dims": tuple(range(index.ndim)), "keepdim": False}
+    low = memory.to_host(reduce(ops.OPS["amin"], index, dims, np.dtype(np.int64))).item()
+    high = memory.to_host(reduce(ops.OPS["amax"], index, dims, np.dtype(np.int64))).item()
+    if low < 0 or high >= size:
+        raise RuntimeError(f"index {high if high >= size else low} is out of bounds for dimension {dim} with size "
+                           f"{size}")
+
+
+def gather(x, index, dim: int, out_dtype):
+    _check_index_range(index, dim, x.shape[dim])
+    out = memory.empty(tuple(index.shape), out_dtype)
+    n = index.size
+    if n:
+        rank = max(index.ndim, 1)
+        kernel = kernels.gather(rank, dim, out_dtype, scatter=False)
+        blocks, threads = kernels.launch_1d(n)
+        kernel[blocks, threads](_kernel_view(out, index.ndim), _kernel_view(x, index.ndim),
+                                _kernel_view(index, index.ndim), n)
+    return out
+
+
+def scatter_add(x, index, src, dim: int, out_dtype):
+    """A copy of x with src's elements added at index along dim (atomic adds: the order of a repeated index's
+    additions varies, so float sums may differ from the CPU's in the last bits)."""
+    _check_index_range(index, dim, x.shape[dim])
+    out = memory.empty(tuple(x.shape), out_dtype)
+    copy_into(out, x)
+    n = index.size
+    if n:
+        if np.dtype(src.dtype) != np.dtype(out_dtype):
+            src = contiguous_cast(src, out_dtype)
+        rank = max(index.ndim, 1)
+        kernel = kernels.gather(rank, dim, out_dtype, scatter=True)
+        blocks, threads = kernels.launch_1d(n)
+        kernel[blocks, threads](_kernel_view(out, index.ndim), _kernel_view(src, index.ndim),
+                                _kernel_view(index, index.ndim), n)
+    return out
+
+
+def contiguous_cast(a, dtype):
+    out = memory.empty(tuple(a.shape), dtype)
+    copy_into(out, a)
+    return out

@@ -1,0 +1,312 @@
+"""CUDA kernels for eager ops, generated as Python source for numba.cuda.jit and cached per (op, dtypes, rank).
+
+Three skeletons around the op table's scalar templates (runtime/cuda/templates.py):
+- elementwise: a grid-stride loop over the output's elements; every operand is a view broadcast to the output's
+  shape (stride 0 where it broadcasts), so one kernel per (op, dtypes, rank) serves every broadcast;
+- reduction: one block per output row of a (rows, columns) view, each thread folding a strided slice of the row,
+  then a tree reduction in shared memory (the Reducer's combine template); arg-reductions carry the index along;
+- matmul: (batch, M, K) @ (batch, K, N), tiled through shared memory, one block per output tile, the batch on
+  the grid's z axis.
+`sources()` returns every kernel generated so far, for reading.
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+from numba import cuda
+
+from . import memory, templates
+from .templates import literal
+
+# NOTE: the simulator runs every CUDA thread as a Python thread, so it gets small blocks and grids; the kernels are
+# the same source with other sizes (TILE is a constant of the matmul source), and every size works on a GPU too.
+THREADS = 16 if memory.SIMULATOR else 256
+MAX_BLOCKS = 4 if memory.SIMULATOR else 65535
+REDUCE_THREADS = 8 if memory.SIMULATOR else 256
+TILE = 4 if memory.SIMULATOR else 16
+
+
+def _simulated_math():
+    """math's functions as numpy's (nan and inf where Python's math raises), for kernels run by the simulator."""
+    names = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "sqrt": np.sqrt, "sin": np.sin, "cos": np.cos,
+             "tanh": np.tanh, "floor": np.floor}
+
+    def erf(x):
+        from .._special import erf as special_erf
+
+        return x.dtype.type(special_erf(np.asarray(x)))
+
+    return types.SimpleNamespace(nan=math.nan, inf=math.inf, erf=erf, **names)
+
+
+KERNEL_GLOBALS = {"cuda": cuda, "np": np, "math": _simulated_math() if memory.SIMULATOR else math}
+_CACHE: dict = {}
+
+
+def _compile(key, name: str, source: str):
+    """The jitted kernel for a cache key, compiling its source on first use."""
+    entry = _CACHE.get(key)
+    if entry is None:
+        scope = dict(KERNEL_GLOBALS)
+        exec(compile(source, f"<runtime.cuda kernel {name}>", "exec"), scope)
+        entry = _CACHE[key] = (cuda.jit(scope[name]), source)
+    return entry[0]
+
+
+def sources() -> dict:
+    """{cache key: generated source} of every kernel compiled so far in this process."""
+    return {key: source for key, (_, source) in _CACHE.items()}
+
+
+def launch_1d(n: int) -> tuple:
+    """(blocks, threads) for a grid-stride loop over n elements."""
+    return min(max(-(-n // THREADS), 1), MAX_BLOCKS), THREADS
+
+
+def _index(names: list[str]) -> str:
+    return ", ".join(names) if names else "0"
+
+
+def _unravel(rank: int, indent: str, over: str = "out") -> list[str]:
+    """Lines turning flat index i into j0..j{rank-1} over the shape of array `over` (the last dim fastest)."""
+    lines = [f"{indent}r = i"]
+    for d in range(rank - 1, 0, -1):
+        lines.append(f"{indent}j{d} = r % {over}.shape[{d}]")
+        lines.append(f"{indent}r = r // {over}.shape[{d}]")
+    lines.append(f"{indent}j0 = r")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# elementwise
+# ---------------------------------------------------------------------------------------------------------------
+
+def elementwise_source(name: str, op, operand_dtypes: list, compute, out_dtype, rank: int, attrs: dict) -> str:
+    """The kernel of one elementwise op: out[j] = template(operands[j]); an operand dtype None is a scalar argument
+    (already in its final dtype), a numpy dtype an array broadcast to out's shape."""
+    params = ["out"] + [f"a{k}" if d is not None else f"s{k}" for k, d in enumerate(operand_dtypes)]
+    if op.name == "clamp":
+        params += ["lo", "hi"]
+    index = _index([f"j{d}" for d in range(rank)])
+    lines = [f"def {name}({', '.join(params)}, n):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < n:"]
+    lines += _unravel(rank, " " * 8)
+    operands = []
+    # NOTE: an op whose dtype rule gives no compute dtype computes in its result's (logical_xor's operands are
+    # truthiness, as numpy's logical ops read them), as nnc's code generators do
+    work = np.dtype(compute if compute is not None else out_dtype)
+    for k, d in enumerate(operand_dtypes):
+        is_cast = op.cast_inputs is None or k in op.cast_inputs
+        if d is None:
+            operands.append(f"s{k}")
+            continue
+        load = f"a{k}[{index}]"
+        if is_cast and np.dtype(d) != work:
+            load = templates.cast(load, work)
+        lines.append(f"        x{k} = {load}")
+        operands.append(f"x{k}")
+    expr = templates.render(op.template, operands, attrs, work, f"{op.name}")
+    lines.append(f"        out[{index}] = {templates.cast(expr, out_dtype)}")
+    lines.append("        i += step")
+    return "\n".join(lines) + "\n"
+
+
+def elementwise(op, operand_dtypes: tuple, compute, out_dtype, rank: int, attrs: dict):
+    """The compiled elementwise kernel for op on operands of these dtypes (None: a scalar) and rank."""
+    clamp = (attrs.get("min") is not None, attrs.get("max") is not None) if op.name == "clamp" else None
+    cast_to = attrs["dtype"].name if op.name == "cast" else None
+    key = ("elementwise", op.name, operand_dtypes, compute, np.dtype(out_dtype), rank, clamp, cast_to)
+    entry = _CACHE.get(key)
+    if entry is not None:
+        return entry[0]
+    name = f"{op.name}_r{rank}"
+    return _compile(key, name, elementwise_source(name, op, list(operand_dtypes), compute, out_dtype, rank, attrs))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reductions
+# ---------------------------------------------------------------------------------------------------------------
+
+def _shared_dtype(d: np.dtype) -> np.dtype:
+    return np.dtype(np.uint8) if d.kind == "b" else d
+
+
+def reduction_source(name: str, reducer, in_dtype, acc_dtype, out_dtype, threads: int) -> str:
+    """One block per row of a (rows, cols) array: strided per-thread folds, then a shared-memory tree."""
+    acc, store = np.dtype(acc_dtype), _shared_dtype(np.dtype(acc_dtype))
+    combine = lambda a, b: templates.render(reducer.combine, [a, b], {}, acc, "reducer")  # noqa: E731
+    load = templates.cast("a[row, c]", acc) if np.dtype(in_dtype) != acc else "a[row, c]"
+    shared_load = lambda expr: templates.cast(expr, acc) if store != acc else expr  # noqa: E731
+    to_store = lambda expr: templates.cast(expr, store) if store != acc else expr  # noqa: E731
+    identity = literal(reducer.identity(acc), acc)
+    lines = [
+        f"def {name}(out, a):",
+        f"    shared = cuda.shared.array({threads}, np.{store.name})",
+        "    t = cuda.threadIdx.x",
+        "    row = cuda.blockIdx.x",
+        "    while row < a.shape[0]:",
+        f"        acc = {identity}",
+        "        c = t",
+        "        while c < a.shape[1]:",
+        f"            acc = {combine('acc', load)}",
+        f"            c += {threads}",
+        f"        shared[t] = {to_store('acc')}",
+        "        cuda.syncthreads()",
+        f"        s = {threads // 2}",
+        "        while s > 0:",
+        "            if t < s:",
+        f"                shared[t] = {to_store(combine(shared_load('shared[t]'), shared_load('shared[t + s]')))}",
+        "            cuda.syncthreads()",
+        "            s = s // 2",
+        "        if t == 0:",
+        f"            out[row] = {templates.cast(shared_load('shared[0]'), out_dtype)}",
+        "        cuda.syncthreads()",
+        "        row += cuda.gridDim.x",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def reduction(op, in_dtype, acc_dtype, out_dtype):
+    threads = REDUCE_THREADS
+    key = ("reduction", op.name, np.dtype(in_dtype), np.dtype(acc_dtype), np.dtype(out_dtype), threads)
+    entry = _CACHE.get(key)
+    if entry is not None:
+        return entry[0], threads
+    name = f"reduce_{op.name}"
+    return _compile(key, name, reduction_source(name, op.reducer, in_dtype, acc_dtype, out_dtype, threads)), threads
+
+
+def arg_reduction_source(name: str, largest: bool, threads: int) -> str:
+    """argmax/argmin per row: the first index of the extreme value; a nan is extreme (numpy's rule)."""
+    better = ">" if largest else "<"
+    # (v, i) replaces (w, k): a valid candidate that is more extreme, the first nan, or as extreme and earlier
+    wins = (f"k < 0 or (i >= 0 and (v {better} w or (v != v and w == w) or "
+            f"((v == w or (v != v and w != w)) and i < k)))")
+    lines = [
+        f"def {name}(out, a, sv):",
+        f"    si = cuda.shared.array({threads}, np.int64)",
+        "    t = cuda.threadIdx.x",
+        "    row = cuda.blockIdx.x",
+        "    while row < a.shape[0]:",
+        "        k = -1",
+        "        w = a[row, 0]",
+        "        c = t",
+        "        while c < a.shape[1]:",
+        "            v = a[row, c]",
+        "            i = c",
+        f"            if {wins}:",
+        "                w = v",
+        "                k = i",
+        f"            c += {threads}",
+        "        sv[row, t] = w",
+        "        si[t] = k",
+        "        cuda.syncthreads()",
+        f"        s = {threads // 2}",
+        "        while s > 0:",
+        "            if t < s:",
+        "                v = sv[row, t + s]",
+        "                i = si[t + s]",
+        "                w = sv[row, t]",
+        "                k = si[t]",
+        f"                if {wins}:",
+        "                    sv[row, t] = v",
+        "                    si[t] = i",
+        "            cuda.syncthreads()",
+        "            s = s // 2",
+        "        if t == 0:",
+        "            out[row] = si[0]",
+        "        cuda.syncthreads()",
+        "        row += cuda.gridDim.x",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def arg_reduction(op, in_dtype):
+    threads = REDUCE_THREADS
+    key = ("arg_reduction", op.name, np.dtype(in_dtype), threads)
+    entry = _CACHE.get(key)
+    if entry is not None:
+        return entry[0], threads
+    name = f"reduce_{op.name}"
+    return _compile(key, name, arg_reduction_source(name, op.name == "argmax", threads)), threads
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# matmul
+# ---------------------------------------------------------------------------------------------------------------
+
+def matmul_source(name: str, acc_dtype, out_dtype, tile: int) -> str:
+    """out[b] = a[b] @ c[b] with a (B, M, K), c (B, K, N): tiles of both through shared memory."""
+    acc = np.dtype(acc_dtype)
+    zero = literal(0, acc)
+    load = lambda expr: templates.cast(expr, acc)  # noqa: E731
+    lines = [
+        f"def {name}(out, a, c):",
+        f"    sa = cuda.shared.array(({tile}, {tile}), np.{acc.name})",
+        f"    sc = cuda.shared.array(({tile}, {tile}), np.{acc.name})",
+        "    tx = cuda.threadIdx.x",
+        "    ty = cuda.threadIdx.y",
+        "    b = cuda.blockIdx.z",
+        f"    row = cuda.blockIdx.y * {tile} + ty",
+        f"    col = cuda.blockIdx.x * {tile} + tx",
+        "    m = a.shape[1]",
+        "    k = a.shape[2]",
+        "    n = c.shape[2]",
+        f"    acc = {zero}",
+        "    for k0 in range(0, k, " + str(tile) + "):",
+        f"        sa[ty, tx] = {load('a[b, row, k0 + tx]')} if row < m and k0 + tx < k else {zero}",
+        f"        sc[ty, tx] = {load('c[b, k0 + ty, col]')} if k0 + ty < k and col < n else {zero}",
+        "        cuda.syncthreads()",
+        f"        for q in range({tile}):",
+        "            acc += sa[ty, q] * sc[q, tx]",
+        "        cuda.syncthreads()",
+        "    if row < m and col < n:",
+        f"        out[b, row, col] = {templates.cast('acc', out_dtype)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def matmul(acc_dtype, out_dtype):
+    key = ("matmul", np.dtype(acc_dtype), np.dtype(out_dtype), TILE)
+    entry = _CACHE.get(key)
+    if entry is not None:
+        return entry[0], TILE
+    name = "matmul_tiled"
+    return _compile(key, name, matmul_source(name, acc_dtype, out_dtype, TILE)), TILE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# gather and scatter_add along one dim
+# ---------------------------------------------------------------------------------------------------------------
+
+def gather_source(name: str, rank: int, dim: int, scatter: bool) -> str:
+    """gather: out[j] = x[j with j[dim] = index[j]]; scatter_add: out[j with j[dim] = index[j]] += src[j], with
+    atomic adds (indices may repeat). One element of index per loop step."""
+    own = _index([f"j{d}" for d in range(rank)])
+    picked = _index([f"j{d}" if d != dim else "k" for d in range(rank)])
+    params = "out, src, index, n" if scatter else "out, x, index, n"
+    lines = [f"def {name}({params}):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < n:"]
+    lines += _unravel(rank, " " * 8, over="index")
+    lines.append(f"        k = index[{own}]")
+    if scatter:
+        lines.append(f"        cuda.atomic.add(out, ({picked},), src[{own}])")
+    else:
+        lines.append(f"        out[{own}] = x[{picked}]")
+    lines.append("        i += step")
+    return "\n".join(lines) + "\n"
+
+
+def gather(rank: int, dim: int, dtype, scatter: bool):
+    key = ("scatter_add" if scatter else "gather", rank, dim, np.dtype(dtype))
+    entry = _CACHE.get(key)
+    if entry is not None:
+        return entry[0]
+    name = f"{key[0]}_r{rank}_d{dim}"
+    return _compile(key, name, gather_source(name, rank, dim, scatter))

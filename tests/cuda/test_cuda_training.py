@@ -1,0 +1,58 @@
+"""Eager training on CUDA equals training on the CPU: an MLP stepped by SGD (with momentum) and AdamW."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+import runtime
+import runtime.nn.functional as F
+from runtime import nn
+
+
+def _mlp(dtype):
+    runtime.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)).to(dtype)
+
+
+def _train(model, opt, x, y, steps=3):
+    losses = []
+    for _ in range(steps):
+        out = model(x)
+        loss = F.cross_entropy(out, y) + 0.1 * F.mse_loss(out.tanh(), x[:, :3])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+OPTIMIZERS = {
+    "sgd": lambda params: runtime.optim.SGD(params, lr=0.1),
+    "sgd_momentum": lambda params: runtime.optim.SGD(params, lr=0.1, momentum=0.9, weight_decay=1e-2,
+                                                     nesterov=True),
+    "adamw": lambda params: runtime.optim.AdamW(params, lr=0.01, weight_decay=0.1),
+    "adam_amsgrad": lambda params: runtime.optim.Adam(params, lr=0.01, amsgrad=True, weight_decay=1e-3),
+}
+
+
+F64, F32 = (runtime.float64, 1e-10), (runtime.float32, 2e-5)
+CASES = [("sgd_momentum", *F64), ("adamw", *F64), ("sgd_momentum", *F32), ("adamw", *F32), ("sgd", *F64),
+         ("adam_amsgrad", *F64)]
+
+
+@pytest.mark.parametrize("optimizer,dtype,tol", CASES, ids=[f"{o}-{d}" for o, d, _ in CASES])
+def test_mlp_training_on_cuda_equals_cpu(optimizer, dtype, tol):
+    cpu = _mlp(dtype)
+    dev = copy.deepcopy(cpu).to("cuda")
+    rng = np.random.default_rng(1)
+    x = runtime.tensor(rng.standard_normal((5, 6)), dtype=dtype)
+    y = runtime.tensor(rng.integers(0, 3, 5))
+    cpu_losses = _train(cpu, OPTIMIZERS[optimizer](cpu.parameters()), x, y)
+    dev_losses = _train(dev, OPTIMIZERS[optimizer](dev.parameters()), x.cuda(), y.cuda())
+    np.testing.assert_allclose(dev_losses, cpu_losses, rtol=tol, atol=tol)
+    assert cpu_losses[-1] != cpu_losses[0]  # the steps changed the parameters
+    for (name, a), b in zip(cpu.named_parameters(), dev.parameters()):
+        assert b.is_cuda and b.grad.is_cuda
+        np.testing.assert_allclose(b.detach().cpu().numpy(), a.detach().numpy(), rtol=tol, atol=tol, err_msg=name)
