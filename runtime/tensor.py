@@ -204,6 +204,8 @@ class Tensor:
                                    f"vs {list(self.shape)}")
             if value.dtype is not self.dtype:
                 raise RuntimeError(f"assigned grad has data of a different type: {value.dtype} vs {self.dtype}")
+            if value.is_cuda != self.is_cuda:
+                raise RuntimeError("assigned grad has data located on a different device")
         self._grad = value
 
     @grad.deleter
@@ -580,6 +582,10 @@ class Tensor:
         self._check_writeable()
         for a in args:
             _check_no_partial_overlap(self._data, a)
+            if isinstance(a, Tensor) and a.is_cuda != self.is_cuda and (a.is_cuda or a.ndim):
+                from .cuda.dispatch import device_error
+
+                raise device_error(["cuda:0", "cpu"])
         if _grad_state.enabled and (self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad
                                                               for a in args)):
             return self._inplace_recorded(lambda old: Tensor._apply_op(op, (old,) + args, attrs), 0 in op.saves)
@@ -888,13 +894,16 @@ class Tensor:
         """self[key] = value on a CUDA tensor (basic keys: a view of the region, written by a copy kernel)."""
         from .cuda import dispatch
 
-        if index_tensors:
-            dispatch.basic_view(self._data, encoded)  # raises NoLowering: tensor indices have no CUDA lowering
         if isinstance(value, Tensor):
             source = value._data if value.is_cuda else (value.item() if value.ndim == 0 else
                                                         _to_device(value, self.device)._data)
         else:
             source = _scalar_operand(OPS["index_put"], value)
+        if index_tensors:
+            indices = [t._data if t.is_cuda else _to_device(t, self.device)._data for t in index_tensors]
+            dispatch.put(self._data, source, indices, encoded, accumulate=False)
+            self._bump_version()
+            return
         region = dispatch.basic_view(self._data, encoded)
         try:
             dispatch.copy_into(region, source)

@@ -35,6 +35,8 @@ def run(op, inputs, arrays, attrs, compute, out_dtype):
     arrays = _operands(op, arrays)
     out_np = out_dtype.np
     compute_np = compute.np if compute is not None else None
+    if op.name not in _VIEWS and op.name != "detach":
+        _check_no_float16(op, arrays, out_np)
     if op.kind == Kind.ELEMENTWISE and op.template is not None:
         if op.name == "detach":
             return arrays[0], True
@@ -63,6 +65,15 @@ def run(op, inputs, arrays, attrs, compute, out_dtype):
                      f"run it on the CPU (tensor.cpu()) or add a lowering in runtime/cuda/dispatch.py")
 
 
+def _check_no_float16(op, arrays, out_dtype) -> None:
+    if np.dtype(out_dtype) == np.float16 or any(not _is_scalar(a) and a.dtype == np.float16 for a in arrays):
+        raise NoLowering(f"op {op.name!r} has no CUDA lowering for float16 tensors yet (runtime generates float32 "
+                         f"and float64 kernels); compute in float32 (tensor.float())")
+
+
+_INDEXED = {"getitem": 1, "index_put": 2}  # the first index tensor's position among each op's inputs
+
+
 def _is_scalar(a) -> bool:
     return a is None or isinstance(a, (bool, int, float, np.generic))
 
@@ -71,7 +82,9 @@ def _operands(op, arrays):
     """Host 0-d arrays (CPU scalar tensors, which torch lets CUDA ops read) become scalars; other host arrays
     mixed with device ones are torch's device error."""
     out = []
-    for a in arrays:
+    for k, a in enumerate(arrays):
+        if isinstance(a, np.ndarray) and op.name in _INDEXED and k >= _INDEXED[op.name]:
+            a = memory.to_device(a)  # index tensors may live on the host, as torch's CUDA indexing allows
         if isinstance(a, np.ndarray):
             if a.ndim != 0 or op.kind not in (Kind.ELEMENTWISE,):
                 raise device_error(["cuda:0", "cpu"])
@@ -328,9 +341,79 @@ def basic_view(a, key):
 
 def _getitem(op, arrays, attrs):
     if len(arrays) > 1:
-        raise NoLowering("op 'getitem' has no CUDA lowering for tensor (advanced) indices; only ints, slices, "
-                         "None and ... index CUDA tensors")
+        return take(arrays[0], arrays[1:], attrs["key"]), False
     return basic_view(arrays[0], attrs["key"]), True
+
+
+_ADVANCED = ("op '{}' has no CUDA lowering for this tensor (advanced) index: CUDA tensors take ints, slices, None "
+             "and ..., or one integer tensor indexing one dim with every other dim whole (x[idx], x[:, idx])")
+
+
+def _indexed_dim(op_name, x, indices, key) -> int:
+    """The dim that a key of one integer index tensor, every other item a whole slice (or a trailing ...),
+    indexes; NoLowering for any other advanced key."""
+    whole = ("slice", None, None, None)
+    tensors = [k for k, item in enumerate(key) if item[0] == "tensor"]
+    ok = len(indices) == 1 and len(tensors) == 1 and np.dtype(indices[0].dtype).kind in "iu" \
+        and all(item == whole or (item[0] == "ellipsis" and k > tensors[0]) for k, item in enumerate(key)
+                if k != tensors[0])
+    if not ok:
+        raise NoLowering(_ADVANCED.format(op_name))
+    return tensors[0]
+
+
+def _check_take_range(index, size: int, dim: int) -> None:
+    if not index.size:
+        return
+    dims = {"dims": tuple(range(index.ndim)), "keepdim": False}
+    low = memory.to_host(reduce(ops.OPS["amin"], index, dims, np.dtype(index.dtype))).item()
+    high = memory.to_host(reduce(ops.OPS["amax"], index, dims, np.dtype(index.dtype))).item()
+    if low < -size or high >= size:
+        raise IndexError(f"index {high if high >= size else low} is out of bounds for dimension {dim} with size "
+                         f"{size}")
+
+
+def _three_d(a, dim: int):
+    """a viewed as (dims before dim, dim, dims after)."""
+    shape = tuple(a.shape)
+    return reshape_view(a, (math.prod(shape[:dim]), shape[dim], math.prod(shape[dim + 1:])))
+
+
+def take(x, indices, key):
+    """x[..., idx, ...] for one integer index tensor on one dim: the index's shape replaces that dim."""
+    dim = _indexed_dim("getitem", x, indices, key)
+    index = indices[0]
+    shape = tuple(x.shape)
+    _check_take_range(index, shape[dim], dim)
+    flat = reshape_view(index, (index.size,))
+    out = memory.empty((math.prod(shape[:dim]), index.size, math.prod(shape[dim + 1:])), x.dtype)
+    if out.size:
+        kernel = kernels.take("take", x.dtype, index.dtype)
+        blocks, threads = kernels.launch_1d(out.size)
+        kernel[blocks, threads](out, _three_d(x, dim), flat, shape[dim], out.size)
+    return memory.reshaped(out, shape[:dim] + tuple(index.shape) + shape[dim + 1:])
+
+
+def put(out, values, indices, key, accumulate: bool) -> None:
+    """out[..., idx, ...] = values (accumulate: +=, repeated indices adding up), in place."""
+    dim = _indexed_dim("index_put", out, indices, key)
+    index = indices[0]
+    shape = tuple(out.shape)
+    _check_take_range(index, shape[dim], dim)
+    region = shape[:dim] + tuple(index.shape) + shape[dim + 1:]
+    if _is_scalar(values):
+        values = full(region, values, out.dtype)
+    elif np.dtype(values.dtype) != np.dtype(out.dtype):
+        values = contiguous_cast(values, out.dtype)
+    values = broadcast_view(values, region)
+    n = math.prod(region)
+    if n:
+        flat = reshape_view(index, (index.size,))
+        target = _three_d(out, dim)
+        v = reshape_view(values, (math.prod(shape[:dim]), index.size, math.prod(shape[dim + 1:])))
+        kernel = kernels.take("put_add" if accumulate else "put", out.dtype, index.dtype)
+        blocks, threads = kernels.launch_1d(n)
+        kernel[blocks, threads](target, v, flat, shape[dim], n)
 
 
 _VIEWS = {"reshape": _reshape, "permute": _permute, "expand": _expand, "getitem": _getitem}
@@ -354,11 +437,11 @@ def index_put(arrays, attrs, out_dtype):
     """A copy of input 0 with values written at a basic key (accumulate adds them: the same as writing when a
     basic key selects each element once)."""
     x, values = arrays[0], arrays[1]
-    if len(arrays) > 2:
-        raise NoLowering("op 'index_put' has no CUDA lowering for tensor (advanced) indices; only ints, slices, "
-                         "None and ... index CUDA tensors")
     out = memory.empty(tuple(x.shape), out_dtype)
     copy_into(out, x)
+    if len(arrays) > 2:
+        put(out, values, arrays[2:], attrs["key"], attrs["accumulate"])
+        return out
     region = basic_view(out, attrs["key"])
     if attrs["accumulate"]:
         total = elementwise(ops.OPS["add"], [region, values], {}, np.dtype(out_dtype), np.dtype(out_dtype))

@@ -310,3 +310,39 @@ def gather(rank: int, dim: int, dtype, scatter: bool):
         return entry[0]
     name = f"{key[0]}_r{rank}_d{dim}"
     return _compile(key, name, gather_source(name, rank, dim, scatter))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# indexing one dim with an integer tensor: x[:, idx] and its writes
+# ---------------------------------------------------------------------------------------------------------------
+
+def take_source(name: str, mode: str) -> str:
+    """On (pre, n, post) views: take: out[a, i, b] = x[a, idx[i], b]; put: out[a, idx[i], b] = v[a, i, b]; put_add:
+    the same with atomic adds (repeated indices add up). Negative indices count from the end, as numpy's."""
+    source = "v" if mode != "take" else "x"
+    over = "out" if mode == "take" else "v"
+    lines = [f"def {name}(out, {source}, idx, size, n):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < n:"]
+    lines += _unravel(3, " " * 8, over=over)
+    lines += ["        k = idx[j1]",
+              "        if k < 0:",
+              "            k += size"]
+    if mode == "take":
+        lines.append("        out[j0, j1, j2] = x[j0, k, j2]")
+    elif mode == "put":
+        lines.append("        out[j0, k, j2] = v[j0, j1, j2]")
+    else:
+        lines.append("        cuda.atomic.add(out, (j0, k, j2), v[j0, j1, j2])")
+    lines.append("        i += step")
+    return "\n".join(lines) + "\n"
+
+
+def take(mode: str, dtype, index_dtype):
+    key = ("take", mode, np.dtype(dtype), np.dtype(index_dtype))
+    entry = _CACHE.get(key)
+    if entry is not None:
+        return entry[0]
+    name = f"{mode}_dim"
+    return _compile(key, name, take_source(name, mode))

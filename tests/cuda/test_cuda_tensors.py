@@ -90,6 +90,10 @@ def test_mixing_devices_raises_torchs_error():
         with pytest.raises(RuntimeError) as info:
             fn()
         assert str(info.value) == MIXED
+    for fn in (lambda: b.add_(a), lambda: a.mul_(b)):
+        with pytest.raises(RuntimeError) as info:
+            fn()
+        assert str(info.value) == MIXED
     # a 0-d CPU tensor is a scalar to a CUDA op, as in torch
     assert np.allclose((a * runtime.tensor(2.0)).cpu().numpy(), 2.0)
 
@@ -122,10 +126,16 @@ def test_an_op_without_a_cuda_lowering_names_itself():
     with pytest.raises(NotImplementedError, match="'cumsum'"):
         x.cumsum(0)
     with pytest.raises(NotImplementedError, match="getitem"):
-        x[runtime.tensor([0, 2], device="cuda")]
+        x[runtime.tensor([0, 2], device="cuda"), runtime.tensor([1, 1], device="cuda")]
+    with pytest.raises(NotImplementedError, match="getitem"):
+        x[x > 0]  # a boolean mask
     with pytest.raises(NotImplementedError, match="sort"):
         x.sort()
     assert issubclass(NoLowering, NotImplementedError)
+    half = runtime.ones(3, dtype=runtime.float16).cuda()  # float16 tensors move and view, but compute nothing yet
+    assert half.T.is_cuda and half.cpu().dtype is runtime.float16
+    with pytest.raises(NotImplementedError, match="'add'.*float16"):
+        half + half
 
 
 def test_in_place_writes_on_the_device():
@@ -219,3 +229,23 @@ def test_other_optimizers_refuse_cuda_parameters_by_name(name):
     (p * p).sum().backward()
     with pytest.raises(NotImplementedError, match=name):
         opt.step((lambda: (p * p).sum()) if name == "LBFGS" else None)
+
+
+def test_save_and_load_a_cuda_state_dict(tmp_path):
+    m = Net().cuda()
+    runtime.save(m.state_dict(), tmp_path / "m.pt")
+    loaded = runtime.load(tmp_path / "m.pt")
+    assert not loaded["fc.weight"].is_cuda
+    assert np.array_equal(loaded["fc.weight"].numpy(), m.fc.weight.detach().cpu().numpy())
+    fresh = Net().cuda()
+    fresh.load_state_dict(loaded)
+    assert np.array_equal(fresh.fc.bias.detach().cpu().numpy(), m.fc.bias.detach().cpu().numpy())
+    with pytest.raises(RuntimeError, match="different device"):
+        m.fc.weight.grad = runtime.zeros(2, 3)
+
+
+def test_dropout_draws_its_mask_on_the_device():
+    x = runtime.ones(200, device="cuda", dtype=runtime.float64)
+    out = runtime.nn.functional.dropout(x, 0.25)
+    values = out.cpu().numpy()
+    assert out.is_cuda and set(np.unique(values)) <= {0.0, 1.0 / 0.75} and 0 < (values == 0).sum() < 200
