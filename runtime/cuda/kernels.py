@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import types
+import warnings
 
 import numpy as np
 from numba import cuda
@@ -41,7 +42,11 @@ def _simulated_math():
     return types.SimpleNamespace(nan=math.nan, inf=math.inf, erf=erf, **names)
 
 
-KERNEL_GLOBALS = {"cuda": cuda, "np": np, "math": _simulated_math() if memory.SIMULATOR else math}
+KERNEL_GLOBALS = {"cuda": cuda, "np": np, "math": _simulated_math() if memory.SIMULATOR else math,
+                  "__name__": "runtime.cuda.generated"}
+if memory.SIMULATOR:
+    # the simulator computes with numpy scalars, which warn where a GPU silently gives inf or nan
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module="runtime.cuda.generated")
 _CACHE: dict = {}
 
 

@@ -18,6 +18,24 @@ def test_cuda_queries():
     assert runtime.cuda.current_device() == 0
     runtime.cuda.synchronize()
     assert isinstance(runtime.cuda.get_device_name(), str)
+    assert runtime.accelerator.is_available() and runtime.accelerator.current_accelerator() == "cuda:0"
+    runtime.accelerator.synchronize()
+
+
+def test_grad_scaler_on_cuda_unscales_and_skips_infinite_steps():
+    p = runtime.nn.Parameter(runtime.ones(3, device="cuda", dtype=runtime.float64))
+    opt = runtime.optim.SGD([p], lr=0.5)
+    scaler = runtime.amp.GradScaler("cuda", init_scale=4.0)
+    assert scaler.is_enabled()
+    scaler.scale((p * 2).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert np.allclose(p.detach().cpu().numpy(), 0.0)  # the gradient 2 unscaled, then one step of lr 0.5
+    opt.zero_grad()
+    scaler.scale((p * float("inf")).sum()).backward()
+    scaler.step(opt)
+    scaler.update()
+    assert np.allclose(p.detach().cpu().numpy(), 0.0) and scaler.get_scale() == 2.0
 
 
 @pytest.mark.parametrize("spec", ["cuda", "cuda:0", runtime.device("cuda"), runtime.device("cuda", 0), 0])
@@ -41,6 +59,8 @@ def test_like_factories_follow_the_input_device():
               x.new_zeros(4), x.new_ones(2, 2), x.new_full((3,), 1.5), x.new_tensor([1.0, 2.0])):
         assert t.is_cuda and t.dtype is runtime.float64
     assert runtime.zeros_like(x, device="cpu").device == runtime.device("cpu")
+    made = runtime.ops.apply("arange", like=x, start=1, end=7, step=2, dtype=runtime.int64)  # ops without inputs
+    assert made.is_cuda and made.tolist() == [1, 3, 5]
 
 
 def test_round_trips_keep_values_dtype_and_shape():
