@@ -258,6 +258,9 @@ def _as_batched(a, batch: tuple):
     return reshape_view(a, (math.prod(batch),) + tuple(a.shape[-2:]))
 
 
+_MAX_GRID_YZ = 65535  # CUDA's limit on a grid's y and z dimensions
+
+
 def matmul(a, b, out_dtype):
     out_dtype = np.dtype(out_dtype)
     if out_dtype.kind == "b":
@@ -269,6 +272,9 @@ def matmul(a, b, out_dtype):
         acc = np.dtype(np.int64) if out_dtype.kind in "iu" else out_dtype
         kernel, tile = kernels.matmul(acc, out_dtype)
         grid = (-(-n // tile), -(-m // tile), math.prod(batch))
+        if grid[1] > _MAX_GRID_YZ or grid[2] > _MAX_GRID_YZ:
+            raise NoLowering(f"op 'matmul' has no CUDA lowering for {m} rows in {math.prod(batch)} batches: the "
+                             f"tiled kernel's grid allows {_MAX_GRID_YZ * tile} rows and {_MAX_GRID_YZ} batches")
         kernel[grid, (tile, tile)](out, _as_batched(a, batch), _as_batched(b, batch))
     return memory.reshaped(out, batch + (m, n))
 

@@ -19,3 +19,9 @@ if config.ENABLE_CUDASIM:
 elif not cuda.is_available():
     raise RuntimeError("tests/cuda needs numba's CUDA simulator or a GPU: run NUMBA_ENABLE_CUDASIM=1 python -m pytest "
                        "tests/cuda (numba was imported before this conftest without the simulator)")
+
+
+def pytest_configure(config):
+    # simulated kernels compute with numpy scalars, which warn where a GPU silently gives inf or nan (runtime.cuda
+    # filters these too, but pytest resets the filters around each test)
+    config.addinivalue_line("filterwarnings", r"ignore::RuntimeWarning:runtime\.cuda\.generated")
