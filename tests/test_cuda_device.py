@@ -149,3 +149,20 @@ def test_reduction_matmul_and_gather_kernels_compile_to_ptx(cc):
         source = kernels.gather_source("k", 2, 1, scatter)
         ptx = _ptx("k", source, (_array(np.float32, 2), _array(np.float32, 2), _array(np.int64, 2), types.int64), cc)
         assert ("atom" in ptx or "red." in ptx) == scatter
+
+
+def test_window_kernels_compile_to_ptx():
+    from numba import types
+
+    from runtime.cuda import kernels
+
+    attrs = {"kernel": (3, 2), "stride": (2, 1), "padding": ((1, 1), (0, 1)), "dilation": (1, 2)}
+    sizes, i64, f4 = types.UniTuple(types.int64, 2), types.int64, np.float32
+    _ptx("k", kernels.im2col_source("k", 2, attrs), (_array(f4, 2), _array(f4, 4), sizes, i64, i64))
+    _ptx("k", kernels.col2im_source("k", 2, attrs), (_array(f4, 4), _array(f4, 2), sizes, i64, i64))
+    _ptx("k", kernels.max_pool_source("k", 2, attrs, backward=False), (_array(f4, 4), _array(f4, 4), sizes, i64))
+    ptx = _ptx("k", kernels.max_pool_source("k", 2, attrs, backward=True),
+               (_array(f4, 4), _array(f4, 4), _array(f4, 4), sizes, i64))
+    assert "atom" in ptx or "red." in ptx
+    for mode in ("take", "put", "put_add"):
+        _ptx("k", kernels.take_source("k", mode), (_array(f4, 3), _array(f4, 3), _array(np.int64, 1), i64, i64))

@@ -2,9 +2,11 @@
 without copies) and returns the result's device array. Called by Tensor._apply_op when an input is on the device.
 
 What runs: every elementwise op with a template, the reductions (sum, prod, amax, amin, all, any, argmax,
-argmin), matmul and linear, the view ops (reshape, permute, expand, getitem with basic keys), cat, index_put with
-basic keys, full, and the fused ops that have a decomposition (log_softmax, nll_loss and their backwards) through
-it. Anything else raises NoLowering naming the op: nothing is ever computed on the host.
+argmin), matmul and linear, the view ops (reshape, permute, expand, getitem with basic keys), cat, getitem and
+index_put with basic keys or one integer index tensor on one dim, gather, scatter_add, the window ops (im2col,
+col2im, max_pool, max_pool_backward), full and arange, and the fused ops that have a decomposition (log_softmax,
+nll_loss and their backwards) through it. Anything else raises NoLowering naming the op: nothing is ever computed
+on the host.
 """
 from __future__ import annotations
 
@@ -59,6 +61,8 @@ def run(op, inputs, arrays, attrs, compute, out_dtype):
         return full(attrs["shape"], attrs["value"], out_np), False
     if op.name == "arange":  # a factory: its values depend on no tensor, so they are made on the host and copied
         return memory.to_device(op.forward(**attrs)), False
+    if op.kernel_kind == "window":
+        return window(op.name, arrays, attrs, out_np), False
     if op.name == "gather":
         return gather(arrays[0], arrays[1], attrs["dim"], out_np), False
     if op.name == "scatter_add":
@@ -511,4 +515,37 @@ def scatter_add(x, index, src, dim: int, out_dtype):
 def contiguous_cast(a, dtype):
     out = memory.empty(tuple(a.shape), dtype)
     copy_into(out, a)
+    return out
+
+
+def window(name: str, arrays, attrs, out_dtype):
+    """im2col, col2im, max_pool and max_pool_backward: one thread per output element (an atomic add per window for
+    max_pool_backward, whose windows may overlap)."""
+    window_attrs = {k: attrs[k] for k in ("kernel", "stride", "padding", "dilation")}
+    spatial = len(attrs["kernel"])
+    source = arrays[0]
+    size = tuple(attrs["size"]) if name == "col2im" else tuple(arrays[-1].shape)[2:]
+    out_sizes = ops.window_output_sizes(size, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"])
+    n_out, ksize = math.prod(out_sizes), math.prod(attrs["kernel"])
+    if name == "im2col":
+        n, c = tuple(source.shape)[:2]
+        out = memory.empty((c * ksize, n * n_out), out_dtype)
+        args = (out, source, out_sizes, n_out)
+    elif name == "col2im":
+        out = memory.empty((source.shape[1] // n_out, source.shape[0] // ksize) + size, out_dtype)
+        args = (out, source, out_sizes, n_out)
+    elif name == "max_pool":
+        out = memory.empty(tuple(source.shape)[:2] + out_sizes, out_dtype)
+        args = (out, source, out_sizes)
+    else:
+        g, x = arrays
+        out = full(tuple(x.shape), 0, out_dtype)
+        if np.dtype(g.dtype) != np.dtype(out_dtype):
+            g = contiguous_cast(g, out_dtype)
+        args = (out, g, x, out_sizes)
+    count = math.prod(arrays[0].shape) if name == "max_pool_backward" else out.size
+    if count:
+        kernel = kernels.window(name, spatial, window_attrs, out_dtype)
+        blocks, threads = kernels.launch_1d(count)
+        kernel[blocks, threads](*args, count)
     return out

@@ -351,3 +351,140 @@ def take(mode: str, dtype, index_dtype):
         return entry[0]
     name = f"{mode}_dim"
     return _compile(key, name, take_source(name, mode))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sliding windows: im2col, col2im, max_pool and its backward (runtime.ops' window ops; attributes per spatial dim)
+# ---------------------------------------------------------------------------------------------------------------
+
+def _window_position(lines, indent, spatial, out_sizes_var, attrs, kernel_var="k", out_var="l"):
+    """Lines unravelling kernel offset `k` and output position `l`, then the input position p{d} they read, and
+    `inside` (whether it lies in the unpadded input)."""
+    kernel, stride, padding, dilation = attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"]
+    lines.append(f"{indent}rk = {kernel_var}")
+    lines.append(f"{indent}rl = {out_var}")
+    for d in range(spatial - 1, -1, -1):
+        lines.append(f"{indent}k{d} = rk % {kernel[d]}")
+        lines.append(f"{indent}rk = rk // {kernel[d]}")
+        lines.append(f"{indent}o{d} = rl % {out_sizes_var}[{d}]")
+        lines.append(f"{indent}rl = rl // {out_sizes_var}[{d}]")
+    checks = []
+    for d in range(spatial):
+        lines.append(f"{indent}p{d} = o{d} * {stride[d]} + k{d} * {dilation[d]} - {padding[d][0]}")
+        checks.append(f"0 <= p{d} < x.shape[{d + 2}]")
+    lines.append(f"{indent}inside = {' and '.join(checks)}")
+
+
+def im2col_source(name: str, spatial: int, attrs: dict) -> str:
+    """cols[c * K + k, n * L + l] = the padded input at window l's kernel offset k (0 in the padding)."""
+    ksize = math.prod(attrs["kernel"])
+    pos = ", ".join(f"p{d}" for d in range(spatial))
+    lines = [f"def {name}(out, x, out_sizes, n_out, count):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < count:",
+             "        row = i // out.shape[1]",
+             "        col = i % out.shape[1]",
+             f"        c = row // {ksize}",
+             f"        k = row % {ksize}",
+             "        n = col // n_out",
+             "        l = col % n_out"]
+    _window_position(lines, " " * 8, spatial, "out_sizes", attrs)
+    lines += [f"        out[row, col] = x[n, c, {pos}] if inside else 0",
+              "        i += step"]
+    return "\n".join(lines) + "\n"
+
+
+def col2im_source(name: str, spatial: int, attrs: dict) -> str:
+    """out[n, c, p] = the sum of the columns' entries that im2col took from position p (its adjoint), gathered
+    per input position: for each kernel offset, the window that reads p there, if any."""
+    kernel, stride, padding, dilation = attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"]
+    ksize = math.prod(kernel)
+    lines = [f"def {name}(out, cols, out_sizes, n_out, count):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < count:",
+             "        r = i"]
+    for d in range(spatial + 1, -1, -1):
+        lines.append(f"        q{d} = r % out.shape[{d}]")
+        lines.append(f"        r = r // out.shape[{d}]")
+    lines += ["        total = cols[0, 0] * 0",
+              f"        for k in range({ksize}):",
+              "            rk = k",
+              "            ok = True",
+              "            l = 0"]
+    for d in range(spatial - 1, -1, -1):
+        lines += [f"            k{d} = rk % {kernel[d]}",
+                  f"            rk = rk // {kernel[d]}"]
+    for d in range(spatial):
+        lines += [f"            t{d} = q{d + 2} + {padding[d][0]} - k{d} * {dilation[d]}",
+                  f"            if t{d} < 0 or t{d} % {stride[d]} != 0 or t{d} // {stride[d]} >= out_sizes[{d}]:",
+                  "                ok = False",
+                  f"            l = l * out_sizes[{d}] + t{d} // {stride[d]}"]
+    lines += ["            if ok:",
+              f"                total += cols[q1 * {ksize} + k, q0 * n_out + l]",
+              "        out[" + ", ".join(f"q{d}" for d in range(spatial + 2)) + "] = total",
+              "        i += step"]
+    return "\n".join(lines) + "\n"
+
+
+def max_pool_source(name: str, spatial: int, attrs: dict, backward: bool) -> str:
+    """Forward: out[n, c, o] = the window's maximum (padding never wins; a nan wins). Backward: g[n, c, o] added
+    (atomically: windows overlap) at the window's first maximum, the last nan where there are nans (numpy's rule
+    in runtime.ops)."""
+    ksize = math.prod(attrs["kernel"])
+    pos = ", ".join(f"p{d}" for d in range(spatial))
+    own = ", ".join(f"q{d}" for d in range(spatial + 2))
+    params = "out, g, x, out_sizes, count" if backward else "out, x, out_sizes, count"
+    over = "g" if backward else "out"
+    lines = [f"def {name}({params}):",
+             "    i = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while i < count:",
+             "        r = i"]
+    for d in range(spatial + 1, -1, -1):
+        lines.append(f"        q{d} = r % {over}.shape[{d}]")
+        lines.append(f"        r = r // {over}.shape[{d}]")
+    lines += ["        n = q0",
+              "        c = q1",
+              "        l = " + " + ".join(f"q{d + 2} * " + " * ".join([str(1)] + [f"out_sizes[{e}]" for e in
+                                                                            range(d + 1, spatial)])
+                                        for d in range(spatial)),
+              "        found = False",
+              "        best = x[n, c, " + ", ".join("0" for _ in range(spatial)) + "]",
+              "        where = 0",
+              f"        for k in range({ksize}):"]
+    _window_position(lines, " " * 12, spatial, "out_sizes", attrs, kernel_var="k", out_var="l")
+    lines += ["            if inside:",
+              f"                v = x[n, c, {pos}]",
+              "                if not found or v > best or v != v:",
+              "                    best = v",
+              "                    where = k",
+              "                    found = True"]
+    if backward:
+        lines += ["        rk = where"]
+        kernel, stride, padding, dilation = attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"]
+        for d in range(spatial - 1, -1, -1):
+            lines += [f"        k{d} = rk % {kernel[d]}", f"        rk = rk // {kernel[d]}"]
+        target = ", ".join(f"q{d + 2} * {stride[d]} + k{d} * {dilation[d]} - {padding[d][0]}" for d in range(spatial))
+        lines += [f"        cuda.atomic.add(out, (n, c, {target}), g[{own}])"]
+    else:
+        lines += [f"        out[{own}] = best"]
+    lines.append("        i += step")
+    return "\n".join(lines) + "\n"
+
+
+def window(op_name: str, spatial: int, attrs: dict, dtype):
+    key = ("window", op_name, spatial, np.dtype(dtype), tuple(sorted((k, attrs[k]) for k in
+                                                                    ("kernel", "stride", "padding", "dilation"))))
+    entry = _CACHE.get(key)
+    if entry is not None:
+        return entry[0]
+    name = f"{op_name}_{spatial}d"
+    if op_name == "im2col":
+        source = im2col_source(name, spatial, attrs)
+    elif op_name == "col2im":
+        source = col2im_source(name, spatial, attrs)
+    else:
+        source = max_pool_source(name, spatial, attrs, backward=op_name == "max_pool_backward")
+    return _compile(key, name, source)

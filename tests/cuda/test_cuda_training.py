@@ -56,3 +56,37 @@ def test_mlp_training_on_cuda_equals_cpu(optimizer, dtype, tol):
     for (name, a), b in zip(cpu.named_parameters(), dev.parameters()):
         assert b.is_cuda and b.grad.is_cuda
         np.testing.assert_allclose(b.detach().cpu().numpy(), a.detach().numpy(), rtol=tol, atol=tol, err_msg=name)
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 3, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(3 * 3 * 3, 4)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.conv(x).relu()).flatten(1))
+
+
+def test_cnn_training_on_cuda_equals_cpu():
+    runtime.manual_seed(0)
+    cpu = SmallCNN().double()
+    dev = copy.deepcopy(cpu).cuda()
+    rng = np.random.default_rng(2)
+    x = runtime.tensor(rng.standard_normal((3, 1, 6, 6)))
+    y = runtime.tensor(rng.integers(0, 4, 3))
+    losses = []
+    for model, xx, yy in ((cpu, x, y), (dev, x.cuda(), y.cuda())):
+        opt = runtime.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        run = []
+        for _ in range(2):
+            loss = F.cross_entropy(model(xx), yy)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            run.append(loss.item())
+        losses.append(run)
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-10, atol=1e-10)
+    for a, b in zip(cpu.parameters(), dev.parameters()):
+        np.testing.assert_allclose(b.detach().cpu().numpy(), a.detach().numpy(), rtol=1e-10, atol=1e-10)
