@@ -164,5 +164,7 @@ def test_window_kernels_compile_to_ptx():
     ptx = _ptx("k", kernels.max_pool_source("k", 2, attrs, backward=True),
                (_array(f4, 4), _array(f4, 4), _array(f4, 4), sizes, i64))
     assert "atom" in ptx or "red." in ptx
+    for op, combine in (("cumsum", "({0} + {1})"), ("cumprod", "({0} * {1})")):
+        _ptx("k", kernels.scan_source("k", combine, np.int64), (_array(np.int64, 2), _array(np.int32, 2)))
     for mode in ("take", "put", "put_add"):
         _ptx("k", kernels.take_source("k", mode), (_array(f4, 3), _array(f4, 3), _array(np.int64, 1), i64, i64))

@@ -3,10 +3,10 @@ without copies) and returns the result's device array. Called by Tensor._apply_o
 
 What runs: every elementwise op with a template, the reductions (sum, prod, amax, amin, all, any, argmax,
 argmin), matmul and linear, the view ops (reshape, permute, expand, getitem with basic keys), cat, getitem and
-index_put with basic keys or one integer index tensor on one dim, gather, scatter_add, the window ops (im2col,
-col2im, max_pool, max_pool_backward), full and arange, and the fused ops that have a decomposition (log_softmax,
-nll_loss and their backwards) through it. Anything else raises NoLowering naming the op: nothing is ever computed
-on the host.
+index_put with basic keys or one integer index tensor on one dim, gather, scatter_add, cumsum, cumprod, the window
+ops (im2col, col2im, max_pool, max_pool_backward), full and arange, and the fused ops that have a decomposition
+(log_softmax, nll_loss and their backwards) through it. Anything else raises NoLowering naming the op: nothing is
+ever computed on the host.
 """
 from __future__ import annotations
 
@@ -61,6 +61,8 @@ def run(op, inputs, arrays, attrs, compute, out_dtype):
         return full(attrs["shape"], attrs["value"], out_np), False
     if op.name == "arange":  # a factory: its values depend on no tensor, so they are made on the host and copied
         return memory.to_device(op.forward(**attrs)), False
+    if op.name in _SCANS:
+        return scan(op.name, arrays[0], attrs["dim"], out_np), False
     if op.kernel_kind == "window":
         return window(op.name, arrays, attrs, out_np), False
     if op.name == "gather":
@@ -549,3 +551,22 @@ def window(name: str, arrays, attrs, out_dtype):
         blocks, threads = kernels.launch_1d(count)
         kernel[blocks, threads](*args, count)
     return out
+
+
+_SCANS = {"cumsum": "({0} + {1})", "cumprod": "({0} * {1})"}
+
+
+def scan(name: str, a, dim: int, out_dtype):
+    """cumsum/cumprod along dim: the dim moved last and each row scanned in order by one thread."""
+    if a.ndim == 0:
+        a = reshape_view(a, (1,))
+    rows2d, kept = _rows(a, (dim,))
+    out = memory.empty(tuple(rows2d.shape), out_dtype)
+    if out.size:
+        kernel = kernels.scan(name, _SCANS[name], a.dtype, out_dtype)
+        blocks, threads = kernels.launch_1d(rows2d.shape[0])
+        kernel[blocks, threads](out, rows2d)
+    order = [d for d in range(a.ndim) if d != dim] + [dim]
+    moved = memory.reshaped(out, kept + (a.shape[dim],))
+    result = permute_view(moved, tuple(int(i) for i in np.argsort(order)))
+    return reshape_view(result, tuple(a.shape)) if a.ndim else reshape_view(contiguous(result), ())

@@ -488,3 +488,33 @@ def window(op_name: str, spatial: int, attrs: dict, dtype):
     else:
         source = max_pool_source(name, spatial, attrs, backward=op_name == "max_pool_backward")
     return _compile(key, name, source)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scans along one dim (cumsum, cumprod)
+# ---------------------------------------------------------------------------------------------------------------
+
+def scan_source(name: str, combine: str, out_dtype) -> str:
+    """One thread per row of (rows, n) views, folding the row in order in the result's dtype (numpy's cumsum and
+    cumprod round the same way, element after element)."""
+    load = templates.cast("a[row, c]", out_dtype)
+    lines = [f"def {name}(out, a):",
+             "    row = cuda.grid(1)",
+             "    step = cuda.gridsize(1)",
+             "    while row < a.shape[0]:",
+             f"        acc = {load.replace('c]', '0]')}",
+             "        out[row, 0] = acc",
+             "        for c in range(1, a.shape[1]):",
+             f"            acc = {templates.render(combine, ['acc', load], {}, np.dtype(out_dtype), 'scan')}",
+             "            out[row, c] = acc",
+             "        row += step"]
+    return "\n".join(lines) + "\n"
+
+
+def scan(op_name: str, combine: str, in_dtype, out_dtype):
+    key = ("scan", op_name, np.dtype(in_dtype), np.dtype(out_dtype))
+    entry = _CACHE.get(key)
+    if entry is not None:
+        return entry[0]
+    name = f"scan_{op_name}"
+    return _compile(key, name, scan_source(name, combine, out_dtype))
