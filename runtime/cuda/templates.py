@@ -130,10 +130,17 @@ class _Renderer:
             if self.attrs.get("max") is not None:
                 expr = self.call("min", [expr, "hi"])
             return expr
+        if name == "floor":
+            if c.kind != "f":
+                return args[0]  # integers are their own floor
+            x = args[0]
+            # NOTE: numba's math.floor returns an int64 (Python 3's rule), wrong for nan, inf and |x| >= 2^63;
+            # floats from 2^52 up are integers already, so only smaller ones go through it
+            return f"({x} if not (abs({x}) < 4503599627370496.0) else {cast(f'math.floor({x})', c)})"
         if name in _MATH:
-            if c.kind != "f" and name != "floor":
+            if c.kind != "f":
                 raise NoLowering(f"{self.where}: {name} needs a floating-point compute dtype, got {c}")
-            return f"math.{name}({args[0]})" if c.kind == "f" else args[0]
+            return f"math.{name}({args[0]})"
         if name.startswith("__cast_"):
             return cast(args[0], np.dtype(name[len("__cast_"):]))
         raise NoLowering(f"{self.where}: template function {name!r} has no CUDA spelling")

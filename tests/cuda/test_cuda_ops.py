@@ -276,3 +276,10 @@ def test_indexing_one_dim_with_an_integer_tensor_and_embedding():
     want.sum().backward()
     got.sum().backward()
     _check_same(emb.weight.grad, dev.weight.grad, 0)
+
+
+def test_floor_keeps_nan_inf_and_large_values():
+    x = runtime.tensor([1.5, -1.5, float("inf"), -float("inf"), float("nan"), 1e30, -0.5, 2.0 ** 60],
+                       dtype=runtime.float64)
+    _check_same(x.floor(), x.cuda().floor(), 0)
+    _check_same(x.float().floor(), x.float().cuda().floor(), 0)
