@@ -905,6 +905,8 @@ class Tensor:
             self._bump_version()
             return
         region = dispatch.basic_view(self._data, encoded)
+        if isinstance(value, Tensor):
+            _check_no_partial_overlap(region, value)
         try:
             dispatch.copy_into(region, source)
         except ValueError as e:
@@ -933,7 +935,16 @@ _INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_vi
 def _check_no_partial_overlap(out, src) -> None:
     """torch's check that an in-place op reads the memory it writes only element for element (the same tensor, or
     memory laid out alike): a partly overlapping source would be read after it is partly written."""
-    if not isinstance(src, Tensor) or type(out) is not np.ndarray:
+    if not isinstance(src, Tensor):
+        return
+    if not isinstance(out, np.ndarray):
+        if src.is_cuda and _dense(out) and _dense(src._data):
+            from .cuda import memory
+
+            if memory.reads_elsewhere(out, src._data):
+                raise RuntimeError(_PARTIAL_OVERLAP)
+        return
+    if type(out) is not np.ndarray:
         return
     b = src._data
     if out.size == 0 or b.size == 0 or not _dense(out) or not _dense(b) or not np.may_share_memory(out, b):
@@ -945,8 +956,11 @@ def _check_no_partial_overlap(out, src) -> None:
             return
     elif not (a_begin < b_begin + b.nbytes and b_begin < a_begin + out.nbytes):
         return
-    raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
-                       "single memory location. Please clone() the tensor before performing the operation.")
+    raise RuntimeError(_PARTIAL_OVERLAP)
+
+
+_PARTIAL_OVERLAP = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                    "single memory location. Please clone() the tensor before performing the operation.")
 
 
 def _broadcastable(shape, target) -> bool:
@@ -958,7 +972,7 @@ def _broadcastable(shape, target) -> bool:
 
 def _dense(a) -> bool:
     """Elements without gaps or overlaps, in some order of dims (torch's is_non_overlapping_and_dense)."""
-    expected = a.itemsize
+    expected = a.dtype.itemsize
     for stride, n in sorted((s, n) for s, n in zip(a.strides, a.shape) if n > 1):
         if stride != expected:
             return False

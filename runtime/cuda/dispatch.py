@@ -160,9 +160,12 @@ def _typed_scalar(value, dtype):
 
 
 def copy_into(dst, src) -> None:
-    """dst[...] = src (a device array broadcast to dst's shape, or a scalar), cast to dst's dtype."""
+    """dst[...] = src (a device array broadcast to dst's shape, or a scalar), cast to dst's dtype. A source that
+    overlaps dst other than element for element is copied first (as numpy's copyto buffers it)."""
     op = ops.OPS["clone"] if _is_scalar(src) or np.dtype(src.dtype) == np.dtype(dst.dtype) else ops.OPS["cast"]
     if not _is_scalar(src):
+        if memory.reads_elsewhere(dst, src):
+            src = contiguous(src)
         src = broadcast_view(src, tuple(dst.shape))
     elif src is not None:
         src = np.dtype(dst.dtype).type(src)
@@ -467,6 +470,8 @@ def index_put(arrays, attrs, out_dtype):
 
 def add_into(dst, src) -> None:
     """dst += src, in place (gradient accumulation)."""
+    if memory.reads_elsewhere(dst, src):
+        src = contiguous(src)
     d = np.dtype(dst.dtype)
     elementwise(ops.OPS["add"], [dst, src], {}, d, d, out=dst)
 

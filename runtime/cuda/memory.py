@@ -84,6 +84,25 @@ def reshaped(a, shape):
     return strided_view(a, shape, tuple(reversed(strides)))
 
 
+def _address(a) -> int:
+    if SIMULATOR:
+        return a._ary.__array_interface__["data"][0]
+    return a.__cuda_array_interface__["data"][0]
+
+
+def reads_elsewhere(dst, src) -> bool:
+    """Whether src shares memory with dst other than element for element (same start, shape and strides): a
+    kernel writing dst while reading src would then read values it has already overwritten."""
+    if not dst.size or not src.size:
+        return False
+    a, b = _address(dst), _address(src)
+    a_end = a + sum((n - 1) * s for n, s in zip(dst.shape, dst.strides)) + dst.dtype.itemsize
+    b_end = b + sum((n - 1) * s for n, s in zip(src.shape, src.strides)) + src.dtype.itemsize
+    if not (a < b_end and b < a_end):
+        return False
+    return not (a == b and tuple(dst.shape) == tuple(src.shape) and tuple(dst.strides) == tuple(src.strides))
+
+
 def to_host(a) -> np.ndarray:
     """A host (numpy) copy of a device array, C-contiguous."""
     if not is_c_contiguous(a):

@@ -177,6 +177,17 @@ def test_in_place_writes_on_the_device():
     assert not y.cpu().numpy().any()
     with pytest.raises(RuntimeError, match="single memory location"):
         runtime.ones(3, device="cuda").expand(2, 3).add_(1)
+    grid = runtime.arange(12, dtype=runtime.float64).reshape(3, 4)
+    on_device = grid.cuda()
+    for fn in (lambda t: t[1:].copy_(t[:-1]), lambda t: t.__setitem__(slice(1, None), t[:-1])):
+        for t in (grid.clone(), on_device.clone()):  # the CPU's error for a source overlapping its destination
+            with pytest.raises(RuntimeError, match="single memory location"):
+                fn(t)
+    grid[:, 1:].add_(grid[:, :-1])  # strided memory is not checked (as torch's): both compute out of place
+    on_device[:, 1:].add_(on_device[:, :-1])
+    grid[:, 1:] = grid[:, :1]  # a broadcast source in the destination's memory
+    on_device[:, 1:] = on_device[:, :1]
+    assert np.array_equal(on_device.cpu().numpy(), grid.numpy())
 
 
 class Net(nn.Module):
