@@ -105,10 +105,11 @@ def _add_suffixes(text, suffixes, indent):
 
 
 def format_tensor(data: "np.ndarray", dtype_name: str, is_default_dtype: bool,
-                  suffixes: list[str]) -> str:
-    """Return the repr, e.g. 'tensor([1., 2.], requires_grad=True)'."""
+                  suffixes: list[str], device: list[str] = ()) -> str:
+    """Return the repr, e.g. 'tensor([1., 2.], requires_grad=True)'; `device` (["device='cuda:0'"]) comes first
+    among the suffixes, as in torch."""
     data = np.asarray(data)
-    extra = []
+    extra = list(device)
     if data.size == 0:
         if data.ndim != 1:
             extra.append(f"size={tuple(int(d) for d in data.shape)}")

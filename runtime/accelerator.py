@@ -1,20 +1,26 @@
-"""runtime.accelerator: torch.accelerator's queries. runtime computes on the CPU, so there is no accelerator."""
+"""runtime.accelerator: torch.accelerator's queries. The one accelerator runtime knows is CUDA (runtime.cuda)."""
 from __future__ import annotations
+
+from . import cuda
 
 
 def is_available() -> bool:
-    return False
+    return cuda.is_available()
 
 
 def current_accelerator(check_available: bool = False):
-    return None
+    from .device import CUDA
+
+    return CUDA if cuda.is_available() else None
 
 
 def device_count() -> int:
-    return 0
+    return cuda.device_count()
 
 
 def current_device_index() -> int:
+    if cuda.is_available():
+        return 0
     raise RuntimeError("runtime has no accelerator (runtime.accelerator.is_available() is False)")
 
 
@@ -22,11 +28,14 @@ current_device_idx = current_device_index
 
 
 def set_device_index(device) -> None:
-    raise RuntimeError("runtime has no accelerator (runtime.accelerator.is_available() is False)")
+    if not cuda.is_available():
+        raise RuntimeError("runtime has no accelerator (runtime.accelerator.is_available() is False)")
+    cuda.set_device(device)
 
 
 set_device_idx = set_device_index
 
 
 def synchronize(device=None) -> None:
-    """Nothing to wait for: runtime's work is done when each call returns."""
+    """Wait for the CUDA device's kernels (CPU work is done when each call returns)."""
+    cuda.synchronize()

@@ -95,7 +95,7 @@ class GradScaler:
 
     def __init__(self, device="cpu", init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000, enabled=True):
-        if device == "cuda" and enabled:
+        if device == "cuda" and enabled and not _cuda_available():
             warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
                           UserWarning, stacklevel=2)
             enabled = False
@@ -172,3 +172,9 @@ class GradScaler:
         self._backoff_factor = state_dict["backoff_factor"]
         self._growth_interval = state_dict["growth_interval"]
         self._growth_tracker = state_dict["_growth_tracker"]
+
+
+def _cuda_available() -> bool:
+    from . import cuda
+
+    return cuda.is_available()

@@ -944,6 +944,9 @@ def _values(input, name: str) -> np.ndarray:
 
     if not isinstance(input, Tensor):
         raise TypeError(f"{name} reads tensor values, so it needs an eager Tensor, not {type(input).__name__}")
+    if input.is_cuda:
+        raise NotImplementedError(f"{name} has no CUDA lowering in runtime's eager CUDA backend (it reads values on "
+                                  f"the host); run it on the CPU (tensor.cpu())")
     return input.detach().numpy()
 
 

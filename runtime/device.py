@@ -1,15 +1,19 @@
-"""Devices: runtime.device('cpu'); CUDA tensors are not available in the eager runtime."""
+"""Devices: runtime.device('cpu') and runtime.device('cuda:0'); check_device turns a device argument into one."""
 from __future__ import annotations
+
+import numpy as np
 
 
 class device:
-    """Where a tensor lives: type 'cpu' (or 'cuda', which tensors cannot use yet)."""
+    """Where a tensor lives: type 'cpu' or 'cuda' (with an index)."""
 
     __slots__ = ("type", "index")
 
     def __init__(self, spec, index=None):
         if isinstance(spec, device):
             spec, index = spec.type, spec.index if index is None else index
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            spec, index = "cuda", spec  # torch: a bare ordinal names a CUDA device
         if not isinstance(spec, str):
             raise TypeError(f"device() expects a string such as 'cpu', got {spec!r}")
         kind, _, num = spec.partition(":")
@@ -35,14 +39,32 @@ class device:
 
 
 CPU = device("cpu")
+CUDA = device("cuda", 0)
 
 
 def check_device(spec) -> device:
-    """Accept None, 'cpu' or device('cpu'); a clear error for devices runtime tensors cannot use."""
+    """None or 'cpu' -> CPU; 'cuda', 'cuda:0' -> CUDA when runtime.cuda.is_available(); a clear error otherwise."""
     if spec is None:
         return CPU
     d = spec if isinstance(spec, device) else device(spec)
-    if d.type != "cpu":
-        raise RuntimeError(f"device '{d}' is not available: runtime tensors live on the CPU "
-                           f"(runtime.cuda.is_available() is False)")
-    return CPU
+    if d.type == "cpu":
+        return CPU
+    if d.type == "cuda":
+        from . import cuda
+
+        if not cuda.is_available():
+            raise RuntimeError(f"device '{d}' is not available: runtime.cuda.is_available() is False (numba-cuda "
+                               f"found no GPU; install the `cuda` extra on a machine with one, or set "
+                               f"NUMBA_ENABLE_CUDASIM=1 before numba is imported to use numba's CUDA simulator)")
+        if (d.index or 0) >= cuda.device_count():
+            raise RuntimeError(f"CUDA error: invalid device ordinal (device '{d}'; runtime.cuda.device_count() is "
+                               f"{cuda.device_count()})")
+        if d.index:
+            raise RuntimeError(f"device '{d}': runtime's CUDA tensors live on device 0 only")
+        return CUDA
+    raise RuntimeError(f"device '{d}' is not available: runtime tensors live on the CPU or on CUDA")
+
+
+def device_of(array) -> device:
+    """The device of a tensor's storage: host numpy arrays are on the CPU, numba device arrays on CUDA."""
+    return CPU if isinstance(array, np.ndarray) else CUDA

@@ -5,20 +5,35 @@ import numpy as np
 
 from . import dtypes as dt
 from .api import size_args
-from .device import check_device
+from .device import CPU, check_device
 from .random import rng
 from .tensor import Tensor
 
 
-def _finish(array: np.ndarray, requires_grad: bool) -> Tensor:
+def _finish(array: np.ndarray, requires_grad: bool, device=CPU) -> Tensor:
+    """A tensor of a host array's values on `device` (a checked runtime.device)."""
+    if device is not CPU:
+        from .cuda import memory
+
+        array = memory.to_device(array)
     t = Tensor._from_array(array)
     return t.requires_grad_(True) if requires_grad else t
+
+
+def _random(generator, device) -> np.random.Generator:
+    """The numpy generator random values come from: CUDA tensors draw from runtime.cuda's generator (on the host,
+    then copied to the device), unless one is given."""
+    if generator is None and device is not CPU:
+        from . import cuda
+
+        return cuda.default_generator.numpy
+    return rng(generator)
 
 
 def _plain(data):
     """Nested Python data with tensors replaced by their values."""
     if isinstance(data, Tensor):
-        return data._data
+        return data._host()
     if isinstance(data, (list, tuple)):
         return [_plain(x) for x in data]
     return data
@@ -39,7 +54,7 @@ def _infer_dtype(data, array: np.ndarray) -> dt.dtype:
 
 
 def _array_from(data, dtype, copy: bool) -> np.ndarray:
-    source = data._data if isinstance(data, Tensor) else data
+    source = data._host() if isinstance(data, Tensor) else data
     try:
         if isinstance(source, np.ndarray):
             array = source
@@ -55,16 +70,19 @@ def _array_from(data, dtype, copy: bool) -> np.ndarray:
 
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False) -> Tensor:
     """A new tensor holding a copy of `data` (nested lists, numbers, numpy arrays or tensors)."""
-    check_device(device)
-    return _finish(_array_from(data, dtype, copy=True), requires_grad)
+    device = check_device(device)
+    return _finish(_array_from(data, dtype, copy=True), requires_grad, device)
 
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:
     """Like tensor(), but shares memory with a numpy array or tensor when no conversion is needed."""
-    check_device(device)
-    if isinstance(data, Tensor) and (dtype is None or dt.as_dtype(dtype) is data.dtype):
+    device = check_device(device) if device is not None else None
+    if isinstance(data, Tensor) and (dtype is None or dt.as_dtype(dtype) is data.dtype) and \
+            (device is None or device == data.device):
         return data
-    return _finish(_array_from(data, dtype, copy=False), False)
+    if isinstance(data, Tensor) and device is None:
+        device = data.device
+    return _finish(_array_from(data, dtype, copy=False), False, device or CPU)
 
 
 def from_numpy(array: np.ndarray) -> Tensor:
@@ -98,10 +116,20 @@ def _no_extra(kw, name):
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad=False) -> Tensor:
-    check_device(device)
+    device = check_device(device)
     if dtype is None:
         dtype = dt.default_for_category(dt.scalar_category(fill_value))
-    return _finish(np.full(_new_shape((size,)), fill_value, dtype=dt.as_dtype(dtype).np), requires_grad)
+    return _filled(_new_shape((size,)), fill_value, dt.as_dtype(dtype).np, requires_grad, device)
+
+
+def _filled(shape, value, np_dtype, requires_grad, device) -> Tensor:
+    """A tensor of one value: numpy's full on the CPU, a fill kernel on CUDA."""
+    if device is CPU:
+        return _finish(np.full(shape, value, dtype=np_dtype), requires_grad)
+    from .cuda import dispatch
+
+    t = Tensor._from_array(dispatch.full(shape, value, np_dtype))
+    return t.requires_grad_(True) if requires_grad else t
 
 
 def _sizes(size, keyword, name):
@@ -116,22 +144,20 @@ def _sizes(size, keyword, name):
 def zeros(*size, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
     size = _sizes(size, kw.pop("size", None), "zeros")
     _no_extra(kw, "zeros")
-    check_device(device)
-    return _finish(np.zeros(_new_shape(size), dtype=_dtype_or_default(dtype)), requires_grad)
+    return _filled(_new_shape(size), 0, _dtype_or_default(dtype), requires_grad, check_device(device))
 
 
 def ones(*size, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
     size = _sizes(size, kw.pop("size", None), "ones")
     _no_extra(kw, "ones")
-    check_device(device)
-    return _finish(np.ones(_new_shape(size), dtype=_dtype_or_default(dtype)), requires_grad)
+    return _filled(_new_shape(size), 1, _dtype_or_default(dtype), requires_grad, check_device(device))
 
 
 empty = zeros
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False) -> Tensor:
-    check_device(device)
+    device = check_device(device)
     if end is None:
         start, end = 0, start
     values = (start, end, step)
@@ -144,44 +170,45 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=Fa
     count = max(int(np.ceil((end - start) / step)), 0)
     array = (start + np.arange(count, dtype=np.float64) * step) if dt.as_dtype(dtype).is_floating_point \
         else np.arange(start, end, step, dtype=np.int64)
-    return _finish(array.astype(dt.as_dtype(dtype).np), requires_grad)
+    return _finish(array.astype(dt.as_dtype(dtype).np), requires_grad, device)
 
 
 def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False) -> Tensor:
-    check_device(device)
+    device = check_device(device)
     if steps < 0:
         raise RuntimeError(f"linspace(): number of steps must be non-negative, got {steps}")
-    return _finish(np.linspace(start, end, steps).astype(_dtype_or_default(dtype)), requires_grad)
+    return _finish(np.linspace(start, end, steps).astype(_dtype_or_default(dtype)), requires_grad, device)
 
 
 def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:
-    check_device(device)
+    device = check_device(device)
     _new_shape((n, n if m is None else m))
-    return _finish(np.eye(n, m, dtype=_dtype_or_default(dtype)), requires_grad)
+    return _finish(np.eye(n, m, dtype=_dtype_or_default(dtype)), requires_grad, device)
 
 
 def rand(*size, generator=None, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
     size = _sizes(size, kw.pop("size", None), "rand")
     _no_extra(kw, "rand")
-    check_device(device)
+    device = check_device(device)
     target = _dtype_or_default(dtype)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
-    return _finish(rng(generator).random(_new_shape(size), dtype=draw_dtype).astype(target, copy=False), requires_grad)
+    values = _random(generator, device).random(_new_shape(size), dtype=draw_dtype)
+    return _finish(values.astype(target, copy=False), requires_grad, device)
 
 
 def randn(*size, generator=None, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
     size = _sizes(size, kw.pop("size", None), "randn")
     _no_extra(kw, "randn")
-    check_device(device)
+    device = check_device(device)
     target = _dtype_or_default(dtype)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
-    values = rng(generator).standard_normal(_new_shape(size), dtype=draw_dtype)
-    return _finish(values.astype(target, copy=False), requires_grad)
+    values = _random(generator, device).standard_normal(_new_shape(size), dtype=draw_dtype)
+    return _finish(values.astype(target, copy=False), requires_grad, device)
 
 
 def randint(*args, size=None, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:
     """randint(high, size) or randint(low, high, size)."""
-    check_device(device)
+    device = check_device(device)
     if size is None:
         *bounds, size = args
     else:
@@ -189,24 +216,26 @@ def randint(*args, size=None, generator=None, dtype=None, device=None, requires_
     low, high = (0, bounds[0]) if len(bounds) == 1 else bounds
     if low >= high:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
-    values = rng(generator).integers(low, high, _new_shape((size,)), dtype=np.int64)
-    return _finish(values.astype((dt.as_dtype(dtype) if dtype is not None else dt.int64).np), requires_grad)
+    values = _random(generator, device).integers(low, high, _new_shape((size,)), dtype=np.int64)
+    return _finish(values.astype((dt.as_dtype(dtype) if dtype is not None else dt.int64).np), requires_grad, device)
 
 
 def randperm(n, *, generator=None, dtype=None, device=None) -> Tensor:
-    check_device(device)
-    return Tensor._from_array(rng(generator).permutation(n).astype((dtype and dt.as_dtype(dtype) or dt.int64).np))
+    device = check_device(device)
+    values = _random(generator, device).permutation(n).astype((dtype and dt.as_dtype(dtype) or dt.int64).np)
+    return _finish(values, False, device)
 
 
 def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False) -> Tensor:
     return full(tuple(input.shape), fill_value, dtype=dtype if dtype is not None else input.dtype,
-                requires_grad=requires_grad)
+                requires_grad=requires_grad, device=device if device is not None else _device_of(input))
 
 
 def _shape_like(factory, name: str):
     def like(input, *, dtype=None, device=None, requires_grad=False, **kwargs):
         return factory(tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
-                       requires_grad=requires_grad, **kwargs)
+                       requires_grad=requires_grad, device=device if device is not None else _device_of(input),
+                       **kwargs)
 
     like.__name__ = like.__qualname__ = name
     return like
@@ -221,4 +250,9 @@ randn_like = _shape_like(randn, "randn_like")
 
 def randint_like(input, *bounds, dtype=None, device=None, requires_grad=False) -> Tensor:
     return randint(*bounds, tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
-                   requires_grad=requires_grad)
+                   requires_grad=requires_grad, device=device if device is not None else _device_of(input))
+
+
+def _device_of(input):
+    """A tensor's device; None for a tracer's proxy (its *_like tensors are made where the graph runs)."""
+    return input.device if isinstance(input, Tensor) else None

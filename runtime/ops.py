@@ -150,6 +150,8 @@ def apply(name: str, *inputs, like=None, **attrs):
     op = OPS[name]
     if inputs and type(inputs[0]) is _default_handler:  # the eager handler defers to foreign inputs itself
         return _default_handler._apply_op(op, inputs, attrs)
+    if not inputs and type(like) is _default_handler and like.is_cuda:  # a new tensor on like's device
+        return _default_handler._apply_device_op(op, attrs)
     handler = type(like) if like is not None else None
     for x in inputs:
         if getattr(type(x), "_apply_op", None) is not None:

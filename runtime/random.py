@@ -41,6 +41,10 @@ default_generator = Generator()
 
 
 def manual_seed(seed: int) -> Generator:
+    """Seed the default generator and, as torch does, the one CUDA tensors' random values come from."""
+    from .cuda import default_generator as cuda_generator
+
+    cuda_generator.manual_seed(seed)
     return default_generator.manual_seed(seed)
 
 

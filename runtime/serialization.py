@@ -104,7 +104,8 @@ def save_safetensors(tensors: dict, path, metadata: dict | None = None) -> None:
         header["__metadata__"] = dict(metadata)
     # NOTE: largest items first keeps every tensor aligned to its item size, as the reference writer does.
     for name, t in sorted(tensors.items(), key=lambda item: (-item[1].dtype.itemsize, item[0])):
-        array = t._data.astype(t._data.dtype.newbyteorder("<"), order="C", copy=False)
+        host = t._host()  # a CUDA tensor's values are copied to the host (they load as CPU tensors)
+        array = host.astype(host.dtype.newbyteorder("<"), order="C", copy=False)
         header[name] = {"dtype": _SAFETENSORS_CODES[t.dtype], "shape": list(array.shape),
                         "data_offsets": [offset, offset + array.nbytes]}
         arrays.append(array)
@@ -480,7 +481,9 @@ class _Encoder:
     def _tensor(self, t: Tensor) -> int:
         index = self._tensor_index.get(id(t))
         if index is None:
-            storage, offset, strides = self._storage(t._data)
+            # NOTE: a CUDA tensor is written from a host copy of its values (it loads as a CPU tensor, as torch's
+            # map_location="cpu" gives)
+            storage, offset, strides = self._storage(t._host())
             index = self._tensor_index[id(t)] = len(self.tensors)
             self.tensors.append({"storage": storage, "dtype": t.dtype.name, "shape": list(t._data.shape),
                                  "strides": strides, "offset": offset, "requires_grad": t.requires_grad})

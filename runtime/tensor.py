@@ -14,8 +14,8 @@ from ._profiling import notify as _notify_observers
 from ._profiling import op_observers as _op_observers
 from ._tensor_str import format_tensor
 from .autograd import grad_mode
-from .autograd.graph import CopySlices, OpNode, _retains_grad, accumulator_for, edge_of
-from .device import CPU, check_device
+from .autograd.graph import CopySlices, Node, OpNode, _retains_grad, accumulator_for, edge_of
+from .device import CPU, check_device, device_of
 from .ops import OPS
 
 _SCALARS = (int, float, bool)
@@ -81,10 +81,13 @@ class Tensor:
         start = _perf_counter() if _op_observers else None  # a profiler is on (runtime._profiling)
         if _amp_state.dtype is not None and op.kind == ops.Kind.MATMUL:  # inside runtime.autocast
             inputs = amp.autocast_inputs(op, inputs)
-        arrays, requires = [], False
+        arrays, requires, on_device = [], False, False
         for x in inputs:
             if isinstance(x, Tensor):
-                arrays.append(x._data)
+                data = x._data
+                arrays.append(data)
+                if type(data) is not np.ndarray and not isinstance(data, np.ndarray):
+                    on_device = True  # a CUDA tensor (runtime/cuda): the op runs as a kernel on the device
                 if x._base is not None:  # a view requires grad where its base does (torch's rule)
                     if _grad_state.enabled:
                         x._refresh_view()
@@ -99,20 +102,28 @@ class Tensor:
                 plain = tuple(v if isinstance(v, Tensor) else _scalar_operand(op, v) for v in inputs)
                 return Tensor._apply_op(op, plain, attrs)
         compute, out_dtype = op.dtype_rule(op, inputs, attrs)
-        if compute is not None:
-            _cast_to_compute(arrays, compute.np, op.cast_inputs)
-        try:
-            out = op.forward(*arrays, **attrs)
-        except Exception as e:  # numpy's message alone would not name the op or the shapes
-            raise _op_error(op, inputs, attrs, e) from None
-        if type(out) is not np.ndarray:
-            out = np.asarray(out)
-        if out.dtype != out_dtype.np:
-            out = out.astype(out_dtype.np)
+        if on_device:
+            from .cuda import dispatch
+
+            out, is_view = dispatch.run(op, inputs, arrays, attrs, compute, out_dtype)
+            if isinstance(out, Tensor):  # a fused op that ran as its decomposition, with autograd of its own
+                return out
+        else:
+            if compute is not None:
+                _cast_to_compute(arrays, compute.np, op.cast_inputs)
+            try:
+                out = op.forward(*arrays, **attrs)
+            except Exception as e:  # numpy's message alone would not name the op or the shapes
+                raise _op_error(op, inputs, attrs, e) from None
+            if type(out) is not np.ndarray:
+                out = np.asarray(out)
+            if out.dtype != out_dtype.np:
+                out = out.astype(out_dtype.np)
+            # NOTE: numpy says an empty array shares no memory; torch's empty slice is a view all the same
+            is_view = op.is_view and (np.may_share_memory(out, arrays[0]) or (out.size == 0 and len(inputs) == 1))
         result = object.__new__(Tensor)
         result._data = out
-        # NOTE: numpy says an empty array shares no memory; torch's empty slice is a view all the same
-        if op.is_view and (np.may_share_memory(out, arrays[0]) or (out.size == 0 and len(inputs) == 1)):
+        if is_view:
             src = inputs[0]
             vc = result._version_counter = src._vc()
             if op.differentiable:  # detach shares the memory but starts a history of its own: not a view
@@ -131,6 +142,14 @@ class Tensor:
         if start is not None:
             _notify_observers(op, arrays, out, start, _perf_counter(), False)
         return result
+
+    @staticmethod
+    def _apply_device_op(op, attrs):
+        """An op with no inputs (full) whose result goes to the CUDA device."""
+        from .cuda import dispatch
+
+        compute, out_dtype = op.dtype_rule(op, (), attrs)
+        return Tensor._from_array(dispatch.run(op, (), [], attrs, compute, out_dtype)[0])
 
     # ------------------------------------------------------------------------------------------
     # attributes
@@ -151,9 +170,12 @@ class Tensor:
 
     @property
     def device(self):
-        return CPU
+        return device_of(self._data)
 
-    is_cuda = False
+    @property
+    def is_cuda(self) -> bool:
+        return not isinstance(self._data, np.ndarray)
+
     is_sparse = False
     is_quantized = False
     is_meta = False
@@ -182,6 +204,8 @@ class Tensor:
                                    f"vs {list(self.shape)}")
             if value.dtype is not self.dtype:
                 raise RuntimeError(f"assigned grad has data of a different type: {value.dtype} vs {self.dtype}")
+            if value.is_cuda != self.is_cuda:
+                raise RuntimeError("assigned grad has data located on a different device")
         self._grad = value
 
     @grad.deleter
@@ -244,20 +268,34 @@ class Tensor:
     nelement = numel
 
     def element_size(self) -> int:
-        return self._data.itemsize
+        return self._data.dtype.itemsize
 
     def stride(self, dim=None):
-        strides = tuple(s // self._data.itemsize for s in self._data.strides)
+        strides = tuple(s // self._data.dtype.itemsize for s in self._data.strides)
         return strides if dim is None else strides[api.wrap_dim(dim, self.ndim)]
 
     def is_contiguous(self, memory_format=None) -> bool:
+        if self.is_cuda:
+            from .cuda import memory
+
+            return memory.is_c_contiguous(self._data)
         return self._data.flags.c_contiguous
 
     def is_floating_point(self) -> bool:
         return self.dtype.is_floating_point
 
     def get_device(self) -> int:
-        return -1
+        return 0 if self.is_cuda else -1
+
+    def _host(self) -> np.ndarray:
+        """The values as a numpy array: the storage itself on the CPU, a copy from the device for CUDA (what
+        item(), tolist() and printing read; numpy() refuses CUDA tensors, as torch's does)."""
+        data = self._data
+        if isinstance(data, np.ndarray):
+            return data
+        from .cuda import memory
+
+        return memory.to_host(data)
 
     # ------------------------------------------------------------------------------------------
     # conversions
@@ -266,23 +304,27 @@ class Tensor:
     def item(self):
         if self._data.size != 1:
             raise RuntimeError(f"a Tensor with {self._data.size} elements cannot be converted to Scalar")
-        return self._data.reshape(()).item()
+        return self._host().reshape(()).item()
 
     def tolist(self):
-        return self._data.tolist()
+        return self._host().tolist()
 
     def numpy(self, *, force: bool = False) -> np.ndarray:
+        if self.is_cuda and not force:
+            raise TypeError(_CUDA_NUMPY_ERROR)
         if self.requires_grad and not force:
             raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
-        return self._data
+        return self._host()
 
     def __array__(self, dtype=None, copy=None):
+        if self.is_cuda:
+            raise TypeError(_CUDA_NUMPY_ERROR)
         return self._data if dtype is None else self._data.astype(dtype)
 
     def __bool__(self) -> bool:
         if self._data.size != 1:
             raise RuntimeError("Boolean value of Tensor with more than one value is ambiguous")
-        return bool(self._data.reshape(()))
+        return bool(self._host().reshape(()))
 
     def __float__(self) -> float:
         return float(self._scalar())
@@ -293,7 +335,7 @@ class Tensor:
     def _scalar(self):
         if self._data.size != 1:
             raise ValueError("only one element tensors can be converted to Python scalars")
-        return self._data.reshape(()).item()
+        return self._host().reshape(()).item()
 
     def __index__(self) -> int:
         if self.dtype.is_floating_point or self._data.size != 1:
@@ -319,7 +361,8 @@ class Tensor:
         elif self._rg:
             suffixes.append("requires_grad=True")
         is_default = d is dt.get_default_dtype() or d is dt.int64 or d is dt.bool_
-        return format_tensor(self._data, repr(d), is_default, suffixes)
+        device = [f"device='{self.device}'"] if self.is_cuda else []
+        return format_tensor(self._host(), repr(d), is_default, suffixes, device)
 
     def __format__(self, spec: str) -> str:
         if self._data.ndim == 0:
@@ -337,7 +380,7 @@ class Tensor:
                                "deepcopy protocol at the moment.")
         if id(self) in memo:
             return memo[id(self)]
-        new = _rebuild_tensor(type(self), self._data.copy(), self._rg)
+        new = _rebuild_tensor(type(self), copy_array(self._data), self._rg)
         memo[id(self)] = new
         extra = {k: v for k, v in self.__dict__.items() if k not in _INTERNAL_ATTRS}
         new.__dict__.update(_copy.deepcopy(extra, memo))
@@ -346,8 +389,13 @@ class Tensor:
         return new
 
     def to(self, *args, **kwargs) -> "Tensor":
-        dtype, copy = _parse_to(args, kwargs)
-        return api.to_dtype(self, dtype, copy) if dtype is not None else (self.clone() if copy else self)
+        device, dtype, copy = _parse_to(args, kwargs)
+        t = self
+        if device is not None and device != self.device:
+            t, copy = _to_device(t, device), False
+        if dtype is not None:
+            return api.to_dtype(t, dtype, copy)
+        return t.clone() if copy else t
 
     def type(self, dtype=None, non_blocking=False):
         """torch's legacy type names: x.type() is 'torch.FloatTensor'; x.type('torch.DoubleTensor') converts."""
@@ -360,12 +408,11 @@ class Tensor:
             dtype = getattr(dt, by_name[dtype] if by_name[dtype] != "bool" else "bool_")
         return self.to(dtype)
 
-    def cpu(self) -> "Tensor":
-        return self
+    def cpu(self, memory_format=None) -> "Tensor":
+        return self.to(CPU)
 
-    def cuda(self, device=None, non_blocking=False) -> "Tensor":
-        check_device(device if device is not None else "cuda")
-        return self
+    def cuda(self, device=None, non_blocking=False, memory_format=None) -> "Tensor":
+        return self.to(check_device(device if device is not None else "cuda"))
 
     def detach(self) -> "Tensor":
         out = Tensor._from_array(self._data)
@@ -379,14 +426,14 @@ class Tensor:
         return self
 
     def contiguous(self, memory_format=None) -> "Tensor":
-        return self if self._data.flags.c_contiguous else self.clone()
+        return self if self.is_contiguous() else self.clone()
 
     def view(self, *shape, dtype=None) -> "Tensor":
         if dtype is not None or (shape and isinstance(shape[0], dt.dtype)):
             return self._view_dtype(dt.as_dtype(dtype if dtype is not None else shape[0]))
         target = api._resolve_shape(api.size_args(shape), self._data.size)
         try:
-            np.reshape(self._data, target, copy=False)
+            np.reshape(_layout(self._data), target, copy=False)
         except ValueError:
             raise RuntimeError("view size is not compatible with input tensor's size and stride (at least one "
                                "dimension spans across two contiguous subspaces). Use .reshape(...) instead.") from None
@@ -405,6 +452,10 @@ class Tensor:
                 else RuntimeError("view(dtype) of a tensor that requires grad: runtime records no gradient through "
                                   "a reinterpretation; detach() it first")
         data = self._data
+        if self.is_cuda:
+            from .cuda.templates import NoLowering
+
+            raise NoLowering(f"view(dtype) of a CUDA tensor ({self.dtype} as {dtype}) has no CUDA lowering")
         if dtype.itemsize != self.dtype.itemsize:
             if data.ndim == 0:
                 raise RuntimeError(f"self.dim() cannot be 0 {what}")
@@ -456,7 +507,8 @@ class Tensor:
     def new_tensor(self, data, dtype=None, device=None, requires_grad=False) -> "Tensor":
         from .factories import tensor
 
-        return tensor(data, dtype=dtype if dtype is not None else self.dtype, requires_grad=requires_grad)
+        return tensor(data, dtype=dtype if dtype is not None else self.dtype, requires_grad=requires_grad,
+                      device=device if device is not None else self.device)
 
     def new_empty(self, *size, dtype=None, device=None, requires_grad=False) -> "Tensor":
         return api.new_zeros(self, *size, dtype=dtype, requires_grad=requires_grad)
@@ -530,12 +582,16 @@ class Tensor:
         self._check_writeable()
         for a in args:
             _check_no_partial_overlap(self._data, a)
+            if isinstance(a, Tensor) and a.is_cuda != self.is_cuda and (a.is_cuda or a.ndim):
+                from .cuda.dispatch import device_error
+
+                raise device_error(["cuda:0", "cpu"])
         if _grad_state.enabled and (self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad
                                                               for a in args)):
             return self._inplace_recorded(lambda old: Tensor._apply_op(op, (old,) + args, attrs), 0 in op.saves)
         # NOTE: numpy 2.4's negative computes wrong values in place on strided memory (a column: x[:, 1].neg_()),
         # so the ufunc writes in place only into contiguous memory
-        contiguous = self._data.flags.c_contiguous or self._data.flags.f_contiguous
+        contiguous = not self.is_cuda and (self._data.flags.c_contiguous or self._data.flags.f_contiguous)
         if contiguous and isinstance(op.forward, np.ufunc) and all(
                 not isinstance(a, Tensor) or a.dtype.category <= self.dtype.category for a in args):
             arrays = [a._data if isinstance(a, Tensor) else a for a in args]
@@ -546,7 +602,7 @@ class Tensor:
                 _notify_observers(op, [self._data, *arrays], self._data, start, _perf_counter(), True)
         else:
             result = Tensor._apply_op(op, inputs, attrs)
-            _wrap_numpy_errors(op, inputs, attrs, lambda: np.copyto(self._data, result._data, casting="unsafe"))
+            _wrap_numpy_errors(op, inputs, attrs, lambda: _write_broadcast(self._data, result._data, exact=True))
         self._bump_version()
         return self
 
@@ -555,11 +611,11 @@ class Tensor:
         the base's history is rebased instead (CopySlices) and the view's replayed from it."""
         self._refresh_view()
         self._check_inplace_allowed()
-        old = Tensor._from_array(self._data.copy() if copy_old else self._data)
+        old = Tensor._from_array(copy_array(self._data) if copy_old else self._data)
         old._rg, old._grad_fn, old._out_nr = self._rg, self._grad_fn, self._out_nr
         result = compute(old)
         try:
-            np.copyto(self._data, np.broadcast_to(result._data, self._data.shape), casting="unsafe")
+            _write_broadcast(self._data, result._data)
         except ValueError:
             raise RuntimeError(f"in-place result of shape {list(result.shape)} does not fit a tensor of shape "
                                f"{list(self.shape)}") from None
@@ -599,8 +655,13 @@ class Tensor:
 
     def _check_writeable(self) -> None:
         data = self._data
-        if data.flags.writeable:
+        if isinstance(data, np.ndarray) and data.flags.writeable:
             return
+        if not isinstance(data, np.ndarray):
+            from .cuda import memory
+
+            if memory.is_writeable(data):
+                return
         if any(stride == 0 and n > 1 for stride, n in zip(data.strides, data.shape)):
             raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
                                "single memory location. Please clone() the tensor before performing the operation.")
@@ -641,7 +702,7 @@ class Tensor:
                                                               for a in args)):
             return self._inplace_recorded(compute, True)
         result = compute(self)
-        np.copyto(self._data, np.broadcast_to(result._data, self._data.shape), casting="unsafe")
+        _write_broadcast(self._data, result._data)
         self._bump_version()
         return self
 
@@ -690,6 +751,10 @@ class Tensor:
             if isinstance(value, Tensor) and value.dtype is not self.dtype:
                 value = value.to(self.dtype)  # so that the op recorded reads self directly (CopySlices needs that)
             return self._inplace_recorded(lambda old: api.masked_fill(old, mask, value), False)
+        if self.is_cuda:
+            _write_broadcast(self._data, api.masked_fill(self.detach(), mask, value)._data)
+            self._bump_version()
+            return self
         np.copyto(self._data, value._data if isinstance(value, Tensor) else value,
                   where=np.broadcast_to(mask._data, self._data.shape), casting="unsafe")
         self._bump_version()
@@ -703,7 +768,12 @@ class Tensor:
 
     def _resize_for_out(self, shape: tuple) -> None:
         """New memory of `shape` for a tensor passed as out= (torch resizes such outputs)."""
-        self._data = np.empty(shape, dtype=self.dtype.np)
+        if self.is_cuda:
+            from .cuda import memory
+
+            self._data = memory.empty(shape, self.dtype.np)
+        else:
+            self._data = np.empty(shape, dtype=self.dtype.np)
         self._bump_version()
 
     def zero_(self):
@@ -714,6 +784,8 @@ class Tensor:
         return self
 
     def copy_(self, src, non_blocking=False):
+        if isinstance(src, Tensor) and src.device != self.device:
+            src = _to_device(src, self.device)  # torch's copy_ copies across devices
         _check_no_partial_overlap(self._data, src)  # before src broadcasts, as torch's copy_ checks
         self[...] = src
         return self
@@ -784,14 +856,19 @@ class Tensor:
         self._check_writeable()
         if _grad_state.enabled and self.requires_grad:
             self._check_inplace_allowed()
-        self._data[...] = values
+        if self.is_cuda:
+            from .cuda import dispatch, memory
+
+            dispatch.copy_into(self._data, memory.to_device(np.asarray(values, dtype=self.dtype.np)))
+        else:
+            self._data[...] = values
         self._bump_version()
         return self
 
     def __setitem__(self, key, value) -> None:
         encoded, index_tensors = api.encode_index(self, key)
         self._check_writeable()
-        if not index_tensors and isinstance(value, Tensor):  # torch expands the value to the region first
+        if not index_tensors and isinstance(value, Tensor) and not self.is_cuda:  # torch expands the value first
             region = self._data[ops.decode_key(encoded, [])]
             if type(region) is np.ndarray and region.shape == value._data.shape:
                 _check_no_partial_overlap(region, value)
@@ -803,11 +880,37 @@ class Tensor:
             self._inplace_recorded(lambda old: Tensor._apply_op(OPS["index_put"], (old, value, *index_tensors), attrs),
                                    False)
             return
+        if self.is_cuda:
+            self._setitem_device(encoded, index_tensors, value)
+            return
         np_key = ops.decode_key(encoded, [t._data for t in index_tensors])
         source = value._data if isinstance(value, Tensor) else value
         inputs = (self, value, *index_tensors)
         _wrap_numpy_errors(OPS["index_put"], inputs, {"key": encoded},
                            lambda: self._data.__setitem__(np_key, source))
+        self._bump_version()
+
+    def _setitem_device(self, encoded, index_tensors, value) -> None:
+        """self[key] = value on a CUDA tensor (basic keys: a view of the region, written by a copy kernel)."""
+        from .cuda import dispatch
+
+        if isinstance(value, Tensor):
+            source = value._data if value.is_cuda else (value.item() if value.ndim == 0 else
+                                                        _to_device(value, self.device)._data)
+        else:
+            source = _scalar_operand(OPS["index_put"], value)
+        if index_tensors:
+            indices = [t._data if t.is_cuda else _to_device(t, self.device)._data for t in index_tensors]
+            dispatch.put(self._data, source, indices, encoded, accumulate=False)
+            self._bump_version()
+            return
+        region = dispatch.basic_view(self._data, encoded)
+        if isinstance(value, Tensor):
+            _check_no_partial_overlap(region, value)
+        try:
+            dispatch.copy_into(region, source)
+        except ValueError as e:
+            raise _op_error(OPS["index_put"], (self, value), {"key": encoded, "accumulate": False}, e) from None
         self._bump_version()
 
     def __iadd__(self, other):
@@ -832,7 +935,16 @@ _INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_vi
 def _check_no_partial_overlap(out, src) -> None:
     """torch's check that an in-place op reads the memory it writes only element for element (the same tensor, or
     memory laid out alike): a partly overlapping source would be read after it is partly written."""
-    if not isinstance(src, Tensor) or type(out) is not np.ndarray:
+    if not isinstance(src, Tensor):
+        return
+    if not isinstance(out, np.ndarray):
+        if src.is_cuda and _dense(out) and _dense(src._data):
+            from .cuda import memory
+
+            if memory.reads_elsewhere(out, src._data):
+                raise RuntimeError(_PARTIAL_OVERLAP)
+        return
+    if type(out) is not np.ndarray:
         return
     b = src._data
     if out.size == 0 or b.size == 0 or not _dense(out) or not _dense(b) or not np.may_share_memory(out, b):
@@ -844,8 +956,11 @@ def _check_no_partial_overlap(out, src) -> None:
             return
     elif not (a_begin < b_begin + b.nbytes and b_begin < a_begin + out.nbytes):
         return
-    raise RuntimeError("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
-                       "single memory location. Please clone() the tensor before performing the operation.")
+    raise RuntimeError(_PARTIAL_OVERLAP)
+
+
+_PARTIAL_OVERLAP = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+                    "single memory location. Please clone() the tensor before performing the operation.")
 
 
 def _broadcastable(shape, target) -> bool:
@@ -857,12 +972,75 @@ def _broadcastable(shape, target) -> bool:
 
 def _dense(a) -> bool:
     """Elements without gaps or overlaps, in some order of dims (torch's is_non_overlapping_and_dense)."""
-    expected = a.itemsize
+    expected = a.dtype.itemsize
     for stride, n in sorted((s, n) for s, n in zip(a.strides, a.shape) if n > 1):
         if stride != expected:
             return False
         expected *= n
     return True
+
+
+def copy_array(a):
+    """A copy of a tensor's storage, on its device."""
+    if isinstance(a, np.ndarray):
+        return a.copy()
+    from .cuda import dispatch
+
+    return dispatch.clone(a)
+
+
+def _write_broadcast(dst, src, exact: bool = False) -> None:
+    """dst[...] = src (an array on dst's device, broadcast to dst's shape; exact: of dst's shape), cast as
+    numpy's unsafe casting does."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, src if exact else np.broadcast_to(src, dst.shape), casting="unsafe")
+    else:
+        from .cuda import dispatch
+
+        dispatch.copy_into(dst, src)
+
+
+def _layout(a):
+    """a, or for a device array a host stand-in with its layout (for numpy's view rules; never read)."""
+    if isinstance(a, np.ndarray):
+        return a
+    from .cuda import memory
+
+    return memory.stand_in(a)
+
+
+_CUDA_NUMPY_ERROR = ("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host "
+                     "memory first.")
+
+
+class ToCopyBackward0(Node):
+    """The backward of a copy between devices: the gradient is copied back to the source's device."""
+
+    def __init__(self, next_edges, source):
+        super().__init__(next_edges)
+        self.source = source
+
+    def apply(self, grads):
+        return [None if grads[0] is None else _to_device(grads[0], self.source)]
+
+
+def _to_device(t: "Tensor", device) -> "Tensor":
+    """t copied to another device, recorded for autograd (the gradient is copied back)."""
+    from .cuda import memory
+
+    target = check_device(device)
+    if target == t.device:
+        return t
+    out = Tensor._from_array(memory.to_host(t._data) if target is CPU else memory.to_device(t._data))
+    if _grad_state.enabled and t.requires_grad:
+        out._grad_fn = ToCopyBackward0([_edge_refreshed(t)], t.device)
+        out._rg = True
+    return out
+
+
+def _edge_refreshed(t):
+    t._refresh_view()
+    return _edge(t)
 
 
 def _rebuild_tensor(cls, data, requires_grad):
@@ -924,24 +1102,24 @@ def _wrap_numpy_errors(op, inputs, attrs, action) -> None:
 
 
 def _parse_to(args, kwargs):
-    """(dtype or None, copy) from Tensor.to's many call forms; a device must be the CPU."""
+    """(device or None, dtype or None, copy) from Tensor.to's many call forms."""
     dtype, copy = kwargs.pop("dtype", None), kwargs.pop("copy", False)
     kwargs.pop("non_blocking", None)
     kwargs.pop("memory_format", None)
-    if "device" in kwargs:
-        check_device(kwargs.pop("device"))
+    device = check_device(kwargs.pop("device")) if kwargs.get("device") is not None else None
+    kwargs.pop("device", None)
     if kwargs:
         raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
     for a in args:
         if isinstance(a, Tensor):
-            dtype = a.dtype
+            dtype, device = a.dtype, a.device
         elif isinstance(a, dt.dtype) or a in (float, int, bool):
             dtype = dt.as_dtype(a)
         elif isinstance(a, bool):
             copy = a
         else:
-            check_device(a)
-    return dtype, copy
+            device = check_device(a)
+    return device, dtype, copy
 
 
 def _install_api_methods() -> None:

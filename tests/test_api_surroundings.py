@@ -27,6 +27,7 @@ def test_backends_flags_have_torchs_defaults_and_are_settable(torch):
     assert not runtime.backends.mps.is_available() and not runtime.backends.cudnn.is_available()
 
 
+@pytest.mark.skipif(runtime.cuda.is_available(), reason="this machine has CUDA (tests/cuda covers it)")
 def test_no_accelerator_and_no_cuda():
     assert not runtime.accelerator.is_available() and runtime.accelerator.current_accelerator() is None
     assert runtime.accelerator.device_count() == 0

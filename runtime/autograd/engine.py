@@ -113,7 +113,7 @@ def root_edges(tensors, grad_tensors):
         if g is None:
             if t.numel() != 1:
                 raise RuntimeError("grad can be implicitly created only for scalar outputs")
-            g = Tensor._from_array(np.ones_like(t._data))
+            g = Tensor._from_array(np.ones_like(t._data)) if not t.is_cuda else t.detach().new_ones(tuple(t.shape))
         elif not isinstance(g, Tensor):
             g = Tensor._from_array(np.asarray(g, dtype=t._data.dtype))
         if tuple(g.shape) != tuple(t.shape):

@@ -268,6 +268,11 @@ def _accumulate_into(tensor, g, create_graph: bool, stealable: bool = False) -> 
         tensor._grad = g if create_graph else _owned_detached(g, stealable)
     elif create_graph:
         tensor._grad = old + g
+    elif old.is_cuda:
+        from ..cuda import dispatch
+
+        dispatch.add_into(old._data, g._data)
+        old._bump_version()
     else:
         old._data += g._data
         old._bump_version()
@@ -280,6 +285,8 @@ def _owned_detached(g, stealable: bool):
     # for g, AccumulateGrad's list, _accumulate_into's and this function's parameters and
     # getrefcount's argument; for the array, g's own slot, the local `data` and the argument.
     data = g._data
+    if g.is_cuda:
+        return _tensor_mod.Tensor._from_array(_tensor_mod.copy_array(data))
     if (stealable and g._grad_fn is None and data.flags.owndata and data.flags.writeable
             and sys.getrefcount(g) <= 4 and sys.getrefcount(data) <= 3):
         return g

@@ -358,7 +358,7 @@ def _dropout_mask(input, p, mask_shape):
     if p == 1.0:
         return input.new_zeros(mask_shape)
     draw_dtype = input.dtype if input.dtype in (dt.float32, dt.float64) else dt.float32
-    keep = factories.rand(mask_shape, dtype=draw_dtype) >= p
+    keep = factories.rand(mask_shape, dtype=draw_dtype, device=factories._device_of(input)) >= p
     return keep.to(input.dtype) * (1.0 / (1.0 - p))
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Tensor
+from ..tensor import Tensor, copy_array
 
 
 class Parameter(Tensor):
@@ -26,10 +26,10 @@ class Parameter(Tensor):
     def __deepcopy__(self, memo):
         if id(self) in memo:
             return memo[id(self)]
-        result = type(self)(Tensor._from_array(self._data.copy()), self.requires_grad)
+        result = type(self)(Tensor._from_array(copy_array(self._data)), self.requires_grad)
         memo[id(self)] = result
         if self._grad is not None:
-            result._grad = Tensor._from_array(self._grad._data.copy())
+            result._grad = Tensor._from_array(copy_array(self._grad._data))
         return result
 
     def __reduce_ex__(self, protocol):

@@ -56,6 +56,35 @@ class Adam(Optimizer):
         data += (-(lr / (1 - beta1 ** step)) * exp_avg) / denom
 
 
+    def _update_cuda(self, p: Tensor, grad: Tensor, group: dict) -> None:
+        """The same arithmetic as _update (each operation rounded in the parameter's dtype), as CUDA kernels."""
+        state = self._init_state(p, group)
+        lr, (beta1, beta2), weight_decay = as_float(group["lr"]), group["betas"], group["weight_decay"]
+        if group["maximize"]:
+            grad = -grad
+        step = increment_step(state)
+        data = p.detach()
+        if weight_decay != 0:
+            if group["decoupled_weight_decay"]:
+                data.mul_(1 - lr * weight_decay)
+            else:
+                grad = grad + weight_decay * data
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        weight = 1 - beta1
+        if abs(weight) < 0.5:  # lerp's two-sided formula, as optimizer.lerp_
+            exp_avg.add_(weight * (grad - exp_avg))
+        else:
+            exp_avg.copy_(grad - (grad - exp_avg) * (1 - weight))
+        exp_avg_sq.mul_(beta2)
+        exp_avg_sq.add_((1 - beta2) * grad * grad)
+        second = exp_avg_sq
+        if group["amsgrad"]:
+            second = state["max_exp_avg_sq"]
+            second.copy_(second.maximum(exp_avg_sq))
+        denom = second.sqrt() / (1 - beta2 ** step) ** 0.5 + group["eps"]
+        data.add_((-(lr / (1 - beta1 ** step)) * exp_avg) / denom)
+
+
 def _running_max(state: dict, exp_avg_sq: np.ndarray) -> np.ndarray:
     """amsgrad: max_exp_avg_sq <- max(max_exp_avg_sq, exp_avg_sq), used in place of exp_avg_sq."""
     running = state["max_exp_avg_sq"]._data

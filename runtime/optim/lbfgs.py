@@ -9,7 +9,7 @@ import numpy as np
 
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..tensor import Tensor
-from .optimizer import Optimizer, as_float, check_hyper
+from .optimizer import Optimizer, as_float, check_hyper, raise_no_cuda
 
 
 def _cubic_minimum(x1, f1, g1, x2, f2, g2, bounds=None):
@@ -138,6 +138,8 @@ class LBFGS(Optimizer):
         """Run the iterations; closure() must zero the gradients, compute the loss, backward, and return it."""
         if closure is None:
             raise RuntimeError("LBFGS.step needs a closure that reevaluates the model and returns the loss")
+        if any(p.is_cuda for p in self._params):
+            raise_no_cuda(self)
         with no_grad():
             return self._step(closure)
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..autograd.grad_mode import enable_grad, no_grad
-from ..tensor import Tensor
+from ..tensor import Tensor, copy_array
 
 
 class _RequiredParameter:
@@ -70,7 +70,17 @@ def increment_step(state: dict) -> float:
     return float(step) + 1
 
 
+def raise_no_cuda(optimizer) -> None:
+    raise NotImplementedError(f"runtime.optim.{type(optimizer).__name__} does not support CUDA parameters yet "
+                              f"(SGD, Adam and AdamW do); keep the model on the CPU for it")
+
+
 def zeros_like(p: Tensor) -> Tensor:
+    """Zeros shaped like p, on p's device (optimizer state lives where its parameter does)."""
+    if p.is_cuda:
+        from ..factories import zeros
+
+        return zeros(p.shape, dtype=p.dtype, device=p.device)
     return Tensor._from_array(np.zeros_like(p._data))
 
 
@@ -146,6 +156,9 @@ class Optimizer:
                     p._grad = None
                 else:
                     g.detach_()
+                    if g.is_cuda:
+                        g.fill_(0)
+                        continue
                     g._data[...] = 0
                     g._bump_version()
 
@@ -167,13 +180,21 @@ class Optimizer:
     def _step_group(self, group: dict) -> None:
         for p in group["params"]:
             g = p._grad
-            if g is not None:
+            if g is None:
+                continue
+            if p.is_cuda:
+                self._update_cuda(p, g, group)
+            else:
                 self._update(p, g._data, group)
-                p._bump_version()
+            p._bump_version()
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         """Update p._data in place from its gradient array (read-only: it is p.grad's memory)."""
         raise NotImplementedError(f"{type(self).__name__} must implement step() or _update()")
+
+    def _update_cuda(self, p: Tensor, grad: Tensor, group: dict) -> None:
+        """Update a CUDA parameter in place from its gradient, with tensor ops (kernels on the device)."""
+        raise_no_cuda(self)
 
     # ------------------------------------------------------------------------------------------
     # state dict
@@ -283,7 +304,12 @@ def _copy_state(param: Tensor, index, value, key=None):
             raise ValueError(f"loaded state for parameter {index} has '{key}' of shape {list(value.shape)}, "
                              f"but the parameter has shape {list(param.shape)}")
         same_type = key == "step" or not value.dtype.is_floating_point or value.dtype is param.dtype
-        return Tensor._from_array(value._data.copy() if same_type else value._data.astype(param._data.dtype))
+        copied = Tensor._from_array(copy_array(value._data))
+        if not same_type:
+            copied = copied.to(param.dtype)
+        if key != "step" and copied.device != param.device:
+            copied = copied.to(param.device)  # state lives on its parameter's device, as torch moves it
+        return copied
     if isinstance(value, dict):
         return {k: _copy_state(param, index, v, k) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -60,6 +60,26 @@ class SGD(Optimizer):
             grad = self._apply_momentum(p, grad, momentum, group)
         p._data -= as_float(group["lr"]) * grad
 
+    def _update_cuda(self, p: Tensor, grad: Tensor, group: dict) -> None:
+        """The same arithmetic as _update (each operation rounded in the parameter's dtype), as CUDA kernels."""
+        if group["maximize"]:
+            grad = -grad
+        weight_decay, momentum = group["weight_decay"], group["momentum"]
+        data = p.detach()
+        if weight_decay != 0:
+            grad = grad + weight_decay * data
+        if momentum != 0:
+            state = self.state[p]
+            buf = state.get("momentum_buffer")
+            if buf is None:
+                buf = state["momentum_buffer"] = grad.detach().clone()
+            else:
+                buf.mul_(momentum)
+                dampening = group["dampening"]
+                buf.add_(grad if dampening == 0 else (1 - dampening) * grad)
+            grad = grad + momentum * buf if group["nesterov"] else buf
+        data.sub_(as_float(group["lr"]) * grad)
+
     def _apply_momentum(self, p: Tensor, grad: np.ndarray, momentum: float, group: dict) -> np.ndarray:
         """Update p's momentum buffer (created from the first gradient) and return the step direction."""
         state = self.state[p]

@@ -8,7 +8,7 @@ from ... import dtypes as dt
 from ...autograd import grad_mode
 from ...autograd.function import Function
 from ...device import check_device
-from ...tensor import Tensor
+from ...tensor import Tensor, _write_broadcast, copy_array
 from ...utils.hooks import RemovableHandle
 from ..parameter import Buffer, Parameter
 
@@ -345,24 +345,34 @@ class Module:
 
     def to(self, *args, **kwargs) -> "Module":
         dtype = kwargs.pop("dtype", None)
-        check_device(kwargs.pop("device", None))
+        device = kwargs.pop("device", None)
+        device = check_device(device) if device is not None else None
         kwargs.pop("non_blocking", None)
         kwargs.pop("memory_format", None)
         if kwargs:
             raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
         for a in args:
             if isinstance(a, Tensor):
-                dtype = a.dtype
+                dtype, device = a.dtype, a.device
             elif isinstance(a, dt.dtype):
                 dtype = a
             else:
-                check_device(a)
-        if dtype is None:
+                device = check_device(a)
+        if dtype is not None:
+            dtype = dt.as_dtype(dtype)
+            if not dtype.is_floating_point:
+                raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
+        if device is not None and all(t.device == device for t in self._tensors()):
+            device = None
+        if dtype is None and device is None:
             return self
-        dtype = dt.as_dtype(dtype)
-        if not dtype.is_floating_point:
-            raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
-        return self._apply(lambda t: t.to(dtype) if t.is_floating_point() else t)
+        return self._apply(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else None))
+
+    def _tensors(self):
+        """Every parameter and buffer of this module and its submodules."""
+        for module in self.modules():
+            yield from (t for t in module._parameters.values() if t is not None)
+            yield from (t for t in module._buffers.values() if t is not None)
 
     def float(self) -> "Module":
         return self._apply(lambda t: t.float() if t.is_floating_point() else t)
@@ -377,11 +387,10 @@ class Module:
         return self._apply(lambda t: t.to(dst_type))
 
     def cpu(self) -> "Module":
-        return self
+        return self.to("cpu")
 
     def cuda(self, device=None) -> "Module":
-        check_device(device if device is not None else "cuda")
-        return self
+        return self.to(check_device(device if device is not None else "cuda"))
 
     def share_memory(self) -> "Module":
         return self
@@ -681,7 +690,7 @@ class _TensorState:
     """One tensor's memory, contents, class, requires_grad and version, as they were before a load."""
 
     def __init__(self, t: Tensor):
-        self.tensor, self.array, self.contents, self.cls, self.rg = t, t._data, t._data.copy(), t.__class__, t._rg
+        self.tensor, self.array, self.contents, self.cls, self.rg = t, t._data, copy_array(t._data), t.__class__, t._rg
         # NOTE: the counter object is shared with the tensor's views; restoring its value in place restores theirs
         self.counter = t._vc()
         self.version = self.counter[0]
@@ -689,7 +698,7 @@ class _TensorState:
     def restore(self) -> None:
         t = self.tensor
         t._data = self.array
-        self.array[...] = self.contents
+        _write_broadcast(self.array, self.contents)
         t.__class__, t._rg = self.cls, self.rg
         t._version_counter = self.counter
         self.counter[0] = self.version
