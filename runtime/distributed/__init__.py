@@ -5,6 +5,7 @@ import enum
 import importlib.util
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -176,6 +177,9 @@ def _abort_on_uncaught(exc_type, exc, tb) -> None:
         sys.stderr.write(f"runtime.distributed: rank {MPI.COMM_WORLD.Get_rank()} raised {exc_type.__name__}; "
                          "calling MPI.COMM_WORLD.Abort(1) so the other ranks do not wait for it forever\n")
         sys.stderr.flush()
+        # NOTE: Abort kills every rank at once, and mpiexec's I/O forwarding drops what it has not yet passed on: the
+        # traceback above went missing from the job's stderr under load (tests/test_distributed.py). A moment first.
+        time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
 
 
