@@ -27,7 +27,7 @@ from .graph_module import GraphModule
 from .passes import functionalize
 from .passes.decompose import decompose
 from .passes.shapes import propagate_shapes
-from .passes.simplify import cse, dce, fold_constants, remove_noops
+from .passes.simplify import cse, dce, fold_broadcasts, fold_constants, remove_noops
 from .split import SplitGraph
 from .symbolic import DynamicSizeError, ShapeEnv, has_symbols
 from .trace import Tracer, TraceError, symbolic_trace
@@ -48,8 +48,10 @@ def debug(level: int, message: str) -> None:
 
 # -- the cleanup passes of the two simplify stages ------------------------------------------------------
 
-FORWARD_CLEANUPS = [("remove_noops", remove_noops), ("cse", cse), ("fold_constants", fold_constants), ("dce", dce)]
-BACKWARD_CLEANUPS = [("remove_noops", remove_noops), ("cse", cse), ("dce", dce)]
+FORWARD_CLEANUPS = [("remove_noops", remove_noops), ("fold_broadcasts", fold_broadcasts), ("cse", cse),
+                    ("fold_constants", fold_constants), ("dce", dce)]
+BACKWARD_CLEANUPS = [("remove_noops", remove_noops), ("fold_broadcasts", fold_broadcasts), ("cse", cse),
+                     ("dce", dce)]
 
 
 def run_passes(gm: GraphModule, passes, label: str) -> GraphModule:

@@ -87,6 +87,9 @@ class OpDef:
     # A kind-other op that code generation runs as a kernel of its own, of this kernel kind (nnc.codegen.cpu's
     # SKELETONS: "window" for the sliding-window gathers and scatters of convolution and pooling), not opaquely.
     kernel_kind: str | None = None
+    # A view whose result is its input broadcast to the result's shape (numpy broadcasting): an elementwise op that
+    # reads it may read the input instead (nnc's fold_broadcasts), since elementwise ops broadcast their inputs.
+    broadcasts: bool = False
 
     def is_noop(self, in_shape, in_dtype, out_shape, out_dtype, attrs) -> bool:
         """Whether a call with these input and result shapes/dtypes and attributes returns its input unchanged."""
@@ -1101,7 +1104,8 @@ _register(OpDef("permute", Kind.SHAPE, 1, _np_permute, _permute_rule, _keep, is_
                 vjp=(lambda g, out, x, dims: g.permute(tuple(np.argsort(dims).tolist())),), attr_names=("dims",),
                 noop=_identity_permutation))
 _register(OpDef("expand", Kind.SHAPE, 1, _np_expand, _expand_rule, _keep, is_view=True,
-                vjp=(lambda g, out, x, shape: g.sum_to_size(x.shape),), attr_names=("shape",), noop=_unchanged))
+                vjp=(lambda g, out, x, shape: g.sum_to_size(x.shape),), attr_names=("shape",), noop=_unchanged,
+                broadcasts=True))
 _register(OpDef("getitem", Kind.SHAPE, None, _np_getitem, _getitem_rule, _keep, is_view=True,
                 vjp=(lambda g, out, x, *idx, key, index: (
                     apply("index_put", g.new_zeros(x.shape), g, *idx, key=key, accumulate=bool(idx))
