@@ -1,0 +1,239 @@
+"""CPU row kernels: a chain of reductions over the same rows (softmax, LayerNorm), walked one row at a time.
+
+A row kernel (fusion's kind "row") holds reductions that share one signature (input shape, reduced dims, reduced
+shape with the dims kept) and elementwise nodes of the input shape ("along the row") or of the reduced shape ("per
+row"). A node's level is the number of reductions it waits for: a reduction reading a value of level L has level
+L + 1. Each row is walked in passes: pass p computes the values of level p along the row, accumulates the
+reductions of level p + 1 and stores the outputs of level p; values per row of level p are computed once per row
+before pass p (or after the last pass). A value along the row that a later pass needs again is recomputed there
+from the kernel's inputs (loads and arithmetic, cheaper than a row buffer that a parallel loop would have to
+allocate per task), so softmax is max, then sum of exp, then exp / sum, in three loops over each row of one kernel.
+
+The schedule (`row_schedule`, a pure value of the shapes): prange over rows once the input has
+PARALLEL_MIN_ELEMENTS elements; a pass with reductions fills blocks of values that a vectorized helper reduces
+(cpu_reduction's block helpers), as the row reduction skeleton does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runtime.ops import Kind
+
+from ..graph import Node
+from ..kernel import Kernel
+from ..symbolic import is_symbolic
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, indent, launch_line
+from .cpu_reduction import (_BLOCK, _MIN_BLOCKED, _Accumulator, _acc_term, _block_helper_of, _combine,
+                            accumulators, blockable)
+from .indexing import broadcast_strides, collapse, emit_offsets
+from .scalar import Dialect, Unsupported, Value, ctor, node_shape, op_and_attrs
+
+
+@dataclass(frozen=True)
+class RowSchedule:
+    """How a row kernel's loops are laid out: a task per row (`n_outer` of them, a prange when `parallel`), and in
+    each task `passes` loops over the row's `n_red` positions; a pass with reductions reduces `block` values at a
+    time through a vectorized helper when `blocked`."""
+
+    parallel: bool
+    n_outer: int
+    n_red: int
+    passes: int
+    blocked: bool
+    block: int
+
+    @property
+    def loop(self) -> str:
+        return "prange" if self.parallel else "range"
+
+
+def row_schedule(shape, dims, passes: int, blockable_: bool = True) -> RowSchedule:
+    """The schedule of a row kernel over `shape` whose rows run along `dims`, walked `passes` times."""
+    n_outer = math.prod(shape[d] for d in range(len(shape)) if d not in dims)
+    n_red = math.prod(shape[d] for d in dims)
+    parallel = n_outer * n_red >= PARALLEL_MIN_ELEMENTS
+    if is_symbolic(n_red):
+        return RowSchedule(parallel, n_outer, n_red, passes, blockable_, _BLOCK)
+    blocked = blockable_ and n_red >= _MIN_BLOCKED
+    return RowSchedule(parallel, n_outer, n_red, passes, blocked, min(_BLOCK, n_red))
+
+
+@dataclass
+class RowPlan:
+    """What each pass of a row kernel computes: levels of the nodes, the nodes along the row and per row, and the
+    reductions (`accs`, in kernel order)."""
+
+    accs: list[_Accumulator]
+    along: list[Node]    # elementwise nodes of the input shape
+    per_row: list[Node]  # elementwise nodes of the reduced shape
+    level: dict          # node -> how many reductions it waits for (kernel inputs: 0)
+    passes: int
+
+    def pass_accs(self, p: int) -> list[_Accumulator]:
+        return [a for a in self.accs if self.level[a.node] == p + 1]
+
+    def stage(self, s: int) -> list[Node]:
+        """The values per row computed before pass s (after the last pass when s == passes)."""
+        return [n for n in self.per_row if min(self.level[n], self.passes) == s]
+
+    def pass_nodes(self, p: int, stored: list[Node]) -> list[Node]:
+        """The nodes along the row that pass p computes: what its reductions and its stores need (in order)."""
+        along = set(self.along)
+        need, todo = set(), [a.source for a in self.pass_accs(p)] + list(stored)
+        while todo:
+            n = todo.pop()
+            if n in along and n not in need:
+                need.add(n)
+                todo.extend(n.all_input_nodes)
+        return [n for n in self.along if n in need]
+
+
+def plan_rows(kernel: Kernel, dialect: Dialect) -> RowPlan:
+    """The levels and passes of a row kernel, after checking its nodes fit one (Unsupported otherwise)."""
+    accs = accumulators(kernel, dialect)
+    shape, out_shape = tuple(kernel.shape), accs[0].out_shape
+    reductions = {a.node for a in accs}
+    along, per_row, level = [], [], {}
+    for n in kernel.nodes:
+        inside = [level[a] for a in n.all_input_nodes if a in level]
+        if n in reductions:
+            level[n] = max(inside, default=0) + 1
+            continue
+        op, _, _ = op_and_attrs(n)
+        if op.kind != Kind.ELEMENTWISE:
+            raise Unsupported(f"node {n.name}: op {op.name} ({op.kind}) is neither a reduction nor elementwise")
+        if node_shape(n) == shape:
+            along.append(n)
+        elif node_shape(n) == out_shape:
+            per_row.append(n)
+        else:
+            raise Unsupported(f"node {n.name} has shape {list(node_shape(n))}, neither the row kernel's shape "
+                              f"{list(shape)} nor its reduced shape {list(out_shape)}")
+        level[n] = max(inside, default=0)
+    passes = max([level[n] for n in along] + [level[a.node] - 1 for a in accs]) + 1
+    return RowPlan(accs, along, per_row, level, passes)
+
+
+def row_schedule_of(kernel: Kernel) -> RowSchedule:
+    plan = plan_rows(kernel, Dialect())
+    return row_schedule(tuple(kernel.shape), plan.accs[0].dims, plan.passes, blockable(plan.accs))
+
+
+def gen_rows(kb: KernelBuilder) -> None:
+    """The row skeleton: per row, the values per row of each stage, then a loop over the row per pass."""
+    k = kb.kernel
+    plan = plan_rows(k, kb.dialect)
+    shape, dims = tuple(k.shape), plan.accs[0].dims
+    kept = [d for d in range(len(shape)) if d not in dims]
+    schedule = row_schedule(shape, dims, plan.passes, blockable(plan.accs))
+    along = set(plan.along)
+    along_reads = set(a for n in plan.along for a in n.all_input_nodes) | {a.source for a in plan.accs}
+    along_ins = [a for a in kb.ins if a.node in along_reads]
+    along_outs = [a for a in kb.outs if a.node in along]
+    row_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in plan.per_row)]
+    row_outs = [a for a in kb.outs if a.node not in along]
+
+    arrays = along_ins + along_outs
+    row_lines, refs, hoisted, digit_lines = _row_addressing(arrays, shape, kept, dims)
+    o_lines, o_offs = emit_offsets([shape[d] for d in kept],
+                                   [[s[d] for d in kept] for s in
+                                    (broadcast_strides(a.shape, shape) for a in arrays + row_ins + row_outs)],
+                                   "o", "o_")
+    row_refs = dict(zip([id(a) for a in arrays + row_ins + row_outs], o_offs))
+    ref_of = dict(zip([id(a) for a in arrays], refs))
+
+    env: dict[Node, Value] = {}
+    task = o_lines + row_lines
+    loaded: set[str] = set()
+    for a in [a for a in along_ins if id(a) in hoisted] + row_ins:
+        if a.arg not in loaded:  # inputs read once per row
+            loaded.add(a.arg)
+            env[a.node] = Value(kb.value_name(a.node), a.dtype)
+            task.append(f"{env[a.node].name} = {a.arg}[{row_refs[id(a)]}]")
+    task += [f"{a.buf} = np.empty({schedule.block}, dtype={ctor(a.in_dtype)})" for a in plan.accs
+             if schedule.blocked]
+    for p in range(plan.passes):
+        task += kb.body.emit(plan.stage(p), env)
+        stored = [a for a in along_outs if plan.level[a.node] == p]
+        nodes = plan.pass_nodes(p, [a.node for a in stored])
+        reads = set(a for n in nodes for a in n.all_input_nodes) | {a.source for a in plan.pass_accs(p)}
+        loads = [f"{kb.value_name(a.node)} = {ref_of[id(a)]}" for a in along_ins
+                 if a.node in reads and id(a) not in hoisted]
+        for a in along_ins:
+            env.setdefault(a.node, Value(kb.value_name(a.node), a.dtype))
+        body = kb.body.emit(nodes, env)
+        stores = [f"{ref_of[id(a)]} = {env[a.node].name}" for a in stored]
+        task += _row_pass(kb, schedule, plan.pass_accs(p), env, digit_lines + loads + body + stores)
+    task += kb.body.emit(plan.stage(plan.passes), env)
+    task += [f"{a.arg}[{row_refs[id(a)]}] = {env[a.node].name}" for a in row_outs]
+    lines = [f"for o in {schedule.loop}({schedule.n_outer}):"] + indent(task)
+    f = Function(kb.name, _unique(kb.ins + kb.outs), lines, schedule.parallel)
+    kb.functions.append(f)
+    kb.launch = [launch_line(f)]
+
+
+def _row_pass(kb: KernelBuilder, schedule: RowSchedule, accs, env, per_element: list[str]) -> list[str]:
+    """One loop over the row: the per-element lines, accumulating `accs` (blocked through helpers when the
+    schedule says so); then each reduction's value, cast to its dtype, joins `env`."""
+    n_red = schedule.n_red
+    if not accs:
+        return [f"for r in range({n_red}):"] + indent(per_element)
+    values = [env[a.source] for a in accs]
+    lines = [f"{a.acc} = {a.identity}" for a in accs]
+    if schedule.blocked:
+        block = schedule.block
+        lines += [f"for r0 in range(0, {n_red}, {block}):"]
+        lines += indent([f"n = min({block}, {n_red} - r0)", "for q in range(n):"])
+        lines += indent(["r = r0 + q"] + per_element + [f"{a.buf}[q] = {v.name}" for a, v in zip(accs, values)], 2)
+        lines += indent([f"{a.acc} = {_combine(kb, a, a.acc, f'{_block_helper_of(kb, a)}({a.buf}, n)')}"
+                         for a in accs])
+    else:
+        lines += [f"for r in range({n_red}):"]
+        lines += indent(per_element + [f"{a.acc} = {_combine(kb, a, a.acc, _acc_term(kb.dialect, v, a))}"
+                                       for a, v in zip(accs, values)])
+    for a in accs:
+        env[a.node] = Value(kb.value_name(a.node), a.out_dtype)
+        lines.append(f"{env[a.node].name} = {kb.dialect.cast(a.acc, a.out_dtype)}")
+    return lines
+
+
+def _row_addressing(arrays: list[Array], shape, kept, dims):
+    """(per-row lines, element refs at reduced position r, indices of arrays constant along the row, per-element
+    digit lines). When the reduced dims collapse to one run for every array, each array is read through a per-row
+    slice at r * step (r >= 0 is provable, so the loop vectorizes); otherwise from the digits of r."""
+    strides = [broadcast_strides(a.shape, shape) for a in arrays]
+    _, o_offs = emit_offsets([shape[d] for d in kept], [[s[d] for d in kept] for s in strides], "o", "o_")
+    red_sizes, red_strides = collapse([shape[d] for d in dims], [[s[d] for d in dims] for s in strides])
+    lines, refs, hoisted = [], [], set()
+    if len(red_sizes) <= 1:
+        for a, oo, st in zip(arrays, o_offs, red_strides):
+            step = st[0] if st else 0
+            if not step:
+                refs.append(f"{a.arg}[{oo}]")
+                hoisted.add(id(a))
+                continue
+            view = a.arg
+            if oo != "0":
+                view = f"row_{a.arg}"
+                lines.append(f"{view} = {a.arg}[{oo}:]")
+            refs.append(f"{view}[{'r' if step == 1 else f'r * {step}'}]")
+        return lines, refs, hoisted, []
+    digit_lines, r_offs = emit_offsets([shape[d] for d in dims], [[s[d] for d in dims] for s in strides], "r", "r_")
+    for a, oo, ro in zip(arrays, o_offs, r_offs):
+        if oo != "0" and ro != "0":
+            lines.append(f"b_{a.arg} = {oo}")
+            oo = f"b_{a.arg}"
+        refs.append(f"{a.arg}[{' + '.join(t for t in (oo, ro) if t != '0') or '0'}]")
+        if ro == "0":
+            hoisted.add(id(a))
+    return lines, refs, hoisted, digit_lines
+
+
+def _unique(arrays: list[Array]) -> list[Array]:
+    """The numba arguments: each array once (an array read and written in place keeps its last role)."""
+    unique: dict[str, Array] = {}
+    for a in arrays:
+        unique.pop(a.arg, None)
+        unique[a.arg] = a
+    return list(unique.values())
