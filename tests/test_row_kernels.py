@@ -237,3 +237,30 @@ def test_gpt_block_matches_eager():
 
     torch.manual_seed(0)
     assert_matches_eager(TransformerBlock().double(), torch.randn(2, 16, 32, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name, sizes", [("softmax", [(3, 9), (5, 70), (2, 2000)]),
+                                         ("log_softmax", [(3, 9), (5, 70), (2, 2000)]),
+                                         ("layer_norm", [(3, 9), (70, 9), (2, 9)]),
+                                         ("rms_norm", [(3, 9), (70, 9), (2, 9)])])
+def test_symbolic_row_lengths_and_batches(name, sizes):
+    """Rows (softmax) and batches of symbolic size (nnc.mark_dynamic): one compiled variant serves every size, with
+    the row's values recomputed rather than kept (its length is unknown when the kernel is generated)."""
+    model = randomize(MODELS[name](9).double())
+    compiled = nnc.compile(model)
+    first = torch.randn(*sizes[0], dtype=torch.float64).requires_grad_()
+    nnc.mark_dynamic(first, 0)
+    if sizes[1][1] != sizes[0][1]:
+        nnc.mark_dynamic(first, 1)
+    for x in [first] + [torch.randn(*size, dtype=torch.float64).requires_grad_() for size in sizes[1:]]:
+        grad = torch.randn(*x.shape, dtype=torch.float64)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="nnc")
+            got = compiled(x)
+            got.backward(grad)
+        x_eager = x.detach().clone().requires_grad_()
+        want = model(x_eager)
+        want.backward(grad)
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(x.grad.numpy(), x_eager.grad.numpy(), rtol=1e-12, atol=1e-12)
+    assert compiled.compiled_variants == 1

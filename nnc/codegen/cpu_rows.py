@@ -58,6 +58,8 @@ class RowSchedule:
             f"{self.tasks - 1}) // {self.tasks}"
 
 
+# Rows of at most this many values keep their expensive values in a row buffer per task (RowPlan.held).
+_MAX_HELD = 2 ** 14
 # The blocked form runs this many parallel tasks, each over a run of rows (allocating its block buffers once).
 _ROW_TASKS = 64
 
@@ -91,16 +93,29 @@ class RowPlan:
         """The values per row computed before pass s (after the last pass when s == passes)."""
         return [n for n in self.per_row if min(self.level[n], self.passes) == s]
 
-    def pass_nodes(self, p: int, stored: list[Node]) -> list[Node]:
-        """The nodes along the row that pass p computes: what its reductions and its stores need (in order)."""
+    def pass_nodes(self, p: int, stored: list[Node], held=frozenset()) -> tuple[list[Node], list[Node]]:
+        """(computed, reloaded): the nodes along the row that pass p computes, what its reductions and its stores
+        need (in order), and the held nodes of earlier passes it reads back from their row buffers instead."""
         along = set(self.along)
-        need, todo = set(), [a.source for a in self.pass_accs(p)] + list(stored)
+        need, reloaded, todo = set(), set(), [a.source for a in self.pass_accs(p)] + list(stored)
         while todo:
             n = todo.pop()
-            if n in along and n not in need:
+            if n in held and self.level[n] < p:
+                reloaded.add(n)
+            elif n in along and n not in need:
                 need.add(n)
                 todo.extend(n.all_input_nodes)
-        return [n for n in self.along if n in need]
+        return [n for n in self.along if n in need], [n for n in self.along if n in reloaded]
+
+    def held(self, stored_in) -> list[Node]:
+        """The expensive nodes along the row (a transcendental, a power) that a pass computes and a later pass
+        needs again: kept in a row buffer by the pass that computes them. stored_in(p): the nodes pass p stores."""
+        computed_in: dict[Node, set] = {}
+        for p in range(self.passes):
+            for n in self.pass_nodes(p, stored_in(p))[0]:
+                computed_in.setdefault(n, set()).add(p)
+        return [n for n in self.along if _expensive(n) and len(computed_in.get(n, ())) > 1
+                and self.level[n] in computed_in[n]]
 
 
 def plan_rows(kernel: Kernel, dialect: Dialect) -> RowPlan:
@@ -167,23 +182,33 @@ def gen_rows(kb: KernelBuilder) -> None:
             loaded.add(a.arg)
             env[a.node] = Value(kb.value_name(a.node), a.dtype)
             task.append(f"{env[a.node].name} = {a.arg}[{row_refs[id(a)]}]")
+    stored_in = lambda p: [a for a in along_outs if plan.level[a.node] == p]  # noqa: E731
+    # NOTE: a row buffer per task keeps what a recomputation would cost most (softmax's exp: 1.4x the kernel)
+    held = plan.held(lambda p: [a.node for a in stored_in(p)]) if not is_symbolic(schedule.n_red) \
+        and schedule.n_red <= _MAX_HELD else []
+    hold = {n: f"hold{i}" for i, n in enumerate(held)}
     for p in range(plan.passes):
         task += kb.body.emit(plan.stage(p), env)
-        stored = [a for a in along_outs if plan.level[a.node] == p]
-        nodes = plan.pass_nodes(p, [a.node for a in stored])
+        stored = stored_in(p)
+        nodes, reloaded = plan.pass_nodes(p, [a.node for a in stored], set(held))
         reads = set(a for n in nodes for a in n.all_input_nodes) | {a.source for a in plan.pass_accs(p)}
         loads = [f"{kb.value_name(a.node)} = {ref_of[id(a)]}" for a in along_ins
                  if a.node in reads and id(a) not in hoisted]
+        loads += [f"{env[n].name} = {hold[n]}[r]" for n in reloaded]
         for a in along_ins:
             env.setdefault(a.node, Value(kb.value_name(a.node), a.dtype))
         body = kb.body.emit(nodes, env)
         stores = [f"{ref_of[id(a)]} = {env[a.node].name}" for a in stored]
-        task += _row_pass(kb, schedule, plan.pass_accs(p), env, digit_lines + loads, body + stores, direct)
+        kept = {n: hold[n] for n in held if n in nodes and plan.level[n] == p}
+        stores += [f"{view}[r] = {env[n].name}" for n, view in kept.items()]
+        task += _row_pass(kb, schedule, plan.pass_accs(p), env, digit_lines + loads, body + stores,
+                          {**direct, **kept})
     task += kb.body.emit(plan.stage(plan.passes), env)
     task += [f"{a.arg}[{row_refs[id(a)]}] = {env[a.node].name}" for a in row_outs]
     buffers = [f"{a.buf} = np.empty({schedule.block}, dtype={ctor(a.in_dtype)})" for a in plan.accs
-               if schedule.blocked and a.source not in direct]
-    if buffers:  # NOTE: one allocation per row cost more than the row itself at 64 values (4096 rows: ~0.4 ms)
+               if schedule.blocked and a.source not in direct and a.source not in hold]
+    buffers += [f"{hold[n]} = np.empty({schedule.n_red}, dtype={ctor(env[n].dtype)})" for n in held]
+    if buffers:  # NOTE: an allocation per row cost more than a row of 64 values (softmax over 4096 rows: ~0.4 ms)
         tasks = schedule.tasks
         lines = [f"for t in {schedule.loop}({tasks}):"]
         lines += indent(buffers + [f"for o in range(t * {schedule.rows_per_task}, "
@@ -226,6 +251,18 @@ def _row_pass(kb: KernelBuilder, schedule: RowSchedule, accs, env, loads: list[s
         env[a.node] = Value(kb.value_name(a.node), a.out_dtype)
         lines.append(f"{env[a.node].name} = {kb.dialect.cast(a.acc, a.out_dtype)}")
     return lines
+
+
+def _expensive(node: Node) -> bool:
+    """Whether a node's op template calls a function other than max, min and abs, or raises to a power (exp, log,
+    erf, sqrt, ...): worth keeping rather than computing again."""
+    import ast
+
+    op, _, _ = op_and_attrs(node)
+    tree = ast.parse(op.template.format(*["x"] * 8), mode="eval") if op.template else None
+    return tree is not None and any(
+        (isinstance(t, ast.Call) and not (isinstance(t.func, ast.Name) and t.func.id in ("max", "min", "abs")))
+        or (isinstance(t, ast.BinOp) and isinstance(t.op, ast.Pow)) for t in ast.walk(tree))
 
 
 def _row_addressing(arrays: list[Array], shape, kept, dims):
