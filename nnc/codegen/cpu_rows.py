@@ -5,13 +5,15 @@ shape with the dims kept) and elementwise nodes of the input shape ("along the r
 row"). A node's level is the number of reductions it waits for: a reduction reading a value of level L has level
 L + 1. Each row is walked in passes: pass p computes the values of level p along the row, accumulates the
 reductions of level p + 1 and stores the outputs of level p; values per row of level p are computed once per row
-before pass p (or after the last pass). A value along the row that a later pass needs again is recomputed there
-from the kernel's inputs (loads and arithmetic, cheaper than a row buffer that a parallel loop would have to
-allocate per task), so softmax is max, then sum of exp, then exp / sum, in three loops over each row of one kernel.
+before pass p (or after the last pass). A value along the row that a later pass needs again is kept in a row
+buffer per task when it is expensive (RowPlan.held: softmax's exp) and the row is static and short enough, else
+recomputed there from the kernel's inputs (LayerNorm's x - mean: a load and a subtraction). So softmax is max, then
+the sum of exp (kept), then exp / sum, in three loops over each row of one kernel.
 
 The schedule (`row_schedule`, a pure value of the shapes): prange over rows once the input has
 PARALLEL_MIN_ELEMENTS elements; a pass with reductions fills blocks of values that a vectorized helper reduces
-(cpu_reduction's block helpers), as the row reduction skeleton does.
+(cpu_reduction's block helpers), as the row reduction skeleton does. A kernel with buffers runs tasks of runs of
+rows, each allocating its buffers once.
 """
 from __future__ import annotations
 
@@ -151,73 +153,110 @@ def row_schedule_of(kernel: Kernel) -> RowSchedule:
 
 def gen_rows(kb: KernelBuilder) -> None:
     """The row skeleton: per row, the values per row of each stage, then a loop over the row per pass."""
-    k = kb.kernel
-    plan = plan_rows(k, kb.dialect)
-    shape, dims = tuple(k.shape), plan.accs[0].dims
-    kept = [d for d in range(len(shape)) if d not in dims]
+    plan = plan_rows(kb.kernel, kb.dialect)
+    shape, dims = tuple(kb.kernel.shape), plan.accs[0].dims
     schedule = row_schedule(shape, dims, plan.passes, blockable(plan.accs))
+    io = _row_io(kb, plan, shape, dims)
+    # NOTE: a row buffer per task keeps what a recomputation would cost most (softmax's exp: 1.4x the kernel)
+    held = plan.held(lambda p: [a.node for a in io.stored_in(p)]) \
+        if not is_symbolic(schedule.n_red) and schedule.n_red <= _MAX_HELD else []
+    hold = {n: f"hold{i}" for i, n in enumerate(held)}
+    env: dict[Node, Value] = {}
+    task = io.row_lines + _row_loads(kb, io, env)
+    for p in range(plan.passes):
+        task += kb.body.emit(plan.stage(p), env)
+        task += _pass_lines(kb, plan, schedule, io, env, p, hold)
+    task += kb.body.emit(plan.stage(plan.passes), env)
+    task += [f"{a.arg}[{io.row_refs[id(a)]}] = {env[a.node].name}" for a in io.row_outs]
+    buffers = [f"{a.buf} = np.empty({schedule.block}, dtype={ctor(a.in_dtype)})" for a in plan.accs
+               if schedule.blocked and a.source not in io.direct and a.source not in hold]
+    buffers += [f"{hold[n]} = np.empty({schedule.n_red}, dtype={ctor(env[n].dtype)})" for n in held]
+    f = Function(kb.name, _unique(kb.ins + kb.outs), _task_loop(schedule, buffers, task), schedule.parallel)
+    kb.functions.append(f)
+    kb.launch = [launch_line(f)]
+
+
+@dataclass
+class _RowIO:
+    """A row kernel's arrays and how a row reads them: along the row (`ref_of`: at reduced position r) or once per
+    row (`row_refs`: at kept position o)."""
+
+    along_ins: list[Array]
+    along_outs: list[Array]
+    row_ins: list[Array]
+    row_outs: list[Array]
+    level: dict
+    row_lines: list[str]    # per row: the digits of o and the row views
+    digit_lines: list[str]  # per element: the digits of r (when the reduced dims do not collapse)
+    ref_of: dict            # id(array) -> its element at r
+    row_refs: dict          # id(array) -> its offset at o
+    hoisted: set            # id(array) of the arrays along the row that are constant along it
+    direct: dict            # input node -> its row view, for inputs read contiguously along the row
+
+    def stored_in(self, p: int) -> list[Array]:
+        return [a for a in self.along_outs if self.level[a.node] == p]
+
+
+def _row_io(kb: KernelBuilder, plan: RowPlan, shape, dims) -> _RowIO:
+    kept = [d for d in range(len(shape)) if d not in dims]
     along = set(plan.along)
     along_reads = set(a for n in plan.along for a in n.all_input_nodes) | {a.source for a in plan.accs}
     along_ins = [a for a in kb.ins if a.node in along_reads]
     along_outs = [a for a in kb.outs if a.node in along]
     row_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in plan.per_row)]
     row_outs = [a for a in kb.outs if a.node not in along]
-
     arrays = along_ins + along_outs
-    row_lines, refs, hoisted, digit_lines = _row_addressing(arrays, shape, kept, dims)
+    view_lines, refs, hoisted, digit_lines = _row_addressing(arrays, shape, kept, dims)
+    everything = arrays + row_ins + row_outs
     o_lines, o_offs = emit_offsets([shape[d] for d in kept],
-                                   [[s[d] for d in kept] for s in
-                                    (broadcast_strides(a.shape, shape) for a in arrays + row_ins + row_outs)],
-                                   "o", "o_")
-    row_refs = dict(zip([id(a) for a in arrays + row_ins + row_outs], o_offs))
+                                   [[s[d] for d in kept] for s in (broadcast_strides(a.shape, shape)
+                                                                   for a in everything)], "o", "o_")
     ref_of = dict(zip([id(a) for a in arrays], refs))
-
     # inputs read contiguously along the row: a reduction of one reduces blocks of its row view in place
     direct = {a.node: ref_of[id(a)][:-len("[r]")] for a in along_ins if ref_of[id(a)].endswith("[r]")}
-    env: dict[Node, Value] = {}
-    task = o_lines + row_lines
-    loaded: set[str] = set()
-    for a in [a for a in along_ins if id(a) in hoisted] + row_ins:
-        if a.arg not in loaded:  # inputs read once per row
+    return _RowIO(along_ins, along_outs, row_ins, row_outs, plan.level, o_lines + view_lines, digit_lines, ref_of,
+                  dict(zip([id(a) for a in everything], o_offs)), hoisted, direct)
+
+
+def _row_loads(kb: KernelBuilder, io: _RowIO, env) -> list[str]:
+    """Loads of the inputs read once per row (read per row, or constant along it)."""
+    lines, loaded = [], set()
+    for a in [a for a in io.along_ins if id(a) in io.hoisted] + io.row_ins:
+        if a.arg not in loaded:
             loaded.add(a.arg)
             env[a.node] = Value(kb.value_name(a.node), a.dtype)
-            task.append(f"{env[a.node].name} = {a.arg}[{row_refs[id(a)]}]")
-    stored_in = lambda p: [a for a in along_outs if plan.level[a.node] == p]  # noqa: E731
-    # NOTE: a row buffer per task keeps what a recomputation would cost most (softmax's exp: 1.4x the kernel)
-    held = plan.held(lambda p: [a.node for a in stored_in(p)]) if not is_symbolic(schedule.n_red) \
-        and schedule.n_red <= _MAX_HELD else []
-    hold = {n: f"hold{i}" for i, n in enumerate(held)}
-    for p in range(plan.passes):
-        task += kb.body.emit(plan.stage(p), env)
-        stored = stored_in(p)
-        nodes, reloaded = plan.pass_nodes(p, [a.node for a in stored], set(held))
-        reads = set(a for n in nodes for a in n.all_input_nodes) | {a.source for a in plan.pass_accs(p)}
-        loads = [f"{kb.value_name(a.node)} = {ref_of[id(a)]}" for a in along_ins
-                 if a.node in reads and id(a) not in hoisted]
-        loads += [f"{env[n].name} = {hold[n]}[r]" for n in reloaded]
-        for a in along_ins:
-            env.setdefault(a.node, Value(kb.value_name(a.node), a.dtype))
-        body = kb.body.emit(nodes, env)
-        stores = [f"{ref_of[id(a)]} = {env[a.node].name}" for a in stored]
-        kept = {n: hold[n] for n in held if n in nodes and plan.level[n] == p}
-        stores += [f"{view}[r] = {env[n].name}" for n, view in kept.items()]
-        task += _row_pass(kb, schedule, plan.pass_accs(p), env, digit_lines + loads, body + stores,
-                          {**direct, **kept})
-    task += kb.body.emit(plan.stage(plan.passes), env)
-    task += [f"{a.arg}[{row_refs[id(a)]}] = {env[a.node].name}" for a in row_outs]
-    buffers = [f"{a.buf} = np.empty({schedule.block}, dtype={ctor(a.in_dtype)})" for a in plan.accs
-               if schedule.blocked and a.source not in direct and a.source not in hold]
-    buffers += [f"{hold[n]} = np.empty({schedule.n_red}, dtype={ctor(env[n].dtype)})" for n in held]
-    if buffers:  # NOTE: an allocation per row cost more than a row of 64 values (softmax over 4096 rows: ~0.4 ms)
-        tasks = schedule.tasks
-        lines = [f"for t in {schedule.loop}({tasks}):"]
-        lines += indent(buffers + [f"for o in range(t * {schedule.rows_per_task}, "
-                                   f"min({schedule.n_outer}, (t + 1) * {schedule.rows_per_task})):"] + indent(task))
-    else:
-        lines = [f"for o in {schedule.loop}({schedule.n_outer}):"] + indent(task)
-    f = Function(kb.name, _unique(kb.ins + kb.outs), lines, schedule.parallel)
-    kb.functions.append(f)
-    kb.launch = [launch_line(f)]
+            lines.append(f"{env[a.node].name} = {a.arg}[{io.row_refs[id(a)]}]")
+    return lines
+
+
+def _pass_lines(kb: KernelBuilder, plan: RowPlan, schedule: RowSchedule, io: _RowIO, env, p: int,
+                hold: dict) -> list[str]:
+    """Pass p over the row: loads (inputs, and held values of earlier passes), the nodes it computes, its stores
+    (outputs of its level, values it holds for later passes) and its reductions."""
+    stored = io.stored_in(p)
+    nodes, reloaded = plan.pass_nodes(p, [a.node for a in stored], set(hold))
+    reads = set(a for n in nodes for a in n.all_input_nodes) | {a.source for a in plan.pass_accs(p)}
+    loads = [f"{kb.value_name(a.node)} = {io.ref_of[id(a)]}" for a in io.along_ins
+             if a.node in reads and id(a) not in io.hoisted]
+    loads += [f"{env[n].name} = {hold[n]}[r]" for n in reloaded]
+    for a in io.along_ins:
+        env.setdefault(a.node, Value(kb.value_name(a.node), a.dtype))
+    body = kb.body.emit(nodes, env)
+    stores = [f"{io.ref_of[id(a)]} = {env[a.node].name}" for a in stored]
+    kept = {n: view for n, view in hold.items() if n in nodes and plan.level[n] == p}
+    stores += [f"{view}[r] = {env[n].name}" for n, view in kept.items()]
+    return _row_pass(kb, schedule, plan.pass_accs(p), env, io.digit_lines + loads, body + stores,
+                     {**io.direct, **kept})
+
+
+def _task_loop(schedule: RowSchedule, buffers: list[str], task: list[str]) -> list[str]:
+    """The loop over rows around one row's lines: with buffers, tasks of runs of rows that allocate them once.
+    NOTE: an allocation per row cost more than a row of 64 values (softmax over 4096 rows: ~0.4 ms)."""
+    if not buffers:
+        return [f"for o in {schedule.loop}({schedule.n_outer}):"] + indent(task)
+    per = schedule.rows_per_task
+    return [f"for t in {schedule.loop}({schedule.tasks}):"] + indent(
+        buffers + [f"for o in range(t * {per}, min({schedule.n_outer}, (t + 1) * {per})):"] + indent(task))
 
 
 def _row_pass(kb: KernelBuilder, schedule: RowSchedule, accs, env, loads: list[str], work: list[str],

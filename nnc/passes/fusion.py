@@ -65,6 +65,8 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
 
 No work is ever duplicated: a node belongs to exactly one kernel and no kernel recomputes another's node, so
 transcendental or otherwise expensive nodes (exp, erf, ...) are computed once by construction; `verify` checks it.
+(Inside a row kernel over rows of symbolic length, a later pass recomputes such a value in its own loop: see
+nnc.codegen.cpu_rows.)
 
 Every kernel records why it ends in `Kernel.reason` (the boundary reasons of the edges leaving it, or why an opaque
 node runs alone), and in meta: `ops` (op names), `ranks`, `bytes_moved` (bytes of inputs + outputs from shape and
