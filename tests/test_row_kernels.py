@@ -264,3 +264,17 @@ def test_symbolic_row_lengths_and_batches(name, sizes):
         np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(x.grad.numpy(), x_eager.grad.numpy(), rtol=1e-12, atol=1e-12)
     assert compiled.compiled_variants == 1
+
+
+class CastSoftmax(nn.Module):
+    """A cast along the row (a template whose callee is the dtype attribute) before a softmax."""
+
+    def forward(self, x):
+        return torch.softmax(x.double() * 2.0, dim=-1).float()
+
+
+def test_row_kernel_with_a_cast_along_the_row():
+    x = torch.randn(4, 8, 16)
+    report = nnc.explain(CastSoftmax(), x.clone().requires_grad_(), backward=True)
+    assert [k.kind for k in compute_kernels(report.kernels)] == ["row"]
+    assert_matches_eager(CastSoftmax(), x)
