@@ -209,9 +209,36 @@ def test_large_rows_run_in_parallel(name, dtype):
 @pytest.mark.parametrize("dim", [0, 1])
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_over_a_dim_that_is_not_the_last(dim, log, dtype):
+    """With the last dim kept, a row would be a strided column: the reductions keep their own kernels (the column
+    reduction skeleton sweeps them), and the result still matches eager."""
     model = Softmax(dim=dim, log=log)
     x = torch.randn(6, 7, 5, dtype=dtype)
     report = nnc.explain(model, x, backward=True)
+    assert "row" not in [k.kind for k in report.kernels]
+    assert_matches_eager(model, x)
+
+
+class SpreadSoftmax(nn.Module):
+    """A softmax over dims 0 and 2 together: rows that are not one contiguous run (read from index digits)."""
+
+    def forward(self, x):
+        e = (x - x.amax((0, 2), keepdim=True)).exp()
+        return e / e.sum((0, 2), keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rows_over_dims_that_do_not_collapse(dtype):
+    x = torch.randn(3, 4, 70, dtype=dtype)
+    report = nnc.explain(SpreadSoftmax(), x.clone().requires_grad_(), backward=True)
+    assert [k.kind for k in compute_kernels(report.kernels)] == ["row"]
+    assert_matches_eager(SpreadSoftmax(), x)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_layer_norm_over_two_dims(dtype):
+    model = randomize(nn.LayerNorm((7, 5)).to(dtype))
+    x = torch.randn(6, 7, 5, dtype=dtype)
+    report = nnc.explain(model, x.clone().requires_grad_(), backward=True)
     assert [k.kind for k in compute_kernels(report.kernels)] == ["row"]
     assert_matches_eager(model, x)
 

@@ -40,14 +40,14 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      whose two ends have identical output shapes ("elementwise" kernels). An input of another shape stays a kernel
      input (read with broadcasting); a node of a group read outside it becomes a kernel output, so multi-consumer
      nodes are fine.
-  5. Row kernels. A reduction whose result keeps its reduced dims (keepdim, rows longer than 1) has a row
-     signature; its group takes in, until nothing more joins, the neighbouring groups that work on the same rows:
-     reduction groups of the same signature (also siblings reading an input of the row shape it reads), and
-     elementwise groups of its input shape (values along the row) or of its reduced shape (one value per row).
-     A later reduction, or a value along the row, may then read an earlier reduction result broadcast along the
-     row: such a group becomes a "row" kernel, which code generation walks row by row in one pass per level of
-     its reduction chain (softmax: max, then sum of exp, then exp / sum). A join that would close a cycle is
-     refused with the reason recorded on the edges.
+  5. Row kernels. A reduction whose result keeps its reduced dims (keepdim, rows longer than 1, the last dim
+     reduced so that rows are contiguous) has a row signature; its group takes in, until nothing more joins, the
+     neighbouring groups that work on the same rows: reduction groups of the same signature (also siblings
+     reading an input of the row shape it reads), and elementwise groups of its input shape (values along the
+     row) or of its reduced shape (one value per row). A later reduction, or a value along the row, may then read
+     an earlier reduction result broadcast along the row: such a group becomes a "row" kernel, which code
+     generation walks row by row in one pass per level of its reduction chain (softmax: max, then sum of exp,
+     then exp / sum). A join that would close a cycle is refused with the reason recorded on the edges.
   6. Shared passes. A reduction kernel is one pass over its input shape; more work joins that pass. Reduction
      groups are visited in graph order of their reductions, and each takes in, until nothing more joins:
      (a) an elementwise group (from 4) of its input shape that its pass reads or that reads its prologue: the
@@ -602,9 +602,11 @@ def _signature(reduction: Node) -> tuple:
 def _row_signature(reduction: Node):
     """The reduction's signature when its result is a row value: kept dims (keepdim), at least one reduced position
     per row beyond the first (a reduced size of 1 changes nothing), so a value of the input shape reads it
-    broadcast along the row. Else None."""
+    broadcast along the row, and the last dim reduced (a row is contiguous). Else None.
+    NOTE: a row kernel walks each row on its own; with the last dim kept that is a strided walk down a column,
+    4x slower than the column reduction skeleton's sweeps for BatchNorm1d's training step at [8192, 256]."""
     in_shape, dims, out_shape = _signature(reduction)
-    if not dims or len(out_shape) != len(in_shape):
+    if not dims or len(out_shape) != len(in_shape) or len(in_shape) - 1 not in dims:
         return None
     if any(out_shape[d] != (1 if d in dims else in_shape[d]) for d in range(len(in_shape))):
         return None
@@ -674,7 +676,7 @@ def _edge_reason(p: Node, c: Node, fuser: _Fuser) -> str:
         return f"{p.name} feeds the matmul {c.name} (a matmul fuses epilogues, not prologues)"
     if cg.kind == "opaque":
         return f"{p.name} feeds the {RANK_NAMES[rank(c)]} op {c.name}, which runs alone"
-    if cg.kind == "row" and pg.kind == "matmul":  # (earlier refusals on this edge name groups merged since)
+    if cg.kind == "row" and pg.kind == "matmul" and c in cg.anchors:  # (a prologue refusal here is stale)
         return (f"matmul result {p.name} feeds the row kernel of {cg.anchor.name}, which walks its rows in passes "
                 f"of its own")
     if (p, c) in fuser.refused:
