@@ -74,7 +74,7 @@ class Views(nn.Module):
         h = self.proj(x).relu()                  # [1, 4, 4]
         t = h.transpose(1, 2)                    # not contiguous
         s = (t * 2.0).sum(dim=-1)                # [1, 4]
-        e = self.scale.expand(1, 4) + s          # a broadcast view feeding a kernel
+        e = self.scale.expand(2, 4).sum(0) + s   # a broadcast view feeding a kernel (a reduction: not folded)
         return e, t.reshape(4, 4) * 2.0, h.reshape(1, 16) @ self.mix
 
 
