@@ -30,7 +30,7 @@ from ..symbolic import is_symbolic
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, indent, launch_line
 from .cpu_reduction import (_BLOCK, _MIN_BLOCKED, _Accumulator, _acc_term, _block_helper_of, _combine,
                             accumulators, blockable)
-from .indexing import broadcast_strides, collapse, emit_offsets
+from .indexing import collapse, emit_offsets, shifted
 from .scalar import Dialect, Unsupported, Value, ctor, node_shape, op_and_attrs
 
 
@@ -203,16 +203,16 @@ def _row_io(kb: KernelBuilder, plan: RowPlan, shape, dims) -> _RowIO:
     kept = [d for d in range(len(shape)) if d not in dims]
     along = set(plan.along)
     along_reads = set(a for n in plan.along for a in n.all_input_nodes) | {a.source for a in plan.accs}
-    along_ins = [a for a in kb.ins if a.node in along_reads]
+    along_ins = [a for a in kb.reads if a.node in along_reads]
     along_outs = [a for a in kb.outs if a.node in along]
-    row_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in plan.per_row)]
+    row_ins = [a for a in kb.reads if any(a.node in n.all_input_nodes for n in plan.per_row)]
     row_outs = [a for a in kb.outs if a.node not in along]
     arrays = along_ins + along_outs
     view_lines, refs, hoisted, digit_lines = _row_addressing(arrays, shape, kept, dims)
     everything = arrays + row_ins + row_outs
     o_lines, o_offs = emit_offsets([shape[d] for d in kept],
-                                   [[s[d] for d in kept] for s in (broadcast_strides(a.shape, shape)
-                                                                   for a in everything)], "o", "o_")
+                                   [[s[d] for d in kept] for s in (a.strides_in(shape) for a in everything)], "o", "o_")
+    o_offs = [shifted(oo, a.offset) for a, oo in zip(everything, o_offs)]
     ref_of = dict(zip([id(a) for a in arrays], refs))
     # inputs read contiguously along the row: a reduction of one reduces blocks of its row view in place
     direct = {a.node: ref_of[id(a)][:-len("[r]")] for a in along_ins if ref_of[id(a)].endswith("[r]")}
@@ -318,11 +318,13 @@ def _row_addressing(arrays: list[Array], shape, kept, dims):
     """(per-row lines, element refs at reduced position r, indices of arrays constant along the row, per-element
     digit lines). When the reduced dims collapse to one run for every array, each array is read through a per-row
     slice at r * step (r >= 0 is provable, so the loop vectorizes); otherwise from the digits of r."""
-    strides = [broadcast_strides(a.shape, shape) for a in arrays]
+    strides = [a.strides_in(shape) for a in arrays]  # a folded view (nnc.passes.views): its own strides
     _, o_offs = emit_offsets([shape[d] for d in kept], [[s[d] for d in kept] for s in strides], "o", "o_")
+    o_offs = [shifted(oo, a.offset) for a, oo in zip(arrays, o_offs)]
     red_sizes, red_strides = collapse([shape[d] for d in dims], [[s[d] for d in dims] for s in strides])
     lines, refs, hoisted = [], [], set()
     if len(red_sizes) <= 1:
+        views: dict[tuple, str] = {}  # (argument, row start) -> its row view (a base read through two views: two)
         for a, oo, st in zip(arrays, o_offs, red_strides):
             step = st[0] if st else 0
             if not step:
@@ -331,15 +333,21 @@ def _row_addressing(arrays: list[Array], shape, kept, dims):
                 continue
             view = a.arg
             if oo != "0":
-                view = f"row_{a.arg}"
-                lines.append(f"{view} = {a.arg}[{oo}:]")
+                view = views.get((a.arg, oo))
+                if view is None:
+                    view = f"row_{a.arg}" + (f"_{len(views)}" if any(k[0] == a.arg for k in views) else "")
+                    views[(a.arg, oo)] = view
+                    lines.append(f"{view} = {a.arg}[{oo}:]")
             refs.append(f"{view}[{'r' if step == 1 else f'r * {step}'}]")
         return lines, refs, hoisted, []
     digit_lines, r_offs = emit_offsets([shape[d] for d in dims], [[s[d] for d in dims] for s in strides], "r", "r_")
+    bases: dict[str, str] = {}  # row start -> its variable (a base read through two views has two)
     for a, oo, ro in zip(arrays, o_offs, r_offs):
         if oo != "0" and ro != "0":
-            lines.append(f"b_{a.arg} = {oo}")
-            oo = f"b_{a.arg}"
+            if oo not in bases:
+                bases[oo] = f"b{len(bases)}_{a.arg}"
+                lines.append(f"{bases[oo]} = {oo}")
+            oo = bases[oo]
         refs.append(f"{a.arg}[{' + '.join(t for t in (oo, ro) if t != '0') or '0'}]")
         if ro == "0":
             hoisted.add(id(a))

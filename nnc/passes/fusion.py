@@ -548,6 +548,11 @@ class _Fuser:
         while joined:
             joined = False
             for other, edges in self._row_neighbours(group, signature):
+                drawn = next((n for n in other.nodes | group.nodes if needs_index(n)), None)
+                if drawn is not None:  # the row skeleton gives no element index (random draws need one)
+                    for p, c in edges:
+                        self.refused[(p, c)] = _INDEX_REASON.format(drawn.name)
+                    continue
                 if self.creates_cycle(group.nodes, other.nodes):
                     for p, c in edges:
                         self.refused[(p, c)] = (f"{p.name} and {c.name} cannot share the row kernel of "
@@ -760,15 +765,17 @@ def _opaque_reason(node: Node, graph: Graph, folded: dict) -> str:
 # Kernels
 # ---------------------------------------------------------------------------------------------------------------
 
-def fuse(graph: Graph) -> list[Kernel]:
-    """Group a decomposed, shape-annotated graph's nodes into kernels, in a valid execution order."""
+def fuse(graph: Graph, fold: bool = True) -> list[Kernel]:
+    """Group a decomposed, shape-annotated graph's nodes into kernels, in a valid execution order. `fold`: fold
+    views into the kernels that read them (False: every view stays a step of its own)."""
     graph = getattr(graph, "graph", graph)  # a GraphModule is accepted too
     fuser = _Fuser(graph)
     groups = fuser.run()
     position = fuser.position
     graph_outputs = set(graph.output_node.all_input_nodes)
     # views read only by kernels that index strided inputs are folded into them (nnc.passes.views): no kernel
-    folded = fuser.folded = fold_views(graph, lambda n: fuser.group_of[n].kind if n in fuser.group_of else "")
+    kind_of = lambda n: fuser.group_of[n].kind if n in fuser.group_of and fold else ""  # noqa: E731
+    folded = fuser.folded = fold_views(graph, kind_of)
     groups = [g for g in groups if not (g.nodes & folded.keys())]
     stored = lambda arg: folded[arg].base if arg in folded else arg  # noqa: E731  (what a kernel reads)
 
