@@ -123,7 +123,10 @@ def test_elementwise_kernels_compile_to_ptx(name, dtypes, compute, out, attrs):
 
 
 def test_every_template_op_is_compiled_above():
-    templated = {n for n, op in OPS.items() if op.kind == Kind.ELEMENTWISE and op.template} - {"detach"}
+    # NOTE: the counter-based draws (needs_index: philox_*) exist only in compiled graphs; runtime's CUDA templates
+    # have no spelling for them and say so (NoLowering) rather than draw without an element index
+    templated = {n for n, op in OPS.items()
+                 if op.kind == Kind.ELEMENTWISE and op.template and not op.needs_index} - {"detach"}
     assert templated == {c[0] for c in ELEMENTWISE_CASES}
 
 
