@@ -774,8 +774,8 @@ def fuse(graph: Graph, fold: bool = True) -> list[Kernel]:
     position = fuser.position
     graph_outputs = set(graph.output_node.all_input_nodes)
     # views read only by kernels that index strided inputs are folded into them (nnc.passes.views): no kernel
-    kind_of = lambda n: fuser.group_of[n].kind if n in fuser.group_of and fold else ""  # noqa: E731
-    folded = fuser.folded = fold_views(graph, kind_of)
+    kind_of = lambda n: fuser.group_of[n].kind if n in fuser.group_of else ""  # noqa: E731
+    folded = fuser.folded = fold_views(graph, kind_of) if fold else {}
     groups = [g for g in groups if not (g.nodes & folded.keys())]
     stored = lambda arg: folded[arg].base if arg in folded else arg  # noqa: E731  (what a kernel reads)
 
