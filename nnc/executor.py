@@ -255,8 +255,11 @@ class Plan:
 
     def fuse(self) -> None:
         """The fuse stage: the graph's kernels, in execution order."""
-        # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect
-        self.kernels = [k for k in fuse(self.gm.graph) if k.outputs or k.kind == "opaque"]
+        # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect.
+        # Views fold into the indexing of generated CPU kernels only: with codegen off nothing indexes them, and the
+        # CUDA generator (which takes the kernels of codegen-off plans) does not read strided inputs yet.
+        kernels = fuse(self.gm.graph, fold=self.use_codegen)
+        self.kernels = [k for k in kernels if k.outputs or k.kind == "opaque"]
 
     def plan_memory(self) -> None:
         """The memory stage: buffers for the kernels' intermediate results."""

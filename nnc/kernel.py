@@ -26,6 +26,10 @@ class Kernel:
         nodes run on the reduced shape (they may read every reduction of the kernel, never a prologue value).
         Prologue nodes read outside the kernel are outputs, written by the pass (e.g. an input gradient written
         while the bias and weight gradients are summed).
+      - "row": reductions of one signature whose results keep the reduced dims, chained: a later reduction or an
+        elementwise node of `shape` (along the row) may read an earlier result broadcast along the row; elementwise
+        nodes of the reduced shape run once per row. Code generation walks each row once per level of the chain
+        (nnc.codegen.cpu_rows).
       - "matmul": one matmul/linear node (BLAS, or a generated loop for small-batch shapes) and elementwise
         epilogue nodes on its output shape (`shape`), e.g. bias add + activation; epilogue nodes that do not read
         the product (a relu mask only the epilogue reads) may come before it in `nodes`.

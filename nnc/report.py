@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from .graph import Graph, target_name
 
-KIND_COLORS = {"elementwise": "#cfe3ff", "reduction": "#ffd9a8", "matmul": "#c7ecc5", "opaque": "#e4e4e4",
-               "view": "#f2f2f2", "whole": "#e9d8ff"}
+KIND_COLORS = {"elementwise": "#cfe3ff", "reduction": "#ffd9a8", "row": "#ffc080", "matmul": "#c7ecc5",
+               "opaque": "#e4e4e4", "view": "#f2f2f2", "whole": "#e9d8ff"}
 _PLACEHOLDER_COLOR = "#fff6c4"
 
 

@@ -93,6 +93,9 @@ class OpDef:
     # An elementwise op whose value also depends on its element's flat (row-major) index in its output (the
     # counter-based random draws): code generators pass that index as one more operand, after the op's own.
     needs_index: bool = False
+    # A view whose result is its input broadcast to the result's shape (numpy broadcasting): an elementwise op that
+    # reads it may read the input instead (nnc's fold_broadcasts), since elementwise ops broadcast their inputs.
+    broadcasts: bool = False
 
     def is_noop(self, in_shape, in_dtype, out_shape, out_dtype, attrs) -> bool:
         """Whether a call with these input and result shapes/dtypes and attributes returns its input unchanged."""
@@ -1109,7 +1112,8 @@ _register(OpDef("permute", Kind.SHAPE, 1, _np_permute, _permute_rule, _keep, is_
                 vjp=(lambda g, out, x, dims: g.permute(tuple(np.argsort(dims).tolist())),), attr_names=("dims",),
                 noop=_identity_permutation))
 _register(OpDef("expand", Kind.SHAPE, 1, _np_expand, _expand_rule, _keep, is_view=True,
-                vjp=(lambda g, out, x, shape: g.sum_to_size(x.shape),), attr_names=("shape",), noop=_unchanged))
+                vjp=(lambda g, out, x, shape: g.sum_to_size(x.shape),), attr_names=("shape",), noop=_unchanged,
+                broadcasts=True))
 _register(OpDef("getitem", Kind.SHAPE, None, _np_getitem, _getitem_rule, _keep, is_view=True,
                 vjp=(lambda g, out, x, *idx, key, index: (
                     apply("index_put", g.new_zeros(x.shape), g, *idx, key=key, accumulate=bool(idx))

@@ -227,27 +227,18 @@ def softmax_body(g, x):
 
 
 def test_softmax_kernels_and_reasons():
+    """max, then the sum of exp(x - max), then exp / sum: one row kernel walks each row three times."""
     gm, kernels = fused(softmax_body, X48())
-    assert [(k.kind, ops(k)) for k in kernels] == [
-        ("reduction", ["amax", "detach"]),    # the detach is an epilogue on the [4, 1] result
-        ("reduction", ["sub", "exp", "sum"]),  # exp is read by div too: the pass that sums it also writes it
-        ("elementwise", ["div"]),
-    ]
-    amax, shifted, div = kernels
-    assert amax.meta["reduction"]["op"] == "amax" and amax.meta["reduction"]["out_shape"] == (4, 1)
-    assert [n.name for n in amax.meta["epilogue"]] == ["detach"] and amax.shape == (4, 8)
-    assert "reads the reduction output shape [4, 1] with broadcasting" in amax.reason
-    assert [n.name for n in shifted.outputs] == ["exp", "sum_1"]
-    assert [n.name for n in shifted.meta["prologue"]] == ["sub", "exp"]
-    # exp and div have the same shape, but div also reads the sum, which is ready only after the pass
-    assert "div cannot run in the pass of sum_1's kernel: it reads the reduction result sum_1" in shifted.reason
-    assert "div [4, 8] reads the reduction output shape [4, 1] with broadcasting" in shifted.reason
-    assert div.reason == "div is a graph output"
-    assert all(k.reason for k in kernels)
+    [k] = kernels
+    assert (k.kind, ops(k)) == ("row", ["amax", "detach", "sub", "exp", "sum", "div"])
+    assert [(r["op"], r["dims"], r["out_shape"]) for r in k.meta["reductions"]] == [("amax", (1,), (4, 1)),
+                                                                                   ("sum", (1,), (4, 1))]
+    assert k.shape == (4, 8) and [n.name for n in k.outputs] == ["div"]  # exp and the sums stay inside
+    assert k.reason == "div is a graph output"
 
 
-def test_logsumexp_has_prologue_and_epilogue():
-    """log(sum(exp(x - m))) + m: sub and exp are sum's prologue, log and the add its epilogue."""
+def test_logsumexp_is_one_row_kernel():
+    """log(sum(exp(x - m))) + m: the max, then the sum of exp and the log per row, in one row kernel."""
     def body(g, x):
         m = call(g, "amax", x, **SUM1)
         e = call(g, "exp", call(g, "sub", x, m))
@@ -255,16 +246,21 @@ def test_logsumexp_has_prologue_and_epilogue():
         return call(g, "add", call(g, "log", s), m)
 
     gm, kernels = fused(body, X48())
-    assert [(k.kind, ops(k)) for k in kernels] == [("reduction", ["amax"]),
-                                                   ("reduction", ["sub", "exp", "sum", "log", "add"])]
-    k = kernels[1]
-    assert [n.name for n in k.meta["prologue"]] == ["sub", "exp"]
-    assert [n.name for n in k.meta["epilogue"]] == ["log", "add"]
-    assert k.meta["reduction"] == {"op": "sum", "node": k.meta["anchor"], "dims": (1,), "keepdim": True,
-                                   "out_shape": (4, 1)}
-    assert k.shape == (4, 8) and [n.name for n in k.inputs] == ["x0", "amax"]
-    assert [n.name for n in k.outputs] == ["add"]
-    assert "sub" in kernels[0].reason  # amax's result is read with broadcasting by the prologue
+    [k] = kernels
+    assert (k.kind, ops(k)) == ("row", ["amax", "sub", "exp", "sum", "log", "add"])
+    assert k.shape == (4, 8) and [n.name for n in k.inputs] == ["x0"] and [n.name for n in k.outputs] == ["add"]
+
+
+def test_a_reduction_over_other_rows_stays_out_of_a_row_kernel():
+    """The sum over dim 0 of exp(x - mean over dim 1) has another signature than the mean: x - mean becomes its
+    prologue (post-dominated by it), and the two reductions keep kernels of their own."""
+    def body(g, x):
+        centered = call(g, "sub", x, call(g, "div", call(g, "sum", x, **SUM1), 8.0))
+        return call(g, "sum", call(g, "exp", centered), dims=(0,), keepdim=True)
+
+    gm, kernels = fused(body, X48())
+    assert [(k.kind, ops(k)) for k in kernels] == [("reduction", ["sum", "div"]),
+                                                   ("reduction", ["sub", "exp", "sum"])]
 
 
 def test_multi_consumer_producer_joins_the_reduction_that_post_dominates_it():
@@ -323,14 +319,16 @@ def test_reductions_over_other_dims_keep_their_own_kernels():
         return call(g, "sum", a, dims=(0,), keepdim=True), call(g, "sum", a, **SUM1), call(g, "amax", a, **SUM1)
 
     gm, kernels = fused(body, X48())
-    assert [(k.kind, ops(k)) for k in kernels] == [("reduction", ["exp", "sum"]), ("reduction", ["sum", "amax"])]
-    assert [n.name for n in kernels[0].outputs] == ["exp", "sum_1"]
-    assert "exp is also read outside the reduction (sum_1, amax), so it cannot be a prologue of sum_2" \
+    # the row sums (dim 1) take exp in first (row kernels grow before the shared passes); the sum over dim 0 reads it
+    assert [(k.kind, ops(k)) for k in kernels] == [("reduction", ["exp", "sum", "amax"]), ("reduction", ["sum"])]
+    assert [n.name for n in kernels[0].outputs] == ["exp", "sum_2", "amax"]
+    assert "exp is also read outside the reduction (sum_2, amax), so it cannot be a prologue of sum_1" \
         in kernels[0].reason
 
 
-def test_a_reduction_that_reads_a_sibling_result_gets_its_own_pass():
-    """amax and the sum have the same signature and both read x, but the sum's prologue reads amax's result."""
+def test_a_reduction_that_reads_a_sibling_result_gets_a_pass_of_its_own_in_the_row_kernel():
+    """amax and the sum t have the same signature and both read x; the sum s reads amax's result, so it takes the
+    second pass over each row of the same row kernel."""
     def body(g, x):
         m = call(g, "amax", x, **SUM1)
         s = call(g, "sum", call(g, "exp", call(g, "sub", x, m)), **SUM1)
@@ -338,10 +336,10 @@ def test_a_reduction_that_reads_a_sibling_result_gets_its_own_pass():
         return s, t
 
     gm, kernels = fused(body, X48())
-    assert [(k.kind, ops(k)) for k in kernels] == [("reduction", ["amax", "mul", "sum"]),
-                                                   ("reduction", ["sub", "exp", "sum"])]
-    assert [r["node"].name for r in kernels[0].meta["reductions"]] == ["amax", "sum_2"]
-    assert "amax [4, 1] is read with broadcasting by sub [4, 8]" in kernels[0].reason
+    [k] = kernels
+    assert (k.kind, ops(k)) == ("row", ["amax", "sub", "exp", "sum", "mul", "sum"])
+    from nnc.codegen.cpu import schedule
+    assert schedule(k).passes == 2
 
 
 def test_an_epilogue_never_reads_a_value_of_the_shared_pass():
@@ -463,7 +461,7 @@ def test_epilogue_that_would_close_a_cycle_is_refused():
         return call(g, "sub", h, s)
 
     gm, kernels = fused(body, X48())
-    assert [ops(k) for k in kernels] == [["linear"], ["sum"], ["sub"]]
+    assert [(k.kind, ops(k)) for k in kernels] == [("matmul", ["linear"]), ("row", ["sum", "sub"])]
     assert "cycle" in kernels[0].reason
     assert nx.is_directed_acyclic_graph(kernel_dag(kernels))
 
@@ -560,7 +558,7 @@ def test_missing_shape_meta_is_a_clear_error():
 
 
 def test_verify_catches_broken_kernels():
-    gm, kernels = build(softmax_body, X48())
+    gm, kernels = build(lambda g, x: call(g, "linear", softmax_body(g, x), g.get_attr("w")), X48())
     kernels = fuse(gm.graph)
     with pytest.raises(FusionError, match="invalid order"):
         verify(kernels[::-1], gm.graph)
@@ -631,7 +629,13 @@ def test_random_graphs_keep_the_invariants(seed):
     assert all(a < b for a, b in dag.edges)  # the list order is a topological order
     for k in kernels:
         assert k.reason
-        assert k.kind in ("elementwise", "reduction", "matmul", "opaque")
+        assert k.kind in ("elementwise", "reduction", "row", "matmul", "opaque")
+        if k.kind == "row":  # reductions of one signature; values along the row or one per row
+            reductions = [r["node"] for r in k.meta["reductions"]]
+            out_shape = reductions[0].meta["shape"]
+            assert len({(r.args[0].meta["shape"], m["dims"], r.meta["shape"])
+                        for r, m in zip(reductions, k.meta["reductions"])}) == 1
+            assert all(n.meta["shape"] in (k.shape, out_shape) for n in k.nodes if n not in reductions)
         if k.kind == "elementwise":
             assert {n.meta["shape"] for n in k.nodes} == {k.shape}
         if k.kind == "reduction":
@@ -703,9 +707,7 @@ def test_decomposed_mlp():
         ("matmul", ["linear", "add", "relu"]),
         ("matmul", ["linear", "add", "relu"]),
         ("matmul", ["linear", "add"]),
-        ("reduction", ["amax", "detach"]),
-        ("reduction", ["sub", "exp", "sum"]),
-        ("elementwise", ["div"]),
+        ("row", ["amax", "detach", "sub", "exp", "sum", "div"]),
     ]
     result, expected = run_kernels(gm, kernels, (x,))
     np.testing.assert_allclose(array(result), array(model(x)), rtol=1e-5, atol=1e-6)

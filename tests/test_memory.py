@@ -18,11 +18,12 @@ SUM1 = dict(dims=(1,), keepdim=True)
 
 
 def reduction_chain(layers):
-    """tanh -> amax -> (sub, tanh) -> amax -> ...: kernels alternate between [64, 64] and [64, 1] results."""
+    """tanh -> amax -> (sub, tanh) -> amax -> ...: kernels alternate between [64, 64] and [1, 64] results. The
+    maxima run over dim 0: over the last dim, the whole chain would be one row kernel with no buffers between."""
     def body(g, x):
         e = call(g, "tanh", x)
         for _ in range(layers):
-            m = call(g, "amax", e, **SUM1)
+            m = call(g, "amax", e, dims=(0,), keepdim=True)
             e = call(g, "tanh", call(g, "sub", e, m))
         return call(g, "mul", e, 2.0)
 
@@ -101,7 +102,7 @@ def test_long_chain_reuses_buffers():
     # each (sub, tanh, amax) is one pass that writes the tanh and its amax
     assert [(k.kind, k.meta["ops"]) for k in kernels][:2] == [("reduction", ["tanh", "amax"]),
                                                               ("reduction", ["sub", "tanh", "amax"])]
-    # 8 tanh results [64, 64] and 8 amax results [64, 1]; the last tanh is fused with the output mul
+    # 8 tanh results [64, 64] and 8 amax results [1, 64]; the last tanh is fused with the output mul
     assert len(plan.slots) == 16
     big, small = 64 * 64 * 4, 64 * 4
     assert plan.bytes_without_reuse == 8 * big + 8 * small
@@ -117,7 +118,7 @@ def test_graph_outputs_and_views_of_inputs_are_not_planned():
     def body(g, x):
         r = call(g, "reshape", x, shape=(8, 4))  # view of a graph input
         a = call(g, "exp", r)
-        s = call(g, "sum", a, **SUM1)
+        s = call(g, "sum", a, dims=(0,), keepdim=True)  # over the last dim, exp would stay inside one row kernel
         return call(g, "div", a, s), s  # s is returned too
 
     gm, kernels, plan = planned(body, X48())
@@ -211,8 +212,9 @@ def test_values_of_one_kernel_never_share():
     def body(g, x):
         a = call(g, "exp", x)
         b = call(g, "neg", a)
-        s, m = call(g, "sum", a, **SUM1), call(g, "amax", b, **SUM1)  # one pass, which also writes b
-        t = call(g, "sum", b, dims=(0,), keepdim=False)
+        # one pass, which also writes b (over dim 0: the maxima over rows and the add would make one row kernel)
+        s, m = call(g, "sum", a, dims=(0,), keepdim=True), call(g, "amax", b, dims=(0,), keepdim=True)
+        t = call(g, "sum", b, dims=(1,), keepdim=False)
         return call(g, "add", call(g, "mul", x, s), m), t
 
     gm, kernels, plan = planned(body, X48())

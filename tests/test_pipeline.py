@@ -135,7 +135,7 @@ def test_unknown_stage_is_named():
 
 
 def test_failing_stage_names_itself_and_the_stages_before(monkeypatch):
-    def broken(graph):
+    def broken(graph, **options):
         raise RuntimeError("fusion broke")
 
     monkeypatch.setattr("nnc.executor.fuse", broken)

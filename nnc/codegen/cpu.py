@@ -32,12 +32,13 @@ from .cpu_elementwise import (KERNEL_NAME, ElementwiseSchedule, KernelBuilder, e
                               indent, symbols_in)
 from .cpu_matmul import MatmulSchedule, gen_matmul, matmul_schedule_of
 from .cpu_reduction import ReductionSchedule, gen_reduction, reduction_schedule_of
+from .cpu_rows import RowSchedule, gen_rows, row_schedule_of
 from .scalar import KernelCompileError, Unsupported
 
 GENERATOR_VERSION = 1
 # The skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind).
-SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "matmul": gen_matmul, "window": gen_window,
-             "gather": gen_gather}
+SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "row": gen_rows, "matmul": gen_matmul,
+             "window": gen_window, "gather": gen_gather}
 
 
 @dataclass
@@ -118,11 +119,13 @@ def _generate(kernel: Kernel) -> Generated:
                      launch=[named(line) for line in kb.launch], stamp=header[1], legend=kb.legend())
 
 
-def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | MatmulSchedule | WindowSchedule
-                                 | GatherSchedule):
+def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSchedule | MatmulSchedule
+                                 | WindowSchedule | GatherSchedule):
     """The loop layout code generation chooses for a kernel (raises Unsupported for one it cannot generate)."""
     if kernel.kind == "reduction":
         return reduction_schedule_of(kernel)
+    if kernel.kind == "row":
+        return row_schedule_of(kernel)
     if kernel.kind == "matmul":
         return matmul_schedule_of(kernel)
     if kernel.kind == "window":

@@ -40,7 +40,15 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      whose two ends have identical output shapes ("elementwise" kernels). An input of another shape stays a kernel
      input (read with broadcasting); a node of a group read outside it becomes a kernel output, so multi-consumer
      nodes are fine.
-  5. Shared passes. A reduction kernel is one pass over its input shape; more work joins that pass. Reduction
+  5. Row kernels. A reduction whose result keeps its reduced dims (keepdim, rows longer than 1, the last dim
+     reduced so that rows are contiguous) has a row signature; its group takes in, until nothing more joins, the
+     neighbouring groups that work on the same rows: reduction groups of the same signature (also siblings
+     reading an input of the row shape it reads), and elementwise groups of its input shape (values along the
+     row) or of its reduced shape (one value per row). A later reduction, or a value along the row, may then read
+     an earlier reduction result broadcast along the row: such a group becomes a "row" kernel, which code
+     generation walks row by row in one pass per level of its reduction chain (softmax: max, then sum of exp,
+     then exp / sum). A join that would close a cycle is refused with the reason recorded on the edges.
+  6. Shared passes. A reduction kernel is one pass over its input shape; more work joins that pass. Reduction
      groups are visited in graph order of their reductions, and each takes in, until nothing more joins:
      (a) an elementwise group (from 4) of its input shape that its pass reads or that reads its prologue: the
          nodes become prologue nodes, and the ones read outside become kernel outputs, written by the pass;
@@ -51,7 +59,7 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      A join is refused, with the reason recorded on the edges, when a value of the pass would read a reduction
      result or an epilogue value (it is only ready after the pass), when an epilogue node would read a prologue
      value, or when it would create a cycle.
-  6. No cycles. Every merge or join is refused if some path leaves the group and comes back into it (the kernel
+  7. No cycles. Every merge or join is refused if some path leaves the group and comes back into it (the kernel
      DAG would get a cycle). After grouping, the kernel DAG is built with networkx and checked to be acyclic, and
      kernels are ordered topologically (ties by graph position).
 
@@ -63,13 +71,16 @@ The other views stay opaque kernels, and their reason says why (a graph output, 
 No work is ever duplicated: a node belongs to exactly one kernel (a folded view to none: it does no work) and no
 kernel recomputes another's node, so transcendental or otherwise expensive nodes (exp, erf, ...) are computed once
 by construction; `verify` checks it.
+(Inside a row kernel over rows of symbolic length, a later pass recomputes such a value in its own loop: see
+nnc.codegen.cpu_rows.)
 
 Every kernel records why it ends in `Kernel.reason` (the boundary reasons of the edges leaving it, or why an opaque
 node runs alone), and in meta: `ops` (op names), `ranks`, `bytes_moved` (bytes of inputs + outputs from shape and
 dtype meta), `boundaries` ((producer, consumer, reason) per edge leaving it), `broadcast_inputs` (inputs some node
 of the kernel reads at a larger shape than their own), and for reduction kernels `reductions` (one
 {"op", "node", "dims", "keepdim", "out_shape"} per reduction, in graph order; `reduction` is the first and `anchor`
-its node), `prologue` and `epilogue` node lists (matmul kernels: `anchor`, `epilogue`).
+its node), `prologue` and `epilogue` node lists (matmul kernels: `anchor`, `epilogue`; row kernels: `anchor` and
+`reductions`).
 """
 from __future__ import annotations
 
@@ -82,7 +93,7 @@ from runtime.ops import Kind
 from ..graph import Graph, Node, target_name
 from ..kernel import BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel, own_kernel_kind
 from ..prims import Prim
-from ..symbolic import Shape
+from ..symbolic import Shape, is_symbolic
 from .views import fold_views, is_view_node, why_not_folded
 
 _NON_COMPUTE = ("placeholder", "get_attr", "output")
@@ -323,7 +334,12 @@ class _Fuser:
                     self._grow_epilogue_inputs(group)
         for node in self.compute:
             self._merge_elementwise(node)
-        # 5. shared passes: elementwise kernels and sibling reductions join reduction kernels
+        # 5. row kernels: reductions over the same rows, and the work between them, in one loop over rows
+        for node in self.compute:
+            group = self.group_of[node]
+            if group.kind == "reduction" and group.anchor is node and _row_signature(node) is not None:
+                self._join_rows(group)
+        # 6. shared passes: elementwise kernels and sibling reductions join the other reduction kernels
         for node in self.compute:
             group = self.group_of[node]
             if group.kind == "reduction" and group.anchor is node:
@@ -522,6 +538,60 @@ class _Fuser:
                                  f"cycle between kernels")
         return None
 
+    def _join_rows(self, group: _Group) -> None:
+        """Step 6: grow a reduction kernel into a row kernel by the neighbouring groups that work on the same rows:
+        reduction groups of its signature (a later reduction may read an earlier one's result broadcast along the
+        row), and elementwise groups of the input shape or of the reduced shape. The row kernel walks each row in as
+        many passes as its chain of reductions needs (nnc.codegen.cpu_rows), so nothing is written between them."""
+        signature = _signature(group.anchor)
+        joined = True
+        while joined:
+            joined = False
+            for other, edges in self._row_neighbours(group, signature):
+                drawn = next((n for n in other.nodes | group.nodes if needs_index(n)), None)
+                if drawn is not None:  # the row skeleton gives no element index (random draws need one)
+                    for p, c in edges:
+                        self.refused[(p, c)] = _INDEX_REASON.format(drawn.name)
+                    continue
+                if self.creates_cycle(group.nodes, other.nodes):
+                    for p, c in edges:
+                        self.refused[(p, c)] = (f"{p.name} and {c.name} cannot share the row kernel of "
+                                                f"{group.anchor.name}: it would create a cycle between kernels")
+                    continue
+                if other.kind == "elementwise":
+                    per_row = _shape(next(iter(other.nodes))) == signature[2]
+                    (group.epilogue if per_row else group.prologue).update(other.nodes)
+                group.prologue |= other.prologue
+                group.epilogue |= other.epilogue
+                for node in list(other.nodes):
+                    self._move(node, group)
+                group.anchors += other.anchors
+                if group.kind == "row" or other.kind == "row" or _needs_row_skeleton(group):
+                    group.kind = "row"
+                joined = True
+                break
+
+    def _row_neighbours(self, group: _Group, signature: tuple) -> list:
+        """[(group, edges)]: the groups next to `group` (reading it or read by it) that may join its row kernel, in
+        graph order of their first edge."""
+        found: dict[int, tuple] = {}
+        for n in group.nodes:
+            for p, c in [(a, n) for a in n.all_input_nodes] + [(n, u) for u in n.users]:
+                other = self.group_of.get(c if p is n else p)
+                if other is not None and other is not group and _fits_rows(other, signature):
+                    found.setdefault(id(other), (other, []))[1].append((p, c))
+        # sibling reductions reading a value along the row that this group reads too (an input they share)
+        shared = {a for n in group.nodes for a in n.all_input_nodes if a not in group.nodes
+                  and _shape(a) == signature[0]}
+        for v in shared:
+            for u in v.users:
+                other = self.group_of.get(u)
+                if other is not None and other is not group and other.kind in ("reduction", "row") \
+                        and _fits_rows(other, signature):
+                    found.setdefault(id(other), (other, []))[1].append((v, u))
+        position = self.position.__getitem__
+        return sorted(found.values(), key=lambda item: min(position(c) for _, c in item[1]))
+
     def _move(self, node: Node, group: _Group) -> None:
         old = self.group_of[node]
         old.nodes.discard(node)
@@ -561,6 +631,56 @@ def _signature(reduction: Node) -> tuple:
     return in_shape, dims, _shape(reduction)
 
 
+def _row_signature(reduction: Node):
+    """The reduction's signature when its result is a row value: kept dims (keepdim), at least one reduced position
+    per row beyond the first (a reduced size of 1 changes nothing), so a value of the input shape reads it
+    broadcast along the row, and the last dim reduced (a row is contiguous). Else None.
+    NOTE: a row kernel walks each row on its own; with the last dim kept that is a strided walk down a column,
+    4x slower than the column reduction skeleton's sweeps for BatchNorm1d's training step at [8192, 256]."""
+    in_shape, dims, out_shape = _signature(reduction)
+    if not dims or len(out_shape) != len(in_shape) or len(in_shape) - 1 not in dims:
+        return None
+    if any(out_shape[d] != (1 if d in dims else in_shape[d]) for d in range(len(in_shape))):
+        return None
+    if all(not is_symbolic(in_shape[d]) and in_shape[d] == 1 for d in dims):
+        return None
+    return in_shape, dims, out_shape
+
+
+def _fits_rows(group: _Group, signature: tuple) -> bool:
+    """Whether a group may join a row kernel of this signature: a reduction group of the same signature, or an
+    elementwise group of the input shape (values along the row) or of the reduced shape (one value per row)."""
+    if group.kind in ("reduction", "row"):
+        return all(_row_signature(r) == signature for r in group.anchors)
+    if group.kind == "elementwise":
+        shapes = {_shape(n) for n in group.nodes}
+        return len(shapes) == 1 and shapes <= {signature[0], signature[2]}
+    return False
+
+
+def _needs_row_skeleton(group: _Group) -> bool:
+    """Whether a reduction group that grew in step 6 needs the row skeleton rather than one pass and an epilogue:
+    a value of the input shape or a reduction reads a reduction result (directly or through values per row), or
+    a value per row reads no reduction (it is computed before the pass)."""
+    reductions = set(group.anchors)
+    in_shape = _shape(group.anchor.args[0])
+    late = set(reductions)  # the values ready only after a pass
+    changed = True
+    while changed:
+        changed = False
+        for n in group.nodes:
+            if n not in late and any(a in late for a in n.all_input_nodes):
+                late.add(n)
+                changed = True
+    for n in group.nodes:
+        if n in reductions:
+            if n.args[0] in late:
+                return True
+        elif (n in late) == (_shape(n) == in_shape):  # a late value along the row, or an early value per row
+            return True
+    return False
+
+
 def _first_user_in(p: Node, group: _Group) -> Node:
     for u in p.users:
         if u in group.nodes:
@@ -590,6 +710,9 @@ def _edge_reason(p: Node, c: Node, fuser: _Fuser) -> str:
         return f"{p.name} feeds the matmul {c.name} (a matmul fuses epilogues, not prologues)"
     if cg.kind == "opaque":
         return f"{p.name} feeds the {RANK_NAMES[rank(c)]} op {c.name}, which runs alone"
+    if cg.kind == "row" and pg.kind == "matmul" and c in cg.anchors:  # (a prologue refusal here is stale)
+        return (f"matmul result {p.name} feeds the row kernel of {cg.anchor.name}, which walks its rows in passes "
+                f"of its own")
     if (p, c) in fuser.refused:
         return fuser.refused[(p, c)]
     anchored = p in pg.anchors or p in pg.epilogue
@@ -642,15 +765,17 @@ def _opaque_reason(node: Node, graph: Graph, folded: dict) -> str:
 # Kernels
 # ---------------------------------------------------------------------------------------------------------------
 
-def fuse(graph: Graph) -> list[Kernel]:
-    """Group a decomposed, shape-annotated graph's nodes into kernels, in a valid execution order."""
+def fuse(graph: Graph, fold: bool = True) -> list[Kernel]:
+    """Group a decomposed, shape-annotated graph's nodes into kernels, in a valid execution order. `fold`: fold
+    views into the kernels that read them (False: every view stays a step of its own)."""
     graph = getattr(graph, "graph", graph)  # a GraphModule is accepted too
     fuser = _Fuser(graph)
     groups = fuser.run()
     position = fuser.position
     graph_outputs = set(graph.output_node.all_input_nodes)
     # views read only by kernels that index strided inputs are folded into them (nnc.passes.views): no kernel
-    folded = fuser.folded = fold_views(graph, lambda n: fuser.group_of[n].kind if n in fuser.group_of else "")
+    kind_of = lambda n: fuser.group_of[n].kind if n in fuser.group_of else ""  # noqa: E731
+    folded = fuser.folded = fold_views(graph, kind_of) if fold else {}
     groups = [g for g in groups if not (g.nodes & folded.keys())]
     stored = lambda arg: folded[arg].base if arg in folded else arg  # noqa: E731  (what a kernel reads)
 
@@ -692,7 +817,7 @@ def fuse(graph: Graph) -> list[Kernel]:
             reason = "its result is never read (dead code)"
         if group.kind == "elementwise":
             shape = _shape(nodes[0])
-        elif group.kind == "reduction":
+        elif group.kind in ("reduction", "row"):
             shape = _shape(group.anchor.args[0])  # every reduction of the group has this input shape
         else:
             shape = _shape(nodes[0]) if _shape(nodes[0]) is not None else ()
@@ -710,7 +835,9 @@ def fuse(graph: Graph) -> list[Kernel]:
             meta["anchor"] = min(group.anchors, key=position.__getitem__)
             meta["prologue"] = [n for n in nodes if n in group.prologue]
             meta["epilogue"] = [n for n in nodes if n in group.epilogue]
-        if kind == "reduction":
+        if kind == "row":
+            meta["anchor"] = min(group.anchors, key=position.__getitem__)
+        if kind in ("reduction", "row"):
             meta["reductions"] = [_reduction_meta(r) for r in sorted(group.anchors, key=position.__getitem__)]
             meta["reduction"] = meta["reductions"][0]
         kernels.append(Kernel(name, kind, nodes, list(inputs), outputs, tuple(shape), reason, meta))

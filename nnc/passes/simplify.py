@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from runtime.autograd import no_grad
+from runtime.ops import Kind, ShapeError, broadcast_shapes
 from runtime.tensor import Tensor
 
 from ..graph import Node, map_arg
@@ -53,6 +54,39 @@ def remove_noops(gm):
             gm.graph.erase_node(node)
     gm.recompile()
     return gm
+
+
+def fold_broadcasts(gm):
+    """Let elementwise ops read the input of a broadcasting view (expand, OpDef.broadcasts) instead of its result:
+    they broadcast their inputs themselves. An expand read only that way disappears, so fusion sees a reduction
+    result read with broadcasting (a backward's expanded row sum) rather than a view kernel between two loops."""
+    for node in list(gm.graph.nodes):
+        if not (is_pure_prim(node) and node.target.op.broadcasts and node.args and isinstance(node.args[0], Node)):
+            continue
+        source = node.args[0]
+        for user in list(node.users):
+            if _reads_broadcast_alike(user, node, source):
+                user.replace_input_with(node, source)
+        if not node.users:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def _reads_broadcast_alike(user: Node, view: Node, source: Node) -> bool:
+    """Whether the elementwise `user` computes the same value reading `source` where it reads the broadcast `view`:
+    its result keeps its shape (another operand spans it) and the source's dtype is the view's."""
+    if not is_pure_prim(user) or user.target.op.kind != Kind.ELEMENTWISE or "shape" not in user.meta:
+        return False
+    if source.meta.get("shape") is None or source.meta.get("dtype") != view.meta.get("dtype"):
+        return False
+    shapes = [tuple((source if a is view else a).meta.get("shape") or ()) for a in user.all_input_nodes]
+    if any(a.meta.get("shape") is None for a in user.all_input_nodes):
+        return False
+    try:
+        return tuple(broadcast_shapes(*shapes)) == tuple(user.meta["shape"])
+    except ShapeError:
+        return False
 
 
 def _returns_a_new_view_of_an_input(node: Node) -> bool:

@@ -13,7 +13,9 @@ import runtime.nn.functional as F
 from runtime.cuda.templates import NoLowering
 from runtime.ops import OPS, Kind, apply
 
-ELEMENTWISE = sorted(name for name, op in OPS.items() if op.kind == Kind.ELEMENTWISE and op.template)
+# NOTE: the counter-based draws (needs_index: philox_*) exist only in compiled graphs; eager CUDA has no lowering
+ELEMENTWISE = sorted(name for name, op in OPS.items()
+                     if op.kind == Kind.ELEMENTWISE and op.template and not op.needs_index)
 REDUCTIONS = sorted(name for name, op in OPS.items() if op.kind == Kind.REDUCTION)
 OTHERS = ["matmul", "linear", "reshape", "permute", "expand", "getitem", "cat", "index_put", "gather",
           "scatter_add", "log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward", "im2col", "col2im",
