@@ -64,7 +64,7 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      kernels are ordered topologically (ties by graph position).
 
 Folded views (nnc.passes.views): after grouping, a view whose chain is a strided map of a stored base and whose
-readers are all elementwise, reduction or matmul kernels (or views with a map) belongs to no kernel: its readers
+readers are all elementwise, reduction, row or matmul kernels (or views with a map) belongs to no kernel: its readers
 take the base as an input and record the map in meta `views`; the base's producer says so in its boundary reason.
 The other views stay opaque kernels, and their reason says why (a graph output, an opaque reader, no map).
 
