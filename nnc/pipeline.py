@@ -319,7 +319,8 @@ def _precompile_in_helpers(plans) -> None:
             if kernel.kind == "opaque" or _has_empty_value(kernel.nodes):
                 continue
             try:
-                generated.append(generate(kernel))
+                kernel.meta["generated"] = generate(kernel)  # compile_kernel takes it from there
+                generated.append(kernel.meta["generated"])
             except Exception:  # noqa: BLE001  the plan reports it when it compiles the kernel itself
                 continue
     precompile(generated)

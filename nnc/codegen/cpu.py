@@ -33,7 +33,7 @@ from .cpu_elementwise import (KERNEL_NAME, ElementwiseSchedule, KernelBuilder, e
 from .cpu_matmul import MatmulSchedule, gen_matmul, matmul_schedule_of
 from .cpu_reduction import ReductionSchedule, gen_reduction, reduction_schedule_of
 from .cpu_rows import RowSchedule, gen_rows, row_schedule_of
-from .scalar import KernelCompileError, Unsupported
+from .scalar import KernelCompileError, Unsupported, generate_or_raise
 
 GENERATOR_VERSION = 1
 # The skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind).
@@ -66,14 +66,7 @@ class Generated:
 
 def generate(kernel: Kernel) -> Generated:
     """The generated module for a kernel (no compilation); raises KernelCompileError when it cannot."""
-    try:
-        return _generate(kernel)
-    except Unsupported as e:
-        raise KernelCompileError(kernel.name, str(e)) from None
-    except KernelCompileError:
-        raise
-    except Exception as e:  # a bug in the generator: still a clear, catchable error
-        raise KernelCompileError(kernel.name, f"code generation failed: {type(e).__name__}: {e}") from e
+    return generate_or_raise(kernel, _generate)
 
 
 def _generate(kernel: Kernel) -> Generated:
@@ -255,9 +248,11 @@ def numba_signature_nd(specs):
 
 
 def compile_kernel(kernel: Kernel) -> CompiledKernel:
-    """Generate, cache and compile a kernel; KernelCompileError(kernel name, reason) on any failure."""
+    """Generate, cache and compile a kernel; KernelCompileError(kernel name, reason) on any failure. A module the
+    codegen stage already generated for its compile helpers (meta "generated") is not generated again."""
     start = time.perf_counter()
-    return compile_generated(kernel, generate(kernel), start)
+    generated = kernel.meta.pop("generated", None) or generate(kernel)
+    return compile_generated(kernel, generated, start)
 
 
 def compile_generated(kernel: Kernel, generated: Generated, start: float | None = None) -> CompiledKernel:

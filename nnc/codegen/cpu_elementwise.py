@@ -321,16 +321,23 @@ def elementwise_schedule(shape, array_shapes, stride_lists=None) -> ElementwiseS
     return ElementwiseSchedule(numel, parallel, 0, numel)
 
 
-def gen_elementwise(kb: KernelBuilder) -> None:
-    """An elementwise kernel: one function over the kernel's shape."""
-    shape = tuple(kb.kernel.shape)
-    for n in kb.kernel.nodes:
+def check_elementwise_nodes(kernel: Kernel) -> tuple:
+    """The shape of an elementwise kernel, after checking (for every target) that each node is elementwise and
+    broadcasts to it."""
+    shape = tuple(kernel.shape)
+    for n in kernel.nodes:
         op, _, _ = op_and_attrs(n)
         if op.kind != Kind.ELEMENTWISE:
             raise Unsupported(f"node {n.name}: op {op.name} ({op.kind}) is not elementwise")
         if Shape(broadcast_shape(node_shape(n), shape) or ()) != Shape(shape):
             raise Unsupported(f"node {n.name} has shape {list(node_shape(n))}, which does not fit the kernel "
                               f"shape {list(shape)}")
+    return shape
+
+
+def gen_elementwise(kb: KernelBuilder) -> None:
+    """An elementwise kernel: one function over the kernel's shape."""
+    shape = check_elementwise_nodes(kb.kernel)
     f = kb.elementwise_function(kb.name, kb.kernel.nodes, kb.reads, kb.outs, shape)
     kb.functions.append(f)
     kb.launch = [launch_line(f)]

@@ -121,17 +121,13 @@ def blockable(accs) -> bool:
     return all(a.reducer.block is not None and a.acc_dtype.kind != "b" for a in accs)
 
 
-def gen_reduction(kb: KernelBuilder) -> None:
-    """The reduction skeleton: one pass over the input shape computes the prologue (storing the prologue values
-    the kernel outputs) and accumulates every reduction of the kernel (siblings: same input shape, same reduced
-    dims, same output shape), then the epilogue runs per kept position on the reduced shape."""
+def reduction_parts(kb: KernelBuilder):
+    """(accumulators, prologue nodes, epilogue nodes) of a reduction kernel, checked for every target's skeleton:
+    prologue values broadcast to the input shape, epilogue nodes have the reduced shape and read no prologue value."""
     k = kb.kernel
     accs = accumulators(k, kb.dialect)
-    red_nodes = [a.node for a in accs]
-    shape = tuple(k.shape)
-    ndim = len(shape)
-    dims, out_shape = accs[0].dims, accs[0].out_shape
-    prologue, epilogue = _split_reduction_kernel(k.nodes, red_nodes)
+    shape, out_shape = tuple(k.shape), accs[0].out_shape
+    prologue, epilogue = _split_reduction_kernel(k.nodes, [a.node for a in accs])
     prologue_set = set(prologue)
     for n in prologue:
         broadcast_strides(node_shape(n), shape)
@@ -141,6 +137,20 @@ def gen_reduction(kb: KernelBuilder) -> None:
                               f"shape {list(out_shape)}")
         if any(a in prologue_set for a in n.all_input_nodes):
             raise Unsupported(f"epilogue node {n.name} reads a prologue value")
+    return accs, prologue, epilogue
+
+
+def gen_reduction(kb: KernelBuilder) -> None:
+    """The reduction skeleton: one pass over the input shape computes the prologue (storing the prologue values
+    the kernel outputs) and accumulates every reduction of the kernel (siblings: same input shape, same reduced
+    dims, same output shape), then the epilogue runs per kept position on the reduced shape."""
+    k = kb.kernel
+    accs, prologue, epilogue = reduction_parts(kb)
+    red_nodes = [a.node for a in accs]
+    shape = tuple(k.shape)
+    ndim = len(shape)
+    dims, out_shape = accs[0].dims, accs[0].out_shape
+    prologue_set = set(prologue)
     pro_ins = [a for a in kb.reads if any(a.node in n.all_input_nodes for n in prologue + red_nodes)]
     epi_ins = [a for a in kb.reads if any(a.node in n.all_input_nodes for n in epilogue)]
     for a in epi_ins:

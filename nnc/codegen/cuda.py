@@ -31,7 +31,7 @@ from .cuda_matmul import gen_matmul
 from .cuda_reduction import gen_reduction
 from .cuda_views import gen_view
 from .cuda_window import gen_window
-from .scalar import KernelCompileError, Unsupported
+from .scalar import KernelCompileError, Unsupported, generate_or_raise
 
 GENERATOR_VERSION = 1
 # The CUDA skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind); of the opaque kernels, only views
@@ -66,14 +66,7 @@ class CudaGenerated:
 
 def generate(kernel: Kernel) -> CudaGenerated:
     """The generated CUDA module for a kernel (no compilation); raises KernelCompileError when it cannot."""
-    try:
-        return _generate(kernel)
-    except Unsupported as e:
-        raise KernelCompileError(kernel.name, str(e)) from None
-    except KernelCompileError:
-        raise
-    except Exception as e:  # a bug in the generator: still a clear, catchable error
-        raise KernelCompileError(kernel.name, f"CUDA code generation failed: {type(e).__name__}: {e}") from e
+    return generate_or_raise(kernel, _generate, "CUDA code generation")
 
 
 def _numba_cuda_version() -> str:

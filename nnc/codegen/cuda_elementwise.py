@@ -11,13 +11,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.ops import Kind
 
-from ..symbolic import Shape, has_symbols
-from .cpu_elementwise import Array, KernelBuilder, indent
+from ..symbolic import has_symbols
+from .cpu_elementwise import Array, KernelBuilder, check_elementwise_nodes, indent
 from .cuda_dialect import CudaDialect
-from .indexing import broadcast_shape, broadcast_strides, emit_offsets
-from .scalar import ScalarBody, Unsupported, node_shape, op_and_attrs
+from .indexing import broadcast_strides, emit_offsets
+from .scalar import ScalarBody, Unsupported
 
 # Threads per block of a 1-D launch, and the most blocks a grid-stride loop is launched with (each thread then
 # takes several elements: fewer, longer-lived threads amortise the index arithmetic).
@@ -113,14 +112,7 @@ def elementwise_function(kb: CudaKernelBuilder, fname: str, nodes, ins, outs, sh
 
 def gen_elementwise(kb: CudaKernelBuilder) -> None:
     """An elementwise kernel: one grid-stride kernel over the kernel's shape."""
-    shape = tuple(kb.kernel.shape)
-    for n in kb.kernel.nodes:
-        op, _, _ = op_and_attrs(n)
-        if op.kind != Kind.ELEMENTWISE:
-            raise Unsupported(f"node {n.name}: op {op.name} ({op.kind}) is not elementwise")
-        if Shape(broadcast_shape(node_shape(n), shape) or ()) != Shape(shape):
-            raise Unsupported(f"node {n.name} has shape {list(node_shape(n))}, which does not fit the kernel "
-                              f"shape {list(shape)}")
+    shape = check_elementwise_nodes(kb.kernel)
     f = elementwise_function(kb, kb.name, kb.kernel.nodes, kb.ins, kb.outs, shape)
     kb.functions.append(f)
     kb.launch = [f.launch_line()]

@@ -18,12 +18,12 @@ from dataclasses import dataclass, replace
 
 from ..graph import Node
 from .cpu_elementwise import indent
-from .cpu_reduction import _split_reduction_kernel, accumulators
+from .cpu_reduction import reduction_parts
 from .cpu_elementwise import Array
 from .cuda_elementwise import (MAX_BLOCKS, THREADS, WARP, CudaFunction, CudaKernelBuilder, Launch, elementwise_launch,
                                flat_view)
 from .indexing import broadcast_strides, emit_offsets
-from .scalar import Unsupported, Value, ctor, node_shape
+from .scalar import Value, ctor
 
 # Row groups of the column layout: a block is WARP kept positions x up to this many groups of reduced positions.
 COLUMN_GROUPS = 8
@@ -99,20 +99,11 @@ def reduction_schedule(shape, dims) -> CudaReductionSchedule:
 def gen_reduction(kb: CudaKernelBuilder) -> None:
     """The reduction skeleton (see the module docstring)."""
     k = kb.kernel
-    accs = accumulators(k, kb.dialect)
+    accs, prologue, epilogue = reduction_parts(kb)
     red_nodes = [a.node for a in accs]
     shape = tuple(k.shape)
     dims, out_shape = accs[0].dims, accs[0].out_shape
-    prologue, epilogue = _split_reduction_kernel(k.nodes, red_nodes)
     prologue_set = set(prologue)
-    for n in prologue:
-        broadcast_strides(node_shape(n), shape)
-    for n in epilogue:
-        if node_shape(n) != out_shape:
-            raise Unsupported(f"epilogue node {n.name} has shape {list(node_shape(n))}, not the reduced "
-                              f"shape {list(out_shape)}")
-        if any(a in prologue_set for a in n.all_input_nodes):
-            raise Unsupported(f"epilogue node {n.name} reads a prologue value")
     pro_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in prologue + red_nodes)]
     epi_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in epilogue)]
     pro_outs = [a for a in kb.outs if a.node in prologue_set]

@@ -36,6 +36,18 @@ class Unsupported(Exception):
     """Raised inside generation; compile_kernel turns it into a KernelCompileError naming the kernel."""
 
 
+def generate_or_raise(kernel, generate, what: str = "code generation"):
+    """`generate(kernel)`, with any failure as a KernelCompileError naming the kernel (every target's `generate`)."""
+    try:
+        return generate(kernel)
+    except Unsupported as e:
+        raise KernelCompileError(kernel.name, str(e)) from None
+    except KernelCompileError:
+        raise
+    except Exception as e:  # a bug in the generator: still a clear, catchable error
+        raise KernelCompileError(kernel.name, f"{what} failed: {type(e).__name__}: {e}") from e
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # dtypes
 # ---------------------------------------------------------------------------------------------------------------
