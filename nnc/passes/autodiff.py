@@ -27,6 +27,11 @@ saved anyway. So the backward is built twice, and in the second run (the one kep
 count as free: tanh(mm1 * mm2) then saves mm1 and mm2 (mul's rule reads them) and recomputes the tanh.
 `BackwardGraph.saved` lists the saved forward nodes and `recomputed` the forward nodes recomputed in the backward
 graph (both after dead code is removed).
+
+Gradient contributions to one node are summed once all of them are in. Those of plain slices along one dim
+(x[a:b] of chunk or split; `_SlicePiece`) are laid out by one `cat`, gaps filled with zeros and overlapping slices
+added, rather than written each into a zero tensor of x's shape and summed: the packed q/k/v projection of an
+attention gets its weight gradient as one cat of three (or one matmul, when the cat feeds it).
 """
 from __future__ import annotations
 
@@ -234,6 +239,74 @@ def _fit(grad: MetaValue, node: Node) -> MetaValue:
     return grad
 
 
+class _SlicePiece:
+    """The gradient of a plain slice x[..., start:stop, ...] along one dim, before it is placed into x's shape."""
+
+    __slots__ = ("dim", "start", "stop", "grad")
+
+    def __init__(self, dim: int, start: int, stop: int, grad: MetaValue):
+        self.dim, self.start, self.stop, self.grad = dim, start, stop, grad
+
+
+def _slice_piece(node: Node, requires: set):
+    """(dim, start, stop) when `node` is a getitem of a differentiable tensor by slices with step 1 that cut one
+    dim of concrete size (the others whole), else None."""
+    if not (isinstance(node.target, Prim) and node.target.op.name == "getitem" and len(node.args) == 1
+            and node.args[0] in requires):
+        return None
+    shape, key = node.args[0].meta["shape"], node.kwargs["key"]
+    if len(key) > len(shape) or any(item[0] != "slice" or item[3] not in (None, 1) for item in key):
+        return None
+    cut = [(d, item) for d, item in enumerate(key) if item[1:3] not in ((None, None), (0, None))]
+    if len(cut) > 1:
+        return None
+    dim, item = cut[0] if cut else (0, ("slice", None, None, None))
+    size = shape[dim]
+    if not isinstance(size, int):
+        return None
+    start, stop, _ = slice(item[1], item[2]).indices(size)
+    return dim, start, max(start, stop)
+
+
+def _total(parts: list, node: Node) -> MetaValue:
+    """The sum of one node's gradient contributions. Slice pieces along one dim that do not overlap become one
+    `cat` (gaps filled with zeros) instead of a zero tensor written per slice and added up: the gradient of
+    chunk/split, such as an attention's packed q, k, v projection weight."""
+    pieces = [p for p in parts if isinstance(p, _SlicePiece)]
+    terms = [p for p in parts if not isinstance(p, _SlicePiece)]
+    for dim in dict.fromkeys(p.dim for p in pieces):
+        placed, end = [], 0
+        for p in sorted((p for p in pieces if p.dim == dim), key=lambda p: p.start):
+            if p.start >= end:
+                placed.append(p)
+                end = p.stop
+            else:  # overlaps a placed piece: its own zero tensor, added
+                terms.append(_placed(p, [p], node))
+        terms.append(_placed(placed[0], placed, node))
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+def _placed(first: _SlicePiece, pieces: list, node: Node) -> MetaValue:
+    """The pieces (sorted, disjoint, along one dim) laid into zeros of node's shape: a `cat` with zero gaps."""
+    shape, dim = list(node.meta["shape"]), first.dim
+    if len(pieces) == 1 and (first.start, first.stop) == (0, shape[dim]):
+        return first.grad
+    chunks, at = [], 0
+    for p in pieces + [_SlicePiece(dim, shape[dim], shape[dim], None)]:
+        if p.start > at:
+            gap = shape[:dim] + [p.start - at] + shape[dim + 1:]
+            chunks.append(first.grad.new_zeros(tuple(gap)))
+        if p.grad is not None:
+            # NOTE: an empty piece stays in: the gradient then still depends on the output's gradient, which
+            # decides whether it is None (nothing reached it) or zeros, as in eager autograd
+            chunks.append(p.grad)
+        at = p.stop
+    return chunks[0] if len(chunks) == 1 else apply("cat", *chunks, dim=dim)
+
+
 def build_backward(forward: GraphModule, wrt: list[Node]) -> BackwardGraph:
     """The backward of `forward` (a decomposed GraphModule with shape meta) for the nodes in `wrt`.
 
@@ -248,20 +321,28 @@ def _build(forward: GraphModule, wrt: list[Node], saved_leaves: set) -> Backward
     previous, GraphBuilder.current = GraphBuilder.current, builder
     try:
         outputs = [n for n in nodes_in(forward.graph.output_node.args[0]) if n in diff.requires]
-        grads: dict[Node, MetaValue] = {}
+        parts: dict[Node, list] = {}  # node -> its gradient contributions, summed once all are in
         for out in outputs:
             placeholder = builder.node("placeholder", f"grad_{out.name}", name=f"grad_{out.name}",
                                        shape=out.meta["shape"], dtype=out.meta["dtype"])
-            grads[out] = MetaValue(placeholder, builder)
+            parts[out] = [MetaValue(placeholder, builder)]
         for node in reversed(forward.graph.nodes):
-            grad = grads.get(node)
-            if grad is None or node.op != "call_function" or node in wrt and node.op == "placeholder":
+            if node not in parts or node.op != "call_function" or node in wrt and node.op == "placeholder":
                 continue
             builder.origin = node
-            for arg, gi in diff.input_gradients(node, grad):
-                grads[arg] = gi if arg not in grads else grads[arg] + gi
+            grad = parts[node] = [_total(parts[node], node)]
+            piece = _slice_piece(node, diff.requires)
+            if piece is not None:
+                parts.setdefault(node.args[0], []).append(_SlicePiece(*piece, grad[0]))
+                continue
+            for arg, gi in diff.input_gradients(node, grad[0]):
+                parts.setdefault(arg, []).append(gi)
+        results = []
+        for n in wrt:
+            builder.origin = n
+            results.append(builder.graph_arg(_total(parts[n], n)) if n in parts else None)
         builder.origin = None
-        results = tuple(builder.graph_arg(grads[n]) if n in grads else None for n in wrt)
+        results = tuple(results)
         builder.node("output", "output", (results,))
     finally:
         GraphBuilder.current = previous
