@@ -198,3 +198,60 @@ def test_chunked_parameter_gradient_is_one_cat():
     _, backward = backward_of(model, torch.randn(3, dtype=torch.float64))
     ops = ops_of(backward.gm.graph.nodes)
     assert ops.count("cat") == 1 and "index_put" not in ops and "full" not in ops
+
+
+class NormThenLinear(nn.Module):
+    """LayerNorm then a linear over a transposed copy: a per-row rstd and a copy the forward writes anyway."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.linear = nn.LayerNorm(8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(self.norm(x).transpose(0, 1).contiguous().reshape(-1, 8))
+
+
+def test_per_row_values_and_written_copies_are_saved_not_recomputed():
+    """LayerNorm's rstd (read with broadcasting) and the contiguous copy a matmul reads are saved: recomputed in the
+    backward, each would be a kernel of its own there."""
+    _, backward = backward_of(NormThenLinear(), torch.randn(4, 3, 8))
+    saved = ops_of(backward.saved)
+    assert "rsqrt" in saved and "clone" in saved, saved
+    assert not {"rsqrt", "clone"} & set(ops_of(n for n in backward.gm.graph.nodes if n.op == "call_function"))
+    assert_bookkeeping(backward)
+
+
+def test_a_view_counts_its_base_bytes():
+    """A third of a packed projection's output, transposed: saving the view would keep the whole output alive, so
+    the backward saves the output (as many bytes) and recomputes the view, which folds into its readers."""
+    model = nn.MultiheadAttention(12, 2)
+    x = torch.randn(5, 2, 12)
+    forward = run_passes(decompose(nnc.trace(_SelfAttention(model)), x), FORWARD_CLEANUPS, "forward")
+    wrt = [n for n in forward.graph.nodes if n.op == "get_attr"]
+    backward = build_backward(forward, wrt)
+    assert not any(n.op == "call_function" and n.target.op.name in ("permute", "getitem", "reshape")
+                   for n in backward.saved), ops_of(backward.saved)
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, attention):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+def test_self_attention_gradients_match_eager():
+    torch.manual_seed(3)
+    model = _SelfAttention(nn.MultiheadAttention(12, 3, dtype=torch.float64))
+    compiled = nnc.compile(model)
+    x = torch.randn(5, 2, 12, dtype=torch.float64)
+    grads = []
+    for m in (model, compiled):
+        model.zero_grad()
+        xi = x.clone().requires_grad_()
+        (m(xi) * torch.linspace(-1, 1, 120, dtype=torch.float64).reshape(5, 2, 12)).sum().backward()
+        grads.append([xi.grad.numpy().copy()] + [p.grad.numpy().copy() for p in model.parameters()])
+    for want, got in zip(*grads):
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-11)

@@ -12,9 +12,13 @@ another forward value v:
     backward does not have yet. The cone stops at free values and at *leaves* it cannot recompute (matmuls,
     reductions, opaque calls, ...), which would have to be saved. So the backward saves a view's base and
     recomputes the view, which fusion folds into the kernels reading it (a view of a parameter costs nothing).
-  - v is recomputed iff the bytes (shape x itemsize) of the leaves it would save are at most the bytes of v. On a
-    tie, v is saved when the forward writes it to memory anyway (a matmul, view, opaque call or the graph output
-    reads it) and some leaf is not written: saving the leaf would cost the forward an extra write.
+  - v is recomputed iff the bytes (shape x itemsize) of the leaves it would save are at most the bytes of v (of
+    its base, when v is a view: a saved view keeps its whole base alive). On a tie, v is saved when the forward
+    writes it to memory anyway (a matmul, view, opaque call or the graph output reads it): recomputed, it would be
+    a copy kernel of the backward. A view is saved on a tie only when some leaf is not written as well: saving
+    that leaf would cost the forward an extra write, while recomputing a view costs nothing.
+  - A value read with broadcasting (a norm's mean or rstd, one per row) is saved, and is a leaf of the cones
+    above: recomputed, it would be a small kernel of the backward, since fusion merges chains of one shape only.
   - Otherwise (or when v is not cheap) v is saved by the forward: a placeholder `saved_<name>` of the backward.
 
 So a chain of elementwise ops over inputs and parameters saves only those inputs and parameters (the backward
@@ -117,7 +121,7 @@ class _Differentiator:
 
     def _recompute_cone(self, node: Node):
         """The nodes to recompute (in graph order) to get `node` back, or None when `node` should be saved."""
-        if not _recomputable(node):
+        if not _recomputable(node) or _read_with_broadcasting(node):
             return None
         cone, leaves, stack = set(), set(), [node]
         while stack:
@@ -130,12 +134,14 @@ class _Differentiator:
                     continue
                 # NOTE: a view's base is a leaf: the forward stores it anyway (its readers index it), so the
                 # backward reads it too rather than recomputing it
-                if _recomputable(a) and (is_view_node(a) or not is_view_node(n)):
+                # NOTE: and a value read with broadcasting (a norm's mean or rstd) is a leaf: recomputed in the
+                # backward it would be a small kernel of its own, since fusion merges chains of one shape only
+                if _recomputable(a) and (is_view_node(a) or not is_view_node(n)) and not _read_with_broadcasting(a):
                     stack.append(a)
                 elif a not in self.saved_leaves:
                     leaves.add(a)
-        extra, size = sum(nbytes(a) for a in leaves), nbytes(node)
-        if extra > size or extra == size and _written(node) and not all(_written(a) for a in leaves):
+        extra, size = sum(nbytes(a) for a in leaves), nbytes(_storage(node))
+        if extra > size or extra == size and _saved_on_a_tie(node, leaves):
             return None
         return sorted(cone, key=self.position.__getitem__)
 
@@ -191,6 +197,13 @@ class _Differentiator:
         return values
 
 
+def _storage(node: Node) -> Node:
+    """The node whose memory a saved `node` keeps alive: a view's base (a view holds its whole base), else itself."""
+    while is_view_node(node) and isinstance(node.args[0], Node) and "shape" in node.args[0].meta:
+        node = node.args[0]
+    return node
+
+
 def _recomputable(node: Node) -> bool:
     """A cheap primitive the backward may recompute: an elementwise prims.* call that is not opaque, or a view of one
     tensor (it costs nothing where fusion folds it into the kernels reading it, nnc.passes.views)."""
@@ -198,6 +211,22 @@ def _recomputable(node: Node) -> bool:
         return False
     return node.op == "call_function" and isinstance(node.target, Prim) \
         and (node.target.op.kind == Kind.ELEMENTWISE or is_view_node(node))
+
+
+def _saved_on_a_tie(node: Node, leaves: set) -> bool:
+    """Whether `node` is saved rather than recomputed when its leaves take as many bytes as it does.
+
+    Saved: a value the forward writes anyway, unless it is a view (views fold into their readers, so recomputing
+    one costs nothing): recomputed in the backward, it would be a kernel of its own there (a copy before a matmul).
+    A view written anyway is saved only when some leaf is not written (saving that leaf would cost the forward an
+    extra write)."""
+    return _written(node) and (not is_view_node(node) or not all(_written(a) for a in leaves))
+
+
+def _read_with_broadcasting(node: Node) -> bool:
+    """Whether an elementwise user of `node` has another shape: it reads `node` broadcast (nnc.passes.fusion)."""
+    shape = Shape(node.meta["shape"])
+    return any(_recomputable(u) and not is_view_node(u) and Shape(u.meta["shape"]) != shape for u in node.users)
 
 
 def _written(node: Node) -> bool:
