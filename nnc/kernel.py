@@ -7,6 +7,7 @@ from runtime.ops import Kind
 
 from .graph import Node
 from .prims import Prim
+from .symbolic import has_symbols
 
 # The fusion lattice (as in TVM): a node may absorb producers of a lower or equal rank into its kernel.
 ELEMENTWISE, BROADCAST, INJECTIVE, REDUCTION, OPAQUE = range(5)
@@ -33,9 +34,10 @@ class Kernel:
       - "matmul": one matmul/linear node (BLAS, or a generated loop for small-batch shapes) and elementwise
         epilogue nodes on its output shape (`shape`), e.g. bias add + activation; epilogue nodes that do not read
         the product (a relu mask only the epilogue reads) may come before it in `nodes`.
-      - "window" / "gather": a single node generated as a kernel of its own (own_kernel_kind): convolution's and
-        pooling's sliding windows, or a getitem/index_put along one dim by an integer index tensor.
-      - "opaque": a single node run as is (views, cat, other indexing, ...): no code generation.
+      - "window" / "gather" / "cat": a single node generated as a kernel of its own (own_kernel_kind):
+        convolution's and pooling's sliding windows, a getitem/index_put along one dim by an integer index tensor,
+        or a cat of static shapes and one dtype.
+      - "opaque": a single node run as is (views, other indexing, ...): no code generation.
     nodes: the group's nodes in graph order.
     inputs: nodes outside the group whose values the group reads (tensors), in a fixed order.
     outputs: nodes of the group whose values are read outside it (or are graph outputs).
@@ -106,10 +108,24 @@ def gather_dim(node: Node) -> int | None:
 
 def own_kernel_kind(node: Node) -> str | None:
     """The kind of kernel a node is alone in, generated but never grown: its op's `kernel_kind` ("window": the
-    sliding-window ops of convolution and pooling), or "gather" for a getitem/index_put of one integer index tensor
-    after full slices (see gather_dim); None for every other node."""
+    sliding-window ops of convolution and pooling), "gather" for a getitem/index_put of one integer index tensor
+    after full slices (see gather_dim), "cat" for a plain cat (is_plain_cat); None for every other node."""
     if node.op != "call_function" or not isinstance(node.target, Prim):
         return None
     if node.target.op.kernel_kind is not None:
         return node.target.op.kernel_kind
-    return "gather" if gather_dim(node) is not None else None
+    if gather_dim(node) is not None:
+        return "gather"
+    return "cat" if is_plain_cat(node) else None
+
+
+def is_plain_cat(node: Node) -> bool:
+    """A cat whose inputs and result have static shapes and one dtype: a copy loop per input (nnc.codegen.cpu_cat).
+    A cat of symbolic sizes (a growing cache) or one that promotes dtypes runs as is."""
+    if node.target.op.name != "cat" or node.meta.get("shape") is None:
+        return False
+    values = [node] + [a for a in node.args if isinstance(a, Node)]
+    if len(values) != len(node.args) + 1 or any(v.meta.get("shape") is None for v in values):
+        return False
+    return (not has_symbols([v.meta["shape"] for v in values])
+            and len({v.meta.get("dtype") for v in values}) == 1)

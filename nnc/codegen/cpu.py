@@ -26,6 +26,7 @@ import numpy as np
 from ..kernel import Kernel
 from ..symbolic import evaluate, has_symbols
 from . import cache, compile_workers
+from .cpu_cat import CatSchedule, cat_schedule_of, gen_cat
 from .cpu_conv import WindowSchedule, gen_window, window_schedule_of
 from .cpu_gather import GatherSchedule, gen_gather, gather_schedule_of
 from .cpu_elementwise import (KERNEL_NAME, ElementwiseSchedule, KernelBuilder, elementwise_schedule, gen_elementwise,
@@ -38,7 +39,7 @@ from .scalar import KernelCompileError, Unsupported, generate_or_raise
 GENERATOR_VERSION = 1
 # The skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind).
 SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "row": gen_rows, "matmul": gen_matmul,
-             "window": gen_window, "gather": gen_gather}
+             "window": gen_window, "gather": gen_gather, "cat": gen_cat}
 
 
 @dataclass
@@ -113,7 +114,7 @@ def _generate(kernel: Kernel) -> Generated:
 
 
 def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSchedule | MatmulSchedule
-                                 | WindowSchedule | GatherSchedule):
+                                 | WindowSchedule | GatherSchedule | CatSchedule):
     """The loop layout code generation chooses for a kernel (raises Unsupported for one it cannot generate)."""
     if kernel.kind == "reduction":
         return reduction_schedule_of(kernel)
@@ -125,6 +126,8 @@ def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSc
         return window_schedule_of(kernel)
     if kernel.kind == "gather":
         return gather_schedule_of(kernel)
+    if kernel.kind == "cat":
+        return cat_schedule_of(kernel)
     if kernel.kind == "elementwise":
         kb = KernelBuilder(kernel)
         arrays, shape = kb.reads + kb.outs, tuple(kernel.shape)
