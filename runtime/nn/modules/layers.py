@@ -645,6 +645,7 @@ class MultiheadAttention(Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
+        packed = query is key and key is value and self._qkv_same_embed_dim  # self-attention: one projection
         batched = query.ndim == 3
         if not batched:
             if query.ndim != 2:
@@ -656,7 +657,7 @@ class MultiheadAttention(Module):
         elif self.batch_first:
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         length, batch, _ = query.shape
-        q, k, v = self._project(query, key, value)  # (L, N, E), (S, N, E), (S, N, E)
+        q, k, v = self._project(query, key, value, packed)  # (L, N, E), (S, N, E), (S, N, E)
         if self.bias_k is not None:
             k = api.cat([k, self.bias_k.expand(1, batch, self.embed_dim)], 0)
             v = api.cat([v, self.bias_v.expand(1, batch, self.embed_dim)], 0)
@@ -685,8 +686,11 @@ class MultiheadAttention(Module):
             return out, None
         return out, (weights.mean(-3) if average_attn_weights else weights)
 
-    def _project(self, query, key, value):
-        """The (length, batch, embed_dim) projections of query, key and value."""
+    def _project(self, query, key, value, packed=False):
+        """The (length, batch, embed_dim) projections of query, key and value: for self-attention (`packed`), one
+        linear with the whole in-projection, split in three (as torch does: one matmul, not three)."""
+        if packed:
+            return F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         if self._qkv_same_embed_dim:
             w_q, w_k, w_v = self.in_proj_weight.chunk(3)
         else:
