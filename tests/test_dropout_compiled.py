@@ -399,3 +399,41 @@ def test_models_with_dropout_compile_as_one_graph_and_train(make):
     # the same training, with other random numbers: the same statistics, not the same values
     assert not np.array_equal(ours, eager)
     assert abs(ours[-5:].mean() - eager[-5:].mean()) < 0.25 * eager[:5].mean()
+
+
+class SoftmaxDropout(nn.Module):
+    """Attention's dropout of softmax weights, then a per-row mean: draws along rows and per row of a row kernel."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(runtime.randn(7, dtype=runtime.float64))
+
+    def forward(self, x):
+        weights = F.dropout(F.softmax(x * self.w, dim=-1), 0.3)
+        return weights * F.dropout(weights.sum(-1, keepdim=True), 0.5)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_draws_join_row_kernels_and_match_the_interpreter(dynamic):
+    """Dropout after softmax is part of the softmax's row kernel (forward and backward), drawing the same numbers as
+    the interpreter by element index: along the row at o * length + r, per row at o."""
+    model = SoftmaxDropout()
+    generated, interpreted = nnc.compile(model, dynamic=dynamic), nnc.compile(model, dynamic=dynamic, codegen=False)
+    for batch in (3, 6, 1):
+        results = []
+        for run in (generated, interpreted):
+            x = runtime.randn(batch, 4, 7, dtype=runtime.float64, generator=runtime.Generator().manual_seed(batch),
+                              requires_grad=True)
+            runtime.manual_seed(batch)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a kernel falling back to the interpreter would warn
+                y = run(x)
+                y.backward(y.detach() + 1.0)
+            results.append((y.detach().numpy(), x.grad.numpy(), model.w.grad.numpy().copy()))
+            model.w.grad = None
+        for a, b in zip(*results):
+            np.testing.assert_array_equal(a == 0, b == 0)  # the same elements dropped
+            np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
+    rows = [k for c in generated.compilations for p in c.plans for k in p.kernels if k.kind == "row"]
+    assert any("philox_uniform" in k.meta["ops"] and "exp" in k.meta["ops"] for k in rows), \
+        [(k.kind, k.meta["ops"]) for c in generated.compilations for p in c.plans for k in p.kernels]

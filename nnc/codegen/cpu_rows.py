@@ -165,10 +165,14 @@ def gen_rows(kb: KernelBuilder) -> None:
     hold = {n: f"hold{i}" for i, n in enumerate(held)}
     env: dict[Node, Value] = {}
     task = io.row_lines + _row_loads(kb, io, env)
-    for p in range(plan.passes):
-        task += kb.body.emit(plan.stage(p), env)
-        task += _pass_lines(kb, plan, schedule, io, env, p, hold)
-    task += kb.body.emit(plan.stage(plan.passes), env)
+    kb.body.index_of = _element_index(plan, shape, dims, schedule)
+    try:
+        for p in range(plan.passes):
+            task += kb.body.emit(plan.stage(p), env)
+            task += _pass_lines(kb, plan, schedule, io, env, p, hold)
+        task += kb.body.emit(plan.stage(plan.passes), env)
+    finally:
+        kb.body.index_of = None
     task += [f"{a.arg}[{io.row_refs[id(a)]}] = {env[a.node].name}" for a in io.row_outs]
     buffers = [f"{a.buf} = np.empty({schedule.block}, dtype={ctor(a.in_dtype)})" for a in plan.accs
                if schedule.blocked and a.source not in io.direct and a.source not in hold]
@@ -176,6 +180,17 @@ def gen_rows(kb: KernelBuilder) -> None:
     f = Function(kb.name, _unique(kb.ins + kb.outs), _task_loop(schedule, buffers, task), schedule.parallel)
     kb.functions.append(f)
     kb.launch = [launch_line(f)]
+
+
+def _element_index(plan: RowPlan, shape, dims, schedule: RowSchedule):
+    """index_of for random draws (OpDef.needs_index): the flat index of a node's element in its own shape. With the
+    trailing dims reduced, row o's element r is at o * row length + r, and a value per row at o; fusion lets draws
+    into other row kernels never (nnc.passes.fusion._trailing_rows), so they get None."""
+    if tuple(dims) != tuple(range(len(shape) - len(dims), len(shape))):
+        return None
+    per_row, n_red = set(plan.per_row), schedule.n_red
+    length = str(n_red) if str(n_red).isdigit() else f"({n_red})"
+    return lambda node: "o" if node in per_row else f"o * {length} + r"
 
 
 @dataclass

@@ -549,9 +549,9 @@ class _Fuser:
             joined = False
             for other, edges in self._row_neighbours(group, signature):
                 drawn = next((n for n in other.nodes | group.nodes if needs_index(n)), None)
-                if drawn is not None:  # the row skeleton gives no element index (random draws need one)
+                if drawn is not None and not _trailing_rows(signature):  # no element index for random draws
                     for p, c in edges:
-                        self.refused[(p, c)] = _INDEX_REASON.format(drawn.name)
+                        self.refused[(p, c)] = _ROW_INDEX_REASON.format(drawn.name)
                     continue
                 if self.creates_cycle(group.nodes, other.nodes):
                     for p, c in edges:
@@ -605,6 +605,15 @@ class _Fuser:
 
 
 _INDEX_REASON = "{} draws random numbers by element index, which a reduction kernel's loops do not give"
+_ROW_INDEX_REASON = ("{} draws random numbers by element index, which a row kernel's loops give only when the "
+                     "reduced dims are the trailing ones")
+
+
+def _trailing_rows(signature: tuple) -> bool:
+    """Whether a row signature reduces the trailing dims only: element (o, r) of the row kernel's shape is then
+    at flat index o * row length + r, the index random draws need (nnc.codegen.cpu_rows)."""
+    in_shape, dims, _ = signature
+    return dims == tuple(range(len(in_shape) - len(dims), len(in_shape)))
 
 
 def _pass_nodes(group: _Group) -> set:
