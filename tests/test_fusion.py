@@ -536,7 +536,7 @@ def test_cycle_through_a_kernel_whose_nodes_are_not_connected():
     assert nx.is_directed_acyclic_graph(kernel_dag(kernels))
 
 
-def test_cat_full_and_non_primitive_calls_are_opaque():
+def test_full_and_non_primitive_calls_are_opaque_and_a_cat_is_its_own_kernel():
     def body(g, x):
         c = call(g, "cat", x, x, dim=0)
         f = g.call_function(prims.full, (), dict(shape=(8, 8), value=1.0, dtype=torch.float32))
@@ -544,7 +544,7 @@ def test_cat_full_and_non_primitive_calls_are_opaque():
         return g.call_function(torch.tanh, (s,))  # not a prim: run as is
 
     gm, kernels = fused(body, X48())
-    assert [(k.kind, ops(k)) for k in kernels] == [("opaque", ["cat"]), ("opaque", ["full"]),
+    assert [(k.kind, ops(k)) for k in kernels] == [("cat", ["cat"]), ("opaque", ["full"]),
                                                    ("elementwise", ["add"]), ("opaque", ["runtime.tanh"])]
     assert "not a primitive" in kernels[3].reason
 

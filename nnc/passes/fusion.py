@@ -14,7 +14,8 @@ OpDef's kind and its shapes:
   REDUCTION    a reduction prim whose OpDef has a `reducer` (how code generation accumulates it: sum, prod, amax,
                amin, all, any); the others (argmax, argmin) are OPAQUE
   OPAQUE       everything else: matmul/linear (an *anchor* that takes epilogues), gather, scatter_add, index_put,
-               cat (a shape op that copies), full, and nodes that are not prims at all
+               cat (a shape op that copies), full, and nodes that are not prims at all. Some are generated
+               kernels of their own, never grown (`own_kernel_kind`: windows, gathers along one dim, plain cats)
 
 Rules, applied in this order (each step only ever assigns *whole nodes* to *one* group):
 
