@@ -239,27 +239,49 @@ def test_inference_under_no_grad_records_nothing():
 
 UNARY = ["relu", "tanh", "sigmoid", "exp", "neg", "abs"]
 BINARY = ["add", "sub", "mul", "maximum"]
-REDUCE = ["sum", "mean", "amax", "logsumexp", "softmax"]
+REDUCE = ["sum", "mean", "amax", "logsumexp", "softmax", "layer_norm"]
+# Shape-preserving rearrangements of a [4, 6] value: folded views, copies of permuted values, cats, gathers
+REARRANGE = ["transpose_round_trip", "rotate_columns", "chunk_gate", "swap_row_pairs", "select_rows",
+             "half_rows_scaled"]
 
 
 @st.composite
 def programs(draw):
     steps = []
     for _ in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul"]))
+        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "rearrange"]))
         if kind == "unary":
             steps.append(("unary", draw(st.sampled_from(UNARY))))
         elif kind == "binary":
             steps.append(("binary", draw(st.sampled_from(BINARY)), draw(st.booleans())))
         elif kind == "reduce":
             steps.append(("reduce", draw(st.sampled_from(REDUCE))))
+        elif kind == "rearrange":
+            steps.append(("rearrange", draw(st.sampled_from(REARRANGE))))
         else:
             steps.append(("matmul",))
     return steps
 
 
+def rearranged(h, name, w):
+    """One REARRANGE step on a [4, 6] value; `w` is a [6, 6] parameter a step may read a slice of."""
+    if name == "transpose_round_trip":  # views only: fold into the next kernel
+        return h.reshape(6, 4).t().t().reshape(4, 6)
+    if name == "rotate_columns":  # a cat of two column slices (a cat kernel reading folded views)
+        return runtime.cat([h[:, 2:], h[:, :2]], 1)
+    if name == "chunk_gate":  # chunk: the backward lays the two slice gradients out with one cat
+        a, b = h.chunk(2, dim=-1)
+        return runtime.cat([a * b.sigmoid(), b + w[:3, :3].sum(0)], -1)
+    if name == "swap_row_pairs":  # a reshape of a permuted value: a copy kernel
+        return h.reshape(2, 2, 6).transpose(0, 1).reshape(4, 6)
+    if name == "select_rows":  # an index_select: a gather kernel, a scatter in the backward
+        return h.index_select(0, runtime.tensor([3, 0, 0, 2]))
+    return runtime.cat([h[:2] * 2.0, h[2:]], 0)  # half_rows_scaled: a cat along dim 0
+
+
 class Program(nn.Module):
-    """A random chain over a [4, 6] input: elementwise ops, broadcasts, reductions and matmuls."""
+    """A random chain over a [4, 6] input: elementwise ops, broadcasts, reductions (row kernels among them),
+    matmuls, views, cats and gathers."""
 
     def __init__(self, steps):
         super().__init__()
@@ -279,10 +301,14 @@ class Program(nn.Module):
                 name = step[1]
                 if name == "softmax":
                     h = h.softmax(-1)
+                elif name == "layer_norm":
+                    h = F.layer_norm(h, (6,), self.b + 1.0, self.b)
                 elif name == "logsumexp":
                     h = h + h.logsumexp(-1, keepdim=True)
                 else:
                     h = h - getattr(h, name)(-1, keepdim=True)
+            elif step[0] == "rearrange":
+                h = rearranged(h, step[1], self.w)
             else:
                 h = h @ self.w
         return h
