@@ -34,9 +34,9 @@ class Kernel:
       - "matmul": one matmul/linear node (BLAS, or a generated loop for small-batch shapes) and elementwise
         epilogue nodes on its output shape (`shape`), e.g. bias add + activation; epilogue nodes that do not read
         the product (a relu mask only the epilogue reads) may come before it in `nodes`.
-      - "window" / "gather" / "cat": a single node generated as a kernel of its own (own_kernel_kind):
+      - "window" / "gather" / "take" / "cat": a single node generated as a kernel of its own (own_kernel_kind):
         convolution's and pooling's sliding windows, a getitem/index_put along one dim by an integer index tensor,
-        or a cat of static shapes and one dtype.
+        torch.gather or scatter_add along a dim, or a cat of static shapes and one dtype.
       - "opaque": a single node run as is (views, other indexing, ...): no code generation.
     nodes: the group's nodes in graph order.
     inputs: nodes outside the group whose values the group reads (tensors), in a fixed order.
@@ -109,14 +109,39 @@ def gather_dim(node: Node) -> int | None:
 def own_kernel_kind(node: Node) -> str | None:
     """The kind of kernel a node is alone in, generated but never grown: its op's `kernel_kind` ("window": the
     sliding-window ops of convolution and pooling), "gather" for a getitem/index_put of one integer index tensor
-    after full slices (see gather_dim), "cat" for a plain cat (is_plain_cat); None for every other node."""
+    after full slices (see gather_dim), "take" for torch.gather / scatter_add (is_take), "cat" for a plain cat
+    (is_plain_cat); None for every other node."""
     if node.op != "call_function" or not isinstance(node.target, Prim):
         return None
     if node.target.op.kernel_kind is not None:
         return node.target.op.kernel_kind
     if gather_dim(node) is not None:
         return "gather"
+    if is_take(node):
+        return "take"
     return "cat" if is_plain_cat(node) else None
+
+
+def is_take(node: Node) -> bool:
+    """A gather or scatter_add along one dim (torch.gather's form) with static shapes that eager would accept
+    without broadcasting: the index no larger than x off the dim, a scatter's src of the index's shape and x's dtype
+    (nnc.codegen.cpu_take). Others run as is."""
+    if node.target.op.name not in ("gather", "scatter_add"):
+        return False
+    values = [node] + list(node.args)
+    if not all(isinstance(v, Node) and v.meta.get("shape") is not None for v in values):
+        return False
+    shapes = [tuple(v.meta["shape"]) for v in values]
+    if has_symbols(shapes) or len({len(s) for s in shapes}) != 1 or not shapes[0]:
+        return False
+    x, index = shapes[1], shapes[2]
+    dim = node.kwargs["dim"] % len(x)
+    if any(i > s for d, (i, s) in enumerate(zip(index, x)) if d != dim):
+        return False
+    if node.target.op.name == "scatter_add":
+        src = node.args[2]
+        return shapes[3] == index and src.meta.get("dtype") == node.args[0].meta.get("dtype") == node.meta.get("dtype")
+    return True
 
 
 def is_plain_cat(node: Node) -> bool:

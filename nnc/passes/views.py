@@ -22,7 +22,7 @@ from ..prims import Prim, prims
 from ..symbolic import has_symbols
 
 # What a folded view's readers may be: the kernel kinds whose code generation indexes a strided map of an input.
-FOLDING_KINDS = ("elementwise", "reduction", "row", "matmul", "cat")
+FOLDING_KINDS = ("elementwise", "reduction", "row", "matmul", "cat", "take")
 
 
 @dataclass(frozen=True)
