@@ -226,7 +226,8 @@ def _saved_on_a_tie(node: Node, leaves: set) -> bool:
 def _read_with_broadcasting(node: Node) -> bool:
     """Whether an elementwise user of `node` has another shape: it reads `node` broadcast (nnc.passes.fusion)."""
     shape = Shape(node.meta["shape"])
-    return any(_recomputable(u) and not is_view_node(u) and Shape(u.meta["shape"]) != shape for u in node.users)
+    return any(_recomputable(u) and not is_view_node(u) and "shape" in u.meta and Shape(u.meta["shape"]) != shape
+               for u in node.users)
 
 
 def _written(node: Node) -> bool:
