@@ -9,29 +9,9 @@ import nnc
 import runtime
 from runtime import nn
 
+from helpers import compiled_matches_eager, kernels_of
+
 F64 = runtime.float64
-
-
-def _kernels(compiled):
-    return [k for c in compiled.compilations for p in c.plans for k in p.kernels]
-
-
-def _compare(model, *inputs, tol=1e-12):
-    """Compiled vs eager, outputs and parameter gradients; no fallback to eager or the interpreter."""
-    compiled = nnc.compile(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        out = compiled(*inputs)
-    seed = runtime.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
-    (out * seed).sum().backward()
-    grads = [p.grad.numpy().copy() for p in model.parameters()]
-    model.zero_grad()
-    want = model(*inputs)
-    (want * seed).sum().backward()
-    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=tol, atol=tol)
-    for got, p in zip(grads, model.parameters()):
-        np.testing.assert_allclose(got, p.grad.numpy(), rtol=tol, atol=tol)
-    return compiled
 
 
 class Cat(nn.Module):
@@ -73,16 +53,16 @@ CASES = {
 def test_cat_kernels_match_eager(case):
     shapes, dim, views = CASES[case]
     runtime.manual_seed(0)
-    compiled = _compare(Cat(shapes, dim, views), runtime.tensor(1.5, dtype=F64))
-    kinds = [k.kind for k in _kernels(compiled)]
+    compiled = compiled_matches_eager(Cat(shapes, dim, views), runtime.tensor(1.5, dtype=F64))
+    kinds = [k.kind for k in kernels_of(compiled)]
     assert "cat" in kinds, kinds
-    assert not any(k.kind == "opaque" for k in _kernels(compiled) if "cat" in k.meta.get("ops", ())), kinds
+    assert not any(k.kind == "opaque" for k in kernels_of(compiled) if "cat" in k.meta.get("ops", ())), kinds
 
 
 def test_views_only_a_cat_reads_are_folded_into_it():
     """A transposed and a sliced parameter read by a cat: no view runs as a step of its own."""
     runtime.manual_seed(1)
-    compiled = _compare(Cat([(4, 3), (5, 6)], 1, [lambda w: w.t(), lambda w: w[1:4, ::3]]),
+    compiled = compiled_matches_eager(Cat([(4, 3), (5, 6)], 1, [lambda w: w.t(), lambda w: w[1:4, ::3]]),
                         runtime.tensor(0.5, dtype=F64))
     forward = compiled.compilations[0].plans[0]
     assert not [k for k in forward.kernels if k.kind == "opaque"], [(k.kind, k.reason) for k in forward.kernels]
@@ -94,12 +74,12 @@ def test_a_large_cat_runs_parallel_loops_and_matches_eager():
 
     rows = PARALLEL_MIN_ELEMENTS // 64
     model = Cat([(rows, 64), (3, 64)], 0)
-    compiled = _compare(model, runtime.tensor(0.25, dtype=F64))
-    [cat] = [k for k in _kernels(compiled) if k.kind == "cat"]
+    compiled = compiled_matches_eager(model, runtime.tensor(0.25, dtype=F64))
+    [cat] = [k for k in kernels_of(compiled) if k.kind == "cat"]
     assert schedule(cat).parallel == (True, False)
 
 
-def test_integer_and_bool_cats_run_as_kernels():
+def test_integer_and_bool_cats_run_askernels_of():
     def both(a, b):
         return runtime.cat([a, b], 0), runtime.cat([a > 0, b > 0], 0)
 
@@ -109,7 +89,7 @@ def test_integer_and_bool_cats_run_as_kernels():
     for g, w in zip(got, want):
         assert g.dtype == w.dtype
         np.testing.assert_array_equal(g.numpy(), w.numpy())
-    assert [k.kind for k in _kernels(compiled)].count("cat") == 2
+    assert [k.kind for k in kernels_of(compiled)].count("cat") == 2
 
 
 def test_size_0_inputs():
@@ -131,7 +111,7 @@ def test_mixed_dtypes_are_cast_first_and_symbolic_sizes_stay_opaque():
         warnings.simplefilter("error")
         compiled = nnc.compile(Fn(mixed))
         got = compiled(a, b)
-    assert [k.kind for k in _kernels(compiled)] == ["elementwise", "cat"]  # the float32 input cast, then the cat
+    assert [k.kind for k in kernels_of(compiled)] == ["elementwise", "cat"]  # the float32 input cast, then the cat
     assert got.dtype == F64
     np.testing.assert_array_equal(got.numpy(), mixed(a, b).numpy())
 
@@ -142,6 +122,6 @@ def test_mixed_dtypes_are_cast_first_and_symbolic_sizes_stay_opaque():
     for t in (3, 4, 5):
         cache, x = runtime.randn(2, t, 4), runtime.randn(2, 1, 4)
         np.testing.assert_array_equal(compiled(cache, x).numpy(), grow(cache, x).numpy())
-    cats = [n for k in _kernels(compiled) for n in k.nodes if getattr(n.target, "op", None) is not None
+    cats = [n for k in kernels_of(compiled) for n in k.nodes if getattr(n.target, "op", None) is not None
             and n.target.op.name == "cat"]
     assert cats and not any(is_plain_cat(n) for n in cats)

@@ -121,15 +121,16 @@ class Scaled(nn.Module):
         return self.drop1d(self.drop(x * self.w) + runtime.rand_like(x))
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_kernels_match_the_interpreter_forward_and_backward(dynamic):
-    """Sizes as constants and as symbols (one kernel for every batch): codegen == interpreter, bit for bit."""
-    model = Scaled()
+def _generated_and_interpreted(model, dynamic, shape_of, dtype=runtime.float32):
+    """Per batch of 3, 6 and 1: [(output, input grad, w grad) generated, the same interpreted], each call seeded
+    alike. Returns the generated compiled module and the pairs."""
     generated, interpreted = nnc.compile(model, dynamic=dynamic), nnc.compile(model, dynamic=dynamic, codegen=False)
+    pairs = []
     for batch in (3, 6, 1):
         results = []
         for run in (generated, interpreted):
-            x = runtime.randn(batch, 8, generator=runtime.Generator().manual_seed(batch), requires_grad=True)
+            x = runtime.randn(*shape_of(batch), dtype=dtype, generator=runtime.Generator().manual_seed(batch),
+                              requires_grad=True)
             runtime.manual_seed(batch)
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # a kernel falling back to the interpreter would warn
@@ -137,7 +138,16 @@ def test_kernels_match_the_interpreter_forward_and_backward(dynamic):
                 y.backward(y.detach() + 1.0)
             results.append((y.detach().numpy(), x.grad.numpy(), model.w.grad.numpy().copy()))
             model.w.grad = None
-        for a, b in zip(*results):
+        pairs.append(results)
+    return generated, pairs
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_kernels_match_the_interpreter_forward_and_backward(dynamic):
+    """Sizes as constants and as symbols (one kernel for every batch): codegen == interpreter, bit for bit."""
+    generated, pairs = _generated_and_interpreted(Scaled(), dynamic, lambda batch: (batch, 8))
+    for got, want in pairs:
+        for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
     if dynamic:
         assert generated.compiled_variants == 2  # batch 1 compiles apart; 3 and 6 share one symbolic variant
@@ -417,21 +427,10 @@ class SoftmaxDropout(nn.Module):
 def test_draws_join_row_kernels_and_match_the_interpreter(dynamic):
     """Dropout after softmax is part of the softmax's row kernel (forward and backward), drawing the same numbers as
     the interpreter by element index: along the row at o * length + r, per row at o."""
-    model = SoftmaxDropout()
-    generated, interpreted = nnc.compile(model, dynamic=dynamic), nnc.compile(model, dynamic=dynamic, codegen=False)
-    for batch in (3, 6, 1):
-        results = []
-        for run in (generated, interpreted):
-            x = runtime.randn(batch, 4, 7, dtype=runtime.float64, generator=runtime.Generator().manual_seed(batch),
-                              requires_grad=True)
-            runtime.manual_seed(batch)
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # a kernel falling back to the interpreter would warn
-                y = run(x)
-                y.backward(y.detach() + 1.0)
-            results.append((y.detach().numpy(), x.grad.numpy(), model.w.grad.numpy().copy()))
-            model.w.grad = None
-        for a, b in zip(*results):
+    generated, pairs = _generated_and_interpreted(SoftmaxDropout(), dynamic, lambda batch: (batch, 4, 7),
+                                                  dtype=runtime.float64)
+    for got, want in pairs:
+        for a, b in zip(got, want):
             np.testing.assert_array_equal(a == 0, b == 0)  # the same elements dropped
             np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
     rows = [k for c in generated.compilations for p in c.plans for k in p.kernels if k.kind == "row"]

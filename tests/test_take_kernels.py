@@ -1,7 +1,5 @@
 """Take kernels (nnc/codegen/cpu_take.py): torch.gather and scatter_add along one dim run as generated loops that
 read folded views, compared with eager forward and backward; cross-entropy's pick and its gradient among them."""
-import warnings
-
 import numpy as np
 import pytest
 
@@ -10,33 +8,13 @@ import runtime
 import runtime.nn.functional as F
 from runtime import nn
 
+from helpers import compiled_matches_eager, kernels_of
+
 F64 = runtime.float64
 
 
-def _kernels(compiled):
-    return [k for c in compiled.compilations for p in c.plans for k in p.kernels]
-
-
 def _ops_of_kind(compiled, kind):
-    return sorted(n.target.op.name for k in _kernels(compiled) if k.kind == kind for n in k.nodes)
-
-
-def _compare(model, *inputs, tol=1e-12):
-    """Compiled vs eager: outputs and parameter gradients, with no fallback to eager or the interpreter."""
-    compiled = nnc.compile(model)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        out = compiled(*inputs)
-    seed = runtime.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
-    (out * seed).sum().backward()
-    grads = [p.grad.numpy().copy() for p in model.parameters()]
-    model.zero_grad()
-    want = model(*inputs)
-    (want * seed).sum().backward()
-    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=tol, atol=tol)
-    for got, p in zip(grads, model.parameters()):
-        np.testing.assert_allclose(got, p.grad.numpy(), rtol=tol, atol=tol)
-    return compiled
+    return sorted(n.target.op.name for k in kernels_of(compiled) if k.kind == kind for n in k.nodes)
 
 
 class Gather(nn.Module):
@@ -68,7 +46,7 @@ def _index(shape, size, seed):
 def test_gather_and_its_scatter_add_gradient_match_eager(shape, dim, index_shape, transposed):
     runtime.manual_seed(0)
     size = (shape[::-1] if transposed else shape)[dim]
-    compiled = _compare(Gather(shape, dim, transposed), _index(index_shape, size, 1))
+    compiled = compiled_matches_eager(Gather(shape, dim, transposed), _index(index_shape, size, 1))
     assert _ops_of_kind(compiled, "take") == ["gather", "scatter_add"]
 
 
@@ -83,7 +61,7 @@ class ScatterAdd(nn.Module):
 
 
 def test_scatter_add_with_repeated_indices_and_its_gradients_match_eager():
-    compiled = _compare(ScatterAdd(), _index((4, 9), 6, 2))
+    compiled = compiled_matches_eager(ScatterAdd(), _index((4, 9), 6, 2))
     assert "scatter_add" in _ops_of_kind(compiled, "take")
 
 
@@ -96,13 +74,13 @@ class Classifier(nn.Module):
         return F.cross_entropy(self.linear(x).reshape(-1, 7), target.reshape(-1))
 
 
-def test_cross_entropy_picks_and_gradient_are_take_kernels():
+def test_cross_entropy_picks_and_gradient_are_takekernels_of():
     runtime.manual_seed(3)
     x = runtime.randn(3, 4, 10, dtype=F64)
     target = _index((3, 4), 7, 4)
     model = Classifier()
-    compiled = _compare(model, x, target)
-    kinds = [(k.kind, k.meta["ops"]) for k in _kernels(compiled)]
+    compiled = compiled_matches_eager(model, x, target)
+    kinds = [(k.kind, k.meta["ops"]) for k in kernels_of(compiled)]
     assert not any(kind == "opaque" and {"gather", "scatter_add", "reshape"} & set(ops) for kind, ops in kinds), kinds
 
 
@@ -111,8 +89,8 @@ def test_a_large_gather_runs_a_parallel_loop():
     from nnc.codegen.cpu_elementwise import PARALLEL_MIN_ELEMENTS
 
     rows = PARALLEL_MIN_ELEMENTS // 8
-    compiled = _compare(Gather((rows, 9), 1), _index((rows, 8), 9, 5))
-    take = [k for k in _kernels(compiled) if k.kind == "take"]
+    compiled = compiled_matches_eager(Gather((rows, 9), 1), _index((rows, 8), 9, 5))
+    take = [k for k in kernels_of(compiled) if k.kind == "take"]
     assert [schedule(k).parallel for k in take] == [True, False]  # the gather; the scatter stays in order
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..kernel import Kernel
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, launch_line
-from .indexing import emit_offsets, shifted, view_strides
+from .indexing import c_strides, emit_offsets, shifted, view_strides
 from .scalar import Unsupported, node_shape
 
 
@@ -32,13 +32,6 @@ def cat_schedule_of(kernel: Kernel) -> CatSchedule:
     return CatSchedule(sizes, tuple(n >= PARALLEL_MIN_ELEMENTS for n in sizes))
 
 
-def _c_strides(shape) -> list[int]:
-    strides, step = [0] * len(shape), 1
-    for k in reversed(range(len(shape))):
-        strides[k], step = step, step * shape[k]
-    return strides
-
-
 def cat_pieces(kb: KernelBuilder) -> list[tuple[Array, int]]:
     """(the Array an input is read through, its start along the cat dim) per input of the kernel's one cat node."""
     if len(kb.kernel.nodes) != 1:
@@ -56,7 +49,7 @@ def cat_pieces(kb: KernelBuilder) -> list[tuple[Array, int]]:
 
 def gen_cat(kb: KernelBuilder) -> None:
     node, out = kb.kernel.nodes[0], kb.outs[0]
-    dim, out_strides = node.kwargs["dim"], _c_strides(out.shape)
+    dim, out_strides = node.kwargs["dim"], c_strides(out.shape)
     sched = cat_schedule_of(kb.kernel)
     lines = []
     for k, (a, start) in enumerate(cat_pieces(kb)):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..kernel import Kernel
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, launch_line
-from .indexing import emit_offsets, shifted, view_strides
+from .indexing import c_strides, emit_offsets, shifted, view_strides
 from .scalar import Unsupported, node_shape
 
 
@@ -48,10 +48,6 @@ def _strides(a: Array) -> list[int]:
     return view_strides(a.shape, a.strides, a.shape)
 
 
-def _c_strides(shape) -> list[int]:
-    return view_strides(shape, None, shape)
-
-
 def _check(index: Array, shape, dim: int, size: int, op: str) -> list[str]:
     """A serial pass raising eager's RuntimeError unless every index lies in [0, size)."""
     lines, (off,) = emit_offsets(shape, [_strides(index)], "t", "c_")
@@ -83,7 +79,7 @@ def gen_take(kb: KernelBuilder) -> None:
         copy, (x_off,) = emit_offsets(out.shape, [_strides(x)], "e", "e_")
         lines += [f"for e in range({math.prod(out.shape)}):"] + [f"    {line}" for line in copy]
         lines += [f"    {out.arg}[e] = {x.arg}[{shifted(x_off, x.offset)}]"]
-        os = _c_strides(out.shape)
+        os = c_strides(out.shape)
         placed = [0 if d == dim else s for d, s in enumerate(os)]
         offsets, (i_off, s_off, o_off) = emit_offsets(shape, [_strides(index), _strides(src), placed], "t", "t_")
         lines += [f"for t in range({sched.n}):"] + [f"    {line}" for line in offsets]

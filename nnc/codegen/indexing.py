@@ -12,6 +12,14 @@ from runtime.ops import ShapeError, broadcast_shapes
 from .scalar import Unsupported
 
 
+def c_strides(shape) -> list[int]:
+    """Element strides of a C-contiguous array of `shape`."""
+    strides, step = [0] * len(shape), 1
+    for k in reversed(range(len(shape))):
+        strides[k], step = step, step * shape[k]
+    return strides
+
+
 def broadcast_strides(shape, full) -> list[int]:
     """Element strides of a C-contiguous array of `shape` read broadcast to `full` (0 along broadcast dims)."""
     return view_strides(shape, None, full)
@@ -25,9 +33,7 @@ def view_strides(shape, strides, full) -> list[int]:
     if pad < 0:
         raise Unsupported(f"shape {list(shape)} does not broadcast to {list(full)}")
     if strides is None:
-        strides, step = [0] * len(shape), 1
-        for k in reversed(range(len(shape))):
-            strides[k], step = step, step * shape[k]
+        strides = c_strides(shape)
     padded = (1,) * pad + shape
     stored = (0,) * pad + tuple(strides)
     out = [0] * len(full)
