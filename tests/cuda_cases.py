@@ -16,7 +16,7 @@ from runtime.nn import functional as F
 
 # Kernel kinds the CUDA code generator has a skeleton for (nnc.codegen.cuda.SKELETONS); "view": an opaque kernel of
 # one reshape, permute or expand (copied); other opaque kernels have none.
-GENERATED_KINDS = ("elementwise", "reduction", "matmul", "window", "view")
+GENERATED_KINDS = ("elementwise", "reduction", "matmul", "window", "cat", "view")
 
 
 def kind_of(kernel) -> str:
@@ -218,6 +218,11 @@ def hand_cases() -> list[KernelCase]:
                    lambda c, a, b: [c("matmul", a, b)]),
         _hand_case("int64 matmul", "matmul", {"a": i64(33, 18), "b": i64(18, 2)},
                    lambda c, a, b: [c("matmul", a, b)]),
+        _hand_case("cat of three along a middle dim with an empty input", "cat",
+                   {"a": f32(2, 1, 3), "b": f32(2, 0, 3), "c": f32(2, 4, 3)},
+                   lambda c, a, b, cc: [c("cat", a, b, cc, dim=1)]),
+        _hand_case("int64 cat along the last dim", "cat", {"a": i64(3, 1), "b": i64(3, 5)},
+                   lambda c, a, b: [c("cat", a, b, dim=-1)]),
     ]
     return cases
 

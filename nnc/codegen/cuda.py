@@ -26,6 +26,7 @@ import numpy as np
 from ..kernel import Kernel
 from . import cache
 from .cpu_elementwise import KERNEL_NAME
+from .cuda_cat import gen_cat
 from .cuda_elementwise import CudaKernelBuilder, Launch, gen_elementwise
 from .cuda_matmul import gen_matmul
 from .cuda_reduction import gen_reduction
@@ -37,7 +38,7 @@ GENERATOR_VERSION = 1
 # The CUDA skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind); of the opaque kernels, only views
 # (a reshape, permute or expand) have one: a copy.
 SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "matmul": gen_matmul, "window": gen_window,
-             "opaque": gen_view}
+             "cat": gen_cat, "opaque": gen_view}
 # The compute capabilities the PTX checks build for (Ampere A100, Hopper H100).
 ARCHITECTURES = ((8, 0), (9, 0))
 
