@@ -1,0 +1,208 @@
+"""The CUDA executor: a Plan whose steps launch generated CUDA kernels on device arrays (runtime's CUDA tensors).
+
+The plan is the CPU's (nnc.executor.Plan: the same fuse and memory stages, the same step order); only the steps and
+the memory differ per target. Here:
+
+- a generated kernel (elementwise, reduction, matmul, window) is a `CudaKernelStep`: nnc.codegen.cuda's module,
+  launched on C-contiguous device arrays (an input that is a strided view is copied contiguous first), writing into
+  device buffers of the memory plan (`DeviceMemoryPlan`) or fresh device arrays for graph outputs;
+- a view kernel (reshape, permute, expand) is a `CudaViewStep`: runtime's device view of the array (no copy), made
+  contiguous once when generated kernels are its readers;
+- everything with no CUDA skeleton (row kernels, gathers, cat and other opaque nodes, size-0 values) runs node by
+  node through the interpreter on CUDA tensors, so each node is runtime's eager CUDA op: nothing is computed on the
+  host, and an op with no eager CUDA lowering either raises its NotImplementedError naming the op;
+- a kernel that fails to compile runs the same way, with a warning (never a wrong answer).
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+from runtime.tensor import Tensor
+
+from .executor import InterpretedStep, KernelStep, OutputBuffers, Plan, _has_empty_value
+from .graph import Node
+from .interpreter import Interpreter
+from .kernel import Kernel, view_node
+from .prims import Prim
+from .passes.fusion import fuse
+from .passes.memory import MemoryPlan, plan_memory
+from .symbolic import DynamicSizeError, evaluate, has_symbols
+
+# Kernel kinds nnc.codegen.cuda has a skeleton for; the others run as runtime's eager CUDA ops (no warning: that is
+# how they run on this target, and nnc.explain says so).
+GENERATED_KINDS = ("elementwise", "reduction", "matmul", "window")
+EAGER_REASON = "eager CUDA ops (no CUDA skeleton for {kind} kernels yet)"
+
+
+class DeviceMemoryPlan(MemoryPlan):
+    """The memory plan with its arenas in device memory (numba device arrays)."""
+
+    def allocate(self) -> list:
+        from runtime.cuda import memory
+
+        return [memory.empty((b.nbytes,), "uint8") for b in self.buffers]
+
+    def view(self, arenas: list, node: Node):
+        from runtime.cuda import memory
+
+        slot = self.slots[node]
+        return memory.typed_view(arenas[slot.buffer], slot.shape, slot.dtype.np)
+
+
+class CudaOutputBuffers(OutputBuffers):
+    """OutputBuffers whose unplanned outputs (graph outputs) are fresh device arrays on every call.
+
+    NOTE: not reused as on the CPU: a numba device array's views do not reference it (they share its memory, not
+    the object), so a reference count of the array cannot tell that a caller still holds a view of it."""
+
+    __slots__ = ()
+
+    def _unplanned(self, i: int):
+        from runtime.cuda import memory
+
+        shape, dtype = self.specs[i]
+        return memory.empty(shape, dtype)
+
+    def handed_out(self, arrays: list) -> None:
+        pass
+
+
+class CudaKernelStep(KernelStep):
+    """A kernel compiled by nnc.codegen.cuda, launched on device arrays."""
+
+    def buffers(self, memory, arenas) -> CudaOutputBuffers:
+        return CudaOutputBuffers([memory.view(arenas, n) if n in memory.slots else None for n in self.outputs],
+                                 self.out_specs, self.reuse_outputs)
+
+    def run(self, env: dict, buffers: CudaOutputBuffers) -> None:
+        arrays = buffers.arrays()
+        self.compiled.run_into([device_operand(env[n]._data) for n in self.inputs], arrays)
+        buffers.handed_out(arrays)
+        for node, array in zip(self.outputs, arrays):
+            env[node] = Tensor._from_array(array)
+
+
+def device_operand(array):
+    """An input array as a generated kernel reads it: C-contiguous device memory (a strided view is copied; a host
+    array, a constant the graph captured on the CPU, is copied to the device)."""
+    from runtime.cuda import dispatch, memory
+
+    if isinstance(array, memory.HOST_ARRAY):
+        return memory.to_device(array)
+    return array if memory.is_c_contiguous(array) else dispatch.contiguous(array)
+
+
+class CudaViewStep:
+    """A reshape, permute or expand node as runtime's view of the device array (no copy). A view that only generated
+    kernels read and that is not a graph output is copied contiguous here, once, instead of once per reader."""
+
+    def __init__(self, node: Node, contiguous: bool):
+        from .codegen.scalar import op_and_attrs
+
+        op, args, self.attrs = op_and_attrs(node)
+        self.node, self.source, self.op_name, self.contiguous = node, args[0], op.name, contiguous
+        self.nodes = [node]
+
+    def bind(self, sizes: dict, values: tuple) -> "CudaViewStep":
+        step = copy.copy(self)
+        step.attrs = evaluate(self.attrs, sizes)
+        return step
+
+    def run(self, env: dict, buffers=None) -> None:
+        from runtime.cuda import dispatch
+
+        view = dispatch.view_of(self.op_name, env[self.source]._data, self.attrs)
+        env[self.node] = Tensor._from_array(device_operand(view) if self.contiguous else view)
+
+
+class CudaInterpreter(Interpreter):
+    """The interpreter for the nodes a CUDA plan runs eagerly: a factory op (full, arange: no tensor inputs, and
+    graphs carry no device) makes its tensor on the device, as eager did while tracing."""
+
+    def call_function(self, target, args, kwargs):
+        if isinstance(target, Prim) and not any(isinstance(a, Tensor) for a in args):
+            return Tensor._apply_device_op(target.op, kwargs)
+        return target(*args, **kwargs)
+
+
+def _on_device(read):
+    """A get_attr reader for a tensor held on the CPU (a constant the graph captured or folded): the tensor copied
+    to the device, copied again only when the tensor read is another object or was written since."""
+    memo = [None, None, None]  # the CPU tensor, its version, the device copy
+
+    def read_on_device():
+        tensor = read()
+        if not isinstance(tensor, Tensor) or tensor.is_cuda:
+            return tensor
+        if memo[0] is not tensor or memo[1] != tensor._version:
+            memo[:] = [tensor, tensor._version, tensor.detach().to("cuda")]
+        return memo[2]
+
+    return read_on_device
+
+
+class CudaPlan(Plan):
+    """A Plan for the "cuda" target: kernels from nnc.codegen.cuda, device memory, eager CUDA ops for the rest."""
+
+    target = "cuda"
+
+    def __init__(self, gm, use_codegen: bool = True, whole_graph: bool | None = False, reuse_outputs: bool = True,
+                 shape_env=None):
+        super().__init__(gm, use_codegen=use_codegen, whole_graph=False, reuse_outputs=reuse_outputs,
+                         shape_env=shape_env)
+        if use_codegen:
+            self.whole_graph_reason = "whole-graph mode is CPU only; the CUDA forward launches kernel by kernel"
+        self.interpreter = CudaInterpreter(gm)
+        self.attrs = [(node, _on_device(read)) for node, read in self.attrs]
+
+    def fuse(self) -> None:
+        # NOTE: the CUDA skeletons read their inputs contiguous, not through folded views' strides (yet)
+        kernels = fuse(self.gm.graph, fold=False)
+        self.kernels = [k for k in kernels if k.outputs or k.kind == "opaque"]
+        self._generated_readers = _readers_generated(self.kernels, self.gm.graph)
+
+    def plan_memory(self) -> None:
+        planned = plan_memory(self.kernels, self.gm.graph)
+        self.memory = DeviceMemoryPlan(**{name: getattr(planned, name) for name in MemoryPlan.__dataclass_fields__})
+
+    def _step_for(self, kernel: Kernel, use_codegen: bool):
+        view = view_node(kernel)
+        if view is not None:
+            return CudaViewStep(view, contiguous=use_codegen and self._generated_readers.get(view, False))
+        if not use_codegen:
+            return InterpretedStep(kernel.nodes, self.interpreter, "codegen off: eager CUDA ops")
+        if kernel.kind not in GENERATED_KINDS:
+            return InterpretedStep(kernel.nodes, self.interpreter, EAGER_REASON.format(kind=kernel.kind))
+        if _has_empty_value(kernel.nodes):
+            return InterpretedStep(kernel.nodes, self.interpreter, "size-0 values: eager CUDA ops")
+        from .codegen.cuda import compile_kernel
+
+        try:
+            compiled = compile_kernel(kernel)
+        except Exception as error:  # never a wrong answer: this kernel's nodes run as eager CUDA ops instead
+            reason = f"{type(error).__name__}: {error}"
+            if self.shape_env is not None and has_symbols([n.meta.get("shape") for n in kernel.nodes]):
+                raise DynamicSizeError(f"kernel {kernel.name} has no CUDA code for symbolic sizes ({reason})") \
+                    from error
+            self.fallbacks.append((kernel.name, reason))
+            warnings.warn(f"nnc: CUDA kernel {kernel.name} failed to compile ({reason}); running its nodes as eager "
+                          f"CUDA ops", RuntimeWarning, stacklevel=4)
+            return InterpretedStep(kernel.nodes, self.interpreter, reason)
+        kernel.meta["source"] = compiled.source
+        kernel.meta["launch"] = [f"{name}: grid {list(launch.grid)} x block {list(launch.block)}"
+                                 for name, launch in compiled.launches.items()]
+        return CudaKernelStep(kernel, compiled, self.reuse_outputs)
+
+
+def _readers_generated(kernels: list[Kernel], graph) -> dict:
+    """View node -> whether every kernel reading it is one that nnc.codegen.cuda generates (and it is no graph
+    output): such a view is worth copying contiguous once, where its readers would each copy it."""
+    outputs = set(graph.output_node.all_input_nodes)
+    readers: dict = {}
+    for kernel in kernels:
+        generated = kernel.kind in GENERATED_KINDS
+        for node in kernel.inputs:
+            readers[node] = readers.get(node, True) and generated
+    return {node: readers.get(node, False) and node not in outputs
+            for kernel in kernels if (node := view_node(kernel)) is not None}
