@@ -8,9 +8,11 @@ the memory differ per target. Here:
   device buffers of the memory plan (`DeviceMemoryPlan`) or fresh device arrays for graph outputs;
 - a view kernel (reshape, permute, expand) is a `CudaViewStep`: runtime's device view of the array (no copy), made
   contiguous once when generated kernels are its readers;
-- everything with no CUDA skeleton (row kernels, gathers, cat and other opaque nodes, size-0 values) runs node by
-  node through the interpreter on CUDA tensors, so each node is runtime's eager CUDA op: nothing is computed on the
-  host, and an op with no eager CUDA lowering either raises its NotImplementedError naming the op;
+- a row kernel (softmax, LayerNorm: reductions chained along rows) has no CUDA skeleton yet: it runs as a
+  `CudaRowStep`, the row kernel split into the reduction and elementwise kernels it is made of, launched in order;
+- everything else with no CUDA skeleton (gathers, cat and other opaque nodes, size-0 values) runs node by node
+  through the interpreter on CUDA tensors, so each node is runtime's eager CUDA op: nothing is computed on the
+  host, and an op with no eager CUDA lowering raises its NotImplementedError naming the op;
 - a kernel that fails to compile runs the same way, with a warning (never a wrong answer).
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .graph import Node
 from .interpreter import Interpreter
 from .kernel import Kernel, view_node
 from .prims import Prim
-from .passes.fusion import fuse
+from .passes.fusion import fuse, is_pointwise, is_reduction
 from .passes.memory import MemoryPlan, plan_memory
 from .symbolic import DynamicSizeError, evaluate, has_symbols
 
@@ -91,6 +93,64 @@ def device_operand(array):
     if isinstance(array, memory.HOST_ARRAY):
         return memory.to_device(array)
     return array if memory.is_c_contiguous(array) else dispatch.contiguous(array)
+
+
+class CudaRowStep(KernelStep):
+    """A row kernel run as the reduction and elementwise kernels it is made of (`split_row_kernel`), each compiled
+    by nnc.codegen.cuda and launched in order; the values passed between them get device arrays of their own."""
+
+    def __init__(self, kernel: Kernel, parts: list[CudaKernelStep]):
+        self.kernel, self.parts = kernel, parts
+        self.inputs, self.outputs = kernel.inputs, kernel.outputs
+        self.compiled = _Sources(parts)
+
+    def bind(self, sizes: dict, values: tuple) -> "CudaRowStep":
+        step = copy.copy(self)
+        step.parts = [part.bind(sizes, values) for part in self.parts]
+        return step
+
+    def buffers(self, memory, arenas) -> list:
+        return [part.buffers(memory, arenas) for part in self.parts]
+
+    def run(self, env: dict, buffers: list) -> None:
+        for part, buffer in zip(self.parts, buffers):
+            part.run(env, buffer)
+
+
+class _Sources:
+    """What a CudaRowStep's parts compiled to, as one compiled kernel reads: their sources and launches."""
+
+    def __init__(self, parts: list[CudaKernelStep]):
+        self.source = "\n\n".join(part.compiled.source for part in parts)
+        self.launches = {name: launch for part in parts for name, launch in part.compiled.launches.items()}
+
+
+def split_row_kernel(kernel: Kernel) -> list[Kernel] | None:
+    """A row kernel as a sequence of kernels nnc.codegen.cuda generates: each reduction alone, and the runs of
+    elementwise nodes of one shape between them (in the row kernel's node order, which is the graph's). A value one
+    part computes and a later one (or a kernel outside) reads is an output of that part. None when a node is
+    neither (the kernel then runs as eager CUDA ops)."""
+    runs: list[tuple[str, list[Node]]] = []
+    for node in kernel.nodes:
+        if is_reduction(node):
+            runs.append(("reduction", [node]))
+        elif is_pointwise(node):
+            if runs and runs[-1][0] == "elementwise" and runs[-1][1][-1].meta["shape"] == node.meta["shape"]:
+                runs[-1][1].append(node)
+            else:
+                runs.append(("elementwise", [node]))
+        else:
+            return None
+    outputs = set(kernel.outputs)
+    parts = []
+    for k, (kind, nodes) in enumerate(runs):
+        members = set(nodes)
+        inputs = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in members))
+        outs = [n for n in nodes if n in outputs or any(user not in members for user in n.users)]
+        shape = tuple(nodes[0].args[0].meta["shape"] if kind == "reduction" else nodes[0].meta["shape"])
+        parts.append(Kernel(f"{kernel.name}.{k}", kind, nodes, inputs, outs, shape,
+                            reason=f"part {k} of row kernel {kernel.name}"))
+    return parts
 
 
 class CudaViewStep:
@@ -172,14 +232,20 @@ class CudaPlan(Plan):
             return CudaViewStep(view, contiguous=use_codegen and self._generated_readers.get(view, False))
         if not use_codegen:
             return InterpretedStep(kernel.nodes, self.interpreter, "codegen off: eager CUDA ops")
-        if kernel.kind not in GENERATED_KINDS:
+        parts = split_row_kernel(kernel) if kernel.kind == "row" else None
+        if kernel.kind not in GENERATED_KINDS and parts is None:
             return InterpretedStep(kernel.nodes, self.interpreter, EAGER_REASON.format(kind=kernel.kind))
         if _has_empty_value(kernel.nodes):
             return InterpretedStep(kernel.nodes, self.interpreter, "size-0 values: eager CUDA ops")
         from .codegen.cuda import compile_kernel
 
         try:
-            compiled = compile_kernel(kernel)
+            if parts is not None:
+                step = CudaRowStep(kernel, [CudaKernelStep(part, compile_kernel(part), self.reuse_outputs)
+                                            for part in parts])
+                compiled = step.compiled
+            else:
+                compiled = compile_kernel(kernel)
         except Exception as error:  # never a wrong answer: this kernel's nodes run as eager CUDA ops instead
             reason = f"{type(error).__name__}: {error}"
             if self.shape_env is not None and has_symbols([n.meta.get("shape") for n in kernel.nodes]):
@@ -192,7 +258,7 @@ class CudaPlan(Plan):
         kernel.meta["source"] = compiled.source
         kernel.meta["launch"] = [f"{name}: grid {list(launch.grid)} x block {list(launch.block)}"
                                  for name, launch in compiled.launches.items()]
-        return CudaKernelStep(kernel, compiled, self.reuse_outputs)
+        return step if parts is not None else CudaKernelStep(kernel, compiled, self.reuse_outputs)
 
 
 def _readers_generated(kernels: list[Kernel], graph) -> dict:
@@ -201,7 +267,7 @@ def _readers_generated(kernels: list[Kernel], graph) -> dict:
     outputs = set(graph.output_node.all_input_nodes)
     readers: dict = {}
     for kernel in kernels:
-        generated = kernel.kind in GENERATED_KINDS
+        generated = kernel.kind in GENERATED_KINDS or kernel.kind == "row"
         for node in kernel.inputs:
             readers[node] = readers.get(node, True) and generated
     return {node: readers.get(node, False) and node not in outputs

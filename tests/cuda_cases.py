@@ -97,12 +97,24 @@ def kernel_cases(small: bool, kinds=GENERATED_KINDS) -> list[KernelCase]:
             interpreter.run(*inputs)
             env = interpreter.env
             part = "forward" if k == 0 else "backward"
-            for kernel in plan.kernels:
+            for kernel in _with_row_parts(plan.kernels):
                 if kind_of(kernel) in kinds:
                     cases.append(KernelCase(f"{name} {part} {kernel.name}", kernel,
                                             [np.array(env[n]._data, order="C") for n in kernel.inputs],
                                             [np.array(env[n]._data, order="C") for n in kernel.outputs]))
     return cases
+
+
+def _with_row_parts(kernels) -> list:
+    """The kernels, with each row kernel followed by the parts the CUDA executor runs it as (split_row_kernel)."""
+    from nnc.cuda_executor import split_row_kernel
+
+    out = []
+    for kernel in kernels:
+        out.append(kernel)
+        if kernel.kind == "row":
+            out += split_row_kernel(kernel) or []
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
