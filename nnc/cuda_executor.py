@@ -1,18 +1,20 @@
 """The CUDA executor: a Plan whose steps launch generated CUDA kernels on device arrays (runtime's CUDA tensors).
 
-The plan is the CPU's (nnc.executor.Plan: the same fuse and memory stages, the same step order); only the steps and
-the memory differ per target. Here:
+The plan is the CPU's (nnc.executor.Plan: the same fuse and memory stages, views folded the same way, the same
+step order); only the steps and the memory differ per target. Here:
 
 - a generated kernel (elementwise, reduction, matmul, window) is a `CudaKernelStep`: nnc.codegen.cuda's module,
   launched on C-contiguous device arrays (an input that is a strided view is copied contiguous first), writing into
-  device buffers of the memory plan (`DeviceMemoryPlan`) or fresh device arrays for graph outputs;
-- a view kernel (reshape, permute, expand) is a `CudaViewStep`: runtime's device view of the array (no copy), made
-  contiguous once when generated kernels are its readers;
+  device buffers of the memory plan (`DeviceMemoryPlan`) or fresh device arrays for graph outputs. Elementwise and
+  reduction skeletons read folded views through their strides; a matmul gets its folded views as inputs of their
+  own, made from their bases before it runs (`unfold_views`);
+- a view kernel that is not folded (a graph output, or read by an opaque node) is a `CudaViewStep`: runtime's
+  device view of the array (no copy), made contiguous once when generated kernels are its only readers;
 - a row kernel (softmax, LayerNorm: reductions chained along rows) has no CUDA skeleton yet: it runs as a
   `CudaRowStep`, the row kernel split into the reduction and elementwise kernels it is made of, launched in order;
 - everything else with no CUDA skeleton (gathers, cat and other opaque nodes, size-0 values) runs node by node
-  through the interpreter on CUDA tensors, so each node is runtime's eager CUDA op: nothing is computed on the
-  host, and an op with no eager CUDA lowering raises its NotImplementedError naming the op;
+  through the interpreter on CUDA tensors (`CudaInterpretedStep`), so each node is runtime's eager CUDA op: nothing
+  is computed on the host, and an op with no eager CUDA lowering raises its NotImplementedError naming the op;
 - a kernel that fails to compile runs the same way, with a warning (never a wrong answer).
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import warnings
 from runtime.tensor import Tensor
 
 from .executor import InterpretedStep, KernelStep, OutputBuffers, Plan, _has_empty_value
-from .graph import Node
+from .graph import Node, map_arg
 from .interpreter import Interpreter
 from .kernel import Kernel, view_node
 from .prims import Prim
@@ -34,6 +36,7 @@ from .symbolic import DynamicSizeError, evaluate, has_symbols
 # Kernel kinds nnc.codegen.cuda has a skeleton for; the others run as runtime's eager CUDA ops (no warning: that is
 # how they run on this target, and nnc.explain says so).
 GENERATED_KINDS = ("elementwise", "reduction", "matmul", "window")
+INDEXES_VIEWS = ("elementwise", "reduction")  # the skeletons that read folded views through their strides
 EAGER_REASON = "eager CUDA ops (no CUDA skeleton for {kind} kernels yet)"
 
 
@@ -71,18 +74,50 @@ class CudaOutputBuffers(OutputBuffers):
 
 
 class CudaKernelStep(KernelStep):
-    """A kernel compiled by nnc.codegen.cuda, launched on device arrays."""
+    """A kernel compiled by nnc.codegen.cuda, launched on device arrays. `made_views`: folded views the kernel reads
+    as inputs of their own (a matmul's: its skeleton does not index views), made from their bases first."""
+
+    def __init__(self, kernel: Kernel, compiled, reuse_outputs: bool = True, made_views=()):
+        super().__init__(kernel, compiled, reuse_outputs)
+        self.made_views = list(made_views)
 
     def buffers(self, memory, arenas) -> CudaOutputBuffers:
         return CudaOutputBuffers([memory.view(arenas, n) if n in memory.slots else None for n in self.outputs],
                                  self.out_specs, self.reuse_outputs)
 
     def run(self, env: dict, buffers: CudaOutputBuffers) -> None:
+        for view, m in self.made_views:
+            env[view] = Tensor._from_array(folded_view(m, env[m.base]._data))
         arrays = buffers.arrays()
         self.compiled.run_into([device_operand(env[n]._data) for n in self.inputs], arrays)
         buffers.handed_out(arrays)
         for node, array in zip(self.outputs, arrays):
             env[node] = Tensor._from_array(array)
+
+
+def folded_view(m, array):
+    """A folded view (nnc.passes.views.ViewMap: offset and element strides into its base's C-order elements) as a
+    device array over the base's memory (a base that is not C-contiguous is copied first, as ViewMap.apply does)."""
+    from runtime.cuda import memory
+
+    base = device_operand(array)
+    if 0 in tuple(m.shape):
+        return memory.empty(tuple(m.shape), base.dtype)
+    item = base.dtype.itemsize
+    return memory.strided_view(base, m.shape, [s * item for s in m.strides], m.offset * item)
+
+
+class CudaInterpretedStep(InterpretedStep):
+    """Nodes run one by one as runtime's eager CUDA ops (InterpretedStep), the kernel's folded views made as device
+    views of their bases."""
+
+    def run(self, env: dict, buffers=None) -> None:
+        interpreter = self.interpreter
+        for view, m in self.views:
+            env[view] = Tensor._from_array(folded_view(m, env[m.base]._data))
+        for node, args, kwargs in self.calls:
+            args, kwargs = map_arg(args, env.__getitem__), map_arg(kwargs, env.__getitem__)
+            env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
 
 
 def device_operand(array):
@@ -141,28 +176,41 @@ def split_row_kernel(kernel: Kernel) -> list[Kernel] | None:
                 runs.append(("elementwise", [node]))
         else:
             return None
-    outputs = set(kernel.outputs)
+    outputs, views = set(kernel.outputs), kernel.meta.get("views") or {}
     parts = []
     for k, (kind, nodes) in enumerate(runs):
         members = set(nodes)
-        inputs = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in members))
+        read = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes if a not in members))
+        inputs = list(dict.fromkeys(views[a].base if a in views else a for a in read))
         outs = [n for n in nodes if n in outputs or any(user not in members for user in n.users)]
         shape = tuple(nodes[0].args[0].meta["shape"] if kind == "reduction" else nodes[0].meta["shape"])
         parts.append(Kernel(f"{kernel.name}.{k}", kind, nodes, inputs, outs, shape,
-                            reason=f"part {k} of row kernel {kernel.name}"))
+                            reason=f"part {k} of row kernel {kernel.name}",
+                            meta={"views": {a: views[a] for a in read if a in views}}))
     return parts
+
+
+def unfold_views(kernel: Kernel) -> Kernel:
+    """The kernel with its folded views as inputs of their own (made before it runs), for a skeleton that does not
+    index views: the bases stay inputs only where a node reads them directly."""
+    views = kernel.meta.get("views") or {}
+    read = {a for n in kernel.nodes for a in n.all_input_nodes}
+    inputs = [n for n in kernel.inputs if n in read] + [v for v in views if v in read]
+    return Kernel(kernel.name, kernel.kind, kernel.nodes, inputs, kernel.outputs, kernel.shape, kernel.reason,
+                  meta={**kernel.meta, "views": {}})
 
 
 class CudaViewStep:
     """A reshape, permute or expand node as runtime's view of the device array (no copy). A view that only generated
     kernels read and that is not a graph output is copied contiguous here, once, instead of once per reader."""
 
-    def __init__(self, node: Node, contiguous: bool):
+    def __init__(self, node: Node, contiguous: bool, views: dict | None = None):
         from .codegen.scalar import op_and_attrs
 
         op, args, self.attrs = op_and_attrs(node)
         self.node, self.source, self.op_name, self.contiguous = node, args[0], op.name, contiguous
         self.nodes = [node]
+        self.folded = (views or {}).get(self.source)  # a source that is a folded view is made from its base
 
     def bind(self, sizes: dict, values: tuple) -> "CudaViewStep":
         step = copy.copy(self)
@@ -172,7 +220,9 @@ class CudaViewStep:
     def run(self, env: dict, buffers=None) -> None:
         from runtime.cuda import dispatch
 
-        view = dispatch.view_of(self.op_name, env[self.source]._data, self.attrs)
+        m = self.folded
+        source = env[self.source]._data if m is None else folded_view(m, env[m.base]._data)
+        view = dispatch.view_of(self.op_name, source, self.attrs)
         env[self.node] = Tensor._from_array(device_operand(view) if self.contiguous else view)
 
 
@@ -217,8 +267,9 @@ class CudaPlan(Plan):
         self.attrs = [(node, _on_device(read)) for node, read in self.attrs]
 
     def fuse(self) -> None:
-        # NOTE: the CUDA skeletons read their inputs contiguous, not through folded views' strides (yet)
-        kernels = fuse(self.gm.graph, fold=False)
+        # NOTE: views fold as on the CPU when codegen is on: elementwise and reduction skeletons index them, a
+        # matmul reads them as inputs made before it (unfold_views); with codegen off nothing indexes them
+        kernels = fuse(self.gm.graph, fold=self.use_codegen)
         self.kernels = [k for k in kernels if k.outputs or k.kind == "opaque"]
         self._generated_readers = _readers_generated(self.kernels, self.gm.graph)
 
@@ -228,15 +279,16 @@ class CudaPlan(Plan):
 
     def _step_for(self, kernel: Kernel, use_codegen: bool):
         view = view_node(kernel)
+        views = kernel.meta.get("views") or {}
         if view is not None:
-            return CudaViewStep(view, contiguous=use_codegen and self._generated_readers.get(view, False))
+            return CudaViewStep(view, use_codegen and self._generated_readers.get(view, False), views)
         if not use_codegen:
-            return InterpretedStep(kernel.nodes, self.interpreter, "codegen off: eager CUDA ops")
+            return CudaInterpretedStep(kernel.nodes, self.interpreter, "codegen off: eager CUDA ops", views)
         parts = split_row_kernel(kernel) if kernel.kind == "row" else None
         if kernel.kind not in GENERATED_KINDS and parts is None:
-            return InterpretedStep(kernel.nodes, self.interpreter, EAGER_REASON.format(kind=kernel.kind))
+            return CudaInterpretedStep(kernel.nodes, self.interpreter, EAGER_REASON.format(kind=kernel.kind), views)
         if _has_empty_value(kernel.nodes):
-            return InterpretedStep(kernel.nodes, self.interpreter, "size-0 values: eager CUDA ops")
+            return CudaInterpretedStep(kernel.nodes, self.interpreter, "size-0 values: eager CUDA ops", views)
         from .codegen.cuda import compile_kernel
 
         try:
@@ -244,8 +296,10 @@ class CudaPlan(Plan):
                 step = CudaRowStep(kernel, [CudaKernelStep(part, compile_kernel(part), self.reuse_outputs)
                                             for part in parts])
                 compiled = step.compiled
-            else:
+            elif kernel.kind in INDEXES_VIEWS or not views:
                 compiled = compile_kernel(kernel)
+            else:
+                compiled = compile_kernel(unfold_views(kernel))
         except Exception as error:  # never a wrong answer: this kernel's nodes run as eager CUDA ops instead
             reason = f"{type(error).__name__}: {error}"
             if self.shape_env is not None and has_symbols([n.meta.get("shape") for n in kernel.nodes]):
@@ -254,11 +308,14 @@ class CudaPlan(Plan):
             self.fallbacks.append((kernel.name, reason))
             warnings.warn(f"nnc: CUDA kernel {kernel.name} failed to compile ({reason}); running its nodes as eager "
                           f"CUDA ops", RuntimeWarning, stacklevel=4)
-            return InterpretedStep(kernel.nodes, self.interpreter, reason)
+            return CudaInterpretedStep(kernel.nodes, self.interpreter, reason, views)
         kernel.meta["source"] = compiled.source
         kernel.meta["launch"] = [f"{name}: grid {list(launch.grid)} x block {list(launch.block)}"
                                  for name, launch in compiled.launches.items()]
-        return step if parts is not None else CudaKernelStep(kernel, compiled, self.reuse_outputs)
+        if parts is not None:
+            return step
+        made = [] if kernel.kind in INDEXES_VIEWS else list(views.items())
+        return CudaKernelStep(kernel if not made else unfold_views(kernel), compiled, self.reuse_outputs, made)
 
 
 def _readers_generated(kernels: list[Kernel], graph) -> dict:

@@ -158,6 +158,30 @@ def test_hooks_and_buffer_writes_work_as_on_the_cpu():
         np.testing.assert_allclose(b.grad.cpu().numpy(), a.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=name)
 
 
+def test_a_kernel_that_fails_to_compile_runs_as_eager_cuda_ops(monkeypatch):
+    import models
+    from nnc.codegen import cuda as cuda_codegen
+    from nnc.codegen.scalar import KernelCompileError
+
+    real = cuda_codegen.compile_kernel
+
+    def failing(kernel):
+        if kernel.kind != "matmul":
+            raise KernelCompileError(kernel.name, "made to fail by the test")
+        return real(kernel)
+
+    monkeypatch.setattr(cuda_codegen, "compile_kernel", failing)
+    runtime.manual_seed(0)
+    block = models.TransformerBlock(embed_dim=8, num_heads=2, mlp_ratio=2).double()
+    x = runtime.randn(1, 3, 8, dtype=runtime.float64)
+    compiled = nnc.compile(copy.deepcopy(block).cuda())
+    with runtime.no_grad(), pytest.warns(RuntimeWarning, match="made to fail by the test"):
+        got = compiled(x.cuda())
+    steps = [s for p in compiled.compilations[0].plans for s in p.steps]
+    assert any(isinstance(s, CudaKernelStep) for s in steps) and any(getattr(s, "views", None) for s in steps)
+    np.testing.assert_allclose(got.cpu().numpy(), block(x).detach().numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_factories_inside_the_graph_make_device_tensors():
     class Padded(nn.Module):
         def forward(self, x):
