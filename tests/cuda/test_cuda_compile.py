@@ -126,6 +126,19 @@ def test_target_follows_the_device_and_a_move_recompiles():
     np.testing.assert_allclose(got.cpu().numpy(), want.numpy(), rtol=1e-12)
 
 
+def test_new_batch_sizes_compile_static_cuda_variants_then_run_eagerly():
+    # CUDA kernels are generated for static sizes: the variant with a symbolic batch fails, static ones serve
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).double()
+    compiled = nnc.compile(copy.deepcopy(model).cuda())
+    with runtime.no_grad():
+        for batch in (2, 3, 5):
+            x = runtime.randn(batch, 4, dtype=runtime.float64)
+            np.testing.assert_allclose(compiled(x.cuda()).cpu().numpy(), model(x).numpy(), rtol=1e-12)
+    assert compiled.compiled_variants == 2
+    assert all(isinstance(p, CudaPlan) for c in compiled.compilations for p in c.plans)
+
+
 def test_a_cpu_module_compiled_for_cuda_is_a_clear_error():
     model = nn.Linear(3, 2)
     with pytest.raises(ValueError, match=r"target='cuda'.*weight.*on the CPU.*model.to\('cuda'\)"):
