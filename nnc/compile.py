@@ -429,8 +429,9 @@ def _check_module_device(module: Module, target: str) -> None:
                 if t is not None and t.is_cuda != (target == "cuda")]
     if on_other:
         where = "the CPU" if target == "cuda" else "CUDA"
-        raise ValueError(f"nnc.compile(target={target!r}): {module._get_name()}'s {on_other[0]} (and "
-                         f"{len(on_other) - 1} more tensors) are on {where}; {_MOVE_HINT[target]}")
+        more = f" and {len(on_other) - 1} more tensors are" if len(on_other) > 1 else " is"
+        raise ValueError(f"nnc.compile(target={target!r}): {module._get_name()}'s {on_other[0]}{more} on {where}; "
+                         f"{_MOVE_HINT[target]}")
 
 
 def _changed_parts(previous, key) -> list[str]:
