@@ -6,6 +6,8 @@ import types
 import warnings
 import weakref
 
+import numpy as np
+
 from runtime import dtypes as dt
 from runtime.autograd import grad_mode, no_grad
 from runtime.nn import Module
@@ -13,6 +15,7 @@ from runtime.nn.modules import container, module as module_mod
 from runtime.tensor import Tensor
 
 from . import pytree
+from .codegen.targets import check_target
 from .graph_module import share_state
 from .pipeline import compile_arguments, debug, debug_level
 from .symbolic import MIN_DYNAMIC_SIZE
@@ -22,11 +25,11 @@ from .trace import HOOK_TABLES, TraceError
 class CompiledModule(Module):
     """Runs `module` compiled; shares its parameters, buffers, submodules and hooks (same state_dict)."""
 
-    def __init__(self, module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True,
+    def __init__(self, module: Module, target: str | None = None, recompile_limit: int = 8, codegen: bool = True,
                  whole_graph: bool | None = None, dynamic: bool | None = None):
         super().__init__()
-        if target != "cpu":
-            raise ValueError(f"nnc.compile: target {target!r} is not available (only 'cpu')")
+        if target is not None:
+            _check_module_device(module, check_target(target))
         share_state(self, module)
         for name in ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                      "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_backward_hooks",
@@ -106,14 +109,24 @@ class CompiledModule(Module):
         parts = []
         for name, value in arguments.items():
             if isinstance(value, Tensor):
-                parts.append((name, "tensor", value._data.shape, value._data.dtype.str, value._rg))
+                parts.append((name, "tensor", value._data.shape, value._data.dtype.str, value._rg, type(value._data)))
             elif isinstance(value, (tuple, list, dict)):
                 leaves, spec = pytree.flatten(value)
                 parts.append((name, spec, tuple(_leaf_key(leaf) for leaf in leaves)))
             else:
                 parts.append((name, "python", _hashable(value)))
         params = tuple([p._rg for table in self._parameter_tables for p in table.values() if p is not None])
-        return (tuple(parts), self._module.training, grad_mode.is_grad_enabled(), params, self._hook_signature())
+        return (tuple(parts), self._module.training, grad_mode.is_grad_enabled(), params, self._hook_signature(),
+                self._state_storage())
+
+    def _state_storage(self) -> type | None:
+        """The storage type of the module's first parameter (numpy's array on the CPU, a device array on CUDA):
+        the device its compiled variants run on, part of the guard (a model moved by .to() recompiles)."""
+        for table in self._parameter_tables:
+            for p in table.values():
+                if p is not None:
+                    return type(p._data)
+        return None
 
     def _hook_signature(self):
         """Which submodules have hooks (they are kernel boundaries), and the global hooks present.
@@ -161,7 +174,7 @@ class CompiledModule(Module):
         partly = self.__dict__.get("_partly")
         if partly is None:
             options = dict(recompile_limit=self.recompile_limit, codegen=self.codegen, whole_graph=self.whole_graph,
-                           dynamic=self.dynamic)
+                           dynamic=self.dynamic, target=self.target)
             partly = PartlyCompiled(self._module, reason, options)
             self.__dict__["_partly"] = partly
             debug(1, f"{self._module._get_name()}: graph break: its forward runs eagerly ({reason}); "
@@ -272,12 +285,16 @@ class CompiledModule(Module):
         if debug_level() >= 1:
             debug(1, f"compiling {self._module._get_name()}: {self._why_recompile(key)}")
         concrete, examples = split_arguments(arguments)
+        target = self._target_of(key, pytree.tensor_leaves(list(examples.values())))
+        if target is None:  # tensors on two devices: eager raises torch's error for that
+            self._cache[key] = _EAGER
+            return _EAGER
         needs_grad = key[2] and (any(t.requires_grad for t in pytree.tensor_leaves(list(examples.values())))
                                  or any(p.requires_grad for p in self._module.parameters()))
         try:
             with no_grad():
                 artifact = compile_arguments(self._module, concrete, examples, needs_grad, codegen=self.codegen,
-                                             whole_graph=self.whole_graph, dynamic=dynamic)
+                                             whole_graph=self.whole_graph, dynamic=dynamic, target=target)
         except Exception as error:  # never a wrong answer: run eagerly, and say why
             if dynamic:  # the caller compiles static sizes instead
                 debug(1, f"{self._module._get_name()}: symbolic sizes failed ({type(error).__name__}: {error})")
@@ -295,6 +312,23 @@ class CompiledModule(Module):
             self._cache[key] = artifact
             self._keys.append(key)
         return artifact
+
+    def _target_of(self, key, tensors: list) -> str | None:
+        """The target a variant compiles for: the one asked for, else the device of the parameters and inputs
+        (None when they are on two devices). A tensor on the other device than an asked-for target raises."""
+        state = key[5]
+        cuda = [t.is_cuda for t in tensors if t.ndim]  # a 0-dim CPU tensor is a scalar beside CUDA ones, as in torch
+        if state is not None:
+            cuda.append(state is not np.ndarray)
+        if self.target is not None:
+            if any(on != (self.target == "cuda") for on in cuda):
+                other = "the CPU" if self.target == "cuda" else "CUDA"
+                raise RuntimeError(f"nnc.compile(target={self.target!r}): {self._module._get_name()} got tensors on "
+                                   f"{other}; {_MOVE_HINT[self.target]}")
+            return self.target
+        if any(cuda) and not all(cuda):
+            return None
+        return "cuda" if any(cuda) else "cpu"
 
     def _changing_dimension(self, key) -> tuple | None:
         """(leaf, dim) when this key gives a static tensor dimension a third distinct size, among the compiled
@@ -384,7 +418,20 @@ def root_trace_error(error) -> str | None:
     return None
 
 
-_GUARD_LABELS = ("arguments", "training flag", "grad mode", "parameters' requires_grad", "hooks")
+_GUARD_LABELS = ("arguments", "training flag", "grad mode", "parameters' requires_grad", "hooks", "parameters' device")
+_MOVE_HINT = {"cuda": "move the model and its inputs to the GPU first (model.to('cuda'), x.cuda())",
+              "cpu": "move them to the CPU first (model.cpu(), x.cpu()), or compile with target='cuda'"}
+
+
+def _check_module_device(module: Module, target: str) -> None:
+    """A target asked for must be where the module's parameters and buffers are: a clear error otherwise."""
+    on_other = [name for name, t in (*module.named_parameters(), *module.named_buffers())
+                if t is not None and t.is_cuda != (target == "cuda")]
+    if on_other:
+        where = "the CPU" if target == "cuda" else "CUDA"
+        more = f" and {len(on_other) - 1} more tensors are" if len(on_other) > 1 else " is"
+        raise ValueError(f"nnc.compile(target={target!r}): {module._get_name()}'s {on_other[0]}{more} on {where}; "
+                         f"{_MOVE_HINT[target]}")
 
 
 def _changed_parts(previous, key) -> list[str]:
@@ -402,6 +449,8 @@ def _describe_argument(before, after) -> str:
     name = after[0]
     if before[1] == after[1] == "tensor" and before[2] != after[2]:
         return f"{name}'s shape {tuple(before[2])} -> {tuple(after[2])}"
+    if before[1] == after[1] == "tensor" and before[5:] != after[5:]:
+        return f"{name}'s device"
     return f"argument {name}"
 
 
@@ -531,7 +580,7 @@ def _argument_tensors(arguments: dict) -> list:
 
 def _leaf_key(leaf):
     if isinstance(leaf, Tensor):
-        return ("tensor", leaf._data.shape, leaf._data.dtype.str, leaf._rg)
+        return ("tensor", leaf._data.shape, leaf._data.dtype.str, leaf._rg, type(leaf._data))
     return ("python", _hashable(leaf))
 
 
@@ -562,7 +611,7 @@ def _compares_safely(value) -> bool:
         return False
 
 
-def compile(module: Module, target: str = "cpu", recompile_limit: int = 8, codegen: bool = True,
+def compile(module: Module, target: str | None = None, recompile_limit: int = 8, codegen: bool = True,
             whole_graph: bool | None = None, dynamic: bool | None = None) -> CompiledModule:
     """Compile `module`: same parameters and state_dict, same results, faster (see docs/architecture.md).
 
@@ -572,6 +621,10 @@ def compile(module: Module, target: str = "cpu", recompile_limit: int = 8, codeg
 
     whole_graph: None (the default) runs a forward without gradients as one numba function when its values are
     small (nnc.codegen.whole_graph), True asks for that (with a warning when a graph does not qualify), False never.
+
+    target: None (the default) follows the device of the parameters and inputs: CUDA tensors (`model.to("cuda")`)
+    run generated CUDA kernels (nnc.cuda_executor), CPU tensors numba's parallel CPU kernels. "cpu" or "cuda" asks
+    for one; a module or input on the other device then raises, saying to move it first.
     """
     if not isinstance(module, Module):
         raise TypeError(f"nnc.compile expects a runtime.nn.Module, got {type(module).__name__}")

@@ -25,8 +25,9 @@ class CompiledGraph:
     `make_plans`, whose plans the fuse, memory and codegen stages complete."""
 
     def __init__(self, gm: GraphModule, needs_grad: bool, inputs_requiring_grad: tuple, written_inputs=(),
-                 shape_env=None):
+                 shape_env=None, target: str = "cpu"):
         self.forward = gm
+        self.target = target  # "cpu" or "cuda": which executor's plans run it (nnc.executor, nnc.cuda_executor)
         self.shape_env = shape_env  # symbolic sizes (nnc.symbolic): each call's come from its inputs' shapes
         graph = gm.graph
         self.needs_grad = needs_grad
@@ -72,6 +73,7 @@ class CompiledGraph:
     def make_plans(self, codegen: bool, whole_graph: bool | None) -> None:
         """The plans this graph runs with: training forward and backward, or the forward alone."""
         env = self.shape_env
+        Plan = plan_type(self.target)
         if self.backward is not None and not self.opaque:
             self.training_plan = Plan(self.training_forward, use_codegen=codegen, shape_env=env)
             # NOTE: the backward's outputs are gradients; with no reference kept, AccumulateGrad stores them as
@@ -175,7 +177,7 @@ class _CompiledFunction(Function):
         seeds = [_sum_for(n, graph.output_leaves, grads) for n in backward.grad_outputs]
         given = {j for j, seed in enumerate(seeds) if seed is not None}
         sizes = dict(zip(graph.shape_env.names, ctx.sizes)) if graph.shape_env is not None else {}
-        seeds = [seed if seed is not None else _zeros_like_node(n, sizes)
+        seeds = [seed if seed is not None else _zeros_like_node(n, sizes, graph.target)
                  for seed, n in zip(seeds, backward.grad_outputs)]
         with no_grad():
             results = graph.backward_plan.run(*saved, *seeds, sizes=ctx.sizes)
@@ -187,10 +189,23 @@ class _CompiledFunction(Function):
         return (None, None, None, *input_grads, *param_grads)
 
 
-def _zeros_like_node(node, sizes: dict):
+def _zeros_like_node(node, sizes: dict, target: str = "cpu"):
+    import runtime
     from runtime.tensor import Tensor
 
-    return Tensor._from_array(np.zeros(evaluate(node.meta["shape"], sizes), dtype=node.meta["dtype"].np))
+    shape = evaluate(node.meta["shape"], sizes)
+    if target == "cuda":
+        return runtime.zeros(shape, dtype=node.meta["dtype"], device="cuda")
+    return Tensor._from_array(np.zeros(shape, dtype=node.meta["dtype"].np))
+
+
+def plan_type(target: str) -> type:
+    """The Plan class that runs a graph on a target: nnc.executor's (CPU) or nnc.cuda_executor's."""
+    if target == "cuda":
+        from .cuda_executor import CudaPlan
+
+        return CudaPlan
+    return Plan
 
 
 def _size_sources(tensor_inputs: list, shape_env) -> list[tuple[int, int]]:

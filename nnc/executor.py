@@ -256,8 +256,8 @@ class Plan:
     def fuse(self) -> None:
         """The fuse stage: the graph's kernels, in execution order."""
         # NOTE: a pure kernel nobody reads is dead; an opaque one with no readers is there for its side effect.
-        # Views fold into the indexing of generated CPU kernels only: with codegen off nothing indexes them, and the
-        # CUDA generator (which takes the kernels of codegen-off plans) does not read strided inputs yet.
+        # Views fold into the indexing of generated kernels only: with codegen off nothing indexes them (and
+        # nnc.explain's CUDA source for a CPU module is generated from such a plan's kernels).
         kernels = fuse(self.gm.graph, fold=self.use_codegen)
         self.kernels = [k for k in kernels if k.outputs or k.kind == "opaque"]
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, replace
 
 from runtime.nn import Module
 
+from .cuda_executor import CudaViewStep
 from .executor import ViewStep
 from .symbolic import hint_int
 
@@ -20,6 +21,8 @@ class KernelReport:
     fallback: str = ""
     source: str = ""
     view: bool = False  # a reshape/permute/expand run as a numpy view (no code needed)
+    device: bool = False  # the step runs on CUDA tensors (a view there is runtime's device view)
+    eager: str = ""  # on CUDA: why the kernel's nodes run as runtime's eager CUDA ops (no CUDA skeleton yet, ...)
     launch: list = field(default_factory=list)  # target "cuda": each GPU kernel's grid and block
     resources: str = ""  # target "cuda": ptxas's registers per thread, spills and shared memory
 
@@ -39,10 +42,15 @@ class Report:
     graph_breaks: list = field(default_factory=list)  # (submodule path, why it could not be traced)
     pieces: int = 0  # with gradients and opaque nodes: the compiled pieces between eager calls (nnc.split)
     sizes: str = ""  # with symbolic sizes: the symbols, and the guards a call's sizes must pass
-    target: str = "cpu"  # "cuda": the kernels' CUDA source and launches, generated but not run
+    target: str = "cpu"  # "cuda": the kernels' CUDA source and launches (run when the module is on the device)
+    on_device: bool = False  # target "cuda" with a module on the device: the report of what runs there
 
     def forward_mode(self) -> str:
         """One line: how the forward runs (whole-graph mode, or kernel by kernel and why)."""
+        if self.target == "cuda" and self.on_device:
+            eager = sum(1 for k in self.kernels + self.backward_kernels if k.eager)
+            return (f"target cuda: runs on the device, kernel by kernel (whole-graph mode is CPU only); "
+                    f"{eager} kernels run as eager CUDA ops")
         if self.target == "cuda":
             return ("target cuda: CUDA kernels generated (and compiled to PTX where the toolkit is installed), not "
                     "run; the forward launches them one by one (whole-graph mode is CPU only)")
@@ -74,8 +82,9 @@ class Report:
 
 
 def _kernel_line(k: KernelReport) -> str:
-    how = ("cuda" if k.launch else "numba") if k.generated else "numpy view" if k.view else \
-        ("interpreted: " + k.fallback if k.fallback else "interpreted")
+    view = "device view" if k.device else "numpy view"
+    how = ("cuda" if k.launch else "numba") if k.generated else view if k.view else \
+        ("interpreted: " + k.fallback if k.fallback else k.eager or "interpreted")
     how = "; ".join([how] + k.launch + ([k.resources] if k.resources else []))
     return (f"  {k.name:<16} {k.kind:<11} {k.bytes_moved / 1024:9.1f} KiB  [{', '.join(k.ops)}]  ({how})"
             + (f"  boundary: {k.reason}" if k.reason else ""))
@@ -107,33 +116,41 @@ def _cuda_kernel_reports(plan, reports: list[KernelReport], resources: dict) -> 
 def _kernel_reports(plan) -> list[KernelReport]:
     failed = dict(plan.fallbacks)
     steps = plan.steps * len(plan.kernels) if plan.whole_graph else plan.steps
+    on_device = getattr(plan, "target", "cpu") == "cuda"
     reports = []
     for kernel, step in zip(plan.kernels, steps):
+        view = isinstance(step, (ViewStep, CudaViewStep))
+        eager = step.reason if on_device and hasattr(step, "reason") and kernel.name not in failed else ""
         reports.append(KernelReport(
             name=kernel.name, kind=kernel.kind,
             ops=list(kernel.meta.get("ops") or [getattr(n.target, "__name__", str(n.target)) for n in kernel.nodes]),
             reason=kernel.reason, bytes_moved=int(hint_int(kernel.meta.get("bytes_moved", 0))),  # at the hints
             generated=hasattr(step, "compiled"), fallback=failed.get(kernel.name, ""),
-            view=isinstance(step, ViewStep),
+            view=view, eager=eager, device=on_device, launch=list(kernel.meta.get("launch", ())) if on_device else [],
             source=kernel.meta.get("source", "")))
     return reports
 
 
-def explain(module: Module, *args, backward: bool = False, target: str = "cpu", **kwargs) -> Report:
+def explain(module: Module, *args, backward: bool = False, target: str | None = None, **kwargs) -> Report:
     """Compile `module` for these arguments (any forward takes: tensors, nested tuples, Python values) and its
     backward, if asked, and report what came out: kernels, graph breaks and the nodes that run eagerly. Dimensions
-    marked with nnc.mark_dynamic compile with symbolic sizes, and the report lists the guards. target="cuda"
+    marked with nnc.mark_dynamic compile with symbolic sizes, and the report lists the guards. The target follows
+    the device of the module and inputs, as nnc.compile's: on CUDA, the report is what runs there (generated CUDA
+    kernels with their launches, and the kernels run as eager CUDA ops). target="cuda" for a module on the CPU
     reports each kernel's CUDA source, launch configuration and ptxas's registers instead (nothing runs)."""
     from .codegen.targets import check_target
     from .compile import bind_arguments, marked_placeholder_dims, root_trace_error, split_arguments
     from .pipeline import compile_arguments
 
-    check_target(target)
     arguments = bind_arguments(module, args, kwargs)
     concrete, examples = split_arguments(arguments)
+    on_device = _on_device(module, examples)
+    target = check_target(target) if target is not None else "cuda" if on_device else "cpu"
+    runs = "cuda" if on_device and target == "cuda" else "cpu"  # else CUDA source is generated, not run
     try:
-        compilation = compile_arguments(module, concrete, examples, needs_grad=backward, codegen=target == "cpu",
-                                        dynamic=marked_placeholder_dims(arguments))
+        compilation = compile_arguments(module, concrete, examples, needs_grad=backward,
+                                        codegen=target == "cpu" or on_device,
+                                        dynamic=marked_placeholder_dims(arguments), target=runs)
     except Exception as error:
         reason = root_trace_error(error)
         if reason is None:
@@ -142,6 +159,14 @@ def explain(module: Module, *args, backward: bool = False, target: str = "cpu", 
             raise
         return _partly_compiled_report(module, reason, args, kwargs, backward)
     return report(compilation, target)
+
+
+def _on_device(module: Module, examples: dict) -> bool:
+    """Whether the module's parameters or its example inputs are CUDA tensors."""
+    from . import pytree
+
+    tensors = [*module.parameters(), *module.buffers(), *pytree.tensor_leaves(list(examples.values()))]
+    return any(t.is_cuda for t in tensors)
 
 
 def _partly_compiled_report(module: Module, reason: str, args, kwargs, backward: bool) -> Report:
@@ -196,7 +221,9 @@ def report(compilation, target: str = "cpu") -> Report:
                     sizes=compilation.shape_env.describe() if compilation.shape_env is not None else "")
     result.backward_kernels = [k for g in compilation.graphs if g.backward_plan is not None
                                for k in _kernel_reports(g.backward_plan)]
-    if target == "cuda":
+    if compilation.target == "cuda":
+        result.target, result.on_device = "cuda", True
+    elif target == "cuda":
         memo: dict = {}
         backward_plans = [g.backward_plan for g in compilation.graphs if g.backward_plan is not None]
         result.kernels = [k for plan in forward_plans

@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from runtime.nn import Module
 
 from . import pytree
@@ -116,8 +118,9 @@ class Compilation:
     opaque nodes compile with their own backwards, the opaque nodes run eagerly (nnc.split)."""
 
     def __init__(self, module: Module, concrete: dict, examples: dict, needs_grad: bool, codegen: bool = True,
-                 whole_graph: bool | None = None, dynamic: dict | None = None):
+                 whole_graph: bool | None = None, dynamic: dict | None = None, target: str = "cpu"):
         self.module, self.concrete, self.examples = module, concrete, examples
+        self.target = target  # "cpu" or "cuda": where the plans run (the graphs and kernels are the same)
         self.needs_grad, self.codegen, self.whole_graph = needs_grad, codegen, whole_graph
         # dynamic: placeholder name -> dims whose sizes are symbols (nnc.symbolic); shape_env holds the symbols and
         # the guards the stages' decisions on them recorded
@@ -214,7 +217,8 @@ def _read_only(parameters):
     propagation run the model (those restore buffers and copy inputs, but copying every parameter would cost a
     model's size): a forward that writes one fails to compile and runs eagerly instead of being written twice."""
     # NOTE: numpy refuses the write itself ("assignment destination is read-only"), so nothing is half done
-    arrays = [p._data for p in parameters if p._data.flags.writeable]
+    # NOTE: device arrays (CUDA parameters) have no write flag; nothing guards them
+    arrays = [p._data for p in parameters if isinstance(p._data, np.ndarray) and p._data.flags.writeable]
     for array in arrays:
         array.flags.writeable = False
     try:
@@ -262,10 +266,12 @@ def _split(c: Compilation) -> None:
         c.split = SplitGraph(c.forward, requiring)
         for piece in c.split.pieces:
             piece.compiled = CompiledGraph(piece.gm, piece.needs_grad, piece.wants_grad,
-                                           written_inputs=[k for k, n in enumerate(piece.inputs) if n in written])
+                                           written_inputs=[k for k, n in enumerate(piece.inputs) if n in written],
+                                           target=c.target)
     else:
         c.main = CompiledGraph(c.forward, c.needs_grad, requiring,
-                               written_inputs=[w.where for w in c.writes if w.kind == "input"], shape_env=c.shape_env)
+                               written_inputs=[w.where for w in c.writes if w.kind == "input"], shape_env=c.shape_env,
+                               target=c.target)
 
 
 def _autodiff(c: Compilation) -> None:
@@ -313,7 +319,7 @@ def _precompile_in_helpers(plans) -> None:
         return
     generated = []
     for plan in plans:
-        if not plan.use_codegen or plan.requested_whole_graph is not False:
+        if not plan.use_codegen or plan.requested_whole_graph is not False or getattr(plan, "target", "cpu") != "cpu":
             continue
         for kernel in plan.kernels:
             if kernel.kind == "opaque" or _has_empty_value(kernel.nodes):
@@ -490,10 +496,11 @@ class Progress:
 
 
 def compile_arguments(module: Module, concrete: dict, examples: dict, needs_grad: bool, codegen: bool = True,
-                      whole_graph: bool | None = None, dynamic: dict | None = None) -> Compilation:
-    """Every stage, for these arguments: a Compilation ready to run."""
+                      whole_graph: bool | None = None, dynamic: dict | None = None,
+                      target: str = "cpu") -> Compilation:
+    """Every stage, for these arguments: a Compilation ready to run on the target ("cpu" or "cuda")."""
     return run_stages(Compilation(module, concrete, examples, needs_grad, codegen=codegen, whole_graph=whole_graph,
-                                  dynamic=dynamic))
+                                  dynamic=dynamic, target=target))
 
 
 # -- what a stage made, as text -----------------------------------------------------------------------

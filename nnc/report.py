@@ -434,23 +434,31 @@ def _dtype_name(text: str) -> str:
         return text
 
 
+def _device_of_storage(kind) -> str:
+    """"the CPU" or "CUDA", from a guard's storage type (numpy's array, or a numba device array)."""
+    import numpy as np
+
+    return "the CPU" if kind is np.ndarray else "CUDA"
+
+
 def _describe_guard(key) -> list[str]:
     """Readable lines for one guard key of nnc.compile (falls back to its repr if the layout is unfamiliar)."""
     try:
-        parts, training, grad, params, hooks = key
+        parts, training, grad, params, hooks, storage = key
         lines = []
         for part in parts:
-            if len(part) == 5 and part[1] == "tensor":
-                name, _, shape, dtype, requires = part
+            if len(part) == 6 and part[1] == "tensor":
+                name, _, shape, dtype, requires, kind = part
                 lines.append(f"{name}: tensor, shape {tuple(shape)}, dtype {_dtype_name(dtype)}, "
-                             f"requires_grad={bool(requires)}")
+                             f"requires_grad={bool(requires)}, on {_device_of_storage(kind)}")
             elif len(part) == 3 and part[1] == "python":
                 lines.append(f"{part[0]}: the Python value {part[2]!r}")
             else:
                 lines.append(f"{part[0]}: nested tensors {part[2]!r}")
         lines.append(f"module.training is {bool(training)}")
         lines.append(f"grad mode is {'on' if grad else 'off'}")
-        lines.append(f"{sum(map(bool, params))} of {len(params)} parameters require grad")
+        lines.append(f"{sum(map(bool, params))} of {len(params)} parameters require grad"
+                     + (f", on {_device_of_storage(storage)}" if storage is not None else ""))
         hooked, global_hooks = hooks
         lines.append(f"{sum(map(bool, hooked))} submodules have hooks; global hooks: "
                      f"{'yes' if any(global_hooks) else 'none'}")

@@ -97,12 +97,34 @@ def kernel_cases(small: bool, kinds=GENERATED_KINDS) -> list[KernelCase]:
             interpreter.run(*inputs)
             env = interpreter.env
             part = "forward" if k == 0 else "backward"
-            for kernel in plan.kernels:
+            for kernel in _with_row_parts(plan.kernels) + _reading_folded_views(plan.gm.graph):
                 if kind_of(kernel) in kinds:
-                    cases.append(KernelCase(f"{name} {part} {kernel.name}", kernel,
+                    folded = " folded" if kernel.meta.get("views") else ""
+                    cases.append(KernelCase(f"{name} {part}{folded} {kernel.name}", kernel,
                                             [np.array(env[n]._data, order="C") for n in kernel.inputs],
                                             [np.array(env[n]._data, order="C") for n in kernel.outputs]))
     return cases
+
+
+def _reading_folded_views(graph) -> list:
+    """The graph's kernels (row kernels' parts included) that read folded views and whose CUDA skeleton indexes
+    them (elementwise, reduction), as the CUDA executor fuses a graph (views folded)."""
+    from nnc.cuda_executor import INDEXES_VIEWS
+    from nnc.passes.fusion import fuse
+
+    return [k for k in _with_row_parts(fuse(graph, fold=True)) if k.meta.get("views") and k.kind in INDEXES_VIEWS]
+
+
+def _with_row_parts(kernels) -> list:
+    """The kernels, with each row kernel followed by the parts the CUDA executor runs it as (split_row_kernel)."""
+    from nnc.cuda_executor import split_row_kernel
+
+    out = []
+    for kernel in kernels:
+        out.append(kernel)
+        if kernel.kind == "row":
+            out += split_row_kernel(kernel) or []
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..symbolic import has_symbols
 from .cpu_elementwise import Array, KernelBuilder, check_elementwise_nodes, indent
 from .cuda_dialect import CudaDialect
-from .indexing import broadcast_strides, emit_offsets
+from .indexing import emit_offsets, shifted
 from .scalar import ScalarBody, Unsupported
 
 # Threads per block of a 1-D launch, and the most blocks a grid-stride loop is launched with (each thread then
@@ -102,8 +102,8 @@ def elementwise_function(kb: CudaKernelBuilder, fname: str, nodes, ins, outs, sh
     the scalar body, stores."""
     arrays = ins + outs
     numel = math.prod(shape)
-    index_lines, offsets = emit_offsets(shape, [broadcast_strides(a.shape, shape) for a in arrays], "i", "i_")
-    refs = [f"{a.arg}[{off}]" for a, off in zip(arrays, offsets)]
+    index_lines, offsets = emit_offsets(shape, [a.strides_in(shape) for a in arrays], "i", "i_")
+    refs = [f"{a.arg}[{shifted(off, a.offset)}]" for a, off in zip(arrays, offsets)]
     _, loads, body, stores, _ = kb.scalar_pass(ins, outs, refs, set(), nodes)
     lines = [f"for i in range(cuda.grid(1), {numel}, cuda.gridsize(1)):"]
     lines += indent(index_lines + loads + body + stores)
@@ -113,6 +113,6 @@ def elementwise_function(kb: CudaKernelBuilder, fname: str, nodes, ins, outs, sh
 def gen_elementwise(kb: CudaKernelBuilder) -> None:
     """An elementwise kernel: one grid-stride kernel over the kernel's shape."""
     shape = check_elementwise_nodes(kb.kernel)
-    f = elementwise_function(kb, kb.name, kb.kernel.nodes, kb.ins, kb.outs, shape)
+    f = elementwise_function(kb, kb.name, kb.kernel.nodes, kb.reads, kb.outs, shape)
     kb.functions.append(f)
     kb.launch = [f.launch_line()]

@@ -22,7 +22,7 @@ from .cpu_reduction import reduction_parts
 from .cpu_elementwise import Array
 from .cuda_elementwise import (MAX_BLOCKS, THREADS, WARP, CudaFunction, CudaKernelBuilder, Launch, elementwise_launch,
                                flat_view)
-from .indexing import broadcast_strides, emit_offsets
+from .indexing import emit_offsets, shifted
 from .scalar import Value, ctor
 
 # Row groups of the column layout: a block is WARP kept positions x up to this many groups of reduced positions.
@@ -104,8 +104,8 @@ def gen_reduction(kb: CudaKernelBuilder) -> None:
     shape = tuple(k.shape)
     dims, out_shape = accs[0].dims, accs[0].out_shape
     prologue_set = set(prologue)
-    pro_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in prologue + red_nodes)]
-    epi_ins = [a for a in kb.ins if any(a.node in n.all_input_nodes for n in epilogue)]
+    pro_ins = [a for a in kb.reads if any(a.node in n.all_input_nodes for n in prologue + red_nodes)]
+    epi_ins = [a for a in kb.reads if any(a.node in n.all_input_nodes for n in epilogue)]
     pro_outs = [a for a in kb.outs if a.node in prologue_set]
     epi_outs = [a for a in kb.outs if a.node not in prologue_set]
     kept = [d for d in range(len(shape)) if d not in dims]
@@ -113,10 +113,10 @@ def gen_reduction(kb: CudaKernelBuilder) -> None:
 
     # the pass: prologue arrays at base(o) over the kept dims + offset(r) over the reduced dims
     pro_arrays = pro_ins + pro_outs
-    strides = [broadcast_strides(a.shape, shape) for a in pro_arrays]
+    strides = [a.strides_in(shape) for a in pro_arrays]
     o_lines, o_offs = emit_offsets([shape[d] for d in kept], [[st[d] for d in kept] for st in strides], "o", "o_")
     r_lines, r_offs = emit_offsets([shape[d] for d in dims], [[st[d] for d in dims] for st in strides], "r", "r_")
-    refs = [f"{a.arg}[{' + '.join(t for t in (oo, ro) if t != '0') or '0'}]"
+    refs = [f"{a.arg}[{shifted(' + '.join(t for t in (oo, ro) if t != '0') or '0', a.offset)}]"
             for a, oo, ro in zip(pro_arrays, o_offs, r_offs)]
     invariant = {k for k, ro in enumerate(r_offs[:len(pro_ins)]) if ro == "0"}  # loaded once per kept position
     o_loads, loads, pro_body, pro_stores, env = kb.scalar_pass(pro_ins, pro_outs, refs, invariant, prologue)
@@ -222,13 +222,13 @@ def _finish(kb: CudaKernelBuilder, accs, out_shape, epilogue, epi_ins, epi_outs,
             results: list[str]) -> list[str]:
     """The finishing thread's lines for kept position o: the reductions' values (from the accumulator expressions
     `results`), the epilogue, the stores."""
-    e_lines, e_offs = emit_offsets(out_shape, [broadcast_strides(a.shape, out_shape) for a in epi_ins + epi_outs],
-                                   "o", "e_")
+    e_lines, e_offs = emit_offsets(out_shape, [a.strides_in(out_shape) for a in epi_ins + epi_outs], "o", "e_")
     lines = []
     for a, result in zip(accs, results):
         env[a.node] = Value(kb.value_name(a.node), a.out_dtype)
         lines.append(f"{kb.value_name(a.node)} = {kb.dialect.cast(result, a.out_dtype)}")
-    lines += e_lines + [f"{kb.value_name(a.node)} = {a.arg}[{off}]" for a, off in zip(epi_ins, e_offs)]
+    lines += e_lines + [f"{kb.value_name(a.node)} = {a.arg}[{shifted(off, a.offset)}]"
+                        for a, off in zip(epi_ins, e_offs)]
     for a in epi_ins:
         env[a.node] = Value(kb.value_name(a.node), a.dtype)
     lines += kb.body.emit(epilogue, env)

@@ -268,7 +268,12 @@ def write_back(dest: Tensor, value: Tensor) -> None:
     if recording and dest._rg and dest._grad_fn is None:
         raise RuntimeError("a leaf Variable that requires grad is being used in an in-place operation.")
     with no_grad():
-        np.copyto(dest._data, value._data, casting="unsafe")
+        if isinstance(dest._data, np.ndarray):
+            np.copyto(dest._data, value._data, casting="unsafe")
+        else:  # a CUDA tensor: a copy kernel on the device
+            from runtime.cuda.dispatch import copy_into
+
+            copy_into(dest._data, value._data)
     if recording and (dest._rg or value._rg):  # eager rebases the written tensor onto the write's history
         dest._grad_fn, dest._out_nr, dest._rg = value._grad_fn, value._out_nr, value._rg
     dest._bump_version()

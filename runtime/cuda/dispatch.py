@@ -436,6 +436,11 @@ def put(out, values, indices, key, accumulate: bool) -> None:
 _VIEWS = {"reshape": _reshape, "permute": _permute, "expand": _expand, "getitem": _getitem}
 
 
+def view_of(op_name: str, a, attrs: dict):
+    """A reshape, permute or expand of a device array, as the op runs eagerly (a view where the layout allows)."""
+    return _VIEWS[op_name](ops.OPS[op_name], [a], attrs)[0]
+
+
 def cat(arrays, dim, out_dtype):
     shape = list(arrays[0].shape)
     shape[dim] = sum(a.shape[dim] for a in arrays)

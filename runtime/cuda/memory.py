@@ -11,6 +11,7 @@ import numpy as np
 from numba import config, cuda
 
 SIMULATOR = bool(config.ENABLE_CUDASIM)
+HOST_ARRAY = np.ndarray  # what a CPU tensor's storage is
 
 
 def empty(shape, dtype) -> "cuda.devicearray.DeviceNDArray":
@@ -50,16 +51,28 @@ def layout_of(view: np.ndarray, base: np.ndarray) -> tuple:
     return tuple(view.shape), tuple(view.strides), offset
 
 
-def strided_view(a, shape, strides, offset: int = 0):
-    """A device array over a's memory with another layout (shape, byte strides, byte offset from a's start)."""
+def strided_view(a, shape, strides, offset: int = 0, dtype=None):
+    """A device array over a's memory with another layout (shape, byte strides, byte offset from a's start), and
+    another dtype if given (the memory reinterpreted)."""
     shape, strides = tuple(int(s) for s in shape), tuple(int(s) for s in strides)
+    dtype = a.dtype if dtype is None else np.dtype(dtype)
     if SIMULATOR:
         host = a._ary
         start = host.__array_interface__["data"][0] + offset
-        return cuda.simulator.cudadrv.devicearray.FakeCUDAArray(_host_view(host, shape, strides, start))
+        return cuda.simulator.cudadrv.devicearray.FakeCUDAArray(_host_view(host, shape, strides, start, dtype))
     if not a.size or 0 in shape:
-        return cuda.device_array(shape, dtype=a.dtype)
-    return cuda.cudadrv.devicearray.DeviceNDArray(shape, strides, a.dtype, gpu_data=a.gpu_data.view(offset))
+        return cuda.device_array(shape, dtype=dtype)
+    return cuda.cudadrv.devicearray.DeviceNDArray(shape, strides, dtype, gpu_data=a.gpu_data.view(offset))
+
+
+def typed_view(arena, shape, dtype):
+    """A C-contiguous array of `shape` and `dtype` at the start of a byte arena (a uint8 device array)."""
+    dtype = np.dtype(dtype)
+    strides, step = [], dtype.itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return strided_view(arena, shape, tuple(reversed(strides)), 0, dtype)
 
 
 class _Interface:
@@ -69,8 +82,9 @@ class _Interface:
         self.base, self.__array_interface__ = owner, interface
 
 
-def _host_view(host: np.ndarray, shape, strides, start: int) -> np.ndarray:
-    interface = {"data": (start, False), "shape": shape, "strides": strides, "typestr": host.dtype.str,
+def _host_view(host: np.ndarray, shape, strides, start: int, dtype=None) -> np.ndarray:
+    typestr = (host.dtype if dtype is None else dtype).str
+    interface = {"data": (start, False), "shape": shape, "strides": strides, "typestr": typestr,
                  "version": 3}
     return np.asarray(_Interface(host, interface))
 
