@@ -35,8 +35,8 @@ from .symbolic import DynamicSizeError, evaluate, has_symbols
 
 # Kernel kinds nnc.codegen.cuda has a skeleton for; the others run as runtime's eager CUDA ops (no warning: that is
 # how they run on this target, and nnc.explain says so).
-GENERATED_KINDS = ("elementwise", "reduction", "matmul", "window")
-INDEXES_VIEWS = ("elementwise", "reduction")  # the skeletons that read folded views through their strides
+GENERATED_KINDS = ("elementwise", "reduction", "matmul", "window", "cat")
+INDEXES_VIEWS = ("elementwise", "reduction", "cat")  # the skeletons that read folded views through their strides
 EAGER_REASON = "eager CUDA ops (no CUDA skeleton for {kind} kernels yet)"
 
 

@@ -259,17 +259,18 @@ def _tensor_bytes(env: dict, nodes) -> int:
 
 def run_steps(plan, steps: list, buffers: list, env: dict) -> None:
     """Plan.run's step loop, each step timed and reported to every active profile."""
+    from .executor import KernelStep  # NOTE: here, since the executor imports this module
+
     graph = plan.gm._get_name()
     began = _perf_counter()
     for step, buffer, kernel in zip(steps, buffers, plan.kernels):
         start = _perf_counter()
         step.run(env, buffer)
         end = _perf_counter()
-        kind = type(step).__name__
-        if kind == "ViewStep":
+        if type(step).__name__.endswith("ViewStep"):  # a numpy view, or a device view on CUDA
             cat, nbytes = "view", 0
         else:
-            cat = "kernel" if kind == "KernelStep" else "interpreted"
+            cat = "kernel" if isinstance(step, KernelStep) else "interpreted"
             nbytes = _tensor_bytes(env, kernel.inputs) + _tensor_bytes(env, kernel.outputs)
         args = {"graph": graph, "kernel_kind": kernel.kind, "ops": ", ".join(kernel.meta.get("ops") or ())[:200]}
         if cat == "interpreted":
