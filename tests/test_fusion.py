@@ -482,23 +482,23 @@ def test_matmul_does_not_take_prologues():
 
 def test_views_fold_into_kernels_but_not_into_opaque_nodes():
     """The reshape read by neg folds into neg's kernel (it reads exp's output as its base); the permute read by
-    gather (opaque) runs as a step of its own."""
-    def body(g, x, idx):
+    cumsum (opaque) runs as a step of its own."""
+    def body(g, x):
         a = call(g, "exp", x)
         r = call(g, "reshape", a, shape=(8, 4))
         n = call(g, "neg", r)
         p = call(g, "permute", n, dims=(1, 0))
-        gat = call(g, "gather", p, idx, dim=1)
-        return call(g, "add", gat, 1.0)
+        c = call(g, "cumsum", p, dim=1)
+        return call(g, "add", c, 1.0)
 
-    gm, kernels = fused(body, X48(), torch.zeros(4, 8, dtype=torch.int64))
+    gm, kernels = fused(body, X48())
     assert [(k.kind, ops(k)) for k in kernels] == [("elementwise", ["exp"]), ("elementwise", ["neg"]),
-                                                   ("opaque", ["permute"]), ("opaque", ["gather"]),
+                                                   ("opaque", ["permute"]), ("opaque", ["cumsum"]),
                                                    ("elementwise", ["add"])]
     assert [n.name for n in kernels[1].inputs] == ["exp"] and list(kernels[1].meta["views"]) == [r_node(gm)]
     assert kernels[2].reason.startswith("injective: view/shape op permute runs as a step of its own")
-    assert "read by gather" in kernels[2].reason
-    assert kernels[3].reason.startswith("opaque: other op gather")
+    assert "read by cumsum" in kernels[2].reason
+    assert kernels[3].reason.startswith("opaque: other op cumsum")
     assert "read through the view reshape (reshape), folded into the indexing of neg" in kernels[0].reason
 
 
@@ -629,7 +629,7 @@ def test_random_graphs_keep_the_invariants(seed):
     assert all(a < b for a, b in dag.edges)  # the list order is a topological order
     for k in kernels:
         assert k.reason
-        assert k.kind in ("elementwise", "reduction", "row", "matmul", "opaque")
+        assert k.kind in ("elementwise", "reduction", "row", "matmul", "window", "gather", "take", "cat", "opaque")
         if k.kind == "row":  # reductions of one signature; values along the row or one per row
             reductions = [r["node"] for r in k.meta["reductions"]]
             out_shape = reductions[0].meta["shape"]
