@@ -178,3 +178,29 @@ def test_a_gpt_forward_without_gradients_runs_as_one_numba_function():
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     plan = compiled.compilations[0].plans[0]
     assert plan.whole_graph, plan.whole_graph_reason
+
+
+class ViewedEmbed(nn.Module):
+    """An embedding of a reshaped (contiguous view) or transposed (strided view) index, and its row gradient."""
+
+    def __init__(self, transposed):
+        super().__init__()
+        self.emb = nn.Embedding(9, 4, dtype=runtime.float64)
+        self.transposed = transposed
+
+    def forward(self, idx):
+        index = idx.t() if self.transposed else idx.reshape(-1)
+        return runtime.tanh(self.emb(index)).reshape(-1, 4) * 3
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_views_of_the_index_fold_into_gather_kernels_when_contiguous(transposed):
+    """A reshaped index (a contiguous run of its base) is read in place by the gather and its scatter, with no view
+    step; a transposed one, which Embedding flattens, is copied by a clone kernel first. Both match eager."""
+    runtime.manual_seed(4)
+    idx = runtime.tensor(np.random.default_rng(4).integers(0, 9, (3, 5)))
+    compiled = _compare(ViewedEmbed(transposed), idx)
+    kernels = [k for c in compiled.compilations for p in c.plans for k in p.kernels]
+    assert not [k for k in kernels if k.kind == "opaque" and {"reshape", "permute"} & set(k.meta["ops"])]
+    copies = [k for k in kernels if k.meta["ops"] == ["clone"]]
+    assert bool(copies) == transposed, [(k.kind, k.meta["ops"]) for k in kernels]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..kernel import Kernel, gather_dim
 from ..symbolic import has_symbols
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, indent, launch_line
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, indent, launch_line
+from .indexing import c_strides, shifted
 from .scalar import Unsupported, node_dtype, node_shape
 
 
@@ -65,17 +66,37 @@ def gather_schedule_of(kernel: Kernel) -> GatherSchedule:
     return GatherSchedule(op, tasks, inner, parallel)
 
 
-def _check_indices(index: str, n, k: str, dim: int) -> list[str]:
+def _at(a: Array, expr: str) -> str:
+    """Element `expr` of the value `a` reads: its argument at the (folded, contiguous) view's offset."""
+    return f"{a.arg}[{shifted(expr, a.offset)}]"
+
+
+def _check_indices(index: Array, n, k: str, dim: int) -> list[str]:
     """Lines raising IndexError (torch's message) unless every index lies in [-k, k)."""
     where = f"[-{k}, {k}) for dim {dim} of size {k}" if k.isdigit() else f"the range of dim {dim}"
     return [f"for i in range({n}):",
-            f"    j = {index}[i]",
+            f"    j = {_at(index, 'i')}",
             f"    if j < -{k} or j >= {k}:",
             f"        raise IndexError('index out of range in self: an index tensor holds a value outside {where}')"]
 
 
-def _wrapped(index: str, k: int) -> list[str]:
-    return [f"j = {index}[i]", "if j < 0:", f"    j += {k}"]
+def _wrapped(index: Array, k: int) -> list[str]:
+    return [f"j = {_at(index, 'i')}", "if j < 0:", f"    j += {k}"]
+
+
+def _reads(kb: KernelBuilder, node) -> list[Array]:
+    """The Array each tensor argument of `node` is read through, in argument order; a folded view must be a
+    contiguous run of its base (nnc.passes.views folds no other view into a gather kernel)."""
+    by_node = {a.node: a for a in kb.reads}
+    arrays = []
+    for arg in node.args:
+        a = by_node.get(arg)
+        if a is None:
+            raise Unsupported(f"{arg.name} is not read from an argument")
+        if a.strides is not None and tuple(a.strides) != tuple(c_strides(a.shape)):
+            raise Unsupported(f"{arg.name} is a strided view; a gather kernel reads contiguous runs only")
+        arrays.append(a)
+    return arrays
 
 
 def _size(value) -> str:
@@ -88,22 +109,25 @@ def gen_gather(kb: KernelBuilder) -> None:
     node, op, dim, outer, k, n, inner, _ = _geometry(kb.kernel)
     sched = gather_schedule_of(kb.kernel)
     outer, k, n, inner, tasks, total = (_size(v) for v in (outer, k, n, inner, sched.tasks, outer * k * inner))
-    if op == "getitem":  # in0 x, in1 index -> out0
-        lines = _check_indices("in1", n, k, dim)
+    arrays = _reads(kb, node)
+    if op == "getitem":  # x, index -> out0
+        x, index = arrays
+        lines = _check_indices(index, n, k, dim)
         lines += [f"for t in {sched.loop}({tasks}):", f"    a = t // {n}", f"    i = t % {n}"]
-        lines += indent(_wrapped("in1", k))
+        lines += indent(_wrapped(index, k))
         lines += indent([f"src = (a * {k} + j) * {inner}", f"dst = t * {inner}",
-                         f"for b in range({inner}):", "    out0[dst + b] = in0[src + b]"])
-    else:  # in0 x, in1 values, in2 index -> out0 = x with values written (or added) at the indexed rows
+                         f"for b in range({inner}):", f"    out0[dst + b] = {_at(x, 'src + b')}"])
+    else:  # x, values, index -> out0 = x with values written (or added) at the indexed rows
+        x, values, index = arrays
         store = "+=" if node.kwargs.get("accumulate") else "="
         one_value = math.prod(node_shape(node.args[1])) == 1 and (n, inner) != ("1", "1")
-        value = "in1[0]" if one_value else "in1[src + b]"
-        lines = _check_indices("in2", n, k, dim)
-        lines += [f"for e in range({total}):", "    out0[e] = in0[e]",
+        value = _at(values, "0" if one_value else "src + b")
+        lines = _check_indices(index, n, k, dim)
+        lines += [f"for e in range({total}):", f"    out0[e] = {_at(x, 'e')}",
                   f"for t in range({tasks}):", f"    a = t // {n}", f"    i = t % {n}"]
-        lines += indent(_wrapped("in2", k))
+        lines += indent(_wrapped(index, k))
         lines += indent([f"dst = (a * {k} + j) * {inner}", f"src = t * {inner}",
                          f"for b in range({inner}):", f"    out0[dst + b] {store} {value}"])
-    f = Function(kb.name, kb.ins + kb.outs, lines, sched.parallel)
+    f = Function(kb.name, kb.arguments(arrays + kb.outs), lines, sched.parallel)
     kb.functions.append(f)
     kb.launch = [launch_line(f)]

@@ -21,8 +21,10 @@ from ..graph import Graph, Node
 from ..prims import Prim, prims
 from ..symbolic import has_symbols
 
-# What a folded view's readers may be: the kernel kinds whose code generation indexes a strided map of an input.
+# What a folded view's readers may be: the kernel kinds whose code generation indexes a strided map of an input,
+# and those that read a contiguous run of a base at an offset (a reshape, a leading slice).
 FOLDING_KINDS = ("elementwise", "reduction", "row", "matmul", "cat", "take")
+CONTIGUOUS_FOLDING_KINDS = ("gather",)
 
 
 @dataclass(frozen=True)
@@ -139,10 +141,14 @@ def fold_views(graph: Graph, kind_of) -> dict:
     for node in reversed(list(graph.nodes)):
         if node not in maps or node in outputs or not node.users:
             continue
-        if all(u in maps or (u.op != "output" and not is_view_node(u) and kind_of(u) in FOLDING_KINDS)
+        if all(u in maps or (u.op != "output" and not is_view_node(u) and _folds_into(kind_of(u), maps[node]))
                for u in node.users):
             folded[node] = maps[node]
     return folded
+
+
+def _folds_into(kind: str, view: ViewMap) -> bool:
+    return kind in FOLDING_KINDS or kind in CONTIGUOUS_FOLDING_KINDS and view.contiguous
 
 
 def why_not_folded(node: Node, graph: Graph, folded: dict) -> str:
