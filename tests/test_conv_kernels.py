@@ -54,7 +54,7 @@ POOLS = [
                                                        "count_include_pad": False}),
     ("avg2d_ceil", "avg_pool2d", (2, 1, 7, 6), {"kernel_size": 3, "stride": 2, "ceil_mode": True}),
     ("avg1d", "avg_pool1d", (2, 2, 9), {"kernel_size": 3, "stride": 2, "padding": 1}),
-    # windows that tile the input exactly: the backward writes each element once instead of zeroing and scattering
+    # windows that tile the input exactly (each element in one window), and ones that overlap (shared maxima add up)
     ("max2d_tiles", "max_pool2d", (2, 3, 8, 6), {"kernel_size": 2}),
     ("max2d_tiles_rect", "max_pool2d", (1, 2, 9, 8), {"kernel_size": (3, 2)}),
     ("max1d_tiles", "max_pool1d", (2, 2, 12), {"kernel_size": 3}),

@@ -84,14 +84,6 @@ def _may_leave(attrs, d, in_size, out_size) -> bool:
     return lo > 0 or (out_size - 1) * s + (k - 1) * dl - lo > in_size - 1
 
 
-def _tiles(attrs, in_sizes, out_sizes) -> bool:
-    """Whether the windows tile the input exactly (no padding, no overlap, no gap): each input element lies in
-    exactly one window, so a pooling backward writes every element once instead of zeroing and scattering."""
-    return all(lo == 0 and hi == 0 and dl * (k - 1) + 1 == s and o * s == n
-               for (lo, hi), s, dl, k, n, o in zip(attrs["padding"], attrs["stride"], attrs["dilation"],
-                                                   attrs["kernel"], in_sizes, out_sizes))
-
-
 def _valid_range(d, attrs, in_size, out_size) -> list[str]:
     """Lines setting a<d>, b<d>: the output positions [a, b) of dim d whose element at kernel offset k<d> lies
     inside the input (i = o * s + k * dl - lo in [0, in_size))."""
@@ -215,8 +207,9 @@ def gen_window(kb: KernelBuilder) -> None:
         else:
             lines += [f"    gp = in0[t * {positions}:t * {positions} + {positions}]",
                       f"    dp = out0[t * {plane}:t * {plane} + {plane}]"]
-        tiles = _tiles(attrs, in_sizes, out_sizes)
-        if op == "max_pool_backward" and not tiles:  # else every element is written once below
+        if op == "max_pool_backward":
+            # NOTE: zeroing the plane (vectorized) and then storing each window's gradient at its maximum beat writing
+            # every element once where the windows tile the input (2x2, stride 2): 1.5 vs 2.6 ms on the MNIST CNN
             lines += [f"    for j in range({plane}):", "        dp[j] = 0"]
         # every window holds an element of the input (padding is at most half a window): the first one found
         # starts the maximum; then the first greater one, or a nan, wins (torch's rule). Without bounds checks the
@@ -241,14 +234,8 @@ def gen_window(kb: KernelBuilder) -> None:
         pos = _flat([f"o{d}" for d in range(nd)], out_sizes)
         if op == "max_pool":
             store = [f"yp[{pos}] = best"]
-        elif tiles:  # the window's elements are no other window's: write each, the gradient at the maximum
-            store = [f"g = gp[{pos}]"]
-            for d in range(nd):
-                store += indent([f"for k{d} in range({kernel_sizes[d]}):",
-                                 f"    i{d} = o{d} * {attrs['stride'][d]} + k{d} * {attrs['dilation'][d]}"], d)
-            store += indent([f"j = {src}", "dp[j] = g if j == arg else 0"], nd)
         else:
-            store = [f"dp[arg] += gp[{pos}]"]
+            store = [f"dp[arg] += gp[{pos}]"]  # overlapping windows may share their maximum
         body = start + inner + store
         outer = []
         for d in range(nd):
