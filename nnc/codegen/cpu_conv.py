@@ -84,6 +84,12 @@ def _may_leave(attrs, d, in_size, out_size) -> bool:
     return lo > 0 or (out_size - 1) * s + (k - 1) * dl - lo > in_size - 1
 
 
+def _disjoint(attrs) -> bool:
+    """Whether no two windows share an element (each spans at most its stride in every dim): then the maxima of
+    different windows are different elements, and a pooling backward stores each gradient instead of adding it."""
+    return all(dl * (k - 1) + 1 <= s for s, dl, k in zip(attrs["stride"], attrs["dilation"], attrs["kernel"]))
+
+
 def _valid_range(d, attrs, in_size, out_size) -> list[str]:
     """Lines setting a<d>, b<d>: the output positions [a, b) of dim d whose element at kernel offset k<d> lies
     inside the input (i = o * s + k * dl - lo in [0, in_size))."""
@@ -209,7 +215,9 @@ def gen_window(kb: KernelBuilder) -> None:
                       f"    dp = out0[t * {plane}:t * {plane} + {plane}]"]
         if op == "max_pool_backward":
             # NOTE: zeroing the plane (vectorized) and then storing each window's gradient at its maximum beat writing
-            # every element once where the windows tile the input (2x2, stride 2): 1.5 vs 2.6 ms on the MNIST CNN
+            # every element once where the windows tile the input (2x2, stride 2): 1.5 vs 2.6 ms on the MNIST CNN;
+            # adding the gradient there instead of storing it took 14 ms (the loads of the next window then wait on
+            # the store), so windows add only where they overlap
             lines += [f"    for j in range({plane}):", "        dp[j] = 0"]
         # every window holds an element of the input (padding is at most half a window): the first one found
         # starts the maximum; then the first greater one, or a nan, wins (torch's rule). Without bounds checks the
@@ -234,8 +242,10 @@ def gen_window(kb: KernelBuilder) -> None:
         pos = _flat([f"o{d}" for d in range(nd)], out_sizes)
         if op == "max_pool":
             store = [f"yp[{pos}] = best"]
-        else:
-            store = [f"dp[arg] += gp[{pos}]"]  # overlapping windows may share their maximum
+        elif _disjoint(attrs):
+            store = [f"dp[arg] = gp[{pos}]"]
+        else:  # overlapping windows may share their maximum
+            store = [f"dp[arg] += gp[{pos}]"]
         body = start + inner + store
         outer = []
         for d in range(nd):
