@@ -613,7 +613,9 @@ SMALL_MATMULS = [("linear", torch.float32, (1, 784, 512), False),  # below PARAL
                  ("matmul", torch.float32, (512, 8, 784), True),  # g^T @ x at batch 8: a short sum
                  ("matmul", torch.float64, (40, 3, 17), False),
                  ("linear", torch.float32, (128, 512, 10), False),  # a 10-class head at batch 128: serial
-                 ("matmul", torch.float32, (128, 10, 512), False)]  # its input gradient: a serial short sum
+                 ("matmul", torch.float32, (128, 10, 512), False),  # its input gradient: a serial short sum
+                 ("matmul", torch.float32, (64, 9, 4500), True),  # a 1-channel 3x3 convolution: wide short sum
+                 ("matmul", torch.float64, (9, 5, 4097), False)]  # a partial last block of columns
 
 
 @pytest.mark.parametrize("op,dtype,shape,parallel", SMALL_MATMULS)

@@ -38,6 +38,9 @@ CONVS = [
     ("groups_no_bias", 2, (1, 4, 5, 6), 4, (1, 3), {"groups": 2, "bias": False}),
     ("conv1d_no_bias", 1, (3, 2, 7), 2, (1,), {"bias": False}),
     ("mnist_conv2", 2, (2, 4, 12, 10), 6, (3, 3), {}),
+    # one input channel and >= 4096 output positions: the product and its input gradient are "short_sum_wide" loops
+    ("one_channel_wide", 2, (2, 1, 48, 48), 9, (3, 3), {}),
+    ("one_channel_wide_padded", 2, (1, 1, 66, 64), 12, (3, 3), {"padding": 1, "bias": False}),
 ]
 
 # (name, function name, input shape, kwargs)
@@ -54,7 +57,7 @@ POOLS = [
                                                        "count_include_pad": False}),
     ("avg2d_ceil", "avg_pool2d", (2, 1, 7, 6), {"kernel_size": 3, "stride": 2, "ceil_mode": True}),
     ("avg1d", "avg_pool1d", (2, 2, 9), {"kernel_size": 3, "stride": 2, "padding": 1}),
-    # windows that tile the input exactly: the backward writes each element once instead of zeroing and scattering
+    # windows that tile the input exactly (each element in one window), and ones that overlap (shared maxima add up)
     ("max2d_tiles", "max_pool2d", (2, 3, 8, 6), {"kernel_size": 2}),
     ("max2d_tiles_rect", "max_pool2d", (1, 2, 9, 8), {"kernel_size": (3, 2)}),
     ("max1d_tiles", "max_pool1d", (2, 2, 12), {"kernel_size": 3}),
@@ -227,6 +230,26 @@ def test_mnist_cnn_float32_compiled_matches_eager():
     for a, b in zip(cp, ep):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     _check_window_kernels_run(compiled)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_cnn_inference_in_whole_graph_mode_matches_eager(batch):
+    """The no_grad forward runs as one numba function (window kernels, the wide short sum, BLAS inside numba)."""
+    nn = runtime.nn
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 9, 3), nn.ReLU(), nn.Conv2d(9, 16, 3, padding=1), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 31 * 31, 10)).double()
+    x = runtime.tensor(_data((batch, 1, 64, 64)))
+    compiled = nnc.compile(model)
+    with runtime.no_grad():
+        want = model(x).numpy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = compiled(x).numpy()
+    _compare(got, want)
+    (artifact,) = compiled._cache.values()
+    from nnc.codegen import whole_graph
+    assert artifact.forward_plan.whole_graph or not whole_graph._HAVE_SCIPY, artifact.forward_plan.whole_graph_reason
 
 
 def test_a_window_kernel_that_fails_to_compile_falls_back(monkeypatch):

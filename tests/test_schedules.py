@@ -15,7 +15,7 @@ import nnc
 import runtime as torch
 from nnc.codegen.cpu import schedule
 from nnc.codegen.cpu_elementwise import PARALLEL_MIN_ELEMENTS, ElementwiseSchedule, elementwise_schedule
-from nnc.codegen.cpu_matmul import FEW_COLUMNS, FEW_ROWS, MatmulSchedule, matmul_schedule
+from nnc.codegen.cpu_matmul import FEW_COLUMNS, FEW_ROWS, WIDE_COLUMNS, MatmulSchedule, matmul_schedule
 from nnc.codegen.cpu_reduction import ReductionSchedule, reduction_schedule
 from nnc.graph import Graph
 from nnc.kernel import Kernel
@@ -136,6 +136,10 @@ def test_schedule_of_a_reduction_kernel_asks_its_reducers(op, blocked):
     ("linear", (128, 512), (10, 512), F32, "linear_few_columns", False),   # a 10-class head at batch 128
     ("matmul", (128, 10), (10, 512), F32, "short_sum", False),             # its input gradient: serial
     ("matmul", (FEW_ROWS + 1, FEW_COLUMNS + 1), (FEW_COLUMNS + 1, 6), F32, "blas", False),
+    ("matmul", (32, 9), (9, 43264), F32, "short_sum_wide", True),         # the MNIST CNN's first convolution
+    ("matmul", (16, FEW_COLUMNS), (FEW_COLUMNS, WIDE_COLUMNS), F64, "short_sum_wide", False),
+    ("matmul", (FEW_ROWS, 9), (9, 43264), F32, "matmul_few_rows", True),  # few rows: each row a sweep of b
+    ("matmul", (32, FEW_COLUMNS + 1), (FEW_COLUMNS + 1, 43264), F32, "blas", False),
     ("linear", (512, 64), (128, 64), F32, "blas", False),
     ("matmul", (2, 8, 12), (2, 12, 10), F32, "batched_small", False),      # a small batched product: a loop
     ("matmul", (2, 64, 64), (2, 64, 256), F32, "blas", False),             # a larger one: np.matmul

@@ -35,6 +35,13 @@ _SERIAL_LOOP_WORK = 2 ** 20
 PARALLEL_MIN_WORK = 2 ** 21
 _FEW_ROWS_BLOCK = 8
 _AXPY_BLOCK = 1024
+# A matmul summing over at most FEW_COLUMNS into at least WIDE_COLUMNS columns (a convolution with few input
+# channels: the MNIST CNN's first, 32 x 9 by 9 x 43264 at batch 64) runs as a loop over blocks of _WIDE_BLOCK
+# columns: the block's kdim rows of b stay in L1 while every output row of it is written once.
+# NOTE: measured single-threaded on that product: 0.26 ms against OpenBLAS's 0.30 ms; in a training step the BLAS call
+# between two parallel numba kernels took 4 ms (the two thread pools contend), the loop shares numba's pool.
+WIDE_COLUMNS = 4096
+_WIDE_BLOCK = 256
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,9 @@ class MatmulSchedule:
       "short_sum"           a matmul summing over at most FEW_ROWS (a weight gradient at a small batch), or over at
                             most FEW_COLUMNS when the product is small: each output element is its short sum
                             written out, one output row a task.
+      "short_sum_wide"      a matmul summing over at most FEW_COLUMNS into at least WIDE_COLUMNS columns (a
+                            convolution with few input channels): the short sum written out, a block of _WIDE_BLOCK
+                            columns of every output row a task.
       "linear_few_columns"  a small linear with at most FEW_COLUMNS outputs: every column's dot product in one sweep
                             over a row of `a`.
       "batched_small"       a batched matmul (same batch dims, nothing broadcast) of at most _SERIAL_LOOP_WORK
@@ -94,6 +104,8 @@ def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype)
         form = "linear_few_rows"
     elif op_name == "matmul" and batched and rows <= FEW_ROWS:
         form = "matmul_few_rows"
+    elif op_name == "matmul" and batched and kdim <= FEW_COLUMNS and n_out >= WIDE_COLUMNS:
+        form = "short_sum_wide"
     elif op_name == "matmul" and batched and kdim <= FEW_ROWS:
         form = "short_sum"
     elif work <= _SERIAL_LOOP_WORK and op_name == "linear" and n_out <= FEW_COLUMNS:
@@ -227,6 +239,8 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
         lines = _axpy_rows_lines(rows, kdim, n_out, zero)
     elif schedule.form == "short_sum":
         lines = _short_sum_lines(rows, kdim, n_out)
+    elif schedule.form == "short_sum_wide":
+        lines = _short_sum_wide_lines(rows, kdim, n_out)
     elif schedule.form == "batched_small":
         lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero)
     elif schedule.form == "linear_few_columns":  # each row of `a` swept once, every weight row held
@@ -263,6 +277,23 @@ def _short_sum_lines(rows, kdim, n_out) -> list[str]:
             + [f"    base = i * {n_out}",
                f"    for j in range({n_out}):",
                f"        out[base + j] = {terms}"])
+
+
+def _short_sum_wide_lines(rows, kdim, n_out) -> list[str]:
+    """out[:, j0:j1] = a @ b[:, j0:j1] with each element's short sum (over kdim) written out: one task per block of
+    _WIDE_BLOCK columns, its kdim rows of b sliced once and held in L1 while every output row of the block is
+    written."""
+    blocks = -(-n_out // _WIDE_BLOCK)
+    terms = " + ".join(f"a{k} * b{k}[j]" for k in range(kdim))
+    return ([f"for blk in LOOP({blocks}):",
+             f"    j0 = blk * {_WIDE_BLOCK}",
+             f"    w = min({n_out}, j0 + {_WIDE_BLOCK}) - j0"]
+            + [f"    b{k} = b[{k * n_out} + j0:{k * n_out} + j0 + w]" for k in range(kdim)]
+            + [f"    for i in range({rows}):"]
+            + [f"        a{k} = a[i * {kdim} + {k}]" for k in range(kdim)]
+            + [f"        orow = out[i * {n_out} + j0:i * {n_out} + j0 + w]",
+               "        for j in range(w):",
+               f"            orow[j] = {terms}"])
 
 
 def _batched_axpy_lines(rows, batch_rows, kdim, n_out, zero) -> list[str]:
