@@ -118,7 +118,7 @@ class CompiledModule(Module):
             else:
                 parts.append((name, "python", _hashable(value)))
         params = self._parameters_requiring_grad()
-        return (tuple(parts), self._module.training, grad_mode.is_grad_enabled(), params, self._hook_signature())
+        return (tuple(parts), self._training_flags(), grad_mode.is_grad_enabled(), params, self._hook_signature())
 
     def _hook_signature(self):
         """Which submodules have hooks (they are kernel boundaries), and the global hooks present.
@@ -162,7 +162,7 @@ class CompiledModule(Module):
 
     def _fast_key(self, args) -> tuple | None:
         """A flat key holding everything the guards check for a call whose arguments are all tensors (None for any
-        other call): each tensor's shape, dtype, array type and requires_grad, then the training flag, grad mode, the
+        other call): each tensor's shape, dtype, array type and requires_grad, then the training flags, grad mode, the
         parameters' requires_grad (None under no_grad, where no compile depends on them) and the hooks present.
 
         NOTE: it maps to what the full guards found for an equal call (`_cache` and the variants with symbolic sizes
@@ -176,7 +176,11 @@ class CompiledModule(Module):
         grad = grad_mode.is_grad_enabled()
         params = self._parameters_requiring_grad() if grad else None
         hooks = self._hook_signature() if self._any_hooks() else self._no_hooks
-        return (*parts, self._module.training, grad, params, hooks)
+        return (*parts, self._training_flags(), grad, params, hooks)
+
+    def _training_flags(self) -> tuple:
+        """Every module's training flag: a submodule switched to eval alone (its dropout off) compiles anew."""
+        return tuple([m.training for _, m in self._module_list])
 
     def _any_hooks(self) -> bool:
         return bool(any(self._hook_tables) or module_mod._global_forward_pre_hooks
@@ -426,7 +430,7 @@ def root_trace_error(error) -> str | None:
     return None
 
 
-_GUARD_LABELS = ("arguments", "training flag", "grad mode", "parameters' requires_grad", "hooks")
+_GUARD_LABELS = ("arguments", "training flags", "grad mode", "parameters' requires_grad", "hooks")
 
 
 def _changed_parts(previous, key) -> list[str]:

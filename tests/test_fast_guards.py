@@ -187,3 +187,13 @@ def test_a_read_only_parameter_array_in_whole_graph_mode_is_copied_then_checked_
         for _ in range(2):
             np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
         assert plan.steps[0].compiled._check_all
+
+
+def test_a_submodule_switched_to_eval_alone_recompiles_without_its_dropout(full_guard_calls):
+    runtime.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), runtime.randn(8, 4)
+    with runtime.no_grad():
+        compiled = warmed(model, x)
+        model[1].eval()  # the root stays in training mode
+        assert slow_path_taken(full_guard_calls, lambda: compiled(x))
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
