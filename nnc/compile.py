@@ -54,6 +54,11 @@ class CompiledModule(Module):
         object.__setattr__(self, "_parameter_tables", [m._parameters for _, m in self._module_list])
         object.__setattr__(self, "_hook_tables", [getattr(m, name) for path, m in self._module_list if path
                                                   for name in HOOK_TABLES])
+        object.__setattr__(self, "_no_hooks", ((False,) * len(self._hook_tables), (False, False, False)))
+        # Calls whose arguments are all tensors, passed positionally (nothing left to a default), may take the fast
+        # path: a flat key (_fast_key) -> the artifact the full guards found for it (see forward)
+        object.__setattr__(self, "_fast_arities", _fast_arities(self._signature))
+        object.__setattr__(self, "_fast", {})
         self.recompile_limit = recompile_limit
         self.target = target
         self.codegen = codegen
@@ -115,8 +120,8 @@ class CompiledModule(Module):
                 parts.append((name, spec, tuple(_leaf_key(leaf) for leaf in leaves)))
             else:
                 parts.append((name, "python", _hashable(value)))
-        params = tuple([p._rg for table in self._parameter_tables for p in table.values() if p is not None])
-        return (tuple(parts), self._module.training, grad_mode.is_grad_enabled(), params, self._hook_signature(),
+        params = self._parameters_requiring_grad()
+        return (tuple(parts), self._training_flags(), grad_mode.is_grad_enabled(), params, self._hook_signature(),
                 self._state_storage())
 
     def _state_storage(self) -> type | None:
@@ -141,20 +146,62 @@ class CompiledModule(Module):
     # -- running ---------------------------------------------------------------------------------------
 
     def forward(self, *args, **kwargs):
+        fast = self._fast_key(args) if not kwargs and len(args) in self._fast_arities else None
+        if fast is not None:
+            artifact = self._fast.get(fast)
+            if artifact is not None:
+                return self._run(artifact, args, kwargs, args, fast[-2])
         arguments = self._bind(args, kwargs)
         key = self._guard_key(arguments)
         tensors = _argument_tensors(arguments)
         artifact = self._cache.get(key)
+        if artifact is None and self._dynamic_variants:
+            artifact = self._dynamic_variant(key, tensors)
         if artifact is None:
-            artifact = self._dynamic_variant(key, tensors) if self._dynamic_variants else None
-            if artifact is None:
-                artifact = self._compile(key, arguments)
+            artifact = self._compile(key, arguments)
+        elif fast is not None:  # found by the full guards: the fast path serves this key from now on
+            if len(self._fast) >= _MAX_FAST_KEYS:
+                self._fast.clear()
+            self._fast[fast] = artifact
+        return self._run(artifact, args, kwargs, tensors, key[3])
+
+    def _run(self, artifact, args, kwargs, tensors, params_rg):
         if artifact is _EAGER:
             return self._module.forward(*args, **kwargs)
         if type(artifact) is PartlyCompiled:
             return artifact.run(args, kwargs)
-        wants_grad = grad_mode.is_grad_enabled() and (any(t._rg for t in tensors) or any(key[3]))
+        wants_grad = grad_mode.is_grad_enabled() and (any(t._rg for t in tensors) or any(params_rg))
         return artifact.run(tensors, wants_grad)
+
+    def _fast_key(self, args) -> tuple | None:
+        """A flat key holding everything the guards check for a call whose arguments are all tensors (None for any
+        other call): each tensor's shape, dtype, array type (its device) and requires_grad, then the parameters'
+        storage type (their device), the training flags, grad mode, the parameters' requires_grad (None under no_grad,
+        where no compile depends on them) and the hooks present.
+
+        NOTE: it maps to what the full guards found for an equal call (`_cache` and the variants with symbolic sizes
+        only ever gain entries, so that answer never changes); it only saves building and hashing the full key."""
+        parts = []
+        for value in args:
+            if not isinstance(value, Tensor):
+                return None
+            data = value._data
+            parts += (data.shape, data.dtype, type(data), value._rg)
+        grad = grad_mode.is_grad_enabled()
+        params = self._parameters_requiring_grad() if grad else None
+        hooks = self._hook_signature() if self._any_hooks() else self._no_hooks
+        return (*parts, self._state_storage(), self._training_flags(), grad, params, hooks)
+
+    def _training_flags(self) -> tuple:
+        """Every module's training flag: a submodule switched to eval alone (its dropout off) compiles anew."""
+        return tuple([m.training for _, m in self._module_list])
+
+    def _any_hooks(self) -> bool:
+        return bool(any(self._hook_tables) or module_mod._global_forward_pre_hooks
+                    or module_mod._global_forward_hooks or module_mod._global_backward_hooks)
+
+    def _parameters_requiring_grad(self) -> tuple:
+        return tuple([p._rg for table in self._parameter_tables for p in table.values() if p is not None])
 
     @property
     def compilations(self) -> list:
@@ -418,7 +465,8 @@ def root_trace_error(error) -> str | None:
     return None
 
 
-_GUARD_LABELS = ("arguments", "training flag", "grad mode", "parameters' requires_grad", "hooks", "parameters' device")
+_GUARD_LABELS = ("arguments", "training flags", "grad mode", "parameters' requires_grad", "hooks",
+                 "parameters' device")
 _MOVE_HINT = {"cuda": "move the model and its inputs to the GPU first (model.to('cuda'), x.cuda())",
               "cpu": "move them to the CPU first (model.cpu(), x.cpu()), or compile with target='cuda'"}
 
@@ -584,12 +632,30 @@ def _leaf_key(leaf):
     return ("python", _hashable(leaf))
 
 
+def _fast_arities(signature) -> frozenset:
+    """The numbers of positional arguments a call may pass to take the fast path: every parameter positional, and
+    those left out having defaults of immutable types (a call leaving them out always binds the same values)."""
+    parameters = list(signature.parameters.values())
+    if any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters):
+        return frozenset()
+    arities = {len(parameters)}
+    for k in reversed(range(len(parameters))):
+        if type(parameters[k].default) not in _IMMUTABLE_DEFAULTS:
+            break
+        arities.add(k)
+    return frozenset(arities)
+
+
+_IMMUTABLE_DEFAULTS = (type(None), bool, int, float, str, bytes)
+
+
 def _uses_super(function) -> bool:
     """Whether a method calls super() (it then needs an instance of its class as self)."""
     return "__class__" in function.__code__.co_freevars
 
 
 _EAGER = object()
+_MAX_FAST_KEYS = 256  # fast-path keys kept (a generate loop meets a new size per token): then it starts over
 
 
 def _hashable(value):

@@ -182,6 +182,18 @@ def _has_empty_value(nodes) -> bool:
     return False
 
 
+def _single_output(output, returned: list, extra: list):
+    """For a whole graph that returns just computed values, each once: a function making the graph's result from the
+    numba call's arrays (no env dict, no map_arg on every call); None for any other output."""
+    if extra:
+        return None
+    if isinstance(output, Node) and returned == [output]:
+        return lambda results: Tensor._from_array(results[0])
+    if type(output) is tuple and list(output) == returned:
+        return lambda results: tuple(map(Tensor._from_array, results))
+    return None
+
+
 def _attr_reader(gm: GraphModule, path: str):
     """A cheap reader for a get_attr target: its owner is resolved once, the registry is read on every call
     (so a parameter or buffer rebound later, e.g. by load_state_dict(assign=True), is still seen)."""
@@ -403,8 +415,15 @@ class Plan:
             self._whole_args = self._sources_of(step.inputs)
             extra = [n for n in nodes_in(self.output) if n.op in ("placeholder", "get_attr")]
             self._whole_extra = list(zip(extra, self._sources_of(extra)))
+            self._whole_single = _single_output(self.output, step.outputs, extra)
         arrays = [inputs[k]._data if read is None else read()._data for k, read in self._whole_args]
-        env = _profiled_whole(self, step, arrays) if _profiles else step.run(arrays)
+        if _profiles:
+            env = _profiled_whole(self, step, arrays)
+        else:
+            results = step.compiled.run(arrays)
+            if self._whole_single is not None:  # the graph returns one computed tensor (or a tuple of them)
+                return self._whole_single(results)
+            env = dict(zip(step.outputs, map(Tensor._from_array, results)))
         for node, (k, read) in self._whole_extra:  # outputs that are inputs or attributes
             env[node] = inputs[k] if read is None else read()
         return map_arg(self.output, env.__getitem__)

@@ -455,7 +455,9 @@ def _describe_guard(key) -> list[str]:
                 lines.append(f"{part[0]}: the Python value {part[2]!r}")
             else:
                 lines.append(f"{part[0]}: nested tensors {part[2]!r}")
-        lines.append(f"module.training is {bool(training)}")
+        flags = training if isinstance(training, tuple) else (training,)
+        sub = f"; {sum(map(bool, flags[1:]))} of {len(flags) - 1} submodules in training mode" if len(flags) > 1 else ""
+        lines.append(f"module.training is {bool(flags[0])}{sub}")
         lines.append(f"grad mode is {'on' if grad else 'off'}")
         lines.append(f"{sum(map(bool, params))} of {len(params)} parameters require grad"
                      + (f", on {_device_of_storage(storage)}" if storage is not None else ""))

@@ -604,6 +604,8 @@ def test_linear_bias_relu(dtype, m, k, n):
 
 # (op, dtype, (rows, sum length, output columns), parallel)
 SMALL_MATMULS = [("linear", torch.float32, (1, 784, 512), False),  # below PARALLEL_MIN_WORK: serial
+                 ("linear", torch.float64, (1, 13, 11), False),  # a batch-1 linear: 4 weight rows a sweep, 3 left
+                 ("linear", torch.float32, (1, 2048, 1030), True),  # ... in parallel, with a partial last task
                  ("linear", torch.float64, (3, 7, 5), False),
                  ("linear", torch.float32, (4, 100, 1030), False),
                  ("linear", torch.float32, (8, 784, 512), True),  # a batch-8 layer: every row in one sweep
@@ -637,6 +639,21 @@ def test_small_matmul_shapes_run_as_a_generated_loop(op, dtype, shape, parallel)
     assert not parallel or m * k * n >= PARALLEL_MIN_ELEMENTS
     (got,), (want,) = kernel.run(case.inputs), case.expected()
     assert_close(got, want, dict(rtol=1e-4, atol=1e-4) if dtype is torch.float32 else TOL["float64"])
+
+
+@pytest.mark.parametrize("dtype,kdim", [(torch.float64, 1), (torch.float64, 3), (torch.float32, 4),
+                                         (torch.float64, 7), (torch.float32, 64)])
+def test_small_batched_matmuls_sum_every_k_with_or_without_a_remainder(dtype, kdim):
+    # the loop adds 4 rows of b per sweep over an output row, then the rest one at a time
+    rng = np.random.default_rng(kdim)
+    inputs = {"a": torch.from_numpy(rng.standard_normal((2, 5, kdim)).astype(dtype.np)),
+              "b": torch.from_numpy(rng.standard_normal((2, kdim, 9)).astype(dtype.np))}
+    case, kernel = compiled(("batched_small", dtype.name, kdim),
+                            lambda: Case(inputs, lambda g, a, b: [call(g, "matmul", a, b)], kind="matmul",
+                                         name="bmm_small"))
+    assert schedule(case.kernel).form == "batched_small"
+    (got,), (want,) = kernel.run(case.inputs), case.expected()
+    assert_close(got, want, dict(rtol=1e-5, atol=1e-5) if dtype is torch.float32 else TOL["float64"])
 
 
 def test_matmul_with_more_rows_and_a_longer_sum_goes_to_blas():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import operator
 import re
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
 from ..passes.views import view_maps
 from . import cache
-from .cpu import Generated, all_writeable, compile_generated, generate, numba_signature_nd
+from .cpu import Generated, compile_generated, generate, numba_signature_nd
 from .cpu_elementwise import py_name
 from .cpu_matmul import matmul_schedule
 from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shape, np_dtype, op_and_attrs
@@ -42,6 +43,7 @@ from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shap
 # fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
 WHOLE_GRAPH_MAX_ELEMENTS = 2 ** 20
 _HAVE_SCIPY = importlib.util.find_spec("scipy") is not None
+_SHAPE = operator.attrgetter("shape")
 
 
 class WholeGraphUnsupported(Exception):
@@ -105,16 +107,28 @@ class CompiledGraph:
 
     def __post_init__(self):
         self._shapes = [shape for shape, _ in self.arg_specs]
+        self._inputs = [k for k, node in enumerate(self.arg_nodes) if node.op == "placeholder"]
+        self._check_all = False
 
     def run(self, arrays: list) -> tuple:
         # NOTE: the shapes are checked here (the code is specialized to them); dtypes, ranks and layouts by numba's
-        # dispatcher, which refuses other types (compilation is disabled): then the slow path below says which.
-        if [a.shape for a in arrays] == self._shapes and all_writeable(arrays):
+        # dispatcher, which refuses other types (compilation is disabled): then the slow path below says which. A
+        # refused dispatch costs ~100 us of typing, so the inputs' layouts are checked first; the attributes'
+        # (parameters, buffers) are trusted until one is refused, and checked on every call from then on.
+        if list(map(_SHAPE, arrays)) == self._shapes and self._layouts_fit(arrays):
             try:
                 return self._function(*arrays)
             except TypeError:
-                pass
+                self._check_all = True
         return self._function(*self._checked(arrays))
+
+    def _layouts_fit(self, arrays: list) -> bool:
+        """Whether the arrays checked on every call are writeable and C-contiguous (numba's signature)."""
+        for k in (range(len(arrays)) if self._check_all else self._inputs):
+            flags = arrays[k].flags
+            if not (flags.c_contiguous and flags.writeable):
+                return False
+        return True
 
     def _checked(self, arrays: list) -> list:
         checked = []
