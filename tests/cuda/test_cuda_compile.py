@@ -126,6 +126,24 @@ def test_target_follows_the_device_and_a_move_recompiles():
     np.testing.assert_allclose(got.cpu().numpy(), want.numpy(), rtol=1e-12)
 
 
+def test_a_move_after_fast_path_calls_is_seen():
+    """Calls that took the fast guard path (nnc.compile's _fast_key) on the CPU; then the model moves: a CPU input
+    is the wrong-device error, never the CPU variant run with device parameters, and a CUDA input runs on CUDA."""
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU()).double()
+    compiled = nnc.compile(model)
+    x = runtime.randn(2, 4, dtype=runtime.float64)
+    with runtime.no_grad():
+        want = [compiled(x) for _ in range(3)][-1]  # the later calls are served by the fast path
+        assert compiled._fast
+        model.to("cuda")
+        with pytest.raises(RuntimeError, match="cuda"):
+            compiled(x)
+        got = compiled(x.cuda())
+    assert got.is_cuda
+    np.testing.assert_allclose(got.cpu().numpy(), want.numpy(), rtol=1e-12)
+
+
 def test_new_batch_sizes_compile_static_cuda_variants_then_run_eagerly():
     # CUDA kernels are generated for static sizes: the variant with a symbolic batch fails, static ones serve
     runtime.manual_seed(0)
