@@ -67,6 +67,37 @@ _PARALLEL_REGIONS = threading.Lock()
 _threadsafe_layer: bool | None = None
 
 
+class serial_numba_kernels:
+    """Inside, numba's parallel kernels launched by this thread run on one thread (numba.set_num_threads is per
+    calling thread), leaving the other cores to OpenBLAS's threads.
+
+    NOTE: after every call OpenBLAS's idle workers spin on the cores for a long while (~0.1 s, its thread timeout),
+    so a parallel numba kernel between two BLAS calls waits at its barrier for a worker sharing a core with one of
+    them: the MNIST CNN's training step (tools/bench_compile.py case 7) took 64-105 ms with parallel numba kernels and
+    44 ms with serial ones, alone in its process on 2 cores (torch eager 35 ms); the GPT's step (case 8a) was the
+    same either way (4.3-4.9 ms vs 4.8 ms)."""
+
+    __slots__ = ("previous",)
+
+    def __enter__(self):
+        import numba
+
+        self.previous = numba.get_num_threads()
+        numba.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import numba
+
+        numba.set_num_threads(self.previous)
+        return False
+
+
+def _numba_threads() -> int:
+    import numba
+
+    return numba.config.NUMBA_NUM_THREADS
+
+
 def threading_layer_is_threadsafe() -> bool:
     """Whether numba's threading layer lets two threads run parallel regions at once (tbb and omp do; the
     workqueue layer, numba's fallback when neither is installed, aborts the process instead)."""
@@ -173,6 +204,16 @@ class InterpretedStep:
             env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
 
 
+def _calls_blas(kernel: Kernel) -> bool:
+    """Whether a matmul kernel runs its product through numpy's BLAS (nnc.codegen.cpu_matmul's "blas" form)."""
+    from .codegen.cpu import schedule
+
+    try:
+        return schedule(kernel).form == "blas"
+    except Exception:  # no schedule: nothing generated calls BLAS
+        return False
+
+
 def _has_empty_value(nodes) -> bool:
     """Whether any of the nodes (or the tensors they read) has a dimension of size 0."""
     for node in nodes:
@@ -264,6 +305,8 @@ class Plan:
         self.output = gm.graph.output_node.args[0]
         self._whole_args = self._whole_extra = None  # how _run_whole finds its arguments (on its first call)
         self.compile_seconds = 0.0
+        # numba's kernels run serially when the plan calls multi-threaded BLAS (see serial_numba_kernels)
+        self.serial_numba = False
 
     def fuse(self) -> None:
         """The fuse stage: the graph's kernels, in execution order."""
@@ -386,6 +429,8 @@ class Plan:
             return InterpretedStep(kernel.nodes, self.interpreter, reason, views)
         self.cache_hits += bool(getattr(compiled, "cache_hit", False))
         kernel.meta["source"] = getattr(compiled, "source", "")
+        if kernel.kind == "matmul" and _numba_threads() > 1 and _calls_blas(kernel):
+            self.serial_numba = True
         return KernelStep(kernel, compiled, self.reuse_outputs)
 
     def run(self, *inputs, sizes: tuple = ()):
@@ -402,12 +447,19 @@ class Plan:
             steps, buffers = bound.steps, self._buffers(bound)
         else:
             steps, buffers = self.steps, self._buffers()
+        if self.serial_numba:
+            with serial_numba_kernels():
+                self._run_steps(steps, buffers, env)
+        else:
+            self._run_steps(steps, buffers, env)
+        return map_arg(self.output, env.__getitem__)
+
+    def _run_steps(self, steps, buffers, env) -> None:
         if _profiles:  # nnc.profile is on: the same loop, each step timed
             _profiled_steps(self, steps, buffers, env)
         else:
             for step, buffer in zip(steps, buffers):
                 step.run(env, buffer)
-        return map_arg(self.output, env.__getitem__)
 
     def _run_whole(self, inputs):
         step = self.steps[0]
