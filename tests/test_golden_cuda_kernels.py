@@ -10,7 +10,6 @@ The stamp line's numba-cuda version is replaced with <numba-cuda> on both sides.
 """
 from __future__ import annotations
 
-import difflib
 import pathlib
 import re
 
@@ -18,7 +17,7 @@ import pytest
 
 from nnc.codegen.cuda import generate
 from test_golden_kernels import CASES as CPU_CASES
-from test_golden_kernels import UPDATE, call, f32, hand_kernel
+from test_golden_kernels import assert_matches_golden, call, f32, hand_kernel
 
 GOLDEN_DIR = pathlib.Path(__file__).resolve().parent / "golden" / "cuda_kernels"
 
@@ -74,17 +73,7 @@ CASES = {**{name: CPU_CASES[name] for name in ("elementwise_broadcast", "row_red
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_generated_cuda_kernel_matches_golden(case):
     source = normalized(generate(CASES[case]()).annotated)
-    path = GOLDEN_DIR / f"{case}.py.golden"
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(source)
-    assert path.exists(), f"no golden file {path}: run with NNC_UPDATE_GOLDEN=1 to create it"
-    want = path.read_text()
-    if source != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), source.splitlines(True),
-                                            f"golden/cuda_kernels/{path.name}", "generated"))
-        pytest.fail(f"generated CUDA kernel {case} differs from its golden file (NNC_UPDATE_GOLDEN=1 regenerates "
-                    f"it):\n{diff}", pytrace=False)
+    assert_matches_golden(source, GOLDEN_DIR / f"{case}.py.golden", f"generated CUDA kernel {case}")
 
 
 def test_no_golden_file_is_left_without_a_case():

@@ -179,20 +179,24 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_generated_kernel_matches_golden(case):
-    source = normalized(generate(CASES[case]()).annotated)
-    path = GOLDEN_DIR / f"{case}.py.golden"
+def assert_matches_golden(source: str, path: pathlib.Path, what: str) -> None:
+    """`source` equals the golden file at `path` (NNC_UPDATE_GOLDEN=1 writes it instead); a unified diff if not."""
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(source)
     assert path.exists(), f"no golden file {path}: run with NNC_UPDATE_GOLDEN=1 to create it"
     want = path.read_text()
     if source != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), source.splitlines(True),
-                                            f"golden/kernels/{path.name}", "generated"))
-        pytest.fail(f"generated kernel {case} differs from its golden file (NNC_UPDATE_GOLDEN=1 regenerates it):\n"
-                    f"{diff}", pytrace=False)
+        label = f"golden/{path.parent.name}/{path.name}"
+        diff = "".join(difflib.unified_diff(want.splitlines(True), source.splitlines(True), label, "generated"))
+        pytest.fail(f"{what} differs from its golden file (NNC_UPDATE_GOLDEN=1 regenerates it):\n{diff}",
+                    pytrace=False)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_generated_kernel_matches_golden(case):
+    source = normalized(generate(CASES[case]()).annotated)
+    assert_matches_golden(source, GOLDEN_DIR / f"{case}.py.golden", f"generated kernel {case}")
 
 
 def test_generation_is_repeatable():
