@@ -37,12 +37,9 @@ def cat_pieces(kb: KernelBuilder) -> list[tuple[Array, int]]:
     if len(kb.kernel.nodes) != 1:
         raise Unsupported("a cat kernel has exactly one node")
     node = kb.kernel.nodes[0]
-    reads = {a.node: a for a in kb.reads}
     dim, start, pieces = node.kwargs["dim"], 0, []
     for arg in node.args:
-        if arg not in reads:
-            raise Unsupported(f"cat input {arg.name} is not read from an argument")
-        pieces.append((reads[arg], start))
+        pieces.append((kb.read_of(arg), start))
         start += node_shape(arg)[dim]
     return pieces
 

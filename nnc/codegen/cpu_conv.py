@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 from ..kernel import Kernel
 from ..symbolic import has_symbols
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, indent, launch_line
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, ParallelLoop, indent, launch_line
 from .scalar import Unsupported, node_shape, op_and_attrs
 
 WINDOW_OPS = ("im2col", "col2im", "max_pool", "max_pool_backward")
 
 
 @dataclass(frozen=True)
-class WindowSchedule:
+class WindowSchedule(ParallelLoop):
     """How a window kernel runs: `tasks` independent tasks (rows of im2col's columns, or (sample, channel) planes),
     each `work` multiply-adds or loads; a prange over the tasks when tasks * work >= PARALLEL_MIN_ELEMENTS."""
 
@@ -31,10 +31,6 @@ class WindowSchedule:
     tasks: int
     work: int
     parallel: bool
-
-    @property
-    def loop(self) -> str:
-        return "prange" if self.parallel else "range"
 
 
 def _geometry(kernel: Kernel):

@@ -148,6 +148,13 @@ class KernelBuilder:
             reads.append(Array(base.arg, node, tuple(m.shape), base.dtype, int(m.offset), tuple(m.strides)))
         return reads
 
+    def read_of(self, node: Node) -> Array:
+        """The Array the kernel reads `node` through: an input as it is, or a folded view of an input's base."""
+        for a in self.reads:
+            if a.node is node:
+                return a
+        raise Unsupported(f"{node.name} is not read from an argument of the kernel")
+
     def arguments(self, arrays) -> list[Array]:
         """The distinct numba arguments behind some reads and outputs (a base read through views is one argument;
         an array read and written in place is one argument, its last role naming it)."""
@@ -283,8 +290,16 @@ def launch_line(f: Function) -> str:
     return f"{f.name}({', '.join([flat_view(a) for a in f.args] + f.symbols)})"
 
 
+class ParallelLoop:
+    """A schedule whose outer loop is a prange when its `parallel` field says so (`loop` names it for the source)."""
+
+    @property
+    def loop(self) -> str:
+        return "prange" if self.parallel else "range"
+
+
 @dataclass(frozen=True)
-class ElementwiseSchedule:
+class ElementwiseSchedule(ParallelLoop):
     """How an elementwise loop is laid out (a pure value of the iteration shape and the arrays' shapes).
 
     rows > 0: a loop over `rows` rows with an inner loop of `length` along the last collapsed dim, so the inner
@@ -301,10 +316,6 @@ class ElementwiseSchedule:
     @property
     def nested(self) -> bool:
         return self.rows > 0
-
-    @property
-    def loop(self) -> str:
-        return "prange" if self.parallel else "range"
 
 
 def elementwise_schedule(shape, array_shapes, stride_lists=None) -> ElementwiseSchedule:

@@ -16,23 +16,19 @@ from dataclasses import dataclass
 
 from ..kernel import Kernel, gather_dim
 from ..symbolic import has_symbols
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, indent, launch_line
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, ParallelLoop, indent, launch_line
 from .indexing import c_strides, shifted
 from .scalar import Unsupported, node_dtype, node_shape
 
 
 @dataclass(frozen=True)
-class GatherSchedule:
+class GatherSchedule(ParallelLoop):
     """How a gather/scatter kernel runs: `tasks` rows of `row` elements; a prange over the tasks (gathers only)."""
 
     op: str
     tasks: int
     row: int
     parallel: bool
-
-    @property
-    def loop(self) -> str:
-        return "prange" if self.parallel else "range"
 
 
 def _geometry(kernel: Kernel):
@@ -87,12 +83,9 @@ def _wrapped(index: Array, k: int) -> list[str]:
 def _reads(kb: KernelBuilder, node) -> list[Array]:
     """The Array each tensor argument of `node` is read through, in argument order; a folded view must be a
     contiguous run of its base (nnc.passes.views folds no other view into a gather kernel)."""
-    by_node = {a.node: a for a in kb.reads}
     arrays = []
     for arg in node.args:
-        a = by_node.get(arg)
-        if a is None:
-            raise Unsupported(f"{arg.name} is not read from an argument")
+        a = kb.read_of(arg)
         if a.strides is not None and tuple(a.strides) != tuple(c_strides(a.shape)):
             raise Unsupported(f"{arg.name} is a strided view; a gather kernel reads contiguous runs only")
         arrays.append(a)

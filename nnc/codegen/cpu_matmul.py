@@ -11,7 +11,7 @@ from runtime.ops import Kind
 from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import has_symbols
-from .cpu_elementwise import Array, Function, KernelBuilder, flat_view, indent
+from .cpu_elementwise import Array, Function, KernelBuilder, ParallelLoop, flat_view, indent
 from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
 
 # A matmul/linear whose first operand has at most FEW_ROWS rows, or a matmul that sums over at most FEW_ROWS
@@ -47,7 +47,7 @@ _GEMV_ROWS = 4  # weight rows a batch-1 linear sweeps at once (see _gemv_lines);
 
 
 @dataclass(frozen=True)
-class MatmulSchedule:
+class MatmulSchedule(ParallelLoop):
     """How a matmul/linear of `rows` x `kdim` by `kdim` x `n_out` runs (a pure value of the op, shapes and dtypes).
 
     form: "blas" (numpy's np.dot/np.matmul into the output: OpenBLAS's own threads), or a generated loop:
@@ -78,10 +78,6 @@ class MatmulSchedule:
     kdim: int = 0
     n_out: int = 0
     batch_rows: int = 0  # batched_small: the rows of one product (rows // batch_rows products)
-
-    @property
-    def loop(self) -> str:
-        return "prange" if self.parallel else "range"
 
 
 def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype) -> MatmulSchedule:
@@ -141,10 +137,7 @@ def gen_matmul(kb: KernelBuilder) -> None:
     """A matmul kernel: the product (a loop function or a BLAS call in the launcher), then the epilogue."""
     k = kb.kernel
     mm, op, args = _anchor(k)
-    by_node = {a.node: a for a in kb.reads}
-    if any(a not in by_node for a in args):
-        raise Unsupported(f"the operands of {mm.name} are not kernel inputs")
-    a_arr, b_arr = by_node[args[0]], by_node[args[1]]
+    a_arr, b_arr = kb.read_of(args[0]), kb.read_of(args[1])
     mm_shape, mm_dtype = node_shape(mm), node_dtype(mm)
     epilogue = [n for n in k.nodes if n is not mm]  # in graph order: side inputs (a relu mask) come first
     for n in epilogue:

@@ -22,7 +22,7 @@ from ..symbolic import is_symbolic
 from ..graph import Node
 from ..kernel import Kernel
 from ..prims import Prim
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, indent, launch_line
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, ParallelLoop, indent, launch_line
 from .indexing import broadcast_strides, collapse, emit_offsets, shifted
 from .scalar import Dialect, Unsupported, Value, ctor, format_literal, node_dtype, node_shape, op_and_attrs
 
@@ -51,7 +51,7 @@ _SPAN = 256
 
 
 @dataclass(frozen=True)
-class ReductionSchedule:
+class ReductionSchedule(ParallelLoop):
     """How a reduction kernel's loops are laid out: a pure value of the input shape, the reduced dims and whether
     every accumulator has a block helper (`reduction_schedule`); the skeletons follow it.
 
@@ -71,10 +71,6 @@ class ReductionSchedule:
     block: int = 0         # rows: values per block
     tile: int = 0          # columns: kept positions per task
     tiles: int = 0         # columns: tasks along the kept positions
-
-    @property
-    def loop(self) -> str:
-        return "prange" if self.parallel else "range"
 
     @property
     def tasks(self) -> int:

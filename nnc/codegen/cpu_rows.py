@@ -27,7 +27,7 @@ from runtime.ops import Kind
 from ..graph import Node
 from ..kernel import Kernel
 from ..symbolic import is_symbolic
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, indent, launch_line
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, ParallelLoop, indent, launch_line
 from .cpu_reduction import (_BLOCK, _MIN_BLOCKED, _Accumulator, _acc_term, _block_helper_of, _combine,
                             accumulators, blockable)
 from .indexing import collapse, emit_offsets, shifted
@@ -35,7 +35,7 @@ from .scalar import Dialect, Unsupported, Value, ctor, node_shape, op_and_attrs
 
 
 @dataclass(frozen=True)
-class RowSchedule:
+class RowSchedule(ParallelLoop):
     """How a row kernel's loops are laid out: a task per row (`n_outer` of them, a prange when `parallel`), and in
     each task `passes` loops over the row's `n_red` positions; a pass with reductions reduces `block` values at a
     time through a vectorized helper when `blocked`."""
@@ -46,10 +46,6 @@ class RowSchedule:
     passes: int
     blocked: bool
     block: int
-
-    @property
-    def loop(self) -> str:
-        return "prange" if self.parallel else "range"
 
     @property
     def tasks(self) -> int:

@@ -13,35 +13,24 @@ import math
 from dataclasses import dataclass
 
 from ..kernel import Kernel
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, launch_line
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, ParallelLoop, launch_line
 from .indexing import c_strides, emit_offsets, shifted, view_strides
 from .scalar import Unsupported, node_shape
 
 
 @dataclass(frozen=True)
-class TakeSchedule:
+class TakeSchedule(ParallelLoop):
     """How a take kernel runs: one loop over the `n` index elements, a prange when `parallel` (gathers only)."""
 
     op: str
     n: int
     parallel: bool
 
-    @property
-    def loop(self) -> str:
-        return "prange" if self.parallel else "range"
-
 
 def take_schedule_of(kernel: Kernel) -> TakeSchedule:
     node = kernel.nodes[0]
     op, n = node.target.op.name, math.prod(node_shape(node.args[1]))
     return TakeSchedule(op, n, op == "gather" and n >= PARALLEL_MIN_ELEMENTS)
-
-
-def _read(kb: KernelBuilder, node) -> Array:
-    for a in kb.reads:
-        if a.node is node:
-            return a
-    raise Unsupported(f"{node.name} is not read from an argument")
 
 
 def _strides(a: Array) -> list[int]:
@@ -63,7 +52,7 @@ def gen_take(kb: KernelBuilder) -> None:
     node, out = kb.kernel.nodes[0], kb.outs[0]
     sched = take_schedule_of(kb.kernel)
     dim = node.kwargs["dim"] % len(out.shape)
-    x, index = _read(kb, node.args[0]), _read(kb, node.args[1])
+    x, index = kb.read_of(node.args[0]), kb.read_of(node.args[1])
     shape = tuple(index.shape)
     lines = _check(index, shape, dim, x.shape[dim], sched.op)
     if sched.op == "gather":  # out has index's shape, written at t
@@ -75,7 +64,7 @@ def gen_take(kb: KernelBuilder) -> None:
                   f"    {out.arg}[t] = {x.arg}[{shifted(x_off, x.offset)} + j * {xs[dim]}]"]
         arrays = [x, index, out]
     else:  # scatter_add: out = x, then src added at the indexed places, in index order
-        src = _read(kb, node.args[2])
+        src = kb.read_of(node.args[2])
         copy, (x_off,) = emit_offsets(out.shape, [_strides(x)], "e", "e_")
         lines += [f"for e in range({math.prod(out.shape)}):"] + [f"    {line}" for line in copy]
         lines += [f"    {out.arg}[e] = {x.arg}[{shifted(x_off, x.offset)}]"]
