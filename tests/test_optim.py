@@ -308,6 +308,75 @@ def test_sgd_subclass_with_its_own_step_still_updates_through_the_one_pass_kerne
     np.testing.assert_array_equal(w.detach().numpy(), expected)
 
 
+ADAM_CONFIGS = [(n, c) for n, c in CONFIGS if n in ("Adam", "AdamW")]
+
+
+def _adam_trajectory(name, kwargs, dtype, fused, shape=(23, 17), steps=6):
+    """Parameter and moment values after each step, with the one-pass kernel on (fused) or numpy's operations."""
+    from runtime.optim import adam
+
+    saved = adam.ADAM_MIN_ELEMENTS
+    adam.ADAM_MIN_ELEMENTS = 0 if fused else 1 << 62
+    try:
+        rng = np.random.default_rng(5)
+        w = runtime.tensor(rng.standard_normal(shape).astype(dtype), requires_grad=True)
+        opt = getattr(optim, name)([w], **kwargs)
+        trajectory = []
+        for _ in range(steps):
+            w.grad = runtime.tensor(rng.standard_normal(shape).astype(dtype))
+            opt.step()
+            state = opt.state[w]
+            trajectory.append([w.detach().numpy().copy()] + [state[k].numpy().copy() for k in
+                                                              ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+                                                              if k in state])
+        return trajectory, opt
+    finally:
+        adam.ADAM_MIN_ELEMENTS = saved
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("name,kwargs", ADAM_CONFIGS, ids=[str(c) for c in ADAM_CONFIGS])
+def test_adam_one_pass_update_equals_the_numpy_operations_bit_for_bit(name, kwargs, dtype):
+    """Serial and parallel steps (the optimizer times both on its first steps) give numpy's bits exactly."""
+    from runtime.optim._launch import LaunchChoice
+
+    fused, opt = _adam_trajectory(name, kwargs, dtype, fused=True, steps=2 * LaunchChoice.TRIALS + 2)
+    numpy_path, _ = _adam_trajectory(name, kwargs, dtype, fused=False, steps=len(fused))
+    assert opt._launch.parallel is not None  # both modes ran
+    for step, (a_arrays, b_arrays) in enumerate(zip(fused, numpy_path)):
+        for a, b in zip(a_arrays, b_arrays):
+            np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (1, 1)])
+def test_adam_one_pass_update_on_edge_shapes(shape):
+    fused, _ = _adam_trajectory("AdamW", {"amsgrad": True}, "float32", fused=True, shape=shape, steps=3)
+    numpy_path, _ = _adam_trajectory("AdamW", {"amsgrad": True}, "float32", fused=False, shape=shape, steps=3)
+    for a_arrays, b_arrays in zip(fused, numpy_path):
+        for a, b in zip(a_arrays, b_arrays):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_adam_one_pass_gives_inf_and_nan_as_numpy():
+    """A zero denominator (eps 0, zero gradient) and a non-finite gradient: numpy's inf/nan, no exception."""
+    for grad in (0.0, np.inf, np.nan):
+        results = []
+        for fused in (True, False):
+            from runtime.optim import adam
+
+            saved, adam.ADAM_MIN_ELEMENTS = adam.ADAM_MIN_ELEMENTS, (0 if fused else 1 << 62)
+            try:
+                w = runtime.tensor(np.ones(3, np.float32), requires_grad=True)
+                opt = optim.Adam([w], eps=0.0)
+                w.grad = runtime.tensor(np.full(3, grad, np.float32))
+                with np.errstate(all="ignore"):
+                    opt.step()
+                results.append(w.detach().numpy().copy())
+            finally:
+                adam.ADAM_MIN_ELEMENTS = saved
+        np.testing.assert_array_equal(results[0], results[1])
+
+
 def test_launch_choice_tries_serial_then_parallel_and_keeps_the_faster():
     from runtime.optim._launch import LaunchChoice
 

@@ -1,8 +1,12 @@
 """One-pass optimizer updates: numba loops that read each array once, where numpy takes a pass per operation.
 
-Imported at an optimizer's first large update, so `import runtime` does not load numba."""
+Imported at an optimizer's first fusable update (SGD's large ones, Adam's any), so `import runtime` does not load
+numba."""
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 from numba import njit, prange
 
 
@@ -40,3 +44,66 @@ def sgd_momentum(p, grad, buf, lr: float, momentum: float, dampening: float, wei
     kernel = _sgd_momentum_parallel if parallel else _sgd_momentum_serial
     kernel(p.reshape(-1), grad.reshape(-1), buf.reshape(-1), scalar(lr), scalar(momentum), scalar(1 - dampening),
            scalar(weight_decay), bool(nesterov), bool(maximize))
+
+
+# NOTE: error_model="numpy": a division by zero gives inf/nan as numpy's does, with no exception path in the loop.
+# The element function takes and returns scalars: inlined with array arguments, numba counted references to the
+# arrays inside the loop (atomic increments per element, which ran the loop 10x slower).
+@njit(inline="always", error_model="numpy")
+def _adam_element(p, d, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
+                  neg_step_size, maximize, amsgrad):
+    """(p, m, v, vmax) after one step from gradient d."""
+    if maximize:
+        d = -d
+    if l2 != 0:
+        d = d + l2 * p
+    # torch's two-sided lerp toward d: exact at weight 0 and 1
+    m = m + lerp_w * (d - m) if lerp_small else d - (d - m) * lerp_w
+    v = v * beta2 + one_minus_beta2 * d * d
+    if amsgrad:
+        vmax = np.maximum(vmax, v)
+    else:  # vmax is v's own array then (see adam()): store v there too
+        vmax = v
+    return p * decay + (neg_step_size * m) / (np.sqrt(vmax) / bc2_sqrt + eps), m, v, vmax
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _adam_serial(p, g, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
+                 neg_step_size, maximize, amsgrad):
+    for i in range(p.size):
+        p[i], m[i], v[i], vmax[i] = _adam_element(p[i], g[i], m[i], v[i], vmax[i], decay, l2, lerp_w, lerp_small,
+                                                  beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize,
+                                                  amsgrad)
+
+
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def _adam_parallel(p, g, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
+                   neg_step_size, maximize, amsgrad):
+    for i in prange(p.size):
+        p[i], m[i], v[i], vmax[i] = _adam_element(p[i], g[i], m[i], v[i], vmax[i], decay, l2, lerp_w, lerp_small,
+                                                  beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize,
+                                                  amsgrad)
+
+
+def adam(p, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars: tuple, parallel: bool = False) -> None:
+    """torch's Adam/AdamW step in place on p and its moments (C-contiguous arrays of one float dtype), in one pass,
+    rounded as adam.py's numpy sequence: every scalar in the arrays' dtype, one rounding per operation.
+    max_exp_avg_sq is None without amsgrad; `scalars` come from adam_scalars."""
+    vmax = exp_avg_sq if max_exp_avg_sq is None else max_exp_avg_sq
+    kernel = _adam_parallel if parallel else _adam_serial
+    kernel(p.reshape(-1), grad.reshape(-1), exp_avg.reshape(-1), exp_avg_sq.reshape(-1), vmax.reshape(-1), *scalars)
+
+
+@functools.lru_cache(maxsize=64)
+def adam_scalars(dtype: np.dtype, step: float, lr: float, betas: tuple, eps: float, weight_decay: float,
+                 decoupled: bool, maximize: bool, amsgrad: bool) -> tuple:
+    """The kernels' scalar arguments for one step, each rounded to the arrays' dtype as numpy rounds a Python
+    float meeting an array (the same for every parameter of a group, hence cached)."""
+    scalar = dtype.type
+    beta1, beta2 = betas
+    decay = 1 - lr * weight_decay if decoupled and weight_decay != 0 else 1.0
+    lerp_w = 1 - beta1
+    lerp_small = abs(lerp_w) < 0.5
+    return (scalar(decay), scalar(0.0 if decoupled else weight_decay), scalar(lerp_w if lerp_small else 1 - lerp_w),
+            bool(lerp_small), scalar(beta2), scalar(1 - beta2), scalar((1 - beta2 ** step) ** 0.5), scalar(eps),
+            scalar(-(lr / (1 - beta1 ** step))), bool(maximize), bool(amsgrad))

@@ -12,10 +12,10 @@ _FUSABLE_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 MIN_ELEMENTS = 2 ** 16
 
 
-def fusable(*arrays: np.ndarray) -> bool:
+def fusable(*arrays: np.ndarray, min_elements: int = MIN_ELEMENTS) -> bool:
     """Large enough, same shape and float dtype, C-contiguous, and the first (the one written) writeable."""
     first = arrays[0]
-    return (first.size >= MIN_ELEMENTS and first.dtype in _FUSABLE_DTYPES and first.flags.writeable
+    return (first.size >= min_elements and first.dtype in _FUSABLE_DTYPES and first.flags.writeable
             and all(a.dtype == first.dtype and a.shape == first.shape and a.flags.c_contiguous for a in arrays))
 
 

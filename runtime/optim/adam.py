@@ -4,8 +4,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
+from ._launch import LaunchChoice, StepTimer, fusable
 from .optimizer import (Optimizer, as_float, increment_step, lerp_, new_step, reject_unsupported,
                         validate_adam_family, zeros_like)
+
+
+# NOTE: Adam's numpy update takes about twelve passes, so one numba pass wins from small sizes on (measured below)
+ADAM_MIN_ELEMENTS = 0
 
 
 class Adam(Optimizer):
@@ -21,6 +26,7 @@ class Adam(Optimizer):
                     "decoupled_weight_decay": decoupled_weight_decay}
         self._validate(defaults)
         super().__init__(params, defaults)
+        self._launch = LaunchChoice()  # serial or parallel one-pass updates (see runtime/optim/_launch.py)
 
     def _validate(self, hyper: dict) -> None:
         validate_adam_family(hyper)
@@ -35,8 +41,18 @@ class Adam(Optimizer):
                 state["max_exp_avg_sq"] = zeros_like(p)
         return state
 
+    def step(self, closure=None):
+        self._timer = StepTimer(self._launch)
+        try:
+            return super().step(closure)
+        finally:
+            self._timer.finish()
+            self._timer = None
+
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         state = self._init_state(p, group)
+        if self._fused_update(p, grad, group, state):
+            return
         lr, (beta1, beta2), weight_decay = as_float(group["lr"]), group["betas"], group["weight_decay"]
         if group["maximize"]:
             grad = -grad
@@ -55,6 +71,27 @@ class Adam(Optimizer):
         denom = np.sqrt(second) / (1 - beta2 ** step) ** 0.5 + group["eps"]
         data += (-(lr / (1 - beta1 ** step)) * exp_avg) / denom
 
+    def _fused_update(self, p: Tensor, grad: np.ndarray, group: dict, state: dict) -> bool:
+        """_update's arithmetic as one numba pass (runtime/optim/_fused.py), where the arrays allow it."""
+        moments = [state["exp_avg"]._data, state["exp_avg_sq"]._data]
+        if group["amsgrad"]:
+            moments.append(state["max_exp_avg_sq"]._data)
+        if not fusable(p._data, grad, *moments, min_elements=ADAM_MIN_ELEMENTS):
+            return False
+        from ._fused import adam, adam_scalars
+
+        step = increment_step(state)
+        scalars = adam_scalars(p._data.dtype, step, as_float(group["lr"]), group["betas"], group["eps"],
+                               group["weight_decay"], group["decoupled_weight_decay"], group["maximize"],
+                               group["amsgrad"])
+        update = lambda parallel: adam(p._data, grad, *moments[:2], moments[2] if group["amsgrad"] else None,  # noqa: E731
+                                       scalars, parallel)
+        timer = getattr(self, "_timer", None)
+        if timer is None:  # a subclass's own step() called _update: serial, untimed
+            update(False)
+        else:
+            timer.run(update)
+        return True
 
     def _update_cuda(self, p: Tensor, grad: Tensor, group: dict) -> None:
         """The same arithmetic as _update (each operation rounded in the parameter's dtype), as CUDA kernels."""
