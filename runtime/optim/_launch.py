@@ -65,3 +65,24 @@ class StepTimer:
     def finish(self) -> None:
         if self.seconds:
             self.choice.record(self.parallel, self.seconds)
+
+
+class OnePassUpdates:
+    """Mixin for optimizers whose `_update` may run a one-pass kernel: each `step` runs those kernels in the mode
+    its LaunchChoice picks, timed. The subclass sets `self._launch = LaunchChoice()` in its __init__."""
+
+    def step(self, closure=None):
+        self._timer = StepTimer(self._launch)
+        try:
+            return super().step(closure)
+        finally:
+            self._timer.finish()
+            self._timer = None
+
+    def _run_one_pass(self, update) -> None:
+        """update(parallel) in this step's mode; serial and untimed when a subclass's own step() called _update."""
+        timer = getattr(self, "_timer", None)
+        if timer is None:
+            update(False)
+        else:
+            timer.run(update)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._launch import LaunchChoice, StepTimer, fusable
+from ._launch import LaunchChoice, OnePassUpdates, fusable
 from .optimizer import (Optimizer, as_float, increment_step, lerp_, new_step, reject_unsupported,
                         validate_adam_family, zeros_like)
 
@@ -13,7 +13,7 @@ from .optimizer import (Optimizer, as_float, increment_step, lerp_, new_step, re
 ADAM_MIN_ELEMENTS = 0
 
 
-class Adam(Optimizer):
+class Adam(OnePassUpdates, Optimizer):
     """Bias-corrected first and second moment estimates of the gradient scale each parameter's step."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
@@ -40,14 +40,6 @@ class Adam(Optimizer):
             if group["amsgrad"]:
                 state["max_exp_avg_sq"] = zeros_like(p)
         return state
-
-    def step(self, closure=None):
-        self._timer = StepTimer(self._launch)
-        try:
-            return super().step(closure)
-        finally:
-            self._timer.finish()
-            self._timer = None
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         state = self._init_state(p, group)
@@ -86,11 +78,7 @@ class Adam(Optimizer):
                                group["amsgrad"])
         update = lambda parallel: adam(p._data, grad, *moments[:2], moments[2] if group["amsgrad"] else None,  # noqa: E731
                                        scalars, parallel)
-        timer = getattr(self, "_timer", None)
-        if timer is None:  # a subclass's own step() called _update: serial, untimed
-            update(False)
-        else:
-            timer.run(update)
+        self._run_one_pass(update)
         return True
 
     def _update_cuda(self, p: Tensor, grad: Tensor, group: dict) -> None:

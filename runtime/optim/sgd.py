@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from ._launch import LaunchChoice, StepTimer, fusable
+from ._launch import LaunchChoice, OnePassUpdates, fusable
 from .optimizer import Optimizer, as_float, check_hyper, reject_unsupported
 
 
-class SGD(Optimizer):
+class SGD(OnePassUpdates, Optimizer):
     """p <- p - lr * g, where g is the gradient plus weight decay, optionally through a momentum buffer."""
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
@@ -28,14 +28,6 @@ class SGD(Optimizer):
         check_hyper(not hyper["nesterov"] or (hyper["momentum"] > 0 and hyper["dampening"] == 0),
                     "Nesterov momentum requires a momentum and zero dampening")
 
-    def step(self, closure=None):
-        self._timer = StepTimer(self._launch)
-        try:
-            return super().step(closure)
-        finally:
-            self._timer.finish()
-            self._timer = None
-
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         buf = self.state[p].get("momentum_buffer") if group["momentum"] != 0 else None
         if buf is not None and fusable(p._data, grad, buf._data):
@@ -44,11 +36,7 @@ class SGD(Optimizer):
             update = lambda parallel: sgd_momentum(  # noqa: E731
                 p._data, grad, buf._data, as_float(group["lr"]), group["momentum"], group["dampening"],
                 group["weight_decay"], group["nesterov"], group["maximize"], parallel)
-            timer = getattr(self, "_timer", None)
-            if timer is None:  # a subclass's own step() called _update: serial, untimed
-                update(False)
-            else:
-                timer.run(update)
+            self._run_one_pass(update)
             buf._bump_version()
             return
         if group["maximize"]:
