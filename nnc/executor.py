@@ -135,7 +135,9 @@ class OutputBuffers:
         if last is not None and sys.getrefcount(last) <= 3:
             return last
         shape, dtype = self.specs[i]
-        return aligned_empty(shape, dtype)
+        # NOTE: a plan that does not reuse its outputs (the backward's) hands them to AccumulateGrad, which keeps a
+        # gradient's array without copying only when it owns its memory: an aligned view would cost a copy.
+        return aligned_empty(shape, dtype) if self.reuse else np.empty(shape, dtype)
 
     def handed_out(self, arrays: list) -> None:
         if self.reuse:

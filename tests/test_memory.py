@@ -297,3 +297,16 @@ def test_large_compiled_outputs_and_arenas_start_on_a_cache_line():
     for got in (first, second):
         assert got.numpy().ctypes.data % CACHE_LINE == 0
         np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_outputs_handed_to_autograd_own_their_memory():
+    """A plan that does not reuse its outputs (the backward's, whose outputs AccumulateGrad keeps without a copy only
+    when they own their memory) gets plain np.empty outputs; a forward plan's large outputs are aligned."""
+    from nnc.executor import OutputBuffers
+
+    spec = [((128, 256), np.dtype(np.float32))]
+    backward = OutputBuffers([None], spec, reuse=False).arrays()[0]
+    forward = OutputBuffers([None], spec, reuse=True).arrays()[0]
+    assert backward.shape == forward.shape == (128, 256) and backward.dtype == forward.dtype == np.float32
+    assert backward.flags.owndata
+    assert forward.ctypes.data % CACHE_LINE == 0
