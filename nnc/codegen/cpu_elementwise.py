@@ -345,7 +345,7 @@ def elementwise_schedule(shape, array_shapes, stride_lists=None) -> ElementwiseS
 # that store ("4K aliasing"); with the output's stores queued behind the memory system, a bias row at an unlucky
 # address relative to the output stalls every load of it. relu(x*w+b)+0.5*x over [4096, 1024] took 2.3x the time
 # of `out = x*2` with the bias rows the benchmark happened to allocate, and 1.04x with them copied to the output's
-# address modulo 4096 (tools/bench_compile.py, case 2b).
+# address modulo 4096 (x and the output 64-byte aligned; 1.2x with x 16 bytes into a page as numpy puts it).
 _PAGE = 4096
 
 
