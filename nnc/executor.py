@@ -16,7 +16,7 @@ from .graph_module import GraphModule
 from .interpreter import Interpreter
 from .kernel import Kernel, view_node
 from .passes.fusion import fuse
-from .passes.memory import plan_memory
+from .passes.memory import aligned_empty, plan_memory
 from .profile import ACTIVE as _profiles
 from .profile import run_steps as _profiled_steps
 from .profile import run_whole as _profiled_whole
@@ -135,7 +135,9 @@ class OutputBuffers:
         if last is not None and sys.getrefcount(last) <= 3:
             return last
         shape, dtype = self.specs[i]
-        return np.empty(shape, dtype)
+        # NOTE: a plan that does not reuse its outputs (the backward's) hands them to AccumulateGrad, which keeps a
+        # gradient's array without copying only when it owns its memory: an aligned view would cost a copy.
+        return aligned_empty(shape, dtype) if self.reuse else np.empty(shape, dtype)
 
     def handed_out(self, arrays: list) -> None:
         if self.reuse:

@@ -284,6 +284,34 @@ def test_float32_stays_float32_in_the_source():
     assert {name: len(f.overloads) for name, f in vars(module).items() if hasattr(f, "overloads")} == overloads
 
 
+def shifted_empty(shape, dtype, shift: int) -> np.ndarray:
+    """An uninitialised C-contiguous array starting `shift` elements into a larger buffer (so at any alignment)."""
+    n = math.prod(shape)
+    return np.empty(n + 64, dtype)[shift:shift + n].reshape(shape)
+
+
+@pytest.mark.parametrize("float_name", ["float32", "float64"])
+def test_large_kernels_read_bias_rows_from_copies_placed_beside_the_output(float_name):
+    """A parallel kernel copies a row every row reads (the bias) next to the output's page offset before its loop,
+    and gives the interpreter's results whatever the alignment of the output and of the bias."""
+    case, kernel = compiled(("chain", float_name, LARGE), lambda: chain_case(float_name, LARGE))
+    src = kernel.source
+    length = LARGE[1]
+    assert f"bcast_in1 = bcast_in1_pad[bcast_in1_at:bcast_in1_at + {length}]" in src, src
+    assert "v_in1 = bcast_in1[j]" in src and "out0.ctypes.data" in src
+    small_case, small = compiled(("chain", float_name, SMALL), lambda: chain_case(float_name, SMALL))
+    assert "bcast_" not in small.source and "v_in1 = in1[j]" in small.source  # serial kernels read it in place
+    want = case.expected()
+    x, bias, *rest = case.inputs
+    for shift in (0, 1, 3, 16, 17):
+        moved_bias = shifted_empty(bias.shape, bias.dtype, (shift * 7) % 32)
+        moved_bias[...] = bias
+        outs = [shifted_empty(w.shape, w.dtype, shift) for w in want]
+        kernel.run_into([x, moved_bias, *rest], outs)
+        for got, w in zip(outs, want):
+            assert_close(got, w, TOL[float_name], f"output shifted by {shift} elements")
+
+
 @pytest.mark.parametrize("x_shape,y_shape,parallel", [
     ((6, 5), (6, 5), False),         # nothing broadcasts: one flat loop at the flat index
     ((2, 160000), (160000,), True),  # parallel with too few rows: flat, offsets by division

@@ -10,7 +10,7 @@ import nnc
 import runtime as torch
 from nnc.graph import map_arg
 from nnc.passes.fusion import fuse
-from nnc.passes.memory import MemoryPlan, plan_memory
+from nnc.passes.memory import ALIGNED_MIN_BYTES, CACHE_LINE, MemoryPlan, aligned_empty, plan_memory
 from helpers import call
 from test_fusion import X48, array, build, random_body
 
@@ -262,3 +262,51 @@ def test_the_checks_catch_a_buffer_reused_too_early():
         check_no_live_overlap(kernels, gm.graph, plan)
     with pytest.raises(AssertionError):
         assert_same(*run_in_buffers(gm, kernels, examples, plan))
+
+
+@pytest.mark.parametrize("shape,dtype", [((4096, 1024), np.float32), ((3, 50000), np.float64),
+                                         ((ALIGNED_MIN_BYTES,), np.uint8), ((0, 4), np.float32), ((4, 4), np.int64)])
+def test_aligned_empty_starts_large_arrays_on_a_cache_line(shape, dtype):
+    a = aligned_empty(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    if a.nbytes >= ALIGNED_MIN_BYTES:
+        assert a.ctypes.data % CACHE_LINE == 0
+    else:
+        assert a.base is None  # small arrays: plain np.empty
+    a[...] = 3
+    assert (a == 3).all()
+
+
+def test_large_compiled_outputs_and_arenas_start_on_a_cache_line():
+    """The executor's fresh outputs and the memory plan's large arenas are aligned (vector stores never split)."""
+    _, _, plan = planned(reduction_chain(2), torch.randn(128, 160))  # [128, 160] float32: 80 KiB buffers
+    arenas = plan.allocate()
+    assert [a.nbytes for a in arenas] == [b.nbytes for b in plan.buffers]
+    assert all(a.ctypes.data % CACHE_LINE == 0 for a in arenas if a.nbytes >= ALIGNED_MIN_BYTES)
+    assert any(a.nbytes >= ALIGNED_MIN_BYTES for a in arenas)
+
+    class Affine(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x * 3.0 - 1.0) + 0.5 * x
+
+    x = torch.randn(1030, 1024)  # above whole-graph mode's 2^20 elements: the executor allocates the output
+    with torch.no_grad():
+        compiled = nnc.compile(Affine())
+        first, second = compiled(x), compiled(x)
+        want = Affine()(x)
+    for got in (first, second):
+        assert got.numpy().ctypes.data % CACHE_LINE == 0
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_outputs_handed_to_autograd_own_their_memory():
+    """A plan that does not reuse its outputs (the backward's, whose outputs AccumulateGrad keeps without a copy only
+    when they own their memory) gets plain np.empty outputs; a forward plan's large outputs are aligned."""
+    from nnc.executor import OutputBuffers
+
+    spec = [((128, 256), np.dtype(np.float32))]
+    backward = OutputBuffers([None], spec, reuse=False).arrays()[0]
+    forward = OutputBuffers([None], spec, reuse=True).arrays()[0]
+    assert backward.shape == forward.shape == (128, 256) and backward.dtype == forward.dtype == np.float32
+    assert backward.flags.owndata
+    assert forward.ctypes.data % CACHE_LINE == 0

@@ -20,7 +20,7 @@ from ..kernel import Kernel
 from ..symbolic import Shape
 from .cpu_dialect import CpuDialect
 from .indexing import broadcast_strides, broadcast_shape, collapse, emit_offsets, shifted, view_strides
-from .scalar import ScalarBody, Unsupported, Value, node_dtype, node_shape, op_and_attrs
+from .scalar import ScalarBody, Unsupported, Value, ctor, node_dtype, node_shape, op_and_attrs
 
 # NOTE: a warm parallel kernel costs ~1.6 µs, which alone would put the crossover near 2**16 elements; but between
 # BLAS calls numba's and OpenBLAS's spinning thread pools contend on a 2-core machine (a 10 µs kernel took 2-4 ms
@@ -203,6 +203,7 @@ class KernelBuilder:
             bases = [shifted(base, a.offset) for a, base in zip(arrays, bases)] + bases[len(arrays):]
             base_vars: dict[str, str] = {}
             views: dict[tuple, str] = {}  # (argument, row start, step) -> its row slice
+            prologue: list[str] = []  # lines before the outer loop (placed copies of broadcast rows)
             refs = []
             for k, (a, base, st) in enumerate(zip(arrays, bases, collapsed)):
                 if base != "0" and base not in base_vars:
@@ -211,7 +212,15 @@ class KernelBuilder:
                         row_lines.append(f"{base_vars[base]} = {base}")
                 b = base_vars.get(base, "0")
                 step = st[-1]
-                if step and b == "0":  # a row the same for every o (a bias): the array itself
+                if step == 1 and b == "0" and k < len(ins) and placed_rows(schedule):
+                    # a row the same for every o (a bias) in a large kernel: read from a copy placed beside the
+                    # output's rows (`placed_row_lines`)
+                    view = views.get((a.arg, "placed", step))
+                    if view is None:
+                        view = views[(a.arg, "placed", step)] = f"bcast_{a.arg}"
+                        prologue += placed_row_lines(view, a, length, outs[0].arg)
+                    refs.append(f"{view}[j]")
+                elif step and b == "0":  # a row the same for every o (a bias): the array itself
                     refs.append(f"{a.arg}[{'j' if step == 1 else f'j * {step}'}]")
                 elif step:
                     view = views.get((a.arg, b, step))
@@ -234,7 +243,7 @@ class KernelBuilder:
                 base = base_vars.get(base, "0")
                 index_of[n] = " + ".join(t for t in (base, "j" if step == 1 else f"j * {step}" if step else "0")
                                          if t != "0") or "0"
-            header = [f"for o in {loop}({schedule.rows}):"] + indent(row_lines)
+            header = prologue + [f"for o in {loop}({schedule.rows}):"] + indent(row_lines)
             inner_loop = [f"for j in range({length}):"]
             depth = 2
         else:
@@ -330,6 +339,34 @@ def elementwise_schedule(shape, array_shapes, stride_lists=None) -> ElementwiseS
     if len(sizes) >= 2 and (not parallel or rows >= _MIN_PARALLEL_ROWS):
         return ElementwiseSchedule(numel, parallel, rows, sizes[-1])
     return ElementwiseSchedule(numel, parallel, 0, numel)
+
+
+# NOTE: a page is 4096 bytes. A load whose address matches a store still in flight in its low 12 bits waits for
+# that store ("4K aliasing"); with the output's stores queued behind the memory system, a bias row at an unlucky
+# address relative to the output stalls every load of it. relu(x*w+b)+0.5*x over [4096, 1024] took 2.3x the time
+# of `out = x*2` with the bias rows the benchmark happened to allocate, and 1.04x with them copied to the output's
+# address modulo 4096 (x and the output 64-byte aligned; 1.2x with x 16 bytes into a page as numpy puts it).
+_PAGE = 4096
+
+
+def placed_rows(schedule: ElementwiseSchedule) -> bool:
+    """Whether a nested elementwise loop reads its broadcast rows (a bias read by every row) from copies placed
+    beside the output (`placed_row_lines`): in large (parallel) kernels, where the copy costs nothing measurable,
+    over a static row length."""
+    return schedule.parallel and isinstance(schedule.length, int) and schedule.length > 0
+
+
+def placed_row_lines(view: str, a: Array, length: int, like: str) -> list[str]:
+    """Lines copying the row `a.arg[0:length]` into `view`, fresh memory at the same address as the array `like`
+    modulo a page: element j of the copy then shares its page offset with element j of every row of `like` whose
+    start does (all of them when a row is a multiple of 4096 bytes, and `like` starts a row), so loading it never
+    waits on a recent store to `like` (see _PAGE), and it is as aligned as `like`'s rows."""
+    size = a.dtype.itemsize
+    return [f"{view}_pad = np.empty({length + _PAGE // size}, dtype={ctor(a.dtype)})",
+            f"{view}_at = np.int64(({like}.ctypes.data - {view}_pad.ctypes.data) % {_PAGE}) // {size}",
+            f"{view} = {view}_pad[{view}_at:{view}_at + {length}]",
+            f"for c in range({length}):",  # NOTE: a loop, not `{view}[:] = ...`, which numba makes a parallel region
+            f"    {view}[c] = {a.arg}[c]"]
 
 
 def check_elementwise_nodes(kernel: Kernel) -> tuple:
