@@ -326,3 +326,17 @@ def test_max_pool_ties_and_nan_match_eager(kw):
     _compare(cx, ex)  # overlapping windows sum their gradients in another order
     assert np.isnan(co).any()
     _check_window_kernels_run(compiled)
+
+
+def test_im2col_and_col2im_take_their_row_width_as_an_argument():
+    # a constant-length row loop stays scalar (LLVM unrolls it and cannot rule out overlapping slices); the launcher
+    # passes the output width of the last dim, 5 here, and the row loops run over it
+    m = _conv_module(runtime, 2, (2, 3, 7, 7), 4, (3, 3), {}).double()
+    ((eo, ex, _), (co, cx, _)), compiled = _eager_and_compiled(m, _data((2, 3, 7, 7)), _data((2, 4, 5, 5), 1))
+    _compare(co, eo)
+    _compare(cx, ex)
+    sources = {s.kernel.nodes[0].target.op.name: s.compiled.source for p in _plans(compiled) for s in p.steps
+               if getattr(getattr(s, "kernel", None), "kind", None) == "window"}
+    assert set(sources) == {"im2col", "col2im"}
+    for source in sources.values():
+        assert "width = 5" in source and "in range(width):" in source
