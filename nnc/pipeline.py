@@ -29,6 +29,7 @@ from .graph_module import GraphModule
 from .passes import functionalize
 from .passes.decompose import decompose
 from .passes.shapes import propagate_shapes
+from .passes.slices import hoist_slices
 from .passes.simplify import cse, dce, fold_broadcasts, fold_constants, remove_noops
 from .passes.views import copy_strided_reshapes
 from .split import SplitGraph
@@ -52,7 +53,9 @@ def debug(level: int, message: str) -> None:
 # -- the cleanup passes of the two simplify stages ------------------------------------------------------
 
 FORWARD_CLEANUPS = [("remove_noops", remove_noops), ("fold_broadcasts", fold_broadcasts), ("cse", cse),
-                    ("fold_constants", fold_constants), ("dce", dce), ("copy_strided_reshapes", copy_strided_reshapes)]
+                    ("fold_constants", fold_constants), ("hoist_slices", hoist_slices), ("cse", cse),
+                    ("dce", dce),
+                    ("copy_strided_reshapes", copy_strided_reshapes)]
 BACKWARD_CLEANUPS = [("remove_noops", remove_noops), ("fold_broadcasts", fold_broadcasts), ("cse", cse),
                      ("dce", dce), ("copy_strided_reshapes", copy_strided_reshapes)]
 

@@ -128,6 +128,8 @@ def test_schedule_of_a_reduction_kernel_asks_its_reducers(op, blocked):
     ("linear", (4, 32), (16, 32), F32, "linear_few_rows", False),
     ("linear", (FEW_ROWS, 784), (512, 784), F32, "linear_few_rows", True),   # a batch-8 layer
     ("linear", (1, 784), (512, 784), F32, "linear_few_rows", False),      # < PARALLEL_MIN_WORK: serial
+    ("linear", (1, 9216), (128, 9216), F32, "blas", False),               # >= GEMV_BLAS_MIN_WORK: OpenBLAS's gemv
+    ("linear", (1, 1, 2048), (1030, 2048), F64, "blas", False),
     ("matmul", (2, 300), (300, 1000), F32, "matmul_few_rows", False),
     ("matmul", (8, 300), (300, 1000), F32, "matmul_few_rows", True),
     ("matmul", (4, 9), (9, 11), F64, "matmul_few_rows", False),

@@ -10,7 +10,7 @@ import pytest
 
 import nnc
 import runtime
-from nnc.codegen import cache, cpu_matmul, whole_graph
+from nnc.codegen import cache, cblas, cpu_matmul, whole_graph
 from nnc.executor import Plan
 from runtime import nn
 
@@ -51,7 +51,7 @@ def test_mlp_forward_runs_as_one_numba_function(dtype, batch):
     x = runtime.randn(batch, 784, dtype=dtype)
     want, got, plan = run_both(model, x)
     assert_close(got, want, dtype)
-    if batch > cpu_matmul.FEW_ROWS and not whole_graph._HAVE_SCIPY:  # BLAS inside numba needs scipy
+    if batch > cpu_matmul.FEW_ROWS and not (whole_graph._HAVE_SCIPY or cblas.AVAILABLE):  # BLAS inside numba
         assert not plan.whole_graph and "scipy" in plan.whole_graph_reason
         return
     assert plan.whole_graph and plan.whole_graph_reason == ""
@@ -90,7 +90,9 @@ INDEX = runtime.tensor([1, 2])
 class WithSlice(Views):
     def forward(self, x):
         e, flat, m = super().forward(x)
-        return e, flat[1:, 1:4:2], m             # a basic getitem: numpy's strided view inside the function
+        # a basic getitem: numpy's strided view inside the function (flat is returned whole too, so the slice stays
+        # below the ops computing it: nnc.passes.slices)
+        return e, flat[1:, 1:4:2], m, flat
 
 
 def test_views_between_kernels_fold_into_the_kernels_inside_the_function():
@@ -239,8 +241,23 @@ def test_explain_says_whether_the_forward_runs_whole():
     assert not report.whole_graph and "kernel by kernel" in str(report)
 
 
-def test_without_scipy_a_blas_matmul_keeps_the_graph_kernel_by_kernel(monkeypatch):
+def test_without_scipy_a_blas_matmul_calls_numpys_openblas(monkeypatch):
+    if not cblas.AVAILABLE:
+        pytest.skip("numpy's OpenBLAS symbols were not found (a numpy built with another BLAS)")
     monkeypatch.setattr(whole_graph, "_HAVE_SCIPY", False)  # numba's np.dot needs scipy, which nnc does not require
+    runtime.manual_seed(0)
+    model = models.MLP().eval()
+    for batch in (cpu_matmul.FEW_ROWS + 4, 1):
+        want, got, plan = run_both(model, runtime.randn(batch, 784))
+        assert plan.whole_graph, plan.whole_graph_reason
+        assert ("dot_f32(" in plan.steps[0].compiled.source) == (batch > cpu_matmul.FEW_ROWS)
+        assert "np.dot(" not in plan.steps[0].compiled.source
+        assert_close(got, want)
+
+
+def test_without_scipy_or_cblas_a_blas_matmul_keeps_the_graph_kernel_by_kernel(monkeypatch):
+    monkeypatch.setattr(whole_graph, "_HAVE_SCIPY", False)  # numba's np.dot needs scipy, which nnc does not require
+    monkeypatch.setattr(cblas, "AVAILABLE", False)
     model = models.MLP().eval()
     want, got, plan = run_both(model, runtime.randn(cpu_matmul.FEW_ROWS + 4, 784))
     assert not plan.whole_graph and "scipy" in plan.whole_graph_reason

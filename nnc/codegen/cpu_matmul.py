@@ -34,6 +34,11 @@ _SERIAL_LOOP_WORK = 2 ** 20
 # linear ran as a prange between BLAS products, took 8.9 ms against 0.22 ms with the spinning turned off.
 PARALLEL_MIN_WORK = 2 ** 21
 _FEW_ROWS_BLOCK = 8
+# A linear of one row and at least GEMV_BLAS_MIN_WORK multiply-adds runs in BLAS (its gemv, on OpenBLAS's threads):
+# a weight this large is read from L3 or memory, which two threads read about twice as fast as the serial loop.
+# NOTE: measured on the MNIST CNN's 1 x 9216 x 128 linear (4.7 MB of weights, 2 cores): OpenBLAS sgemv 27 us, the
+# generated loop 52 us; the batch-1 MLP's 784 x 512 layer (0.4 M multiply-adds) stays a loop (15.5 us, see _gemv_lines).
+GEMV_BLAS_MIN_WORK = 2 ** 20
 _AXPY_BLOCK = 1024
 # A matmul summing over at most FEW_COLUMNS into at least WIDE_COLUMNS columns (a convolution with few input
 # channels: the MNIST CNN's first, 32 x 9 by 9 x 43264 at batch 64) runs as a loop over blocks of _WIDE_BLOCK
@@ -51,9 +56,9 @@ class MatmulSchedule(ParallelLoop):
     """How a matmul/linear of `rows` x `kdim` by `kdim` x `n_out` runs (a pure value of the op, shapes and dtypes).
 
     form: "blas" (numpy's np.dot/np.matmul into the output: OpenBLAS's own threads), or a generated loop:
-      "linear_few_rows"     a linear with at most FEW_ROWS rows of `a`: dot products of contiguous rows, all rows at
-                            once, so each weight element is loaded once (the rows of `a` stay in L1); tasks of
-                            _FEW_ROWS_BLOCK output columns. BLAS's matrix-vector path is single-threaded.
+      "linear_few_rows"     a linear with at most FEW_ROWS rows of `a` (one row: below GEMV_BLAS_MIN_WORK): dot
+                            products of contiguous rows, all rows at once, so each weight element is loaded once (the
+                            rows of `a` stay in L1); tasks of _FEW_ROWS_BLOCK output columns.
       "matmul_few_rows"     a matmul with at most FEW_ROWS rows: each output row is rows of b scaled and added,
                             vectorized along N; tasks of a row x _AXPY_BLOCK columns.
       "short_sum"           a matmul summing over at most FEW_ROWS (a weight gradient at a small batch), or over at
@@ -98,6 +103,8 @@ def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype)
         return MatmulSchedule("blas")
     parallel = work >= PARALLEL_MIN_WORK
     batched = len(a_shape) >= 2
+    if op_name == "linear" and rows == 1 and work >= GEMV_BLAS_MIN_WORK:
+        return MatmulSchedule("blas")
     if op_name == "linear" and rows <= FEW_ROWS:
         form = "linear_few_rows"
     elif op_name == "matmul" and batched and rows <= FEW_ROWS:

@@ -33,7 +33,7 @@ import numpy as np
 from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
 from ..passes.views import view_maps
-from . import cache
+from . import cache, cblas
 from .cpu import Generated, compile_generated, generate, numba_signature_nd
 from .cpu_elementwise import py_name
 from .cpu_matmul import matmul_schedule
@@ -153,6 +153,7 @@ class _Emitter:
         self.copies: set[str] = set()
         self.lines: list[str] = []
         self.generated: list[tuple[Kernel, Generated]] = []
+        self.blas: set[str] = set()  # the nnc.codegen.cblas functions the graph calls
         self.maps = view_maps(graph)
 
     def arguments(self) -> list[Node]:
@@ -197,7 +198,11 @@ class _Emitter:
             self.lines.append(f"v_{node.name} = np.empty({shape!r}, dtype={ctor(dtype)})")
             outs.append(self.var[node])
         mm = f"mm_{py_name(kernel.name)}"
+        dot = _cblas_dot(kernel)
         for line in generated.launch:
+            if dot is not None and "np.dot(" in line:
+                line = line.replace("np.dot(", f"{dot}(")
+                self.blas.add(dot)
             line = re.sub(r"\bins\[(\d+)\]", lambda m: ins[int(m.group(1))], line)
             line = re.sub(r"\bouts\[(\d+)\]", lambda m: outs[int(m.group(1))], line)
             self.lines.append(re.sub(r"\bmm\b", mm, line))
@@ -218,6 +223,16 @@ class _Emitter:
         if not contiguous:
             self.non_contiguous.add(node)
         self.lines.append(f"v_{node.name} = {expr}")
+
+
+def _cblas_dot(kernel: Kernel) -> str | None:
+    """The nnc.codegen.cblas function that runs a matmul kernel's np.dot (numpy's OpenBLAS, no scipy), or None."""
+    if kernel.kind != "matmul" or not cblas.AVAILABLE:
+        return None
+    (mm,) = matmul_nodes(kernel)
+    a, b = mm.args[0], mm.args[1]
+    dtypes = {np_dtype(n.meta["dtype"]) for n in (a, b, mm)}
+    return cblas.DOT.get(dtypes.pop()) if len(dtypes) == 1 else None
 
 
 def _reshape(emitter: _Emitter, node: Node, source: Node, attrs: dict) -> tuple[str, bool]:
@@ -253,8 +268,9 @@ def generate_graph(kernels: list[Kernel], graph: Graph, name: str = "graph"):
     emitter = _Emitter(kernels, graph)
     arg_nodes = emitter.arguments()
     emitter.emit()
-    if not _HAVE_SCIPY and any("np.dot(" in line for _, g in emitter.generated for line in g.launch):
-        # NOTE: numba calls BLAS through scipy's cython bindings; scipy is not a dependency of nnc
+    if not _HAVE_SCIPY and any("np.dot(" in line for line in emitter.lines):
+        # NOTE: numba calls BLAS through scipy's cython bindings; scipy is not a dependency of nnc (the products
+        # nnc.codegen.cblas runs, numpy's own OpenBLAS, need no scipy)
         raise WholeGraphUnsupported("a matmul runs in BLAS, which numba calls through scipy (not installed)")
     returned = _returned_nodes(graph, emitter)
     return _module_source(name, len(kernels), emitter, arg_nodes, returned), arg_nodes, returned, emitter.generated
@@ -275,6 +291,8 @@ def _module_source(name: str, n_kernels: int, emitter: _Emitter, arg_nodes: list
     # shared by several graphs, or compiled kernel by kernel before, is compiled once and loaded from numba's cache)
     imports = [f"from {cache.module_name(generated.source)} import {', '.join(generated.signatures)}"
                for _, generated in emitter.generated if generated.signatures]
+    if emitter.blas:
+        imports.append(f"from nnc.codegen.cblas import {', '.join(sorted(emitter.blas))}  # cblas v{cblas.VERSION}")
     doc = "; ".join(f"a{k}: {n.name} {np_dtype(n.meta['dtype']).name}{list(n.meta['shape'])}"
                     for k, n in enumerate(arg_nodes))
     results = [emitter.var[n] for n in returned]
