@@ -18,7 +18,7 @@ from numba import njit, types
 
 # NOTE: written into the source of whole graphs that call these, so a change here is a new cached graph (numba's
 # cache of a graph holds the code of the functions it calls)
-VERSION = 1
+VERSION = 2
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _NAMES = ("sgemm", "dgemm", "sgemv", "dgemv")
@@ -95,61 +95,58 @@ def _plan(a, b, out):
 
 
 @njit(cache=True)
-def _trans(flag):
-    return _TRANS if flag else _NO_TRANS
-
-
-@njit(cache=True)
 def _zero_sum(out):
     for i in range(out.shape[0]):
         for j in range(out.shape[1]):
             out[i, j] = 0
 
 
+_NOTHING, _GEMV, _GEMM = 0, 1, 2
+
+
+@njit(cache=True)
+def _prepare(a, b, out):
+    """What computes out = a @ b, dtype aside: (_NOTHING (an empty product, or a sum over k = 0 written as zeros),
+    _GEMV (one row: op(b)^T times a's row with stride inc) or _GEMM; a and b as BLAS reads them, the transposed
+    flags and leading dimensions ta, lda, tb, ldb, ldc; inc)."""
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    if k == 0 and m > 0 and n > 0:
+        _zero_sum(out)
+    if m == 0 or n == 0 or k == 0:
+        return _NOTHING, a, b, 0, 0, 0, 0, 0, 0
+    a, b, ta, lda, tb, ldb = _plan(a, b, out)
+    ldc = out.strides[0] // out.itemsize if m > 1 else n
+    if m == 1 and a.strides[1] > 0:  # a row times a matrix: gemv (a gemm of one row is several times slower)
+        return _GEMV, a, b, ta, lda, tb, ldb, ldc, (a.strides[1] // a.itemsize if k > 1 else 1)
+    return _GEMM, a, b, ta, lda, tb, ldb, ldc, 0
+
+
+# NOTE: one function per dtype: each calls its own external BLAS symbol, which numba binds at compile time.
+# In a gemv, b is w.T for a C-ordered w (n, k) when tb (y = w x), else C-ordered (k, n) (y = b^T x).
 @njit(cache=True)
 def dot_f32(a, b, out):
     """out = a @ b for float32 2-D arrays (out C-contiguous, of a's rows and b's columns)."""
-    m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    if m == 0 or n == 0:
-        return
-    if k == 0:
-        _zero_sum(out)
-        return
-    a, b, ta, lda, tb, ldb = _plan(a, b, out)
-    one, zero = np.float32(1.0), np.float32(0.0)
-    ldc = out.strides[0] // out.itemsize if m > 1 else n
-    if m == 1 and a.strides[1] > 0:  # a row times a matrix: gemv with op(b)^T
-        inc = a.strides[1] // a.itemsize if k > 1 else 1
-        if tb:  # b is w.T for a C-ordered w (n, k): y = w x
-            _sgemv(_ROW_MAJOR, _NO_TRANS, n, k, one, b.ctypes.data, ldb, a.ctypes.data, inc, zero, out.ctypes.data, 1)
-        else:  # b C-ordered (k, n): y = b^T x
-            _sgemv(_ROW_MAJOR, _TRANS, k, n, one, b.ctypes.data, ldb, a.ctypes.data, inc, zero, out.ctypes.data, 1)
-        return
-    _sgemm(_ROW_MAJOR, _trans(ta), _trans(tb), m, n, k, one, a.ctypes.data, lda, b.ctypes.data, ldb, zero,
-           out.ctypes.data, ldc)
+    call, a, b, ta, lda, tb, ldb, ldc, inc = _prepare(a, b, out)
+    k, n, one, zero = a.shape[1], b.shape[1], np.float32(1.0), np.float32(0.0)
+    if call == _GEMV:
+        _sgemv(_ROW_MAJOR, _NO_TRANS if tb else _TRANS, n if tb else k, k if tb else n, one, b.ctypes.data, ldb,
+               a.ctypes.data, inc, zero, out.ctypes.data, 1)
+    elif call == _GEMM:
+        _sgemm(_ROW_MAJOR, _TRANS if ta else _NO_TRANS, _TRANS if tb else _NO_TRANS, a.shape[0], n, k, one,
+               a.ctypes.data, lda, b.ctypes.data, ldb, zero, out.ctypes.data, ldc)
 
 
 @njit(cache=True)
 def dot_f64(a, b, out):
     """out = a @ b for float64 2-D arrays (out C-contiguous, of a's rows and b's columns)."""
-    m, k, n = a.shape[0], a.shape[1], b.shape[1]
-    if m == 0 or n == 0:
-        return
-    if k == 0:
-        _zero_sum(out)
-        return
-    a, b, ta, lda, tb, ldb = _plan(a, b, out)
-    one, zero = np.float64(1.0), np.float64(0.0)
-    ldc = out.strides[0] // out.itemsize if m > 1 else n
-    if m == 1 and a.strides[1] > 0:
-        inc = a.strides[1] // a.itemsize if k > 1 else 1
-        if tb:
-            _dgemv(_ROW_MAJOR, _NO_TRANS, n, k, one, b.ctypes.data, ldb, a.ctypes.data, inc, zero, out.ctypes.data, 1)
-        else:
-            _dgemv(_ROW_MAJOR, _TRANS, k, n, one, b.ctypes.data, ldb, a.ctypes.data, inc, zero, out.ctypes.data, 1)
-        return
-    _dgemm(_ROW_MAJOR, _trans(ta), _trans(tb), m, n, k, one, a.ctypes.data, lda, b.ctypes.data, ldb, zero,
-           out.ctypes.data, ldc)
+    call, a, b, ta, lda, tb, ldb, ldc, inc = _prepare(a, b, out)
+    k, n, one, zero = a.shape[1], b.shape[1], np.float64(1.0), np.float64(0.0)
+    if call == _GEMV:
+        _dgemv(_ROW_MAJOR, _NO_TRANS if tb else _TRANS, n if tb else k, k if tb else n, one, b.ctypes.data, ldb,
+               a.ctypes.data, inc, zero, out.ctypes.data, 1)
+    elif call == _GEMM:
+        _dgemm(_ROW_MAJOR, _TRANS if ta else _NO_TRANS, _TRANS if tb else _NO_TRANS, a.shape[0], n, k, one,
+               a.ctypes.data, lda, b.ctypes.data, ldb, zero, out.ctypes.data, ldc)
 
 
 # the function a whole graph calls for a product of this numpy dtype
