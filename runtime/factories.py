@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes as dt
+from ._aligned import aligned_empty
 from .api import size_args
 from .device import CPU, check_device
 from .random import rng
@@ -64,8 +65,18 @@ def _array_from(data, dtype, copy: bool) -> np.ndarray:
         raise ValueError(f"can't build a tensor from ragged or mixed data: {e}") from None
     target = dt.as_dtype(dtype) if dtype is not None else _infer_dtype(data, array)
     if copy and array is source:
-        return array.astype(target.np, copy=True)
+        return _copy(array, target.np)
     return array.astype(target.np, copy=False)
+
+
+def _copy(array: np.ndarray, np_dtype) -> np.ndarray:
+    """A copy of `array` as `np_dtype` in the same memory layout (as torch.tensor keeps it), on a cache line when
+    it is C-contiguous."""
+    if not array.flags.c_contiguous:
+        return array.astype(np_dtype, copy=True)
+    out = aligned_empty(array.shape, np_dtype)
+    np.copyto(out, array, casting="unsafe")
+    return out
 
 
 def tensor(data, *, dtype=None, device=None, requires_grad=False, pin_memory=False) -> Tensor:
@@ -125,7 +136,9 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad=False) -> T
 def _filled(shape, value, np_dtype, requires_grad, device) -> Tensor:
     """A tensor of one value: numpy's full on the CPU, a fill kernel on CUDA."""
     if device is CPU:
-        return _finish(np.full(shape, value, dtype=np_dtype), requires_grad)
+        array = aligned_empty(shape, np_dtype)
+        array.fill(value)
+        return _finish(array, requires_grad)
     from .cuda import dispatch
 
     t = Tensor._from_array(dispatch.full(shape, value, np_dtype))
@@ -192,7 +205,7 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad=False, **
     device = check_device(device)
     target = _dtype_or_default(dtype)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
-    values = _random(generator, device).random(_new_shape(size), dtype=draw_dtype)
+    values = _random(generator, device).random(dtype=draw_dtype, out=aligned_empty(_new_shape(size), draw_dtype))
     return _finish(values.astype(target, copy=False), requires_grad, device)
 
 
@@ -202,7 +215,8 @@ def randn(*size, generator=None, dtype=None, device=None, requires_grad=False, *
     device = check_device(device)
     target = _dtype_or_default(dtype)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
-    values = _random(generator, device).standard_normal(_new_shape(size), dtype=draw_dtype)
+    values = _random(generator, device).standard_normal(dtype=draw_dtype,
+                                                        out=aligned_empty(_new_shape(size), draw_dtype))
     return _finish(values.astype(target, copy=False), requires_grad, device)
 
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import dtypes as dt
+from ._aligned import memory_owner, ultimate_base
 from .device import check_device
 from .factories import from_numpy
 from .tensor import Tensor
@@ -496,10 +497,11 @@ class _Encoder:
             offset = _address(array) - _address(owner)
             low, high = _extent(array.shape, array.strides, offset, array.itemsize)
             if 0 <= low and high <= owner.nbytes:
-                if id(owner) not in self._storage_index:
-                    self._storage_index[id(owner)] = len(self.storages)
+                key = id(ultimate_base(owner))
+                if key not in self._storage_index:
+                    self._storage_index[key] = len(self.storages)
                     self.storages.append(owner.ravel(order="K").view(np.uint8))
-                return self._storage_index[id(owner)], offset, list(array.strides)
+                return self._storage_index[key], offset, list(array.strides)
         copy = array.copy(order="C")
         self.storages.append(copy.reshape(-1).view(np.uint8))
         return len(self.storages) - 1, 0, list(copy.strides)
@@ -522,9 +524,7 @@ def _key(key, path: str):
 
 def _memory_owner(array: np.ndarray):
     """The ndarray owning array's memory, if that memory is one dense block; None otherwise."""
-    owner = array
-    while isinstance(owner.base, np.ndarray):
-        owner = owner.base
+    owner = memory_owner(array)
     return owner if owner.flags.c_contiguous or owner.flags.f_contiguous else None
 
 

@@ -10,7 +10,8 @@ import nnc
 import runtime as torch
 from nnc.graph import map_arg
 from nnc.passes.fusion import fuse
-from nnc.passes.memory import ALIGNED_MIN_BYTES, CACHE_LINE, MemoryPlan, aligned_empty, plan_memory
+from nnc.passes.memory import MemoryPlan, plan_memory
+from runtime._aligned import ALIGNED_MIN_BYTES, CACHE_LINE, aligned_empty
 from helpers import call
 from test_fusion import X48, array, build, random_body
 
@@ -275,6 +276,27 @@ def test_aligned_empty_starts_large_arrays_on_a_cache_line(shape, dtype):
         assert a.base is None  # small arrays: plain np.empty
     a[...] = 3
     assert (a == 3).all()
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(128, 256), lambda: torch.ones(20000, dtype=torch.float64), lambda: torch.empty(64, 1024),
+    lambda: torch.full((3, 40000), 2.0), lambda: torch.rand(256, 128), lambda: torch.randn(50000, dtype=torch.float64),
+    lambda: torch.nn.Linear(784, 512).weight.detach()])
+def test_large_factory_tensors_start_on_a_cache_line(make):
+    """Tensors from runtime's factories, parameters among them, are aligned as compiled kernels' buffers are."""
+    t = make()
+    assert t.numpy().nbytes >= ALIGNED_MIN_BYTES and t.numpy().ctypes.data % CACHE_LINE == 0
+
+
+def test_aligned_random_draws_are_the_generators_stream():
+    """Drawing into an aligned buffer takes the same numbers as a plain draw: a large draw's first values are a small
+    draw's under the same seed."""
+    torch.manual_seed(7)
+    small = torch.randn(10)
+    torch.manual_seed(7)
+    large = torch.randn(100000)
+    assert large.numpy().ctypes.data % CACHE_LINE == 0
+    np.testing.assert_array_equal(large.numpy()[:10], small.numpy())
 
 
 def test_large_compiled_outputs_and_arenas_start_on_a_cache_line():

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from runtime._aligned import aligned_empty
+
 from ..graph import Graph, Node
 from ..kernel import Kernel
 from ..symbolic import evaluate, hint_int, provably
@@ -99,27 +101,6 @@ class MemoryPlan:
             lines.append(f"  buf{b.index}: {b.nbytes} bytes {list(b.shape)} {b.dtype}: "
                          + ", ".join(n.name for n in b.values))
         return "\n".join(lines)
-
-
-# Arrays of at least this many bytes that the executor allocates start on a cache line (`aligned_empty`).
-ALIGNED_MIN_BYTES = 1 << 16
-CACHE_LINE = 64
-
-
-def aligned_empty(shape, dtype) -> np.ndarray:
-    """np.empty(shape, dtype), starting on a 64-byte cache line when it is at least ALIGNED_MIN_BYTES long.
-
-    NOTE: numpy's large allocations start 16 bytes into a page, so every 64-byte vector load or store of a kernel
-    over them spans two cache lines. relu(x*w+b)+0.5*x over [4096, 1024] float32 writing such an output took
-    1.5x the time of the same kernel writing an aligned one (tools/bench_compile.py, case 2b). Smaller arrays keep
-    plain np.empty: the extra view costs ~1 us per call."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < ALIGNED_MIN_BYTES:
-        return np.empty(shape, dtype)
-    raw = np.empty(nbytes + CACHE_LINE, dtype=np.uint8)
-    start = -raw.ctypes.data % CACHE_LINE
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _single_tensor(node: Node):
