@@ -10,7 +10,8 @@ Cases (all float32; every figure is a median measured in this run, every ratio i
                    write once; numba makes it a memcpy). Target: compiled reaches >= 85% of the copy's speed.
                    "numba scale" (`out[i] = x[i] * 2`) moves the same bytes with a computed store, the most a
                    generated kernel's plain stores can reach. 2b membound_2e22: the same at 2**22 elements
-                   ([4096,1024]).
+                   ([4096,1024]). Every array of these starts on a cache line, as runtime.tensor's copies do;
+                   "nnc.compile (x 16 B off)" is a diagnostic with x where numpy's own allocations start.
   3 chain_fwd_bwd  forward+backward of case 1's chain (gradients for x, w, b): compiled vs torch eager vs hand-fused
                    numba (a forward kernel plus a backward kernel that recomputes from x). Target: >= 2.5x faster
                    than torch.compile (measured only with --torch-compile, which takes long here).
@@ -148,6 +149,24 @@ _TWO = np.float32(2.0)
 _K0 = np.float32(math.sqrt(2.0 / math.pi))
 _K1 = np.float32(0.044715)
 _K3 = np.float32(3 * 0.044715)
+
+
+def _aligned_copy(a: np.ndarray, skew: int = 0) -> np.ndarray:
+    """A copy of `a` starting `skew` bytes after a 64-byte cache line (skew 16: where numpy's own large allocations
+    start, 16 bytes into a page)."""
+    raw = np.empty(a.nbytes + 64 + skew, dtype=np.uint8)
+    start = -raw.ctypes.data % 64 + skew
+    out = raw[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _skewed_parameters(model, skew=16):
+    """`model` with every parameter moved into memory `skew` bytes after a cache line (runtime's factories align
+    large tensors): the diagnostic variants show what the alignment is worth."""
+    for p in model.parameters():
+        p.data = runtime.from_numpy(_aligned_copy(p.detach().numpy(), skew))
+    return model
 
 
 @njit(parallel=True, error_model="numpy")
@@ -468,19 +487,23 @@ def _membound(shape, opts):
     x, w, b, _ = _data(shape, seed=2)
     variants = []
 
-    def nnc_setup():
-        return nnc.compile(_mem_module(runtime, w, b)), runtime.tensor(x)
+    def nnc_setup(skew=None):
+        data = runtime.tensor(x) if skew is None else runtime.from_numpy(_aligned_copy(x, skew))
+        return nnc.compile(_mem_module(runtime, w, b)), data
     variants.append(Variant("nnc.compile", nnc_setup, lambda s: s[0](s[1]), _nograd(runtime),
                             result=lambda s: [s[0](s[1]).numpy()], compiled=lambda s: s[0]))
+    variants.append(Variant("nnc.compile (x 16 B off)", lambda: nnc_setup(skew=16), lambda s: s[0](s[1]),
+                            _nograd(runtime), note="diagnostic: x 16 bytes after a cache line, as numpy allocates"))
+    x = _aligned_copy(x)  # the baselines' arrays start on a cache line, as runtime.tensor's copy does
     flat = x.reshape(-1)
-    variants.append(Variant("numba copy (bandwidth)", lambda: (flat, np.empty_like(flat)),
+    variants.append(Variant("numba copy (bandwidth)", lambda: (flat, _aligned_copy(flat)),
                             lambda s: copy_kernel(*s), note="out[i] = x[i] prange, preallocated out"))
     variants.append(Variant("numba copy + np.empty", lambda: (flat,),
                             lambda s: copy_kernel(s[0], np.empty_like(s[0])),
                             note="the same copy into a fresh array per call (page faults included)"))
-    variants.append(Variant("numba scale", lambda: (flat, np.empty_like(flat)), lambda s: scale_kernel(*s),
+    variants.append(Variant("numba scale", lambda: (flat, _aligned_copy(flat)), lambda s: scale_kernel(*s),
                             note="out[i] = x[i] * 2 prange, preallocated out: a computed store (no memcpy)"))
-    variants.append(Variant("hand-fused numba", lambda: (x, w, b, np.empty_like(x)),
+    variants.append(Variant("hand-fused numba", lambda: (x, w, b, _aligned_copy(x)),
                             lambda s: mem_fwd_kernel(*s), result=lambda s: [(mem_fwd_kernel(*s), s[3])[1].copy()],
                             note="preallocated output"))
     if torch is not None:
@@ -488,7 +511,8 @@ def _membound(shape, opts):
                                 lambda s: s[0](s[1]), _nograd(torch), result=lambda s: [s[0](s[1]).numpy()]))
     res = measure_variants(variants, **opts)
     ratios = [("nnc.compile", "numba copy (bandwidth)"), ("nnc.compile", "numba copy + np.empty"),
-              ("nnc.compile", "numba scale"), ("nnc.compile", "hand-fused numba"), ("nnc.compile", "torch eager")]
+              ("nnc.compile", "numba scale"), ("nnc.compile", "hand-fused numba"), ("nnc.compile", "torch eager"),
+              ("nnc.compile", "nnc.compile (x 16 B off)")]
     r = _ratio(res, "numba copy (bandwidth)", "nnc.compile")  # achieved fraction of the copy's speed
     extra = ""
     if res["numba copy (bandwidth)"].ok:
@@ -613,9 +637,9 @@ def _mlp_case(batch):
     return case
 
 
-def _mlp_infer_setup(lib, compiled, whole_graph=None):
+def _mlp_infer_setup(lib, compiled, whole_graph=None, skew=None):
     def setup():
-        model = _mlp(lib)
+        model = _mlp(lib) if skew is None else _skewed_parameters(_mlp(lib), skew)
         model.eval()
         run = nnc.compile(model, whole_graph=whole_graph) if compiled else model
         xb, _ = _batch(lib, 1)
@@ -657,6 +681,9 @@ def _mlp_infer_variants():
                         compiled=lambda s: s[0]),
                 Variant("kernel by kernel", _mlp_infer_setup(runtime, True, whole_graph=False), infer_step,
                         _nograd(runtime), compiled=lambda s: s[0]),
+                Variant("nnc.compile (weights 16 B off)", _mlp_infer_setup(runtime, True, skew=16), infer_step,
+                        _nograd(runtime), note="diagnostic: parameters 16 bytes after a cache line, as numpy "
+                                               "allocates"),
                 Variant("runtime eager", _mlp_infer_setup(runtime, False), infer_step, _nograd(runtime)),
                 Variant("onnxruntime", _onnxruntime_setup(), _onnxruntime_step,
                         note="torch.onnx.export(dynamo=False); same thread count"),
@@ -671,7 +698,8 @@ def case_mlp_infer_b1(opts, args):
     variants = _mlp_infer_variants()
     res = measure_variants(variants, **opts)
     ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "onnxruntime"), ("nnc.compile", "onnxruntime 1 thread"),
-              ("nnc.compile", "kernel by kernel"), ("nnc.compile", "runtime eager")]
+              ("nnc.compile", "kernel by kernel"), ("nnc.compile", "nnc.compile (weights 16 B off)"),
+              ("nnc.compile", "runtime eager")]
     m = res["nnc.compile"]
     r = _ratio(res, "nnc.compile", "onnxruntime")
     targets = [Target("compiled <= 45 us per batch-1 forward", _fmt(m.median).strip() if m.ok else "-",
