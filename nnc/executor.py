@@ -92,6 +92,37 @@ class serial_numba_kernels:
         return False
 
 
+class one_thread_pool:
+    """Inside, OpenBLAS runs on one thread, for every thread of the process: a plan whose large products split over
+    numba's threads (nnc.codegen.cblas.dot_threaded_f32, each block a single-threaded OpenBLAS call) runs with
+    numba's pool as the only one, so its parallel kernels run on every core too (serial_numba_kernels says why
+    two pools cannot). Nested and concurrent plans share one setting: the first in saves OpenBLAS's count, the
+    last out restores it."""
+
+    __slots__ = ()
+    _lock = threading.Lock()
+    _inside = 0
+    _saved = 1
+
+    def __enter__(self):
+        from .codegen import cblas
+
+        with one_thread_pool._lock:
+            if one_thread_pool._inside == 0:
+                one_thread_pool._saved = cblas.blas_threads()
+                cblas.set_blas_threads(1)
+            one_thread_pool._inside += 1
+
+    def __exit__(self, *exc):
+        from .codegen import cblas
+
+        with one_thread_pool._lock:
+            one_thread_pool._inside -= 1
+            if one_thread_pool._inside == 0:
+                cblas.set_blas_threads(one_thread_pool._saved)
+        return False
+
+
 def _numba_threads() -> int:
     import numba
 
@@ -206,16 +237,6 @@ class InterpretedStep:
             env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
 
 
-def _calls_blas(kernel: Kernel) -> bool:
-    """Whether a matmul kernel runs its product through numpy's BLAS (nnc.codegen.cpu_matmul's "blas" form)."""
-    from .codegen.cpu import schedule
-
-    try:
-        return schedule(kernel).form == "blas"
-    except Exception:  # no schedule: nothing generated calls BLAS
-        return False
-
-
 def _has_empty_value(nodes) -> bool:
     """Whether any of the nodes (or the tensors they read) has a dimension of size 0."""
     for node in nodes:
@@ -307,8 +328,9 @@ class Plan:
         self.output = gm.graph.output_node.args[0]
         self._whole_args = self._whole_extra = None  # how _run_whole finds its arguments (on its first call)
         self.compile_seconds = 0.0
-        # numba's kernels run serially when the plan calls multi-threaded BLAS (see serial_numba_kernels)
-        self.serial_numba = False
+        # numba's kernels run serially when the plan calls multi-threaded BLAS (see serial_numba_kernels); when it
+        # runs its products on numba's threads, OpenBLAS runs on one (see one_thread_pool)
+        self.serial_numba = self.one_pool = False
 
     def fuse(self) -> None:
         """The fuse stage: the graph's kernels, in execution order."""
@@ -431,9 +453,18 @@ class Plan:
             return InterpretedStep(kernel.nodes, self.interpreter, reason, views)
         self.cache_hits += bool(getattr(compiled, "cache_hit", False))
         kernel.meta["source"] = getattr(compiled, "source", "")
-        if kernel.kind == "matmul" and _numba_threads() > 1 and _calls_blas(kernel):
-            self.serial_numba = True
+        if kernel.kind == "matmul" and _numba_threads() > 1:
+            self._note_blas_threads(kernel)
         return KernelStep(kernel, compiled, self.reuse_outputs)
+
+    def _note_blas_threads(self, kernel: Kernel) -> None:
+        """Which pool the plan runs on, after a matmul kernel: products on OpenBLAS's own threads make numba's
+        kernels serial (serial_numba_kernels); products on numba's threads set OpenBLAS to one (one_thread_pool)."""
+        from .codegen.cpu import blas_threads_used
+
+        used = blas_threads_used(kernel, kernel.meta["source"])
+        self.serial_numba |= used == "openblas"
+        self.one_pool |= used == "numba"
 
     def run(self, *inputs, sizes: tuple = ()):
         """What the graph returns for these inputs; `sizes` are the values of the plan's symbols for this call."""
@@ -451,6 +482,9 @@ class Plan:
             steps, buffers = self.steps, self._buffers()
         if self.serial_numba:
             with serial_numba_kernels():
+                self._run_steps(steps, buffers, env)
+        elif self.one_pool:
+            with one_thread_pool():
                 self._run_steps(steps, buffers, env)
         else:
             self._run_steps(steps, buffers, env)

@@ -48,3 +48,51 @@ def test_operands_are_left_unchanged():
     cblas.dot_f64(a, b, np.empty((4, 3)))
     np.testing.assert_array_equal(a, a0)
     np.testing.assert_array_equal(b, b0)
+
+
+THREADED = {np.float32: cblas.dot_threaded_f32, np.float64: cblas.dot_threaded_f64}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m,k,n", [(64, 96, 700), (700, 96, 64), (1, 4096, 300), (300, 4096, 1), (17, 1024, 33),
+                                   (0, 300, 2000), (2000, 0, 300), (5, 7, 3)])
+@pytest.mark.parametrize("layouts", ["CC", "CT", "TC", "SS"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threaded_dot_matches_numpy(dtype, m, k, n, layouts, threads):
+    """Split in blocks of output rows (m > n) or columns, with blocks that do not divide evenly, or not split (one
+    thread, or too little work): the same product, every output element written once."""
+    rng = np.random.default_rng(m + k + n)
+    a, b = _operand(rng, (m, k), dtype, layouts[0]), _operand(rng, (k, n), dtype, layouts[1])
+    out = np.full((m, n), np.nan, dtype=dtype)
+    previous = cblas.blas_threads()
+    cblas.set_blas_threads(1)
+    try:
+        THREADED[dtype](a, b, out, threads)
+    finally:
+        cblas.set_blas_threads(previous)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    tol = TOL[dtype] * max(1, k) ** 0.5
+    np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("m,k,n,threads,split", [(64, 288, 36864, 2, (2, False)), (36864, 288, 64, 2, (2, True)),
+                                                 (64, 288, 20, 2, (1, True)), (64, 288, 36864, 1, (1, False)),
+                                                 (2000, 288, 40, 8, (8, True)), (20, 4096, 40, 8, (2, False))])
+def test_threaded_blocks_are_wide_and_large_enough(m, k, n, threads, split):
+    """A block is at least THREAD_MIN_WORK multiply-adds and 16 rows or columns: below, fewer blocks."""
+    assert cblas._blocks(m, n, k, threads) == split
+    blocks, along_rows = split
+    extent = m if along_rows else n
+    bounds = [cblas._bounds(i, blocks, extent) for i in range(blocks)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == extent
+    assert all(hi == lo for (_, hi), (lo, _) in zip(bounds, bounds[1:]))
+
+
+def test_blas_thread_count_can_be_set_and_read_back():
+    previous = cblas.blas_threads()
+    try:
+        cblas.set_blas_threads(1)
+        assert cblas.blas_threads() == 1
+    finally:
+        cblas.set_blas_threads(previous)
+    assert cblas.blas_threads() == previous

@@ -1,13 +1,18 @@
-"""numba's kernels beside OpenBLAS's threads (nnc.executor.serial_numba_kernels): a plan that calls multi-threaded
-BLAS runs its numba kernels on one thread, restoring the caller's thread count after every run; other plans keep
-numba's threads."""
+"""numba's kernels beside OpenBLAS's threads: a plan whose large products split over numba's threads runs with
+OpenBLAS on one thread (nnc.executor.one_thread_pool); a plan that calls multi-threaded BLAS itself (a large batched
+np.matmul) runs its numba kernels on one thread (serial_numba_kernels); each restores the caller's thread counts
+after every run; other plans keep numba's threads."""
+import copy
+import threading
+
 import numba
 import numpy as np
 import pytest
 
 import nnc
 import runtime
-from nnc.executor import KernelStep
+from nnc.codegen import cblas
+from nnc.executor import KernelStep, one_thread_pool
 from runtime import nn
 
 pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs numba with 2 or more threads")
@@ -30,20 +35,94 @@ def _threads_seen(monkeypatch):
     return seen
 
 
-def test_a_plan_calling_blas_runs_numba_kernels_serially_and_restores_the_count(monkeypatch):
-    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))  # batch 256: BLAS products
+def _pools_seen(monkeypatch):
+    """(numba's thread count, OpenBLAS's) as each kernel step starts, recorded while the patch is on."""
+    seen = []
+    run = KernelStep.run
+
+    def recording(step, env, buffers):
+        seen.append((numba.get_num_threads(), cblas.blas_threads()))
+        return run(step, env, buffers)
+
+    monkeypatch.setattr(KernelStep, "run", recording)
+    return seen
+
+
+needs_thread_count = pytest.mark.skipif(not cblas.THREADS_SETTABLE, reason="OpenBLAS's thread count is not settable")
+
+
+@needs_thread_count
+def test_large_products_run_on_numbas_threads_with_openblas_on_one(monkeypatch):
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64))  # batch 256: large products
     compiled = nnc.compile(model, whole_graph=False)  # kernel by kernel: steps to watch
     x = runtime.randn(256, 256)
     with runtime.no_grad():
         want = model(x)
         compiled(x)
-        assert [p.serial_numba for p in _plans(compiled)] == [True]
+        assert [(p.one_pool, p.serial_numba) for p in _plans(compiled)] == [(True, False)]
+        numba_before, blas_before = numba.get_num_threads(), cblas.blas_threads()
+        seen = _pools_seen(monkeypatch)
+        got = compiled(x)
+    assert seen and set(seen) == {(numba_before, 1)}
+    assert (numba.get_num_threads(), cblas.blas_threads()) == (numba_before, blas_before)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_plan_calling_threaded_blas_runs_numba_kernels_serially_and_restores_the_count(monkeypatch):
+    class Batched(nn.Module):
+        def forward(self, x, y):
+            return runtime.relu(x @ y) * 2.0
+
+    x, y = runtime.randn(4, 128, 128), runtime.randn(4, 128, 128)  # 2^21 multiply-adds per product: np.matmul
+    compiled = nnc.compile(Batched(), whole_graph=False)
+    with runtime.no_grad():
+        want = Batched()(x, y)
+        compiled(x, y)
+        assert [(p.one_pool, p.serial_numba) for p in _plans(compiled)] == [(False, True)]
         before = numba.get_num_threads()
         seen = _threads_seen(monkeypatch)
-        got = compiled(x)
+        got = compiled(x, y)
     assert seen and set(seen) == {1}
     assert numba.get_num_threads() == before
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@needs_thread_count
+def test_training_on_one_pool_matches_eager_from_two_threads():
+    """Forward and backward plans on numba's threads with OpenBLAS on one, run from two Python threads at once:
+    the gradients are eager's and OpenBLAS's thread count is the caller's again afterwards."""
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(192, 160), nn.Tanh(), nn.Linear(160, 96))
+    xs = [runtime.randn(200, 192) for _ in range(2)]
+
+    def grads(module, x):
+        module.zero_grad()
+        (module(x) ** 2).mean().backward()
+        return [p.grad.numpy().copy() for p in module.parameters()]
+
+    want = [grads(model, x) for x in xs]
+    compiled = [nnc.compile(copy.deepcopy(model), whole_graph=False) for _ in xs]  # .grad is per module
+    blas_before = cblas.blas_threads()
+    results, errors = {}, []
+
+    def train(i):
+        try:
+            for _ in range(5):
+                results[i] = grads(compiled[i], xs[i])
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    threads = [threading.Thread(target=train, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [(p.one_pool, p.serial_numba) for c in compiled for p in _plans(c)] == [(True, False)] * 4
+    assert cblas.blas_threads() == blas_before
+    for i in range(len(xs)):
+        for got, expected in zip(results[i], want[i]):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_plans_without_blas_keep_numbas_threads(monkeypatch):
@@ -70,3 +149,19 @@ def test_an_error_inside_a_serial_run_restores_the_thread_count():
             assert numba.get_num_threads() == 1
             raise ValueError("a step failed")
     assert numba.get_num_threads() == before
+
+
+@needs_thread_count
+def test_one_thread_pool_nests_and_restores_openblas_after_the_last_exit():
+    before = cblas.blas_threads()
+    cblas.set_blas_threads(2)
+    try:
+        with pytest.raises(ValueError):
+            with one_thread_pool():
+                with one_thread_pool():
+                    assert cblas.blas_threads() == 1
+                assert cblas.blas_threads() == 1  # the outer run is still inside
+                raise ValueError("a step failed")
+        assert cblas.blas_threads() == 2
+    finally:
+        cblas.set_blas_threads(before)

@@ -1,11 +1,15 @@
 """Matrix products callable from numba code through numpy's own OpenBLAS (its cblas gemm and gemv, bound by symbol
 name), so a whole graph (nnc.codegen.whole_graph) calls BLAS without scipy, through which numba's np.dot goes.
 
-`dot_f32(a, b, out)` and `dot_f64(a, b, out)` compute out = a @ b for 2-D arrays (out C-contiguous); an operand
+`dot_f32(a, b, out)` and `dot_f64(a, b, out)` compute out = a @ b for 2-D arrays (out's rows contiguous); an operand
 that is C- or Fortran-ordered (a transposed view, `w.T`) is read in place, any other is copied first. A product of
 one row is a gemv, as numpy's np.dot makes it (a gemm of one row is several times slower). `AVAILABLE` says
 whether the library and its symbols were found (numpy wheels bundle OpenBLAS as scipy-openblas, with ILP64
 symbols `scipy_cblas_sgemm64_`); without them the callers keep numba's np.dot.
+
+`dot_threaded_f32`/`_f64` split a product in blocks of output rows or columns over numba's threads, each block a
+single-threaded OpenBLAS call: kernel-by-kernel plans run their large products so, with OpenBLAS set to one thread
+(`set_blas_threads`), and numba's pool is the only one (nnc.executor.one_thread_pool).
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import glob
 import os
 
 import numpy as np
-from numba import njit, types
+from numba import njit, prange, types
 
 # NOTE: written into the source of whole graphs that call these, so a change here is a new cached graph (numba's
 # cache of a graph holds the code of the functions it calls)
@@ -151,3 +155,95 @@ def dot_f64(a, b, out):
 
 # the function a whole graph calls for a product of this numpy dtype
 DOT = {np.dtype(np.float32): "dot_f32", np.dtype(np.float64): "dot_f64"}
+
+
+# --- products on numba's threads: OpenBLAS on one thread in each (see nnc.executor.one_thread_pool) ---
+
+# A threaded product splits into blocks of at least this many multiply-adds (OpenBLAS's own threshold for using
+# more than one thread for a gemm: 65536 * GEMM_MULTITHREAD_THRESHOLD) and this many output rows or columns.
+THREAD_MIN_WORK = 1 << 18
+_MIN_BLOCK = 16
+
+
+@njit(cache=True)
+def _blocks(m, n, k, threads):
+    """How a product of (m, k) by (k, n) splits among `threads`: (blocks, along_rows): `blocks` parts of the output's
+    rows (along_rows) or columns, whichever dimension is longer."""
+    along_rows = m > n
+    extent = m if along_rows else n
+    blocks = min(threads, max(1, (m * n * k) // THREAD_MIN_WORK), max(1, extent // _MIN_BLOCK))
+    return blocks, along_rows
+
+
+@njit(cache=True)
+def _bounds(block, blocks, extent):
+    step = (extent + blocks - 1) // blocks
+    return min(extent, block * step), min(extent, (block + 1) * step)
+
+
+@njit(cache=True, parallel=True)
+def dot_threaded_f32(a, b, out, threads):
+    """dot_f32 with the output split in blocks of rows or columns, a block per thread of numba's `threads`."""
+    blocks, along_rows = _blocks(out.shape[0], out.shape[1], a.shape[1], threads)
+    if blocks == 1:
+        dot_f32(a, b, out)
+        return
+    extent = out.shape[0] if along_rows else out.shape[1]
+    for block in prange(blocks):
+        lo, hi = _bounds(block, blocks, extent)
+        if along_rows:
+            dot_f32(a[lo:hi], b, out[lo:hi])
+        else:
+            dot_f32(a, b[:, lo:hi], out[:, lo:hi])
+
+
+@njit(cache=True, parallel=True)
+def dot_threaded_f64(a, b, out, threads):
+    """dot_f64 with the output split in blocks of rows or columns, a block per thread of numba's `threads`."""
+    blocks, along_rows = _blocks(out.shape[0], out.shape[1], a.shape[1], threads)
+    if blocks == 1:
+        dot_f64(a, b, out)
+        return
+    extent = out.shape[0] if along_rows else out.shape[1]
+    for block in prange(blocks):
+        lo, hi = _bounds(block, blocks, extent)
+        if along_rows:
+            dot_f64(a[lo:hi], b, out[lo:hi])
+        else:
+            dot_f64(a, b[:, lo:hi], out[:, lo:hi])
+
+
+# the function a kernel's launcher calls for a product of this numpy dtype run on numba's threads
+DOT_THREADED = {np.dtype(np.float32): "dot_threaded_f32", np.dtype(np.float64): "dot_threaded_f64"}
+
+
+def _thread_count_functions():
+    """(get, set) for OpenBLAS's thread count through ctypes, or None without them."""
+    found = _numpy_openblas()
+    if found is None:
+        return None
+    lib, pattern, _ = found
+    suffix = "64_" if pattern.endswith("64_") else ""
+    get_name, set_name = (f"scipy_openblas_{verb}_num_threads{suffix}" for verb in ("get", "set"))
+    if not (hasattr(lib, get_name) and hasattr(lib, set_name)):
+        return None
+    get, set_ = getattr(lib, get_name), getattr(lib, set_name)
+    get.restype, get.argtypes = ctypes.c_int, []
+    set_.restype, set_.argtypes = None, [ctypes.c_int]
+    return get, set_
+
+
+_THREAD_COUNT = _thread_count_functions() if AVAILABLE else None
+# NOTE: OpenBLAS's openblas_set_num_threads_local is no per-thread setting in its pthreads builds (it sets the
+# global count), so the threaded products need the global count set to 1 while they run.
+THREADS_SETTABLE = _THREAD_COUNT is not None
+
+
+def blas_threads() -> int:
+    """OpenBLAS's thread count now."""
+    return _THREAD_COUNT[0]()
+
+
+def set_blas_threads(count: int) -> None:
+    """Set OpenBLAS's thread count (for every thread of the process)."""
+    _THREAD_COUNT[1](count)

@@ -16,6 +16,7 @@ reason)`; the caller falls back to the interpreter.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,9 +24,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..kernel import Kernel
+from ..graph import Node
+from ..kernel import Kernel, matmul_nodes
 from ..symbolic import evaluate, has_symbols
-from . import cache, compile_workers
+from . import cache, cblas, compile_workers
 from .cpu_cat import CatSchedule, cat_schedule_of, gen_cat
 from .cpu_conv import WindowSchedule, gen_window, window_schedule_of
 from .cpu_gather import GatherSchedule, gen_gather, gather_schedule_of
@@ -35,7 +37,7 @@ from .cpu_matmul import MatmulSchedule, gen_matmul, matmul_schedule_of
 from .cpu_reduction import ReductionSchedule, gen_reduction, reduction_schedule_of
 from .cpu_rows import RowSchedule, gen_rows, row_schedule_of
 from .cpu_take import TakeSchedule, gen_take, take_schedule_of
-from .scalar import KernelCompileError, Unsupported, generate_or_raise
+from .scalar import KernelCompileError, Unsupported, generate_or_raise, node_dtype, node_shape
 
 GENERATOR_VERSION = 1
 # The skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind).
@@ -87,15 +89,21 @@ def _generate(kernel: Kernel) -> Generated:
               + (f"; approx.py {kb.dialect.approx_digest}" if kb.dialect.approx_digest else ""),
               "import math", "", "import numpy as np", "from numba import njit, prange"]
     definitions = list(kb.helpers.values()) + [f.source() for f in kb.functions]
+    own_launch = kb.launch
+    threaded = threaded_dot(kernel) if kind == "matmul" else None
+    if threaded is not None:  # the module's own launcher (a whole graph calls cblas.dot_f32 from numba instead)
+        own_launch = [_on_numba_threads(line, threaded) for line in kb.launch]
+    if own_launch != kb.launch:
+        header += ["from numba import get_num_threads", "", f"from nnc.codegen.cblas import {threaded}"]
     parts = ["\n".join(header + preamble)] + definitions
     symbols = symbols_in(kb.launch)
     if symbols:  # a kernel over symbolic sizes (nnc.symbolic) takes each call's sizes
-        launch = [f"{name} = sizes[{name[1:]}]" for name in symbols] + kb.launch
+        launch = [f"{name} = sizes[{name[1:]}]" for name in symbols] + own_launch
         parts.append("\n".join(["def launch(ins, outs, sizes):", '    """Run the kernel on C-contiguous input and '
                                 'output arrays, for the size symbols\' values."""'] + indent(launch)))
     else:
         parts.append("\n".join(["def launch(ins, outs):", '    """Run the kernel on C-contiguous input and output '
-                                'arrays."""'] + indent(kb.launch)))
+                                'arrays."""'] + indent(own_launch)))
     source = "\n\n\n".join(parts) + "\n"
     # NOTE: the source names no graph node and not the kernel (KernelBuilder), so identical kernels (the blocks of
     # a deep model) share one cached module and one numba compilation. Its functions are named from a hash of that
@@ -113,6 +121,52 @@ def _generate(kernel: Kernel) -> Generated:
                      out_specs=[(a.shape, a.dtype) for a in kb.outs],
                      preamble=preamble, definitions=[named(d) for d in definitions],
                      launch=[named(line) for line in kb.launch], stamp=header[1], legend=kb.legend())
+
+
+def _product_work(kernel: Kernel) -> tuple[int, object] | None:
+    """(multiply-adds of one product, the dtype when operands and result share one) of a matmul kernel's anchor."""
+    anchors = matmul_nodes(kernel)
+    if len(anchors) != 1 or len(anchors[0].args) < 2:
+        return None
+    mm = anchors[0]
+    a, b = mm.args[0], mm.args[1]
+    if not all(isinstance(n, Node) for n in (a, b)):
+        return None
+    a_shape, b_shape = node_shape(a), node_shape(b)
+    if has_symbols((a_shape, b_shape)) or len(a_shape) < 1 or len(b_shape) < 2:
+        return None
+    n_out = b_shape[0] if mm.target.op.name == "linear" else b_shape[-1]
+    rows = a_shape[-2] if len(b_shape) > 2 else math.prod(a_shape[:-1])  # a batched product: one matrix's rows
+    dtypes = {node_dtype(n) for n in (a, b, mm)}
+    return rows * a_shape[-1] * n_out, (dtypes.pop() if len(dtypes) == 1 else None)
+
+
+def threaded_dot(kernel: Kernel) -> str | None:
+    """The nnc.codegen.cblas function that runs a matmul kernel's 2-D np.dot on numba's threads (cblas.DOT_THREADED),
+    or None: the product is below cblas.THREAD_MIN_WORK (OpenBLAS runs it on one thread anyway), its dtypes
+    differ, or OpenBLAS's thread count cannot be set."""
+    product = _product_work(kernel)
+    if not cblas.THREADS_SETTABLE or product is None or product[0] < cblas.THREAD_MIN_WORK:
+        return None
+    return cblas.DOT_THREADED.get(product[1])
+
+
+def _on_numba_threads(line: str, function: str) -> str:
+    """A launcher line `np.dot(a, b, out=c)` as `function(a, b, c, get_num_threads())`; any other line as it is."""
+    if not (line.startswith("np.dot(") and line.endswith(")") and line.count(", out=") == 1):
+        return line
+    return f"{function}({line[len('np.dot('):-1].replace(', out=', ', ')}, get_num_threads())"
+
+
+def blas_threads_used(kernel: Kernel, source: str) -> str | None:
+    """Whose threads a compiled matmul kernel's product runs on: "numba" (a cblas.DOT_THREADED call), "openblas"
+    (np.dot or np.matmul on a product large enough for OpenBLAS to wake its own threads), or None (a generated
+    loop, or products OpenBLAS keeps on the calling thread)."""
+    if any(f"{name}(" in source for name in cblas.DOT_THREADED.values()):
+        return "numba"
+    product = _product_work(kernel)
+    large = product is None or product[0] >= cblas.THREAD_MIN_WORK
+    return "openblas" if large and ("np.dot(" in source or "np.matmul(" in source) else None
 
 
 def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSchedule | MatmulSchedule
