@@ -96,3 +96,15 @@ def test_blas_thread_count_can_be_set_and_read_back():
     finally:
         cblas.set_blas_threads(previous)
     assert cblas.blas_threads() == previous
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("batch,m,k,n", [(36, 64, 32, 300), (3, 1, 50, 7), (1, 5, 5, 5), (0, 4, 4, 4), (5, 4, 0, 3)])
+def test_batch_threaded_dot_matches_numpy(dtype, batch, m, k, n):
+    rng = np.random.default_rng(batch + m + k + n)
+    a = rng.standard_normal((batch, m, k)).astype(dtype)
+    b = rng.standard_normal((batch, n, k)).astype(dtype).transpose(0, 2, 1)  # each entry read transposed
+    out = np.full((batch, m, n), np.nan, dtype=dtype)
+    {np.float32: cblas.dot_batch_threaded_f32, np.float64: cblas.dot_batch_threaded_f64}[dtype](a, b, out)
+    tol = TOL[dtype] * max(1, k) ** 0.5
+    np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=tol, atol=tol)

@@ -213,8 +213,24 @@ def dot_threaded_f64(a, b, out, threads):
             dot_f64(a, b[:, lo:hi], out[:, lo:hi])
 
 
-# the function a kernel's launcher calls for a product of this numpy dtype run on numba's threads
+@njit(cache=True, parallel=True)
+def dot_batch_threaded_f32(a, b, out):
+    """out[i] = a[i] @ b[i] for 3-D float32 arrays, the batch's products spread over numba's threads."""
+    for i in prange(out.shape[0]):
+        dot_f32(a[i], b[i], out[i])
+
+
+@njit(cache=True, parallel=True)
+def dot_batch_threaded_f64(a, b, out):
+    """out[i] = a[i] @ b[i] for 3-D float64 arrays, the batch's products spread over numba's threads."""
+    for i in prange(out.shape[0]):
+        dot_f64(a[i], b[i], out[i])
+
+
+# the functions a kernel's launcher calls for a product (a batch of products) of this numpy dtype run on numba's
+# threads
 DOT_THREADED = {np.dtype(np.float32): "dot_threaded_f32", np.dtype(np.float64): "dot_threaded_f64"}
+DOT_BATCH_THREADED = {np.dtype(np.float32): "dot_batch_threaded_f32", np.dtype(np.float64): "dot_batch_threaded_f64"}
 
 
 def _thread_count_functions():
