@@ -163,7 +163,7 @@ def adam_many(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, scal
     empty = np.empty(0, params[0].dtype)
     for lo in range(0, len(params), MANY):
         pad = [empty] * max(0, lo + MANY - len(params))
-        kernel(*[tuple([a.reshape(-1) for a in arrays[lo:lo + MANY]] + pad)
+        kernel(*[tuple([a.ravel() for a in arrays[lo:lo + MANY]] + pad)  # C-contiguous: views
                  for arrays in (params, grads, exp_avgs, exp_avg_sqs)], *scalars)
 
 
