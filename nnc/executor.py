@@ -58,9 +58,11 @@ class KernelStep:
                 self.compiled.run_into(inputs, arrays)
         else:
             self.compiled.run_into(inputs, arrays)
-        buffers.handed_out(arrays)
+        if buffers.reuse:
+            buffers.handed_out(arrays)
+        from_array = Tensor._from_array
         for node, array in zip(self.outputs, arrays):
-            env[node] = Tensor._from_array(array)
+            env[node] = from_array(array)
 
 
 _PARALLEL_REGIONS = threading.Lock()
@@ -148,13 +150,16 @@ def threading_layer_is_threadsafe() -> bool:
 class OutputBuffers:
     """Where one thread's calls of a kernel step write: planned buffers, or graph outputs reused once dropped."""
 
-    __slots__ = ("planned", "specs", "reuse", "previous")
+    __slots__ = ("planned", "specs", "reuse", "previous", "all_planned")
 
     def __init__(self, planned: list, specs: list, reuse: bool):
         self.planned, self.specs, self.reuse = planned, specs, reuse
+        self.all_planned = all(p is not None for p in planned)
         self.previous = [None] * len(planned)  # the last unplanned outputs handed out
 
     def arrays(self) -> list:
+        if self.all_planned:
+            return self.planned  # NOTE: callers only read the list (it is the buffers' own)
         return [p if p is not None else self._unplanned(i) for i, p in enumerate(self.planned)]
 
     def _unplanned(self, i: int) -> np.ndarray:
@@ -171,7 +176,7 @@ class OutputBuffers:
         return aligned_empty(shape, dtype) if self.reuse else np.empty(shape, dtype)
 
     def handed_out(self, arrays: list) -> None:
-        if self.reuse:
+        if self.reuse and not self.all_planned:
             for i, array in enumerate(arrays):
                 if self.planned[i] is None:
                     self.previous[i] = array

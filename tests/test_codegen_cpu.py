@@ -467,6 +467,41 @@ def test_amax_amin_propagate_nan_like_numpy(op, shape, dims, keepdim):
         assert_close(g, w, dict(rtol=2e-6, atol=1e-6))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("op", ["amax", "amin"])
+def test_float_block_max_and_min_helpers_match_numpy_on_special_values(op, dtype):
+    """The integer-key helpers behind every float amax/amin block (nnc.codegen.cpu_reduction): blocks of 1 to 70
+    values and of 1024, with +-inf, +-0, subnormals, the extreme finite values and nans of both signs, against
+    numpy (signed zeros compare equal; nan wherever numpy gives nan)."""
+    from types import SimpleNamespace
+
+    from nnc.codegen.cpu_reduction import block_helper
+
+    kb = SimpleNamespace(helpers={})
+    name = block_helper(kb, op, OPS[op].reducer, np.dtype(dtype), np.dtype(dtype))
+    namespace = {}
+    exec("import numpy as np\nfrom numba import njit\n" + kb.helpers[name], namespace)
+    helper = namespace[name]
+    info = np.finfo(dtype)
+    special = np.array([np.inf, -np.inf, 0.0, -0.0, info.tiny / 4, -info.tiny / 4, info.max, -info.max, 1.0, -1.0],
+                       dtype=dtype)
+    negative_nan = -np.abs(np.array(np.nan, dtype))
+    rng = np.random.default_rng(0)
+    reference = np.max if op == "amax" else np.min
+    for n in list(range(1, 71)) + [1024]:
+        for trial in range(6):
+            buf = rng.standard_normal(n).astype(dtype) * dtype(10.0 ** rng.integers(-3, 4))
+            picks = rng.integers(0, n, size=min(n, 3))
+            buf[picks] = rng.choice(special, size=len(picks))
+            if trial == 4:
+                buf[rng.integers(0, n)] = np.nan
+            if trial == 5:
+                buf[rng.integers(0, n)] = negative_nan
+            got, want = helper(buf, n), reference(buf)
+            assert np.signbit(negative_nan) and (np.isnan(got) == np.isnan(want)), (n, trial, buf, got)
+            assert np.isnan(want) or got == want, (n, trial, buf, got, want)
+
+
 SIBLINGS = [
     # shape, dims, keepdim, skeleton (as REDUCTIONS): two reductions sharing one pass over the input
     ((6, 7, 9), (2,), False, "row"),

