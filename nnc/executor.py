@@ -56,13 +56,12 @@ class KernelStep:
     def run(self, env: dict, buffers: "OutputBuffers") -> None:
         arrays = buffers.arrays()
         inputs = [env[n]._data for n in self.inputs]
-        if self.writes_into:
-            arrays = arrays + [env[n]._data for n in self.writes_into]
+        outs = arrays + [env[n]._data for n in self.writes_into] if self.writes_into else arrays
         if self.parallel and not threading_layer_is_threadsafe():
             with _PARALLEL_REGIONS:
-                self.compiled.run_into(inputs, arrays)
+                self.compiled.run_into(inputs, outs)
         else:
-            self.compiled.run_into(inputs, arrays)
+            self.compiled.run_into(inputs, outs)
         buffers.handed_out(arrays)
         for node, array in zip(self.outputs, arrays):
             env[node] = Tensor._from_array(array)

@@ -243,3 +243,42 @@ def test_store_view_places_elements():
     assert target.reshape(-1)[[0, 4, 8, 9, 10, 11]].tolist() == [0] * 6
     with pytest.raises(ValueError, match="C-contiguous"):
         store.view(np.zeros((4, 3)).T)
+
+
+class CatOfProducts(nn.Module):
+    """A cat of three batched products along `dim`, one of them transposed, beside a contiguous copy of an
+    expanded product (an expand is undone by no view: that product is never stored)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+        self.w = nn.Parameter(torch.randn(2, 3, 5, 5, dtype=torch.float64))
+
+    def forward(self, a):
+        w = self.w
+        pieces = [a @ w, (a * 2) @ w.exp(), (w.sin() @ a.transpose(-1, -2)).transpose(-1, -2)]
+        spread = (a.sin() @ w).unsqueeze(1).expand(2, 2, 3, 4, 5).contiguous()
+        return torch.cat(pieces, dim=self.dim).tanh().sum() + (spread * 1.5).sum()
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1])
+def test_cat_of_products_along_any_dim(dim):
+    torch.manual_seed(0)
+    compiled = compiled_matches_eager(CatOfProducts(dim), torch.randn(2, 3, 4, 5, dtype=torch.float64), tol=1e-12)
+    forward = plans(compiled)[0]
+    assert not [k for k in forward.kernels if k.kind == "cat"], [k.meta["ops"] for k in forward.kernels]
+    targets = [s.target.target.op.name for k in forward.kernels for s in k.meta.get("stores", {}).values()]
+    assert targets == ["cat"] * 3, targets
+    verify(forward.kernels, forward.gm.graph)
+
+
+def test_whole_graph_writes_a_cat_from_its_producers():
+    torch.manual_seed(0)
+    model = CatOfProducts(1)
+    compiled = nnc.compile(model)
+    a = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    with torch.no_grad():
+        got, want = compiled(a), model(a)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
+    [plan] = plans(compiled)
+    assert plan.whole_graph and sum(bool(k.meta.get("writes_into")) for k in plan.kernels) == 2
