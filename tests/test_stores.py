@@ -282,3 +282,18 @@ def test_whole_graph_writes_a_cat_from_its_producers():
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-12)
     [plan] = plans(compiled)
     assert plan.whole_graph and sum(bool(k.meta.get("writes_into")) for k in plan.kernels) == 2
+
+
+def test_verify_refuses_a_cat_read_before_its_last_writer():
+    from nnc.passes.fusion import FusionError
+
+    torch.manual_seed(0)
+    compiled = compiled_matches_eager(CatOfProducts(0), torch.randn(2, 3, 4, 5, dtype=torch.float64), tol=1e-12)
+    kernels = list(plans(compiled)[0].kernels)
+    graph = plans(compiled)[0].gm.graph
+    verify(kernels, graph)
+    writer = [k for k in kernels if k.meta.get("writes_into")][-1]
+    kernels.remove(writer)
+    kernels.append(writer)  # now after the kernels reading the cat
+    with pytest.raises(FusionError, match="before a kernel produces them"):
+        verify(kernels, graph)

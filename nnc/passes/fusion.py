@@ -914,6 +914,7 @@ def verify(kernels: list[Kernel], graph: Graph) -> None:
         raise FusionError(f"kernels miss nodes {missing} / hold non-compute nodes {extra}")
     available = {n for n in graph.nodes if n.op in ("placeholder", "get_attr")}
     outputs = set(graph.output_node.all_input_nodes)
+    position = {id(k): i for i, k in enumerate(kernels)}
     for k in kernels:
         members = set(k.nodes)
         reads = {folded[a].base if a in folded else a
@@ -921,6 +922,8 @@ def verify(kernels: list[Kernel], graph: Graph) -> None:
         if set(k.inputs) != reads or len(k.inputs) != len(reads):
             raise FusionError(f"{k.name}: inputs {k.inputs} should be {sorted(reads, key=str)}")
         late = [a.name for a in k.inputs if a not in available]
+        late += [a.name for a in k.inputs if any(a in w.meta.get("writes_into", ()) for w in kernels[position[id(k)]:])]
+        late += [a.name for a in k.meta.get("writes_into", ()) if a not in available]  # written before allocated
         if late:
             raise FusionError(f"{k.name} reads {late} before a kernel produces them (invalid order)")
         expected = [n for n in k.nodes if n in outputs or any(u not in members and u not in through for u in n.users)]
