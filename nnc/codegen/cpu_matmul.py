@@ -179,6 +179,7 @@ def gen_matmul(kb: KernelBuilder) -> None:
     if schedule.form != "blas":
         loop = _loop_function(kb, schedule, mm, a_arr, b_arr)
         kb.functions.append(loop)
+        ia, ib = _loop_operands(schedule, a_arr, b_arr, ia, ib)
         lines.append(f"{loop.name}({ia}.reshape(-1), {ib}.reshape(-1), mm.reshape(-1))")
     elif op.name == "linear":
         kdim, n_out = b_arr.shape[1], b_arr.shape[0]
@@ -212,7 +213,7 @@ def _gen_stored_matmul(kb: KernelBuilder, mm, a_arr: Array, b_arr: Array, store)
     dtype = node_dtype(mm)
     schedule = matmul_schedule("matmul", a_arr.shape, b_arr.shape, a_arr.dtype, b_arr.dtype, dtype)
     if schedule.form == "batched_small":
-        ia, ib = operand(a_arr), operand(b_arr)
+        ia, ib = _loop_operands(schedule, a_arr, b_arr, operand(a_arr), operand(b_arr))
         loop = _loop_function(kb, schedule, mm, a_arr, b_arr, store)
         kb.functions.append(loop)
         kb.launch = [f"{loop.name}({ia}.reshape(-1), {ib}.reshape(-1), outs[{target}].reshape(-1))"]
@@ -251,6 +252,19 @@ def operand(a: Array, strided_ok: bool = False, transposed_ok: bool = False) -> 
     return view if strided_ok else f"np.ascontiguousarray({view})"
 
 
+def rows_in_place(a: Array) -> bool:
+    """Whether the batched loop reads a folded view in place (no copy): its rows run along unit strides."""
+    return a.strides is not None and (a.strides[-1] == 1 or a.shape[-1] == 1)
+
+
+def _loop_operands(schedule: MatmulSchedule, a: Array, b: Array, ia: str, ib: str) -> tuple[str, str]:
+    """The batched loop's operands: a folded view it reads in place is its base's array (the loop indexes it with
+    the view's offset and strides), any other operand its launcher expression (`operand`)."""
+    if schedule.form != "batched_small":
+        return ia, ib
+    return tuple(f"ins[{int(x.arg[2:])}]" if rows_in_place(x) else expr for x, expr in ((a, ia), (b, ib)))
+
+
 def _c_order(shape, strides) -> tuple:
     """C-contiguous element strides of `shape` (a size-1 dim keeps its given stride: any stride fits it)."""
     out, step = [0] * len(shape), 1
@@ -282,7 +296,8 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     elif schedule.form == "short_sum_wide":
         lines = _short_sum_wide_lines(rows, kdim, n_out)
     elif schedule.form == "batched_small":
-        lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero, store)
+        lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero, store,
+                                    a_arr if rows_in_place(a_arr) else None, b_arr if rows_in_place(b_arr) else None)
     elif schedule.form == "linear_few_columns":  # each row of `a` swept once, every weight row held
         lines = _dot_lines("a", "b", rows, n_out, kdim, lambda h: f"s * {n_out} + {h}", zero, 1)
     else:
@@ -363,17 +378,27 @@ def _short_sum_wide_lines(rows, kdim, n_out) -> list[str]:
                f"            orow[j] = {terms}"])
 
 
-def _batched_axpy_lines(rows, batch_rows, kdim, n_out, zero, store=None) -> list[str]:
+def _batched_axpy_lines(rows, batch_rows, kdim, n_out, zero, store=None, a_view=None, b_view=None) -> list[str]:
     """out[p, i, :] = sum over k of a[p, i, k] * b[p, k, :] for every product p of `batch_rows` rows: a row a task,
     vectorized along the output row. With a `store`, row t starts at its place in the target's buffer (and steps
-    along it by the place's last stride)."""
-    return ([f"for t in LOOP({rows}):",
-             f"    boff = (t // {batch_rows}) * {kdim * n_out}"]
-            + indent(_output_row_lines(n_out, store), 1)
-            + [f"    for j in range({n_out}):",
-             f"        orow[j] = {zero}"]
-            + indent(_axpy_k_lines(kdim, f"t * {kdim}", lambda k: f"boff + {k} * {n_out}", n_out, "orow",
-                                   str(n_out)), 1))
+    along it by the place's last stride); an operand given as a view (an Array with strides: `rows_in_place`) is
+    read in its base at the view's offset and strides, rows along unit strides."""
+    body = []
+    if b_view is None:
+        body.append(f"boff = (t // {batch_rows}) * {kdim * n_out}")
+        b_row = n_out
+    else:
+        index_lines, (start,) = emit_offsets(b_view.shape[:-2], [b_view.strides[:-2]], "p", "rb_")
+        body += [f"p = t // {batch_rows}"] + index_lines + [f"boff = {shifted(start, b_view.offset)}"]
+        b_row = b_view.strides[-2]
+    a_at = f"t * {kdim}"
+    if a_view is not None:
+        index_lines, (start,) = emit_offsets(a_view.shape[:-1], [a_view.strides[:-1]], "t", "ra_")
+        body += index_lines + [f"ao = {shifted(start, a_view.offset)}"]
+        a_at = "ao"
+    body += _output_row_lines(n_out, store) + [f"for j in range({n_out}):", f"    orow[j] = {zero}"]
+    body += _axpy_k_lines(kdim, a_at, lambda k: f"boff + {k} * {b_row}", n_out, "orow", str(n_out))
+    return [f"for t in LOOP({rows}):"] + indent(body, 1)
 
 
 def _output_row_lines(n_out, store=None) -> list[str]:
