@@ -11,8 +11,9 @@ A cat is folded only when every piece is such a product. Its first producer (in 
 allocates its buffer; the later ones list it in `meta["writes_into"]` and write their slices into that array. The
 memory planner counts those writes as uses, so the buffer is never shared while a producer still writes it.
 
-Which products qualify (`storable`): a matmul kernel with no epilogue whose batched product runs through np.matmul
-(any strided `out`) or the batched loop (rows at strided places); the product is read by nothing but the chain of
+Which products qualify (`storable`, `writes_rows`): a matmul kernel with no epilogue whose batched product runs
+through np.matmul (a strided `out` whose rows or columns run along unit strides, so BLAS writes it) or the batched
+loop (rows anywhere); the product is read by nothing but the chain of
 views (reshape, permute) to the copy, every view has one reader, and the inverse of each view is a view again (a
 reshape that would need a copy, a slice or an expand is not undone). Symbolic sizes and size-0 values are left as they
 are.
