@@ -17,6 +17,7 @@ from .interpreter import Interpreter
 from .kernel import Kernel, view_node
 from .passes.fusion import fuse
 from .passes.memory import aligned_empty, plan_memory
+from .passes.stores import copy_nodes, fold_stores
 from .profile import ACTIVE as _profiles
 from .profile import run_steps as _profiled_steps
 from .profile import run_whole as _profiled_whole
@@ -37,6 +38,8 @@ class KernelStep:
         self.out_specs = [(tuple(n.meta["shape"]), n.meta["dtype"].np) for n in kernel.outputs]
         self.reuse_outputs = reuse_outputs
         self.parallel = bool(getattr(compiled, "parallel", False))
+        # values another kernel allocated that this one writes its product into (a cat's slices: passes/stores.py)
+        self.writes_into = list(kernel.meta.get("writes_into", ()))
 
     def bind(self, sizes: dict, values: tuple) -> "KernelStep":
         """This step for one call's symbolic sizes (nnc.symbolic): concrete output shapes, the kernel given them."""
@@ -53,11 +56,12 @@ class KernelStep:
     def run(self, env: dict, buffers: "OutputBuffers") -> None:
         arrays = buffers.arrays()
         inputs = [env[n]._data for n in self.inputs]
+        outs = arrays + [env[n]._data for n in self.writes_into] if self.writes_into else arrays
         if self.parallel and not threading_layer_is_threadsafe():
             with _PARALLEL_REGIONS:
-                self.compiled.run_into(inputs, arrays)
+                self.compiled.run_into(inputs, outs)
         else:
-            self.compiled.run_into(inputs, arrays)
+            self.compiled.run_into(inputs, outs)
         if buffers.reuse:
             buffers.handed_out(arrays)
         from_array = Tensor._from_array
@@ -223,10 +227,15 @@ class InterpretedStep:
     """Nodes run one by one with the op table's numpy forwards (opaque kernels, and the fallback). A kernel's folded
     views (nnc.passes.views) are made first, as numpy views of their bases."""
 
-    def __init__(self, nodes: list[Node], interpreter: Interpreter, reason: str, views: dict | None = None):
+    def __init__(self, nodes: list[Node], interpreter: Interpreter, reason: str, views: dict | None = None,
+                 kernel: Kernel | None = None):
         self.nodes, self.interpreter, self.reason = nodes, interpreter, reason
-        self.calls = [(node, node.args, node.kwargs) for node in nodes]
+        copies = copy_nodes(kernel) if kernel is not None else set()
+        self.calls = [(node, node.args, node.kwargs) for node in nodes if node not in copies]
         self.views = list((views or {}).items())
+        # a kernel whose product is stored into another value's buffer (passes/stores.py) does the same here
+        self.stores = list(kernel.meta.get("stores", {}).values()) if kernel is not None else []
+        self.allocates = set(kernel.outputs) if kernel is not None else set()
 
     def bind(self, sizes: dict, values: tuple) -> "InterpretedStep":
         step = copy.copy(self)
@@ -240,6 +249,11 @@ class InterpretedStep:
         for node, args, kwargs in self.calls:
             args, kwargs = map_arg(args, env.__getitem__), map_arg(kwargs, env.__getitem__)
             env[node] = getattr(interpreter, node.op)(node.target, args, kwargs)
+        for store in self.stores:
+            target = store.target
+            if target in self.allocates:
+                env[target] = Tensor._from_array(np.empty(tuple(target.meta["shape"]), target.meta["dtype"].np))
+            store.view(env[target]._data)[...] = env.pop(store.value)._data
 
 
 def _has_empty_value(nodes) -> bool:
@@ -343,7 +357,9 @@ class Plan:
         # Views fold into the indexing of generated kernels only: with codegen off nothing indexes them (and
         # nnc.explain's CUDA source for a CPU module is generated from such a plan's kernels).
         kernels = fuse(self.gm.graph, fold=self.use_codegen)
-        self.kernels = [k for k in kernels if k.outputs or k.kind == "opaque"]
+        if self.use_codegen:  # copies of matmul products into another layout: the matmul stores there itself
+            kernels = fold_stores(kernels, self.gm.graph)
+        self.kernels = [k for k in kernels if k.outputs or k.kind == "opaque" or k.meta.get("writes_into")]
 
     def plan_memory(self) -> None:
         """The memory stage: buffers for the kernels' intermediate results."""
@@ -443,7 +459,7 @@ class Plan:
         if kernel.kind == "opaque" or not use_codegen:
             return InterpretedStep(kernel.nodes, self.interpreter, "opaque" if use_codegen else "codegen off", views)
         if _has_empty_value(kernel.nodes):  # nothing to loop over; numpy gets size-0 edge cases right
-            return InterpretedStep(kernel.nodes, self.interpreter, "size-0 values", views)
+            return InterpretedStep(kernel.nodes, self.interpreter, "size-0 values", views, kernel)
         from .codegen.cpu import compile_kernel
 
         try:
@@ -455,7 +471,7 @@ class Plan:
             self.fallbacks.append((kernel.name, reason))
             warnings.warn(f"nnc: kernel {kernel.name} failed to compile ({reason}); running it with the "
                           f"interpreter", RuntimeWarning, stacklevel=4)
-            return InterpretedStep(kernel.nodes, self.interpreter, reason, views)
+            return InterpretedStep(kernel.nodes, self.interpreter, reason, views, kernel)
         self.cache_hits += bool(getattr(compiled, "cache_hit", False))
         kernel.meta["source"] = getattr(compiled, "source", "")
         if kernel.kind == "matmul" and _numba_threads() > 1:

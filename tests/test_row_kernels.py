@@ -159,17 +159,19 @@ def test_row_kernel_schedule_counts_its_passes():
 
 
 def test_gpt_block_kernel_counts():
-    """examples/models.py's transformer block at [2, 16, 32] meets issue 14's targets: at most 12 forward and 30
-    backward kernels. Each LayerNorm and the softmax are one row kernel, the packed q/k/v projection one matmul, and
-    views are folded into the kernels reading them (no view steps)."""
+    """examples/models.py's transformer block at [2, 16, 32] meets issue 14's targets (at most 12 forward and 30
+    backward kernels) with room: 9 and 23. Each LayerNorm and the softmax are one row kernel, the packed q/k/v
+    projection one matmul, views are folded into the kernels reading them (no view steps), and the copies of
+    matmul products into another layout (the head merge, the q/k/v gradients' cat) are the matmuls' own stores."""
     from examples.models import TransformerBlock
 
     report = nnc.explain(TransformerBlock(), torch.randn(2, 16, 32), backward=True)
-    assert len(report.kernels) <= 12, [(k.kind, k.ops) for k in report.kernels]
+    assert len(report.kernels) <= 9, [(k.kind, k.ops) for k in report.kernels]
     kinds = [k.kind for k in report.kernels]
     assert kinds.count("row") == 3 and kinds.count("matmul") == 6 and kinds.count("opaque") == 0, kinds
     backward = report.backward_kernels
-    assert len(backward) <= 30, [(k.kind, k.ops) for k in backward]
+    assert len(backward) <= 23, [(k.kind, k.ops) for k in backward]
+    assert not any(k.kind == "cat" for k in backward), [(k.kind, k.ops) for k in backward]
     assert [k.kind for k in backward].count("row") == 2, [(k.kind, k.ops) for k in backward]
     # the in-projection's weight and bias gradients are one matmul and one sum, not a zero tensor per q/k/v slice
     assert not any({"index_put", "full"} & set(k.ops) for k in backward), [(k.kind, k.ops) for k in backward]

@@ -132,7 +132,10 @@ class KernelBuilder:
         for a in self.outs:
             if a.node not in members:
                 raise Unsupported(f"output {a.node.name} is not a node of the kernel")
-        if not kernel.outputs:
+        # values another kernel allocated that this one writes into (a cat's slices, nnc.passes.stores): outs too
+        writes = kernel.meta.get("writes_into", [])
+        self.outs += [Array(f"out{len(self.outs) + k}", n, node_shape(n), node_dtype(n)) for k, n in enumerate(writes)]
+        if not self.outs:
             raise Unsupported("the kernel has no outputs")
         self.reads = self._reads(views)
 

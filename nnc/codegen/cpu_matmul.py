@@ -12,6 +12,7 @@ from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import has_symbols
 from .cpu_elementwise import Array, Function, KernelBuilder, ParallelLoop, flat_view, indent
+from .indexing import emit_offsets, shifted
 from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
 
 # A matmul/linear whose first operand has at most FEW_ROWS rows, or a matmul that sums over at most FEW_ROWS
@@ -146,6 +147,10 @@ def gen_matmul(kb: KernelBuilder) -> None:
     mm, op, args = _anchor(k)
     a_arr, b_arr = kb.read_of(args[0]), kb.read_of(args[1])
     mm_shape, mm_dtype = node_shape(mm), node_dtype(mm)
+    store = k.meta.get("stores", {}).get(mm)
+    if store is not None:
+        _gen_stored_matmul(kb, mm, a_arr, b_arr, store)
+        return
     epilogue = [n for n in k.nodes if n is not mm]  # in graph order: side inputs (a relu mask) come first
     for n in epilogue:
         if node_shape(n) != mm_shape:
@@ -174,6 +179,7 @@ def gen_matmul(kb: KernelBuilder) -> None:
     if schedule.form != "blas":
         loop = _loop_function(kb, schedule, mm, a_arr, b_arr)
         kb.functions.append(loop)
+        ia, ib = _loop_operands(schedule, a_arr, b_arr, ia, ib)
         lines.append(f"{loop.name}({ia}.reshape(-1), {ib}.reshape(-1), mm.reshape(-1))")
     elif op.name == "linear":
         kdim, n_out = b_arr.shape[1], b_arr.shape[0]
@@ -198,6 +204,33 @@ def gen_matmul(kb: KernelBuilder) -> None:
     kb.launch = lines
 
 
+def _gen_stored_matmul(kb: KernelBuilder, mm, a_arr: Array, b_arr: Array, store) -> None:
+    """A matmul kernel whose product is stored into another value's buffer (nnc.passes.stores): np.matmul into the
+    strided place (swapping the operands, C^T = B^T A^T, where the place's rows run down a column, so BLAS writes it
+    directly), or the batched loop writing its rows there. The target is an output of the kernel or, for a cat
+    another kernel allocated, an array it writes into (`meta["writes_into"]`, after the outputs)."""
+    (target,) = [k for k, a in enumerate(kb.outs) if a.node is store.target]
+    dtype = node_dtype(mm)
+    schedule = matmul_schedule("matmul", a_arr.shape, b_arr.shape, a_arr.dtype, b_arr.dtype, dtype)
+    if schedule.form == "batched_small":
+        ia, ib = _loop_operands(schedule, a_arr, b_arr, operand(a_arr), operand(b_arr))
+        loop = _loop_function(kb, schedule, mm, a_arr, b_arr, store)
+        kb.functions.append(loop)
+        kb.launch = [f"{loop.name}({ia}.reshape(-1), {ib}.reshape(-1), outs[{target}].reshape(-1))"]
+        return
+    if schedule.form != "blas":
+        raise Unsupported(f"a stored matmul runs as np.matmul or the batched loop, not {schedule.form!r}")
+    ia, ib = operand(a_arr, strided_ok=True), operand(b_arr, strided_ok=True)
+    strides = tuple(s * dtype.itemsize for s in store.strides)
+    lines = [f"mm = np.ndarray({tuple(store.shape)!r}, dtype={ctor(dtype)}, buffer=outs[{target}], "
+             f"offset={store.offset * dtype.itemsize}, strides={strides!r})"]
+    if store.strides[-1] == 1 or store.shape[-1] == 1:
+        lines.append(f"np.matmul({ia}, {ib}, out=mm)")
+    else:
+        lines.append(f"np.matmul(np.swapaxes({ib}, -1, -2), np.swapaxes({ia}, -1, -2), out=np.swapaxes(mm, -1, -2))")
+    kb.launch = lines
+
+
 def operand(a: Array, strided_ok: bool = False, transposed_ok: bool = False) -> str:
     """The launcher's expression for a matmul operand: its input array, or a folded view (nnc.passes.views) of its
     base's. A C-contiguous view is a slice of the flat base; a 2-D transposed one, where np.dot reads it whole,
@@ -219,6 +252,19 @@ def operand(a: Array, strided_ok: bool = False, transposed_ok: bool = False) -> 
     return view if strided_ok else f"np.ascontiguousarray({view})"
 
 
+def rows_in_place(a: Array) -> bool:
+    """Whether the batched loop reads a folded view in place (no copy): its rows run along unit strides."""
+    return a.strides is not None and (a.strides[-1] == 1 or a.shape[-1] == 1)
+
+
+def _loop_operands(schedule: MatmulSchedule, a: Array, b: Array, ia: str, ib: str) -> tuple[str, str]:
+    """The batched loop's operands: a folded view it reads in place is its base's array (the loop indexes it with
+    the view's offset and strides), any other operand its launcher expression (`operand`)."""
+    if schedule.form != "batched_small":
+        return ia, ib
+    return tuple(f"ins[{int(x.arg[2:])}]" if rows_in_place(x) else expr for x, expr in ((a, ia), (b, ib)))
+
+
 def _c_order(shape, strides) -> tuple:
     """C-contiguous element strides of `shape` (a size-1 dim keeps its given stride: any stride fits it)."""
     out, step = [0] * len(shape), 1
@@ -228,12 +274,16 @@ def _c_order(shape, strides) -> tuple:
     return tuple(out)
 
 
-def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr) -> Function:
-    """The product as the generated loop the schedule names: a numba function of (a, b, out)."""
+def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr, store=None) -> Function:
+    """The product as the generated loop the schedule names: a numba function of (a, b, out); with a `store`
+    (nnc.passes.stores), `out` is the target's buffer and the batched loop writes each row at its place there."""
     dtype = node_dtype(mm)
     rows, kdim, n_out = schedule.rows, schedule.kdim, schedule.n_out
-    args = [Array("a", a_arr.node, a_arr.shape, dtype), Array("b", b_arr.node, b_arr.shape, dtype),
-            Array("out", mm, node_shape(mm), dtype)]
+    out = Array("out", mm, node_shape(mm), dtype) if store is None else \
+        Array("out", store.target, node_shape(store.target), dtype)
+    args = [Array("a", a_arr.node, a_arr.shape, dtype), Array("b", b_arr.node, b_arr.shape, dtype), out]
+    if store is not None and schedule.form != "batched_small":
+        raise Unsupported(f"the {schedule.form} loop writes a C-contiguous product only")
     zero = kb.dialect.literal(0, dtype)
     if schedule.form == "linear_few_rows" and rows == 1:  # a matrix-vector product: weight rows in groups
         lines = _gemv_lines(n_out, kdim, zero)
@@ -246,7 +296,8 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     elif schedule.form == "short_sum_wide":
         lines = _short_sum_wide_lines(rows, kdim, n_out)
     elif schedule.form == "batched_small":
-        lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero)
+        lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero, store,
+                                    a_arr if rows_in_place(a_arr) else None, b_arr if rows_in_place(b_arr) else None)
     elif schedule.form == "linear_few_columns":  # each row of `a` swept once, every weight row held
         lines = _dot_lines("a", "b", rows, n_out, kdim, lambda h: f"s * {n_out} + {h}", zero, 1)
     else:
@@ -327,16 +378,37 @@ def _short_sum_wide_lines(rows, kdim, n_out) -> list[str]:
                f"            orow[j] = {terms}"])
 
 
-def _batched_axpy_lines(rows, batch_rows, kdim, n_out, zero) -> list[str]:
+def _batched_axpy_lines(rows, batch_rows, kdim, n_out, zero, store=None, a_view=None, b_view=None) -> list[str]:
     """out[p, i, :] = sum over k of a[p, i, k] * b[p, k, :] for every product p of `batch_rows` rows: a row a task,
-    vectorized along the output row."""
-    return ([f"for t in LOOP({rows}):",
-             f"    boff = (t // {batch_rows}) * {kdim * n_out}",
-             f"    orow = out[t * {n_out}:t * {n_out} + {n_out}]",
-             f"    for j in range({n_out}):",
-             f"        orow[j] = {zero}"]
-            + indent(_axpy_k_lines(kdim, f"t * {kdim}", lambda k: f"boff + {k} * {n_out}", n_out, "orow",
-                                   str(n_out)), 1))
+    vectorized along the output row. With a `store`, row t starts at its place in the target's buffer (and steps
+    along it by the place's last stride); an operand given as a view (an Array with strides: `rows_in_place`) is
+    read in its base at the view's offset and strides, rows along unit strides."""
+    body = []
+    if b_view is None:
+        body.append(f"boff = (t // {batch_rows}) * {kdim * n_out}")
+        b_row = n_out
+    else:
+        index_lines, (start,) = emit_offsets(b_view.shape[:-2], [b_view.strides[:-2]], "p", "rb_")
+        body += [f"p = t // {batch_rows}"] + index_lines + [f"boff = {shifted(start, b_view.offset)}"]
+        b_row = b_view.strides[-2]
+    a_at = f"t * {kdim}"
+    if a_view is not None:
+        index_lines, (start,) = emit_offsets(a_view.shape[:-1], [a_view.strides[:-1]], "t", "ra_")
+        body += index_lines + [f"ao = {shifted(start, a_view.offset)}"]
+        a_at = "ao"
+    body += _output_row_lines(n_out, store) + [f"for j in range({n_out}):", f"    orow[j] = {zero}"]
+    body += _axpy_k_lines(kdim, a_at, lambda k: f"boff + {k} * {b_row}", n_out, "orow", str(n_out))
+    return [f"for t in LOOP({rows}):"] + indent(body, 1)
+
+
+def _output_row_lines(n_out, store=None) -> list[str]:
+    """`orow = ...`: output row t of a batched product, C-contiguous or at a store's place (nnc.passes.stores)."""
+    if store is None:
+        return [f"orow = out[t * {n_out}:t * {n_out} + {n_out}]"]
+    index_lines, (start,) = emit_offsets(store.shape[:-1], [store.strides[:-1]], "t", "r_")
+    step = store.strides[-1] if store.shape[-1] > 1 else 1
+    span = f"ro:ro + {(n_out - 1) * step + 1}" + (f":{step}" if step != 1 else "")
+    return index_lines + [f"ro = {shifted(start, store.offset)}", f"orow = out[{span}]"]
 
 
 def _axpy_rows_lines(rows, kdim, n_out, zero) -> list[str]:

@@ -197,6 +197,7 @@ class _Emitter:
             shape, dtype = tuple(int(d) for d in node.meta["shape"]), np_dtype(node.meta["dtype"])
             self.lines.append(f"v_{node.name} = np.empty({shape!r}, dtype={ctor(dtype)})")
             outs.append(self.var[node])
+        outs += [self.var[node] for node in kernel.meta.get("writes_into", [])]  # a cat's slices (passes/stores)
         mm = f"mm_{py_name(kernel.name)}"
         dot = _cblas_dot(kernel)
         for line in generated.launch:

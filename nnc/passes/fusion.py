@@ -893,7 +893,11 @@ def verify(kernels: list[Kernel], graph: Graph) -> None:
     inputs and outputs."""
     graph = getattr(graph, "graph", graph)
     folded = {v: m for k in kernels for v, m in k.meta.get("views", {}).items()}
-    chained = set(folded)  # folded views, and the views only they read (the start of a folded chain)
+    # copies folded into their producers' stores (nnc.passes.stores): the views between run in no kernel, and the
+    # copy nodes read nothing (their producer holds them)
+    stores = [s for k in kernels for s in k.meta.get("stores", {}).values()]
+    through = {n for s in stores for n in s.through}
+    chained = set(folded) | {n for n in through if is_view_node(n)}  # and the views only folded views read
     for n in reversed(list(graph.nodes)):
         if n.users and all(u in chained for u in n.users) and is_view_node(n):
             chained.add(n)
@@ -910,16 +914,19 @@ def verify(kernels: list[Kernel], graph: Graph) -> None:
         raise FusionError(f"kernels miss nodes {missing} / hold non-compute nodes {extra}")
     available = {n for n in graph.nodes if n.op in ("placeholder", "get_attr")}
     outputs = set(graph.output_node.all_input_nodes)
+    position = {id(k): i for i, k in enumerate(kernels)}
     for k in kernels:
         members = set(k.nodes)
         reads = {folded[a].base if a in folded else a
-                 for n in k.nodes for a in n.all_input_nodes if a not in members}
+                 for n in k.nodes if n not in through for a in n.all_input_nodes if a not in members}
         if set(k.inputs) != reads or len(k.inputs) != len(reads):
             raise FusionError(f"{k.name}: inputs {k.inputs} should be {sorted(reads, key=str)}")
         late = [a.name for a in k.inputs if a not in available]
+        late += [a.name for a in k.inputs if any(a in w.meta.get("writes_into", ()) for w in kernels[position[id(k)]:])]
+        late += [a.name for a in k.meta.get("writes_into", ()) if a not in available]  # written before allocated
         if late:
             raise FusionError(f"{k.name} reads {late} before a kernel produces them (invalid order)")
-        expected = [n for n in k.nodes if n in outputs or any(u not in members for u in n.users)]
+        expected = [n for n in k.nodes if n in outputs or any(u not in members and u not in through for u in n.users)]
         if k.outputs != expected:
             raise FusionError(f"{k.name}: outputs {k.outputs} should be {expected}")
         available |= members

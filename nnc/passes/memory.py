@@ -12,7 +12,8 @@ not a view. Not planned, each with its reason in `MemoryPlan.unplanned`:
   - values that are not one tensor (a tuple from an opaque call, a Python number).
 
 Lifetimes are in kernel indices: a value is defined by the kernel that writes it and last used by the last kernel
-that reads it (or reads a view of it); a value nobody reads lives only during its own kernel. Two values share a
+that reads it (or reads a view of it, or writes a slice of it: a cat whose pieces' producers store into it,
+`Kernel.meta["writes_into"]`); a value nobody reads lives only during its own kernel. Two values share a
 buffer only if the earlier one's last use is strictly before the later one's definition (a kernel never writes an
 output into memory one of its inputs or other outputs occupies).
 
@@ -163,7 +164,9 @@ def plan_memory(kernels: list[Kernel], graph: Graph) -> MemoryPlan:
     # lifetimes: the last kernel reading the value or any view of it
     last_use: dict[Node, int] = {node: i for i, node in candidates}
     for j, k in enumerate(kernels):
-        for arg in k.inputs:
+        # a kernel writing its product into a value another kernel allocated (a cat's slice, passes/stores.py) uses
+        # that buffer as much as a reader does: it must stay that value's until the last writer has run
+        for arg in (*k.inputs, *k.meta.get("writes_into", ())):
             value = root.get(arg, arg)
             if value in last_use:
                 last_use[value] = max(last_use[value], j)
