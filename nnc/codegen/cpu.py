@@ -35,13 +35,14 @@ from .cpu_matmul import MatmulSchedule, gen_matmul, matmul_schedule_of
 from .cpu_reduction import ReductionSchedule, gen_reduction, reduction_schedule_of
 from .cpu_rows import RowSchedule, gen_rows, row_schedule_of
 from .cpu_take import TakeSchedule, gen_take, take_schedule_of
+from .cpu_winograd import WinogradSchedule, gen_winograd, winograd_schedule_of
 from .scalar import KernelCompileError, Unsupported, generate_or_raise
 
 GENERATOR_VERSION = 1
 # The skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind).
 SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "row": gen_rows, "matmul": gen_matmul,
              "window": gen_window, "gather": gen_gather, "cat": gen_cat,
-             "take": gen_take}
+             "take": gen_take, "winograd": gen_winograd}
 
 
 @dataclass
@@ -116,7 +117,7 @@ def _generate(kernel: Kernel) -> Generated:
 
 
 def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSchedule | MatmulSchedule
-                                 | WindowSchedule | GatherSchedule | CatSchedule | TakeSchedule):
+                                 | WindowSchedule | GatherSchedule | CatSchedule | TakeSchedule | WinogradSchedule):
     """The loop layout code generation chooses for a kernel (raises Unsupported for one it cannot generate)."""
     if kernel.kind == "reduction":
         return reduction_schedule_of(kernel)
@@ -132,6 +133,8 @@ def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSc
         return cat_schedule_of(kernel)
     if kernel.kind == "take":
         return take_schedule_of(kernel)
+    if kernel.kind == "winograd":
+        return winograd_schedule_of(kernel)
     if kernel.kind == "elementwise":
         kb = KernelBuilder(kernel)
         arrays, shape = kb.reads + kb.outs, tuple(kernel.shape)
