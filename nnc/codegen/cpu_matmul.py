@@ -183,6 +183,12 @@ def gen_matmul(kb: KernelBuilder) -> None:
         kdim, n_out = b_arr.shape
         rows = ia if a_view_2d else f"{ia}.reshape(-1, {kdim})"
         lines.append(f"np.dot({rows}, {ib}, out=mm.reshape(-1, {n_out}))")
+    elif _same_batch_3d(a_arr.shape, b_arr.shape):
+        # NOTE: one np.dot per batch entry: np.matmul ran a batch whose operand is transposed (Winograd's weight
+        # gradient, dM @ V^T over (36, 64, 2304) x (36, 2304, 32)) without BLAS, 100x slower; and numba (whole-graph
+        # mode) has np.dot but no batched np.matmul
+        lines += [f"a3 = {ia}", f"b3 = {ib}", f"for bi in range({a_arr.shape[0]}):",
+                  "    np.dot(a3[bi], b3[bi], out=mm[bi])"]
     else:
         lines.append(f"np.matmul({ia}, {ib}, out=mm)")
     if epilogue:
@@ -196,6 +202,11 @@ def gen_matmul(kb: KernelBuilder) -> None:
         flat = ["mm.reshape(-1)" if a.arg == "mm" else flat_view(a) for a in f.args]
         lines.append(f"{f.name}({', '.join(flat + f.symbols)})")
     kb.launch = lines
+
+
+def _same_batch_3d(a_shape, b_shape) -> bool:
+    """Whether a batched product is one batch dim of equal size on both sides (a loop of 2-D BLAS products)."""
+    return len(a_shape) == 3 and len(b_shape) == 3 and a_shape[0] == b_shape[0]
 
 
 def operand(a: Array, strided_ok: bool = False, transposed_ok: bool = False) -> str:
