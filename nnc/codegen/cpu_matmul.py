@@ -187,8 +187,8 @@ def gen_matmul(kb: KernelBuilder) -> None:
         # NOTE: one np.dot per batch entry: np.matmul ran a batch whose operand is transposed (Winograd's weight
         # gradient, dM @ V^T over (36, 64, 2304) x (36, 2304, 32)) without BLAS, 100x slower; and numba (whole-graph
         # mode) has np.dot but no batched np.matmul
-        lines += [f"a3 = {ia}", f"b3 = {ib}", f"for bi in range({a_arr.shape[0]}):",
-                  "    np.dot(a3[bi], b3[bi], out=mm[bi])"]
+        lines += [f"lhs3 = {ia}", f"rhs3 = {ib}", f"for bi in range({a_arr.shape[0]}):",
+                  "    np.dot(lhs3[bi], rhs3[bi], out=mm[bi])"]
     else:
         lines.append(f"np.matmul({ia}, {ib}, out=mm)")
     if epilogue:

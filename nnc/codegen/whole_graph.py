@@ -205,9 +205,9 @@ class _Emitter:
             if dot is not None and "np.dot(" in line:
                 line = line.replace("np.dot(", f"{dot}(")
                 self.blas.add(dot)
+            line = re.sub(r"\b(lhs3|rhs3)\b", lambda m: f"{m.group(1)}_{py_name(kernel.name)}", line)  # per kernel
             line = re.sub(r"\bins\[(\d+)\]", lambda m: ins[int(m.group(1))], line)
             line = re.sub(r"\bouts\[(\d+)\]", lambda m: outs[int(m.group(1))], line)
-            line = re.sub(r"\b(a3|b3)\b", lambda m: f"{m.group(1)}_{py_name(kernel.name)}", line)  # per kernel
             self.lines.append(re.sub(r"\bmm\b", mm, line))
 
     def folded_view(self, node: Node, m) -> None:
