@@ -19,6 +19,12 @@ from runtime.ops import _np_im2col
 from helpers import needs_torch
 
 
+@pytest.fixture(autouse=True)
+def _rewrite_small_convolutions(monkeypatch):
+    """The tests' convolutions are small: rewrite them whatever their work (the threshold is tested on its own)."""
+    monkeypatch.setattr(winograd_pass, "MIN_DIRECT_WORK", 0)
+
+
 def _reference(x, w, padding):
     """The convolution by im2col, in float64: (O, N * Ho * Wo)."""
     cols = _np_im2col(x.astype(np.float64), (3, 3), (1, 1), padding, (1, 1))
@@ -196,13 +202,25 @@ def test_only_3x3_stride_1_convolutions_with_enough_channels_are_rewritten():
         assert ("im2col" in ops) != rewritten, (conv, ops)
 
 
+def test_small_convolutions_keep_im2col(monkeypatch):
+    monkeypatch.undo()
+    conv = runtime.nn.Conv2d(32, 64, 3)
+    for batch, rewritten in ((1, False), (8, True)):
+        compiled = nnc.compile(conv)
+        x = runtime.randn(batch, 32, 26, 26)
+        with runtime.no_grad():
+            np.testing.assert_allclose(compiled(x).numpy(), conv(x).numpy(), rtol=1e-4, atol=1e-4)
+        assert ("winograd_input" in _ops_in(compiled)) == rewritten
+
+
 @pytest.mark.parametrize("out_sizes,tile", [((24, 24), 4), ((8, 30), 4), ((7, 24), 2), ((3, 3), 2)])
 def test_tile_choice(out_sizes, tile):
     assert winograd_pass.tile_for(out_sizes) == tile
 
 
-def test_mnist_cnn_inference_in_whole_graph_mode():
-    """The batch-1 forward with Winograd's kernels and its batched product in the one numba function."""
+def test_mnist_cnn_inference_in_whole_graph_mode(monkeypatch):
+    """The batch-1 forward with Winograd's kernels and its batched product in the one numba function (the im2col
+    variant too: its product reads the weight, an argument of the function, directly)."""
     nn = runtime.nn
     runtime.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
@@ -219,6 +237,14 @@ def test_mnist_cnn_inference_in_whole_graph_mode():
     from nnc.codegen import whole_graph
     assert artifact.forward_plan.whole_graph or not whole_graph._HAVE_SCIPY, artifact.forward_plan.whole_graph_reason
     assert "winograd_input" in _ops_in(compiled)
+    monkeypatch.setattr(winograd_pass, "MIN_CHANNELS", 10 ** 9)
+    compiled = nnc.compile(model)
+    with runtime.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(compiled(x).numpy(), want, rtol=1e-4, atol=1e-5)
+    (artifact,) = compiled._cache.values()
+    assert artifact.forward_plan.whole_graph or not whole_graph._HAVE_SCIPY, artifact.forward_plan.whole_graph_reason
+    assert "im2col" in _ops_in(compiled)
 
 
 def test_the_rewrite_stays_off_cuda_graphs():

@@ -23,6 +23,11 @@ from ..symbolic import has_symbols
 # Fewer input channels than this keep im2col: each output then sums so few products that the transforms, which
 # read and write every tile's T*T values, cost more than the multiplies they save (the MNIST CNN's conv1, C = 1).
 MIN_CHANNELS = 8
+# A convolution whose direct product has fewer multiply-adds than this keeps im2col: its T*T small products are as
+# many BLAS calls, which two threads do not share well. NOTE: MNIST CNN batch-1 inference (conv2: 10.6 M
+# multiply-adds direct, 36 products of 64 x 32 x 36 with F(4x4)), loaded machine, minimums: 2 threads 181-197 us
+# with Winograd against 164-167 us with im2col; 1 thread 195 against 260 us. At batch 64 (680 M) it wins either way.
+MIN_DIRECT_WORK = 2 ** 25
 # F(4x4, 3x3) for outputs at least this large in both dims, else F(2x2, 3x3) (a 4x4 tile over a smaller output
 # computes mostly positions that are dropped).
 # NOTE: F(4x4) float32 error against a float64 convolution: 5e-6 of the output's largest value on the MNIST CNN's
@@ -54,6 +59,8 @@ def _convolution(node: Node):
     if len(dtypes) != 1 or dtypes.pop() not in (np.float32, np.float64):
         return None
     if len(w_shape) != 2 or w_shape[1] != x_shape[1] * 9 or x_shape[1] < MIN_CHANNELS or x_shape[0] == 0:
+        return None
+    if w_shape[0] * w_shape[1] * cols.meta["shape"][1] < MIN_DIRECT_WORK:
         return None
     return w, cols
 
