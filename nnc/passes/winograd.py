@@ -76,6 +76,15 @@ def _call(graph, name, args, meta_shape, dtype, **kwargs) -> Node:
     return node
 
 
+def _filter_of(graph, w: Node, shape: tuple, dtype) -> Node:
+    """The (O, C, 3, 3) filter of the (O, C*9) product operand w: the value w reshapes (conv2d's weight), so that
+    the filter transform reads the parameter itself (a reshape of a reshape runs as a step of its own), else a
+    reshape of w."""
+    if _is(w, "reshape") and isinstance(w.args[0], Node) and tuple(w.args[0].meta.get("shape") or ()) == shape:
+        return w.args[0]
+    return _call(graph, "reshape", (w,), shape, dtype, shape=shape)
+
+
 def rewrite_winograd(gm):
     """Replace every convolution product Winograd serves (see _convolution) by the Winograd ops."""
     graph = gm.graph
@@ -93,7 +102,7 @@ def rewrite_winograd(gm):
         t2 = (tile + 2) ** 2
         tiles = n * int(np.prod(_winograd.tile_counts(out_sizes, tile)))
         with graph.inserting_before(node):
-            w4 = _call(graph, "reshape", (w,), (o, c, 3, 3), dtype, shape=(o, c, 3, 3))
+            w4 = _filter_of(graph, w, (o, c, 3, 3), dtype)
             u = _call(graph, "winograd_filter", (w4,), (t2, o, c), dtype, tile=tile)
             v = _call(graph, "winograd_input", (x,), (t2, c, tiles), dtype, tile=tile, padding=padding)
             m = _call(graph, "matmul", (u, v), (t2, o, tiles), dtype)
