@@ -16,6 +16,7 @@ import numpy as np
 
 from runtime import _winograd
 
+from ..codegen.scalar import np_dtype
 from ..graph import Node
 from ..prims import Prim, prims
 from ..symbolic import has_symbols
@@ -55,7 +56,9 @@ def _convolution(node: Node):
     x_shape, w_shape = x.meta.get("shape"), w.meta.get("shape")
     if x_shape is None or w_shape is None or has_symbols((x_shape, w_shape)) or len(x_shape) != 4:
         return None
-    dtypes = {np.dtype(getattr(n.meta.get("dtype"), "np", n.meta.get("dtype") or "O")) for n in (x, w, node)}
+    if any(n.meta.get("dtype") is None for n in (x, w, node)):
+        return None
+    dtypes = {np_dtype(n.meta["dtype"]) for n in (x, w, node)}
     if len(dtypes) != 1 or dtypes.pop() not in (np.float32, np.float64):
         return None
     if len(w_shape) != 2 or w_shape[1] != x_shape[1] * 9 or x_shape[1] < MIN_CHANNELS or x_shape[0] == 0:
