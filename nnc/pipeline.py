@@ -32,6 +32,7 @@ from .passes.shapes import propagate_shapes
 from .passes.slices import hoist_slices
 from .passes.simplify import cse, dce, fold_broadcasts, fold_constants, remove_noops
 from .passes.views import copy_strided_reshapes
+from .passes.winograd import rewrite_winograd
 from .split import SplitGraph
 from .symbolic import DynamicSizeError, ShapeEnv, has_symbols
 from .trace import Tracer, TraceError, symbolic_trace
@@ -254,7 +255,9 @@ def _functionalize(c: Compilation) -> None:
 
 
 def _simplify(c: Compilation) -> None:
-    c.forward = run_passes(c.forward, FORWARD_CLEANUPS, "forward")
+    # Winograd convolution has CPU kernels only; it rewrites before autodiff, so the backward derives from it
+    rewrites = [("rewrite_winograd", rewrite_winograd)] if c.target == "cpu" else []
+    c.forward = run_passes(c.forward, rewrites + FORWARD_CLEANUPS, "forward")
 
 
 def _split(c: Compilation) -> None:

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import _philox, dtypes as dt
+from . import _philox, _winograd as _wg, dtypes as dt
 from ._special import erf as _np_erf
 
 
@@ -1548,6 +1548,94 @@ _register(OpDef("max_pool", Kind.OTHER, 1, _np_max_pool, _window_rule, _keep, at
 # linear in g (its adjoint picks g at each window's maximum); no rule of its own yet: no double backward
 _register(OpDef("max_pool_backward", Kind.OTHER, 2, _np_max_pool_backward, _max_pool_backward_rule, _promote,
                 attr_names=_WINDOW, kernel_kind="window", cast_inputs=(0,)))
+
+
+# Winograd convolution (runtime/_winograd.py): a 3x3, stride-1 convolution as filter, input and output transforms
+# around T*T batched products, T = tile + 2. Eager conv2d keeps im2col; nnc's winograd pass rewrites into these.
+# Each is linear, and its derivative is its adjoint (the `*_backward` op), whose derivative is the op again.
+def _winograd_check(op, shape, ndim, tile):
+    if len(shape) != ndim:
+        raise ShapeError(f"{op.name}: expected {ndim} dims, got {_fmt(shape)}")
+    if tile not in _wg.TILES:
+        raise ShapeError(f"{op.name}: output tiles of {tile} x {tile} are not built (only {_wg.TILES})")
+
+
+def _winograd_input_rule(op, shapes, attrs, dtypes):
+    """x (N, C, H, W) -> V (T*T, C, N * tiles)."""
+    (shape,), tile = shapes, attrs["tile"]
+    _winograd_check(op, shape, 4, tile)
+    out = _wg.output_sizes(shape[2:], attrs["padding"])
+    if any(o < 1 for o in out):
+        raise ShapeError(f"{op.name}: input {_fmt(shape)} is too small for a 3 x 3 window")
+    th, tw = _wg.tile_counts(out, tile)
+    return ((tile + 2) ** 2, shape[1], shape[0] * th * tw)
+
+
+def _winograd_input_backward_rule(op, shapes, attrs, dtypes):
+    """dV (T*T, C, N * tiles) -> dx (N, C, *size)."""
+    (shape,), tile, size = shapes, attrs["tile"], tuple(attrs["size"])
+    _winograd_check(op, shape, 3, tile)
+    tiles = math.prod(_wg.tile_counts(_wg.output_sizes(size, attrs["padding"]), tile))
+    if shape[0] != (tile + 2) ** 2 or shape[2] % tiles:
+        raise ShapeError(f"{op.name}: expected ({(tile + 2) ** 2}, C, N * {tiles}), got {_fmt(shape)}")
+    return (shape[2] // tiles, shape[1]) + size
+
+
+def _winograd_filter_rule(op, shapes, attrs, dtypes):
+    """w (O, C, 3, 3) -> U (T*T, O, C)."""
+    (shape,), tile = shapes, attrs["tile"]
+    _winograd_check(op, shape, 4, tile)
+    if tuple(shape[2:]) != (3, 3):
+        raise ShapeError(f"{op.name}: expected a 3 x 3 filter (O, C, 3, 3), got {_fmt(shape)}")
+    return ((tile + 2) ** 2, shape[0], shape[1])
+
+
+def _winograd_filter_backward_rule(op, shapes, attrs, dtypes):
+    """dU (T*T, O, C) -> dw (O, C, 3, 3)."""
+    (shape,), tile = shapes, attrs["tile"]
+    _winograd_check(op, shape, 3, tile)
+    if shape[0] != (tile + 2) ** 2:
+        raise ShapeError(f"{op.name}: expected ({(tile + 2) ** 2}, O, C), got {_fmt(shape)}")
+    return (shape[1], shape[2], 3, 3)
+
+
+def _winograd_output_rule(op, shapes, attrs, dtypes):
+    """M (T*T, O, N * tiles) -> Y (O, N * Ho * Wo)."""
+    (shape,), tile, size = shapes, attrs["tile"], tuple(attrs["size"])
+    _winograd_check(op, shape, 3, tile)
+    tiles = math.prod(_wg.tile_counts(size, tile))
+    if shape[0] != (tile + 2) ** 2 or shape[2] % tiles:
+        raise ShapeError(f"{op.name}: expected ({(tile + 2) ** 2}, O, N * {tiles}), got {_fmt(shape)}")
+    return (shape[1], shape[2] // tiles * math.prod(size))
+
+
+def _winograd_output_backward_rule(op, shapes, attrs, dtypes):
+    """dY (O, N * Ho * Wo) -> dM (T*T, O, N * tiles)."""
+    (shape,), tile, size = shapes, attrs["tile"], tuple(attrs["size"])
+    _winograd_check(op, shape, 2, tile)
+    if shape[1] % math.prod(size):
+        raise ShapeError(f"{op.name}: expected (O, N * {math.prod(size)}), got {_fmt(shape)}")
+    return ((tile + 2) ** 2, shape[0], shape[1] // math.prod(size) * math.prod(_wg.tile_counts(size, tile)))
+
+
+def _winograd(name, forward, rule, attr_names, vjp):
+    _register(OpDef(name, Kind.OTHER, 1, forward, rule, _keep, attr_names=attr_names, kernel_kind="winograd",
+                    vjp=(vjp,)))
+
+
+_winograd("winograd_input", _wg.np_input, _winograd_input_rule, ("tile", "padding"),
+          lambda g, out, x, tile, padding: apply("winograd_input_backward", g, size=tuple(x.shape[2:]), tile=tile,
+                                                 padding=padding))
+_winograd("winograd_input_backward", _wg.np_input_backward, _winograd_input_backward_rule, ("size", "tile", "padding"),
+          lambda g, out, dv, size, tile, padding: apply("winograd_input", g, tile=tile, padding=padding))
+_winograd("winograd_filter", _wg.np_filter, _winograd_filter_rule, ("tile",),
+          lambda g, out, w, tile: apply("winograd_filter_backward", g, tile=tile))
+_winograd("winograd_filter_backward", _wg.np_filter_backward, _winograd_filter_backward_rule, ("tile",),
+          lambda g, out, du, tile: apply("winograd_filter", g, tile=tile))
+_winograd("winograd_output", _wg.np_output, _winograd_output_rule, ("tile", "size"),
+          lambda g, out, m, tile, size: apply("winograd_output_backward", g, tile=tile, size=size))
+_winograd("winograd_output_backward", _wg.np_output_backward, _winograd_output_backward_rule, ("tile", "size"),
+          lambda g, out, dy, tile, size: apply("winograd_output", g, tile=tile, size=size))
 
 
 del E

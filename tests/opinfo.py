@@ -372,6 +372,39 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample((away(1, 2, 4, 4), away(1, 2, 7, 7)), _win((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
                lambda torch, g, x: _torch_pool_grad(torch, g, x, lambda f, v: f.max_pool2d(v, 3, 2, 1))),
     ],
+    # Winograd convolution's transforms (runtime/_winograd.py; tested against convolution in test_winograd.py)
+    "winograd_input": [
+        Sample((away(2, 3, 5, 6),), {"tile": 2, "padding": ((1, 1), (0, 0))},
+               lambda torch, x: _torch_wg_input(torch, x, 2, ((1, 1), (0, 0)))),
+        Sample((away(1, 2, 7, 9),), {"tile": 4, "padding": ((0, 0), (1, 1))}, note="partial tiles",
+               torch_fn=lambda torch, x: _torch_wg_input(torch, x, 4, ((0, 0), (1, 1))))],
+    "winograd_input_backward": [
+        Sample((away(16, 3, 12),), {"size": (5, 6), "tile": 2, "padding": ((1, 1), (0, 0))},
+               lambda torch, g: _torch_adjoint(torch, lambda z: _torch_wg_input(torch, z, 2, ((1, 1), (0, 0))), g,
+                                               (2, 3, 5, 6))),
+        Sample((away(36, 2, 6),), {"size": (7, 9), "tile": 4, "padding": ((0, 0), (1, 1))},
+               lambda torch, g: _torch_adjoint(torch, lambda z: _torch_wg_input(torch, z, 4, ((0, 0), (1, 1))), g,
+                                               (1, 2, 7, 9)))],
+    "winograd_filter": [
+        Sample((away(3, 2, 3, 3),), {"tile": 2}, lambda torch, w: torch.einsum(
+            "ai,ocij,bj->aboc", _wg_mats(torch, 2, w)[1], w, _wg_mats(torch, 2, w)[1]).reshape(16, 3, 2)),
+        Sample((away(2, 3, 3, 3),), {"tile": 4}, lambda torch, w: torch.einsum(
+            "ai,ocij,bj->aboc", _wg_mats(torch, 4, w)[1], w, _wg_mats(torch, 4, w)[1]).reshape(36, 2, 3))],
+    "winograd_filter_backward": [
+        Sample((away(16, 3, 2),), {"tile": 2}, lambda torch, u: torch.einsum(
+            "ai,aboc,bj->ocij", _wg_mats(torch, 2, u)[1], u.reshape(4, 4, 3, 2), _wg_mats(torch, 2, u)[1])),
+        Sample((away(36, 2, 3),), {"tile": 4}, lambda torch, u: torch.einsum(
+            "ai,aboc,bj->ocij", _wg_mats(torch, 4, u)[1], u.reshape(6, 6, 2, 3), _wg_mats(torch, 4, u)[1]))],
+    "winograd_output": [
+        Sample((away(16, 3, 12),), {"tile": 2, "size": (5, 4)},
+               lambda torch, m: _torch_wg_output(torch, m, 2, (5, 4))),
+        Sample((away(36, 2, 6),), {"tile": 4, "size": (5, 9)}, note="partial tiles",
+               torch_fn=lambda torch, m: _torch_wg_output(torch, m, 4, (5, 9)))],
+    "winograd_output_backward": [
+        Sample((away(3, 40),), {"tile": 2, "size": (5, 4)},
+               lambda torch, g: _torch_adjoint(torch, lambda z: _torch_wg_output(torch, z, 2, (5, 4)), g, (16, 3, 12))),
+        Sample((away(2, 45),), {"tile": 4, "size": (5, 9)},
+               lambda torch, g: _torch_adjoint(torch, lambda z: _torch_wg_output(torch, z, 4, (5, 9)), g, (36, 2, 6)))],
     # linear algebra
     "inv": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.inv(a)),
             Sample((_spd(2, 3),), torch_fn=lambda torch, a: torch.linalg.inv(a), note="batched")],
@@ -397,6 +430,41 @@ SAMPLES: dict[str, list[Sample]] = {
                       Sample((np.array(5, dtype=np.int64),), {"shape": (7,), "dtype": dt.float32, "stream": 3},
                              lambda torch, seed: _torch_philox(torch, seed, (7,), torch.float32, 3, "normal"))],
 }
+
+
+def _wg_mats(torch, tile, like):
+    from runtime import _winograd
+    return [torch.tensor(m, dtype=like.dtype) for m in _winograd.matrices(tile)]
+
+
+def _torch_wg_input(torch, x, tile, padding):
+    """winograd_input in torch: the padded input's overlapping (tile+2)^2 patches, each B^T d B."""
+    from runtime import _winograd
+    bt, _, _ = _wg_mats(torch, tile, x)
+    (top, _), (left, _) = padding
+    th, tw = _winograd.tile_counts(_winograd.output_sizes(tuple(x.shape[2:]), padding), tile)
+    h, w = th * tile + 2, tw * tile + 2
+    xp = torch.nn.functional.pad(x, (left, w - left - x.shape[3], top, h - top - x.shape[2]))
+    patches = xp.unfold(2, tile + 2, tile).unfold(3, tile + 2, tile)  # (N, C, th, tw, T, T)
+    v = torch.einsum("ai,ncyxij,bj->abcnyx", bt, patches, bt)
+    return v.reshape((tile + 2) ** 2, x.shape[1], -1)
+
+
+def _torch_wg_output(torch, m, tile, size):
+    """winograd_output in torch: A^T M A per tile, tiles laid out and cropped to size, as (O, N * Ho * Wo)."""
+    from runtime import _winograd
+    _, _, at = _wg_mats(torch, tile, m)
+    th, tw = _winograd.tile_counts(size, tile)
+    t, o = tile + 2, m.shape[1]
+    y = torch.einsum("ia,abonyx,jb->onyixj", at, m.reshape(t, t, o, -1, th, tw), at)
+    y = y.reshape(o, -1, th * tile, tw * tile)[:, :, :size[0], :size[1]]
+    return y.reshape(o, -1)
+
+
+def _torch_adjoint(torch, forward, g, in_shape):
+    """The adjoint of a linear torch function at g: the gradient of <forward(z), g> in z (z of in_shape)."""
+    z = torch.zeros(in_shape, dtype=g.dtype, requires_grad=True)
+    return torch.autograd.grad((forward(z) * g).sum(), z, create_graph=True)[0]
 
 
 def _torch_pool_grad(torch, g, x, pool):

@@ -33,17 +33,18 @@ from .cpu_conv import WindowSchedule, gen_window, window_schedule_of
 from .cpu_gather import GatherSchedule, gen_gather, gather_schedule_of
 from .cpu_elementwise import (KERNEL_NAME, ElementwiseSchedule, KernelBuilder, elementwise_schedule, gen_elementwise,
                               indent, symbols_in)
-from .cpu_matmul import MatmulSchedule, gen_matmul, matmul_schedule_of
+from .cpu_matmul import PER_ENTRY_DOT, MatmulSchedule, gen_matmul, matmul_schedule_of
 from .cpu_reduction import ReductionSchedule, gen_reduction, reduction_schedule_of
 from .cpu_rows import RowSchedule, gen_rows, row_schedule_of
 from .cpu_take import TakeSchedule, gen_take, take_schedule_of
+from .cpu_winograd import WinogradSchedule, gen_winograd, winograd_schedule_of
 from .scalar import KernelCompileError, Unsupported, generate_or_raise, node_dtype, node_shape
 
 GENERATOR_VERSION = 1
 # The skeleton that generates each kind of kernel (nnc.kernel.Kernel.kind).
 SKELETONS = {"elementwise": gen_elementwise, "reduction": gen_reduction, "row": gen_rows, "matmul": gen_matmul,
              "window": gen_window, "gather": gen_gather, "cat": gen_cat,
-             "take": gen_take}
+             "take": gen_take, "winograd": gen_winograd}
 
 
 @dataclass
@@ -93,8 +94,11 @@ def _generate(kernel: Kernel) -> Generated:
     threaded = threaded_dot(kernel) if kind == "matmul" else None
     if threaded is not None:  # the module's own launcher (a whole graph calls cblas.dot_f32 from numba instead)
         own_launch = [_on_numba_threads(line, threaded) for line in kb.launch]
+        own_launch = _batch_on_numba_threads(own_launch, threaded.replace("dot_", "dot_batch_", 1))
     if own_launch != kb.launch:
-        header += ["from numba import get_num_threads", "", f"from nnc.codegen.cblas import {threaded}"]
+        called = sorted({name for name in THREADED_NAMES
+                         if any(line.startswith(f"{name}(") for line in own_launch)})
+        header += ["from numba import get_num_threads", "", f"from nnc.codegen.cblas import {', '.join(called)}"]
     parts = ["\n".join(header + preamble)] + definitions
     symbols = symbols_in(kb.launch)
     if symbols:  # a kernel over symbolic sizes (nnc.symbolic) takes each call's sizes
@@ -123,8 +127,13 @@ def _generate(kernel: Kernel) -> Generated:
                      launch=[named(line) for line in kb.launch], stamp=header[1], legend=kb.legend())
 
 
-def _product_work(kernel: Kernel) -> tuple[int, object] | None:
-    """(multiply-adds of one product, the dtype when operands and result share one) of a matmul kernel's anchor."""
+# the nnc.codegen.cblas functions a launcher calls to run its products on numba's threads
+THREADED_NAMES = frozenset(cblas.DOT_THREADED.values()) | frozenset(cblas.DOT_BATCH_THREADED.values())
+
+
+def _product_work(kernel: Kernel) -> tuple[int, object, int] | None:
+    """(multiply-adds of one product, the dtype when operands and result share one, the products in its batch) of a
+    matmul kernel's anchor."""
     anchors = matmul_nodes(kernel)
     if len(anchors) != 1 or len(anchors[0].args) < 2:
         return None
@@ -138,17 +147,33 @@ def _product_work(kernel: Kernel) -> tuple[int, object] | None:
     n_out = b_shape[0] if mm.target.op.name == "linear" else b_shape[-1]
     rows = a_shape[-2] if len(b_shape) > 2 else math.prod(a_shape[:-1])  # a batched product: one matrix's rows
     dtypes = {node_dtype(n) for n in (a, b, mm)}
-    return rows * a_shape[-1] * n_out, (dtypes.pop() if len(dtypes) == 1 else None)
+    batch = math.prod(a_shape[:-2]) if len(b_shape) > 2 else 1
+    return rows * a_shape[-1] * n_out, (dtypes.pop() if len(dtypes) == 1 else None), batch
 
 
 def threaded_dot(kernel: Kernel) -> str | None:
-    """The nnc.codegen.cblas function that runs a matmul kernel's 2-D np.dot on numba's threads (cblas.DOT_THREADED),
-    or None: the product is below cblas.THREAD_MIN_WORK (OpenBLAS runs it on one thread anyway), its dtypes
-    differ, or OpenBLAS's thread count cannot be set."""
+    """The nnc.codegen.cblas function that runs a matmul kernel's 2-D np.dot on numba's threads (cblas.DOT_THREADED;
+    its batch of products: the same name with dot_batch_), or None: the product (all of the batch's) is below
+    cblas.THREAD_MIN_WORK (OpenBLAS runs it on one thread anyway), its dtypes differ, or OpenBLAS's thread count
+    cannot be set."""
     product = _product_work(kernel)
-    if not cblas.THREADS_SETTABLE or product is None or product[0] < cblas.THREAD_MIN_WORK:
+    if not cblas.THREADS_SETTABLE or product is None or product[0] * product[2] < cblas.THREAD_MIN_WORK:
         return None
     return cblas.DOT_THREADED.get(product[1])
+
+
+def _batch_on_numba_threads(launch: list[str], function: str) -> list[str]:
+    """The launcher's loop over a batch's products (`for bi in range(n):` with cpu_matmul.PER_ENTRY_DOT) as one
+    `function(lhs3, rhs3, mm)` call, the batch spread over numba's threads; other lines as they are."""
+    out, i = [], 0
+    while i < len(launch):
+        if launch[i].startswith("for bi in range(") and launch[i + 1:i + 2] == [PER_ENTRY_DOT]:
+            out.append(f"{function}(lhs3, rhs3, mm)")
+            i += 2
+        else:
+            out.append(launch[i])
+            i += 1
+    return out
 
 
 def _on_numba_threads(line: str, function: str) -> str:
@@ -162,7 +187,7 @@ def blas_threads_used(kernel: Kernel, source: str) -> str | None:
     """Whose threads a compiled matmul kernel's product runs on: "numba" (a cblas.DOT_THREADED call), "openblas"
     (np.dot or np.matmul on a product large enough for OpenBLAS to wake its own threads), or None (a generated
     loop, or products OpenBLAS keeps on the calling thread)."""
-    if any(f"{name}(" in source for name in cblas.DOT_THREADED.values()):
+    if any(f"{name}(" in source for name in THREADED_NAMES):
         return "numba"
     product = _product_work(kernel)
     large = product is None or product[0] >= cblas.THREAD_MIN_WORK
@@ -170,7 +195,7 @@ def blas_threads_used(kernel: Kernel, source: str) -> str | None:
 
 
 def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSchedule | MatmulSchedule
-                                 | WindowSchedule | GatherSchedule | CatSchedule | TakeSchedule):
+                                 | WindowSchedule | GatherSchedule | CatSchedule | TakeSchedule | WinogradSchedule):
     """The loop layout code generation chooses for a kernel (raises Unsupported for one it cannot generate)."""
     if kernel.kind == "reduction":
         return reduction_schedule_of(kernel)
@@ -186,6 +211,8 @@ def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSc
         return cat_schedule_of(kernel)
     if kernel.kind == "take":
         return take_schedule_of(kernel)
+    if kernel.kind == "winograd":
+        return winograd_schedule_of(kernel)
     if kernel.kind == "elementwise":
         kb = KernelBuilder(kernel)
         arrays, shape = kb.reads + kb.outs, tuple(kernel.shape)

@@ -189,6 +189,11 @@ def gen_matmul(kb: KernelBuilder) -> None:
         kdim, n_out = b_arr.shape
         rows = ia if a_view_2d else f"{ia}.reshape(-1, {kdim})"
         lines.append(f"np.dot({rows}, {ib}, out=mm.reshape(-1, {n_out}))")
+    elif _same_batch_3d(a_arr.shape, b_arr.shape):
+        # NOTE: one np.dot per batch entry: np.matmul ran a batch whose operand is transposed (Winograd's weight
+        # gradient, dM @ V^T over (36, 64, 2304) x (36, 2304, 32)) without BLAS, 100x slower; and numba (whole-graph
+        # mode) has np.dot but no batched np.matmul
+        lines += [f"lhs3 = {ia}", f"rhs3 = {ib}", f"for bi in range({a_arr.shape[0]}):", PER_ENTRY_DOT]
     else:
         lines.append(f"np.matmul({ia}, {ib}, out=mm)")
     if epilogue:
@@ -229,6 +234,15 @@ def _gen_stored_matmul(kb: KernelBuilder, mm, a_arr: Array, b_arr: Array, store)
     else:
         lines.append(f"np.matmul(np.swapaxes({ib}, -1, -2), np.swapaxes({ia}, -1, -2), out=np.swapaxes(mm, -1, -2))")
     kb.launch = lines
+
+
+# The body of the launcher's loop over a batch's products (nnc.codegen.cpu runs the loop on numba's threads).
+PER_ENTRY_DOT = "    np.dot(lhs3[bi], rhs3[bi], out=mm[bi])"
+
+
+def _same_batch_3d(a_shape, b_shape) -> bool:
+    """Whether a batched product is one batch dim of equal size on both sides (a loop of 2-D BLAS products)."""
+    return len(a_shape) == 3 and len(b_shape) == 3 and a_shape[0] == b_shape[0]
 
 
 def operand(a: Array, strided_ok: bool = False, transposed_ok: bool = False) -> str:

@@ -36,7 +36,7 @@ from ..passes.views import view_maps
 from . import cache, cblas
 from .cpu import Generated, compile_generated, generate, numba_signature_nd
 from .cpu_elementwise import py_name
-from .cpu_matmul import matmul_schedule
+from .cpu_matmul import _same_batch_3d, matmul_schedule
 from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shape, np_dtype, op_and_attrs
 
 # NOTE: a kernel over 2**20 elements takes ~0.2 ms or more, where a launch from Python (~5 us) is noise, and a
@@ -85,6 +85,8 @@ def _dot_matmul(node: Node) -> bool:
     """Whether codegen lowers this matmul/linear to np.dot or a generated loop (numba has no batched np.matmul)."""
     a, b = node.args[0], node.args[1]
     if node.target.op.name == "linear" or (len(b.meta["shape"]) == 2 and len(a.meta["shape"]) >= 2):
+        return True
+    if _same_batch_3d(node_shape(a), node_shape(b)):  # a loop of np.dot over the batch (cpu_matmul)
         return True
     schedule = matmul_schedule(node.target.op.name, node_shape(a), node_shape(b), node_dtype(a), node_dtype(b),
                                node_dtype(node))
@@ -204,6 +206,7 @@ class _Emitter:
             if dot is not None and "np.dot(" in line:
                 line = line.replace("np.dot(", f"{dot}(")
                 self.blas.add(dot)
+            line = re.sub(r"\b(lhs3|rhs3)\b", lambda m: f"{m.group(1)}_{py_name(kernel.name)}", line)  # per kernel
             line = re.sub(r"\bins\[(\d+)\]", lambda m: ins[int(m.group(1))], line)
             line = re.sub(r"\bouts\[(\d+)\]", lambda m: outs[int(m.group(1))], line)
             self.lines.append(re.sub(r"\bmm\b", mm, line))

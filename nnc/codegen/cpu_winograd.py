@@ -1,0 +1,294 @@
+"""CPU Winograd kernels: the transforms of runtime/_winograd.py (ops whose `OpDef.kernel_kind` is "winograd") as
+generated loops, with the transform matrices' entries written into the source as typed constants (zeros skipped).
+
+Input and output transforms run one task per channel and chunk of samples (a prange when the work is large enough).
+A task's tiles are contiguous runs of every row of the (T*T, channels, P) transformed values, so both matrix
+products of a transform run as loops along those runs (they vectorize); only copying pixels between the planes and
+the tiles is scalar:
+  - winograd_input and winograd_output_backward gather: the planes' pixels copied into the task's tiles (a buffer
+    of patch*patch rows, zeros outside the plane), then transformed into their rows of the result;
+  - winograd_output and winograd_input_backward scatter: the rows transformed back, one patch row at a time, and
+    its pixels stored into the planes (added where tiles overlap: the input transform's adjoint).
+The filter transforms are small (O*C filters of 3x3 or T x T): one task per filter, scalar code.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runtime import _winograd
+
+from ..kernel import Kernel
+from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, ParallelLoop, indent, launch_line
+from .scalar import Unsupported, ctor, node_shape, op_and_attrs
+
+WINOGRAD_OPS = ("winograd_input", "winograd_input_backward", "winograd_filter", "winograd_filter_backward",
+                "winograd_output", "winograd_output_backward")
+
+
+@dataclass(frozen=True)
+class WinogradSchedule(ParallelLoop):
+    """How a Winograd transform runs: `tasks` planes (or filters), each `work` values read or written; a prange
+    when tasks * work >= PARALLEL_MIN_ELEMENTS."""
+
+    op: str
+    tasks: int
+    work: int
+    parallel: bool
+
+
+def _geometry(kernel: Kernel):
+    """(node, op name, attrs, input shape, output shape) of a Winograd kernel's one node."""
+    if len(kernel.nodes) != 1:
+        raise Unsupported("a winograd kernel has exactly one node")
+    node = kernel.nodes[0]
+    op, args, attrs = op_and_attrs(node)
+    if op.name not in WINOGRAD_OPS:
+        raise Unsupported(f"{op.name} has no winograd kernel")
+    in_shape, out_shape = tuple(node_shape(args[0])), tuple(node_shape(node))
+    if any(not isinstance(s, int) for s in in_shape + out_shape):
+        raise Unsupported("winograd kernels take static sizes only")
+    return node, op.name, attrs, in_shape, out_shape
+
+
+def winograd_schedule_of(kernel: Kernel) -> WinogradSchedule:
+    _, op, attrs, in_shape, out_shape = _geometry(kernel)
+    return _schedule(op, attrs, in_shape, out_shape)
+
+
+def _schedule(op, attrs, in_shape, out_shape) -> WinogradSchedule:
+    if op in ("winograd_filter", "winograd_filter_backward"):
+        o, c = (in_shape[0], in_shape[1]) if op == "winograd_filter" else (in_shape[1], in_shape[2])
+        tasks = o * c
+    else:
+        tasks = _tiling_of(op, attrs, in_shape, out_shape)[0].tasks
+    work = (math.prod(in_shape) + math.prod(out_shape)) // max(tasks, 1)
+    return WinogradSchedule(op, tasks, work, tasks > 1 and tasks * work >= PARALLEL_MIN_ELEMENTS)
+
+
+# Tiles a task transforms at once: its buffers (T*T rows of them, 4 or 8 bytes each) stay in L2.
+# NOTE: one output channel's tiles at a time (the MNIST CNN's conv2 output transform, 64 tasks of 2304 tiles)
+# took 1.5 ms on one thread, against 6.1 ms for one task per (sample, channel) plane with loops over one tile row
+CHUNK_TILES = 512
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """How a transform's tiles lie on its planes: `channels` planes per sample, `samples` samples of `plane_hw`
+    pixels (the convolution's input, or its output), tiles of `patch` x `patch` pixels every `step`, the first
+    `offset` pixels before the plane (the padding; tiles reach past its end too: zeros), `tiles` (th, tw) per
+    plane. `plane_at(ch, n)` is where plane (ch, n) starts in its flat array. A task takes one channel of a chunk
+    of `chunk` samples."""
+
+    channels: int
+    samples: int
+    plane_hw: tuple
+    patch: int
+    step: int
+    offset: tuple
+    tiles: tuple
+    plane_at: object
+
+    @property
+    def per_sample(self) -> int:
+        return self.tiles[0] * self.tiles[1]
+
+    @property
+    def chunk(self) -> int:
+        return max(1, min(self.samples, CHUNK_TILES // self.per_sample))
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.samples // self.chunk)
+
+    @property
+    def tasks(self) -> int:
+        return self.channels * self.chunks
+
+
+def _tiling_of(op, attrs, in_shape, out_shape):
+    """(the _Tiling of a plane transform, P: its tiles in all)."""
+    tile = attrs["tile"]
+    if op in ("winograd_input", "winograd_input_backward"):
+        n, c, h, w = in_shape if op == "winograd_input" else out_shape
+        padding = attrs["padding"]
+        tiles = _winograd.tile_counts(_winograd.output_sizes((h, w), padding), tile)
+        tl = _Tiling(c, n, (h, w), tile + 2, tile, (padding[0][0], padding[1][0]), tiles,
+                     lambda ch, s: f"(({s}) * {c} + {ch}) * {h * w}")  # x (N, C, H, W)
+    else:
+        size = tuple(attrs["size"])
+        o, nl = out_shape if op == "winograd_output" else in_shape
+        n = nl // math.prod(size)
+        tiles = _winograd.tile_counts(size, tile)
+        tl = _Tiling(o, n, size, tile, tile, (0, 0), tiles,
+                     lambda ch, s: f"({ch} * {n} + ({s})) * {math.prod(size)}")  # y (O, N * Ho * Wo)
+    return tl, tl.samples * tl.per_sample
+
+
+class _Constants:
+    """The transform entries as typed constants of the function (a float64 literal would promote float32 math)."""
+
+    def __init__(self, dtype):
+        self.ctor, self.names = ctor(dtype), {}
+
+    def term(self, coef: float, value: str) -> str | None:
+        if coef == 0:
+            return None
+        if coef == 1:
+            return f"+ {value}"
+        if coef == -1:
+            return f"- {value}"
+        if abs(coef) not in self.names:
+            self.names[abs(coef)] = f"c{len(self.names)}"
+        return f"{'+' if coef > 0 else '-'} {self.names[abs(coef)]} * {value}"
+
+    def combination(self, coefs, values) -> str:
+        terms = [t for t in (self.term(float(k), v) for k, v in zip(coefs, values)) if t is not None]
+        if not terms:
+            return "0"
+        expr = " ".join(terms)
+        return expr[2:] if expr.startswith("+ ") else "-" + expr[2:]
+
+    def lines(self) -> list[str]:
+        return [f"{name} = {self.ctor}({value!r})" for value, name in self.names.items()]
+
+
+def _task_lines(tl: _Tiling, loop: str, dt: str, buffers) -> list[str]:
+    """The task loop's head: channel ch, samples [n0, n0 + ns), tiles [p0, p0 + q) of the P, and its buffers
+    (name, numpy constructor, rows) of a row per patch entry and a column per tile."""
+    lines = [f"for t in {loop}({tl.tasks}):",
+             f"    ch = t // {tl.chunks}",
+             f"    n0 = (t % {tl.chunks}) * {tl.chunk}",
+             f"    ns = min({tl.chunk}, {tl.samples} - n0)",
+             f"    p0 = n0 * {tl.per_sample}",
+             f"    q = ns * {tl.per_sample}"]
+    return lines + [f"    {name} = np.{fill}(({rows}, {tl.chunk * tl.per_sample}), dtype={dt})"
+                    for name, fill, rows in buffers]
+
+
+def _pixel_loops(tl: _Tiling, body) -> list[str]:
+    """Loops over the task's samples, tile rows, and patch rows i whose pixel row lies inside the plane, then over
+    the tiles of the row: `body(j, bounds)` gives the lines for patch column j (with bounds, its pixel may lie
+    outside the row and the lines must check). Sets g (the row's first tile) and prow (where the pixel row
+    starts)."""
+    (th, tw), (h, w), k, m = tl.tiles, tl.plane_hw, tl.patch, tl.step
+    top, left = tl.offset
+    # the tiles whose patch lies inside the row: tx * m - left >= 0 and tx * m - left + k <= w
+    lo = min(tw, -(-left // m))
+    hi = max(lo, min(tw, (w + left - k) // m + 1))
+    lines = ["    for n in range(ns):",
+             f"        plane = {tl.plane_at('ch', 'n0 + n')}",
+             f"        for ty in range({th}):",
+             f"            g = (n * {th} + ty) * {tw}",
+             f"            for i in range({k}):",
+             f"                y = ty * {m} + i - {top}",
+             f"                if y < 0 or y >= {h}:",
+             "                    continue",
+             f"                prow = plane + y * {w}"]
+    for first, last, bounds in ((0, lo, True), (lo, hi, False), (hi, tw, True)):
+        if first < last:
+            lines.append(f"                for tx in range({first}, {last}):")
+            for j in range(k):
+                lines += indent(body(j, bounds), 5)
+    return lines
+
+
+def _gather_lines(k: _Constants, mat, tl: _Tiling, loop, dt, dest) -> list[str]:
+    """Plane tiles -> their transforms mat @ d @ mat^T, entry (a, b) of tile p written at dest(a * R + b) + p.
+    The tiles' pixels are first copied into d (patch*patch rows, zeros outside the planes), then both products run
+    along its rows."""
+    r, kk = mat.shape
+    lines = _task_lines(tl, loop, dt, [("d", "zeros", kk * kk), ("s", "empty", kk)])
+
+    def copy(j, bounds):
+        x = f"tx * {tl.step} + {j - tl.offset[1]}"
+        store = [f"d[i * {kk} + {j}, g + tx] = in0[prow + {x}]"]
+        return ([f"if 0 <= {x} < {tl.plane_hw[1]}:"] + indent(store)) if bounds else store
+    lines += _pixel_loops(tl, copy)
+    # NOTE: every run read and written through a 1-d slice: indexing the 2-d buffers or the flat arguments inside
+    # the prange, LLVM kept these loops scalar (7.0 against 1.5 ms for the MNIST CNN's conv2 output transform)
+    for a in range(r):  # s[j] = sum_i mat[a, i] d[i, j]; then out[a * R + b] = sum_j mat[b, j] s[j]
+        for j in range(kk):
+            lines += [f"    r{i} = d[{i * kk + j}]" for i in range(kk)]
+            lines += [f"    sj = s[{j}]", "    for p in range(q):",
+                      f"        sj[p] = {k.combination(mat[a], [f'r{i}[p]' for i in range(kk)])}"]
+        lines += [f"    s{j} = s[{j}]" for j in range(kk)]
+        for b in range(r):
+            lines += [f"    o = {dest(a * r + b)} + p0", "    dst = out0[o:o + q]", "    for p in range(q):",
+                      f"        dst[p] = {k.combination(mat[b], [f's{j}[p]' for j in range(kk)])}"]
+    return lines
+
+
+def _scatter_lines(k: _Constants, mat, tl: _Tiling, loop, dt, source, add: bool) -> list[str]:
+    """Transformed tiles (entry (a, b) of tile p at source(a * R + b) + p) -> mat @ X @ mat^T, stored into the
+    planes (added where tiles overlap: `add`, on planes the task zeroes first). Per patch row i: both products
+    along the tiles, then that row's pixels stored."""
+    kk, r = mat.shape
+    lines = _task_lines(tl, loop, dt, [("s", "empty", r), ("e", "empty", kk * kk)])
+    if add:
+        h, w = tl.plane_hw
+        lines += ["    for n in range(ns):", f"        plane = {tl.plane_at('ch', 'n0 + n')}",
+                  f"        for x in range({h * w}):", "            out0[plane + x] = 0"]
+    for i in range(kk):  # s[b] = sum_a mat[i, a] X[a, b]; then e[i, j] = sum_b mat[j, b] s[b] (1-d slices: see
+        for b in range(r):  # _gather_lines)
+            lines += [f"    x{a} = in0[{source(a * r + b)} + p0:{source(a * r + b)} + p0 + q]" for a in range(r)]
+            lines += [f"    sb = s[{b}]", "    for p in range(q):",
+                      f"        sb[p] = {k.combination(mat[i], [f'x{a}[p]' for a in range(r)])}"]
+        lines += [f"    s{b} = s[{b}]" for b in range(r)]
+        for j in range(kk):
+            lines += [f"    ej = e[{i * kk + j}]", "    for p in range(q):",
+                      f"        ej[p] = {k.combination(mat[j], [f's{b}[p]' for b in range(r)])}"]
+
+    def store(j, bounds):
+        x = f"tx * {tl.step} + {j - tl.offset[1]}"
+        line = [f"out0[prow + {x}] {'+' if add else ''}= e[i * {kk} + {j}, g + tx]"]
+        return ([f"if 0 <= {x} < {tl.plane_hw[1]}:"] + indent(line)) if bounds else line
+    return lines + _pixel_loops(tl, store)
+
+
+def _filter_lines(k: _Constants, mat_rows, mat_cols, tasks, loop, fin, fout) -> list[str]:
+    """One task per filter: out = mat_rows @ f @ mat_cols^T, f read at fin(i, j), written at fout(a, b)."""
+    r, kk = mat_rows.shape
+    lines = [f"for t in {loop}({tasks}):"]
+    lines += [f"    f{i}_{j} = in0[{fin(i, j)}]" for i in range(kk) for j in range(kk)]
+    for a in range(r):  # rows first: g[a, j] = sum_i mat_rows[a, i] * f[i, j]
+        lines += [f"    g{a}_{j} = {k.combination(mat_rows[a], [f'f{i}_{j}' for i in range(kk)])}" for j in range(kk)]
+    for a in range(r):
+        for b in range(mat_cols.shape[0]):
+            lines.append(f"    out0[{fout(a, b)}] = "
+                         f"{k.combination(mat_cols[b], [f'g{a}_{j}' for j in range(kk)])}")
+    return lines
+
+
+def gen_winograd(kb: KernelBuilder) -> None:
+    node, op, attrs, in_shape, out_shape = _geometry(kb.kernel)
+    sched = _schedule(op, attrs, in_shape, out_shape)
+    tile = attrs["tile"]
+    bt, g, at = _winograd.matrices(tile)
+    t = tile + 2
+    dt = ctor(kb.outs[0].dtype)
+    k = _Constants(kb.outs[0].dtype)
+    if op == "winograd_filter":  # (O, C, 3, 3) -> (T*T, O, C); task = o * C + c
+        oc = in_shape[0] * in_shape[1]
+        body = _filter_lines(k, g, g, sched.tasks, sched.loop, lambda i, j: f"t * 9 + {i * 3 + j}",
+                             lambda a, b: f"{(a * t + b) * oc} + t")
+    elif op == "winograd_filter_backward":  # (T*T, O, C) -> (O, C, 3, 3): dw = G^T dU G
+        oc = in_shape[1] * in_shape[2]
+        body = _filter_lines(k, g.T, g.T, sched.tasks, sched.loop, lambda a, b: f"{(a * t + b) * oc} + t",
+                             lambda i, j: f"t * 9 + {i * 3 + j}")
+    else:
+        tl, p = _tiling_of(op, attrs, in_shape, out_shape)
+
+        def row_at(r):  # row r of channel ch in the (T*T, channels, P) transformed tiles
+            return f"({r} * {tl.channels} + ch) * {p}"
+        if op == "winograd_input":
+            body = _gather_lines(k, bt, tl, sched.loop, dt, row_at)
+        elif op == "winograd_input_backward":
+            body = _scatter_lines(k, bt.T, tl, sched.loop, dt, row_at, add=True)
+        elif op == "winograd_output":
+            body = _scatter_lines(k, at, tl, sched.loop, dt, row_at, add=False)
+        else:
+            body = _gather_lines(k, at.T, tl, sched.loop, dt, row_at)
+    f = Function(kb.name, kb.ins + kb.outs, k.lines() + body, sched.parallel)
+    kb.launch = [launch_line(f)]
+    kb.functions.append(f)

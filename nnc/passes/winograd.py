@@ -1,0 +1,118 @@
+"""Winograd convolution: rewrite a 3x3, stride-1, dilation-1 convolution's `matmul(weight, im2col(x))` into the
+Winograd ops of runtime/_winograd.py, so that its product and both of its gradients' products do 2.25x (F(2x2, 3x3))
+or 4x (F(4x4, 3x3)) fewer multiplies, and no im2col or col2im runs.
+
+    matmul(W (O, C*9), im2col(x))  ->  winograd_output(matmul(winograd_filter(W'), winograd_input(x)))
+
+with W' the (O, C, 3, 3) weight. The backward comes from autodiff: the three ops are linear, so their gradients are
+their adjoints (`*_backward`), and the matmul's are two more batched products (dU = dM @ V^T over the tiles, dV =
+U^T @ dM), which replace the weight-gradient product over the column matrix and the col2im of W^T @ dY.
+Eager conv2d keeps im2col: the rewrite is a compiler choice, tested against it. It runs before autodiff, on CPU
+graphs only (CUDA has no Winograd kernels), for float32 and float64 with static sizes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from runtime import _winograd
+
+from ..codegen.scalar import np_dtype
+from ..graph import Node
+from ..prims import Prim, prims
+from ..symbolic import has_symbols
+
+# Fewer input channels than this keep im2col: each output then sums so few products that the transforms, which
+# read and write every tile's T*T values, cost more than the multiplies they save (the MNIST CNN's conv1, C = 1).
+MIN_CHANNELS = 8
+# A convolution whose direct product has fewer multiply-adds than this keeps im2col: its T*T small products are as
+# many BLAS calls, which two threads do not share well. NOTE: MNIST CNN batch-1 inference (conv2: 10.6 M
+# multiply-adds direct, 36 products of 64 x 32 x 36 with F(4x4)), loaded machine, minimums: 2 threads 181-197 us
+# with Winograd against 164-167 us with im2col; 1 thread 195 against 260 us. At batch 64 (680 M) it wins either way.
+MIN_DIRECT_WORK = 2 ** 25
+# F(4x4, 3x3) for outputs at least this large in both dims, else F(2x2, 3x3) (a 4x4 tile over a smaller output
+# computes mostly positions that are dropped).
+# NOTE: F(4x4) float32 error against a float64 convolution: 5e-6 of the output's largest value on the MNIST CNN's
+# conv2 (F(2x2): 3e-7, im2col: 1e-7); float64: 1e-14.
+LARGE_TILE_MIN_OUTPUT = 8
+
+
+def _is(node, name: str) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and isinstance(node.target, Prim) \
+        and node.target.op.name == name
+
+
+def _convolution(node: Node):
+    """(weight (O, C*9) node, im2col node) if `node` is the product of a 3x3, stride-1, dilation-1 convolution
+    Winograd serves, else None."""
+    if not _is(node, "matmul") or len(node.args) != 2:
+        return None
+    w, cols = node.args
+    if not _is(cols, "im2col") or not isinstance(w, Node):
+        return None
+    attrs = cols.kwargs
+    if tuple(attrs["kernel"]) != (3, 3) or tuple(attrs["stride"]) != (1, 1) or tuple(attrs["dilation"]) != (1, 1):
+        return None
+    x = cols.args[0]
+    x_shape, w_shape = x.meta.get("shape"), w.meta.get("shape")
+    if x_shape is None or w_shape is None or has_symbols((x_shape, w_shape)) or len(x_shape) != 4:
+        return None
+    if any(n.meta.get("dtype") is None for n in (x, w, node)):
+        return None
+    dtypes = {np_dtype(n.meta["dtype"]) for n in (x, w, node)}
+    if len(dtypes) != 1 or dtypes.pop() not in (np.float32, np.float64):
+        return None
+    if len(w_shape) != 2 or w_shape[1] != x_shape[1] * 9 or x_shape[1] < MIN_CHANNELS or x_shape[0] == 0:
+        return None
+    if w_shape[0] * w_shape[1] * cols.meta["shape"][1] < MIN_DIRECT_WORK:
+        return None
+    return w, cols
+
+
+def tile_for(out_sizes) -> int:
+    """The output tile size m of F(m x m, 3x3) for an output of these sizes."""
+    return 4 if min(out_sizes) >= LARGE_TILE_MIN_OUTPUT else 2
+
+
+def _call(graph, name, args, meta_shape, dtype, **kwargs) -> Node:
+    node = graph.call_function(prims[name], args, kwargs)
+    node.meta.update(shape=tuple(meta_shape), dtype=dtype)
+    return node
+
+
+def _filter_of(graph, w: Node, shape: tuple, dtype) -> Node:
+    """The (O, C, 3, 3) filter of the (O, C*9) product operand w: the value w reshapes (conv2d's weight), so that
+    the filter transform reads the parameter itself (a reshape of a reshape runs as a step of its own), else a
+    reshape of w."""
+    if _is(w, "reshape") and isinstance(w.args[0], Node) and tuple(w.args[0].meta.get("shape") or ()) == shape:
+        return w.args[0]
+    return _call(graph, "reshape", (w,), shape, dtype, shape=shape)
+
+
+def rewrite_winograd(gm):
+    """Replace every convolution product Winograd serves (see _convolution) by the Winograd ops."""
+    graph = gm.graph
+    for node in list(graph.nodes):
+        found = _convolution(node)
+        if found is None:
+            continue
+        w, cols = found
+        x, padding = cols.args[0], tuple(tuple(p) for p in cols.kwargs["padding"])
+        n, c, h, wd = x.meta["shape"]
+        o = w.meta["shape"][0]
+        dtype = node.meta["dtype"]
+        out_sizes = _winograd.output_sizes((h, wd), padding)
+        tile = tile_for(out_sizes)
+        t2 = (tile + 2) ** 2
+        tiles = n * int(np.prod(_winograd.tile_counts(out_sizes, tile)))
+        with graph.inserting_before(node):
+            w4 = _filter_of(graph, w, (o, c, 3, 3), dtype)
+            u = _call(graph, "winograd_filter", (w4,), (t2, o, c), dtype, tile=tile)
+            v = _call(graph, "winograd_input", (x,), (t2, c, tiles), dtype, tile=tile, padding=padding)
+            m = _call(graph, "matmul", (u, v), (t2, o, tiles), dtype)
+            y = _call(graph, "winograd_output", (m,), node.meta["shape"], dtype, tile=tile, size=out_sizes)
+        node.replace_all_uses_with(y)
+        graph.erase_node(node)
+        if not cols.users:
+            graph.erase_node(cols)
+    gm.recompile()
+    return gm
