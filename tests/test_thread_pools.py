@@ -73,7 +73,8 @@ def test_a_plan_calling_threaded_blas_runs_numba_kernels_serially_and_restores_t
         def forward(self, x, y):
             return runtime.relu(x @ y) * 2.0
 
-    x, y = runtime.randn(4, 128, 128), runtime.randn(4, 128, 128)  # 2^21 multiply-adds per product: np.matmul
+    # 2^21 multiply-adds per product, two batch dims: np.matmul on OpenBLAS's threads
+    x, y = runtime.randn(2, 2, 128, 128), runtime.randn(2, 2, 128, 128)
     compiled = nnc.compile(Batched(), whole_graph=False)
     with runtime.no_grad():
         want = Batched()(x, y)
@@ -85,6 +86,29 @@ def test_a_plan_calling_threaded_blas_runs_numba_kernels_serially_and_restores_t
     assert seen and set(seen) == {1}
     assert numba.get_num_threads() == before
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+
+
+@needs_thread_count
+@pytest.mark.parametrize("dtype", [runtime.float32, runtime.float64])
+def test_a_batch_of_products_spreads_over_numbas_threads(monkeypatch, dtype):
+    """One batch dim (Winograd's tile products): the batch's products run as one cblas.dot_batch_threaded call."""
+    class Batched(nn.Module):
+        def forward(self, x, y):
+            return runtime.relu(x @ y.transpose(1, 2)) * 2.0
+
+    x, y = runtime.randn(6, 64, 48, dtype=dtype), runtime.randn(6, 80, 48, dtype=dtype)
+    compiled = nnc.compile(Batched(), whole_graph=False)
+    with runtime.no_grad():
+        want = Batched()(x, y)
+        compiled(x, y)
+        (plan,) = _plans(compiled)
+        assert (plan.one_pool, plan.serial_numba) == (True, False)
+        assert any("dot_batch_threaded_f" in k.meta["source"] for k in plan.kernels)
+        seen = _pools_seen(monkeypatch)
+        got = compiled(x, y)
+    assert seen and {blas for _, blas in seen} == {1}
+    tol = 1e-4 if dtype is runtime.float32 else 1e-12
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=tol, atol=tol)
 
 
 @needs_thread_count
