@@ -17,6 +17,7 @@ from runtime import _winograd
 from runtime.ops import _np_im2col
 
 from helpers import needs_torch
+from test_conv_kernels import _conv_module
 
 
 @pytest.fixture(autouse=True)
@@ -86,17 +87,7 @@ CONVS = [
 
 
 def _module(lib, shape, out_ch, padding):
-    conv = lib.nn.Conv2d(shape[1], out_ch, 3, padding=padding)
-
-    class M(lib.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv = conv
-
-        def forward(self, x):
-            return lib.tanh(self.conv(x)) * 1.5
-
-    return M()
+    return _conv_module(lib, 2, shape, out_ch, 3, {"padding": padding})
 
 
 def _run(module, run, x, gy):

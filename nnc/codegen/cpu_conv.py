@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..kernel import Kernel
 from ..symbolic import has_symbols
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, ParallelLoop, indent, launch_line
-from .scalar import Unsupported, node_shape, op_and_attrs
+from .scalar import Unsupported, node_shape, only_node
 
 WINDOW_OPS = ("im2col", "col2im", "max_pool", "max_pool_backward")
 
@@ -48,12 +48,7 @@ class _WindowFunction(Function):
 
 def _geometry(kernel: Kernel):
     """(node, op name, attrs, input shape of the windows, output positions per spatial dim)."""
-    if len(kernel.nodes) != 1:
-        raise Unsupported("a window kernel has exactly one node")
-    node = kernel.nodes[0]
-    op, args, attrs = op_and_attrs(node)
-    if op.name not in WINDOW_OPS:
-        raise Unsupported(f"{op.name} has no window kernel")
+    node, op, args, attrs = only_node(kernel, "window", WINDOW_OPS)
     shapes = [node_shape(a) for a in args] + [node_shape(node)]
     if op.name == "col2im":
         in_shape = tuple(shapes[1])

@@ -20,7 +20,7 @@ from runtime import _winograd
 
 from ..kernel import Kernel
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, ParallelLoop, indent, launch_line
-from .scalar import Unsupported, ctor, node_shape, op_and_attrs
+from .scalar import Unsupported, ctor, node_shape, only_node
 
 WINOGRAD_OPS = ("winograd_input", "winograd_input_backward", "winograd_filter", "winograd_filter_backward",
                 "winograd_output", "winograd_output_backward")
@@ -39,12 +39,7 @@ class WinogradSchedule(ParallelLoop):
 
 def _geometry(kernel: Kernel):
     """(node, op name, attrs, input shape, output shape) of a Winograd kernel's one node."""
-    if len(kernel.nodes) != 1:
-        raise Unsupported("a winograd kernel has exactly one node")
-    node = kernel.nodes[0]
-    op, args, attrs = op_and_attrs(node)
-    if op.name not in WINOGRAD_OPS:
-        raise Unsupported(f"{op.name} has no winograd kernel")
+    node, op, args, attrs = only_node(kernel, "winograd", WINOGRAD_OPS)
     in_shape, out_shape = tuple(node_shape(args[0])), tuple(node_shape(node))
     if any(not isinstance(s, int) for s in in_shape + out_shape):
         raise Unsupported("winograd kernels take static sizes only")

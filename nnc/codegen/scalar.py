@@ -178,6 +178,17 @@ _UNARY = {ast.USub: "-", ast.UAdd: "+", ast.Not: "not ", ast.Invert: "~"}
 _COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
 
 
+def only_node(kernel, kind: str, ops) -> tuple:
+    """(node, OpDef, operands, attrs) of a kernel of `kind` that is one node of one of `ops` (op names)."""
+    if len(kernel.nodes) != 1:
+        raise Unsupported(f"a {kind} kernel has exactly one node")
+    node = kernel.nodes[0]
+    op, args, attrs = op_and_attrs(node)
+    if op.name not in ops:
+        raise Unsupported(f"{op.name} has no {kind} kernel")
+    return node, op, args, attrs
+
+
 def op_and_attrs(node: Node):
     """The OpDef of a prims.* node, its operands and its attrs (kwargs, plus positional ones past the arity)."""
     if node.op != "call_function" or not isinstance(node.target, Prim):
