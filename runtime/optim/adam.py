@@ -74,20 +74,17 @@ class Adam(OnePassUpdates, Optimizer):
             if g is None:
                 continue
             if p.is_cuda:
-                self._update_cuda(p, g, group)
-            else:
-                state = self._init_state(p, group)
-                arrays = (p._data, g._data, state["exp_avg"]._data, state["exp_avg_sq"]._data)
-                if not fusable(*arrays, min_elements=ADAM_MIN_ELEMENTS):
-                    self._update(p, g._data, group)
-                    p._bump_version()
-                    continue
-                lists = batches.setdefault((p._data.dtype, increment_step(state)), ([], [], [], [], []))
-                for array, into in zip(arrays, lists):
-                    into.append(array)
-                lists[4].append(p)
+                self._step_param(p, g, group)
                 continue
-            p._bump_version()
+            state = self._init_state(p, group)
+            arrays = (p._data, g._data, state["exp_avg"]._data, state["exp_avg_sq"]._data)
+            if not fusable(*arrays, min_elements=ADAM_MIN_ELEMENTS):
+                self._step_param(p, g, group)
+                continue
+            lists = batches.setdefault((p._data.dtype, increment_step(state)), ([], [], [], [], []))
+            for array, into in zip(arrays, lists):
+                into.append(array)
+            lists[4].append(p)
         if batches:
             from ._fused import adam_many, adam_scalars
 

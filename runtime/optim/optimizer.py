@@ -183,13 +183,16 @@ class Optimizer:
     def _step_group(self, group: dict) -> None:
         for p in group["params"]:
             g = p._grad
-            if g is None:
-                continue
-            if p.is_cuda:
-                self._update_cuda(p, g, group)
-            else:
-                self._update(p, g._data, group)
-            p._bump_version()
+            if g is not None:
+                self._step_param(p, g, group)
+
+    def _step_param(self, p: Tensor, g: Tensor, group: dict) -> None:
+        """One parameter's update from its gradient `g`, then its version bump."""
+        if p.is_cuda:
+            self._update_cuda(p, g, group)
+        else:
+            self._update(p, g._data, group)
+        p._bump_version()
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         """Update p._data in place from its gradient array (read-only: it is p.grad's memory)."""
