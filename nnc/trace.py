@@ -10,6 +10,7 @@ import operator
 import os
 import sys
 import sysconfig
+import threading
 
 import numpy as np
 
@@ -476,14 +477,26 @@ class Tracer:
 
     @contextlib.contextmanager
     def _patched(self):
-        """While tracing: module calls, parameter reads and runtime's functions are routed to the tracer."""
+        """While tracing: module calls, parameter reads and runtime's functions are routed to the tracer, for calls
+        from the tracing thread only (other threads' eager code runs as it is); one thread traces at a time."""
+        with _TRACING:
+            with self._patched_here(threading.get_ident()):
+                yield
+
+    @contextlib.contextmanager
+    def _patched_here(self, owner: int):
         tracer = self
+        original_call = Module.__call__
         original_getattr, original_setattr = Module.__getattr__, Module.__setattr__
 
         def traced_call(module, *args, **kwargs):
+            if threading.get_ident() != owner:
+                return original_call(module, *args, **kwargs)
             return tracer.call_module(module, module.forward, args, kwargs)
 
         def traced_getattr(module, name):
+            if threading.get_ident() != owner:
+                return original_getattr(module, name)
             if (id(module), name) in tracer._assigned:
                 return tracer._assigned[id(module), name]
             value = original_getattr(module, name)
@@ -493,7 +506,8 @@ class Tracer:
 
         def traced_setattr(module, name, value):
             # NOTE: a buffer assigned in forward (RunningMean's `self.mean = ...`) is recorded, never set while tracing
-            if name in module._buffers and (value is None or isinstance(value, (Proxy, Tensor))):
+            buffer = name in module._buffers and (value is None or isinstance(value, (Proxy, Tensor)))
+            if buffer and threading.get_ident() == owner:
                 tracer.assign_buffer(module, name, value)
             else:
                 original_setattr(module, name, value)
@@ -503,7 +517,7 @@ class Tracer:
         for namespace in (runtime, F):
             for name, fn in list(vars(namespace).items()):
                 if _is_api_function(namespace, name, fn):
-                    patches.append((namespace, name, _recording(fn, tracer)))
+                    patches.append((namespace, name, _recording(fn, tracer, owner)))
         saved = [(obj, name, obj.__dict__[name] if name in obj.__dict__ else getattr(obj, name))
                  for obj, name, _ in patches]
         self._patches, self._originals = patches, saved
@@ -521,6 +535,10 @@ class Tracer:
             yield
         finally:
             _set_all(self._patches)
+
+
+# One thread traces at a time: tracing patches runtime's functions and Module's methods process-wide.
+_TRACING = threading.RLock()
 
 
 def _set_all(assignments) -> None:
@@ -569,10 +587,13 @@ RANDOM_FACTORIES = ("rand", "randn", "randint", "randperm", "rand_like", "randn_
                     "multinomial", "normal", "poisson")
 
 
-def _recording(fn, tracer: Tracer):
-    """A stand-in for a runtime function: recorded as call_function when any argument is a proxy."""
+def _recording(fn, tracer: Tracer, owner: int):
+    """A stand-in for a runtime function: recorded as call_function when any argument is a proxy (in the tracing
+    thread `owner`; other threads call `fn`)."""
 
     def recorder(*args, **kwargs):
+        if threading.get_ident() != owner:
+            return fn(*args, **kwargs)
         symbolic = tracer.shape_env is not None and has_symbols((args, kwargs))  # arange(0, T): a node of its own
         # NOTE: a random draw is a node even of plain sizes (runtime.rand(3, 4)): as a constant it would be frozen
         drawn = getattr(fn, "__name__", "") in RANDOM_FACTORIES
