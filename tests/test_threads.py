@@ -131,3 +131,43 @@ def test_workqueue_threading_layer_does_not_abort_under_threads():
                             timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["workqueue", "0"]
+
+
+def test_two_threads_compiling_the_same_new_kernels_both_get_them(monkeypatch, tmp_path):
+    """Two modules of one graph compiled at once from two threads, into an empty kernel cache: each plan runs every
+    kernel compiled (numba refuses to compile a dispatcher another thread just disabled; nnc.codegen.cpu's
+    COMPILE_LOCK makes the second thread find the first's overload instead of falling back to the interpreter)."""
+    from nnc.codegen import cache
+
+    monkeypatch.setenv("NNC_CACHE_DIR", str(tmp_path))
+    cache.forget()
+    scale = float(np.random.default_rng().integers(1, 10**6)) + 0.5  # new kernel sources: nothing compiled yet
+
+    class Chain(nn.Module):
+        def forward(self, x):
+            return (runtime.tanh(x * scale) + x).sum(-1)
+
+    compiled = [nnc.compile(Chain(), whole_graph=False) for _ in range(2)]
+    x = runtime.randn(16, 8)
+    start, results, errors = threading.Barrier(2), {}, []
+
+    def first_call(i):
+        try:
+            start.wait()
+            with runtime.no_grad():
+                results[i] = compiled[i](x).numpy()
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    threads = [threading.Thread(target=first_call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    plans = [p for c in compiled for a in c._cache.values() for p in a.plans]
+    assert plans and all(not p.fallbacks for p in plans), [p.fallbacks for p in plans]
+    with runtime.no_grad():
+        want = Chain()(x).numpy()
+    for i in range(2):
+        np.testing.assert_allclose(results[i], want, rtol=1e-5, atol=1e-5)

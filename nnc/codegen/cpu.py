@@ -17,6 +17,7 @@ reason)`; the caller falls back to the interpreter.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -340,6 +341,12 @@ def numba_signature_nd(specs):
     return tuple(types.Array(from_dtype(d), len(shape), "C") for shape, d in specs)
 
 
+# NOTE: numba's compile() of a dispatcher another thread has disabled raises "compilation disabled" before it looks
+# for the signature that thread just compiled: two threads compiling one new module would lose one kernel to the
+# interpreter. Checking, compiling and disabling under one lock makes the second find the first's overload.
+COMPILE_LOCK = threading.Lock()
+
+
 def compile_kernel(kernel: Kernel) -> CompiledKernel:
     """Generate, cache and compile a kernel; KernelCompileError(kernel name, reason) on any failure. A module the
     codegen stage already generated for its compile helpers (meta "generated") is not generated again."""
@@ -360,20 +367,21 @@ def compile_generated(kernel: Kernel, generated: Generated, start: float | None 
     for fname, dtypes in generated.signatures.items():
         disp = getattr(module, fname)
         sig = _numba_signature(dtypes)
-        if sig in disp.overloads:
-            continue
-        try:
-            disp.compile(sig)
-        except Exception as e:
-            message = str(e).strip()
-            if len(message) > 2000:
-                message = message[:2000] + " ..."
-            raise KernelCompileError(kernel.name, f"numba could not compile {fname} (source: {path}): "
-                                                  f"{type(e).__name__}: {message}") from e
+        with COMPILE_LOCK:
+            if sig in disp.overloads:
+                continue
+            try:
+                disp.compile(sig)
+            except Exception as e:
+                message = str(e).strip()
+                if len(message) > 2000:
+                    message = message[:2000] + " ..."
+                raise KernelCompileError(kernel.name, f"numba could not compile {fname} (source: {path}): "
+                                                      f"{type(e).__name__}: {message}") from e
+            disp.disable_compile()  # a call with other argument types is an error, never a silent recompile
         stats = disp.stats
         if not sum(stats.cache_hits.values()) or sum(stats.cache_misses.values()):
             hit = False
-        disp.disable_compile()  # a call with other argument types is an error, never a silent recompile
     return CompiledKernel(name=kernel.name, kind=kernel.kind, source=generated.annotated, path=path,
                           parallel=generated.parallel, cache_hit=hit,
                           compile_seconds=time.perf_counter() - start, in_specs=generated.in_specs,

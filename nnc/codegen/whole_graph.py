@@ -34,7 +34,7 @@ from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
 from ..passes.views import view_maps
 from . import cache, cblas
-from .cpu import Generated, compile_generated, generate, numba_signature_nd
+from .cpu import COMPILE_LOCK, Generated, compile_generated, generate, numba_signature_nd
 from .cpu_elementwise import py_name
 from .cpu_matmul import _same_batch_3d, matmul_schedule
 from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shape, np_dtype, op_and_attrs
@@ -320,16 +320,17 @@ def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> C
     function = module.run_graph
     specs = [(tuple(int(d) for d in n.meta["shape"]), np_dtype(n.meta["dtype"])) for n in arg_nodes]
     signature = numba_signature_nd(specs)
-    try:
-        if signature not in function.overloads:  # a module imported before in this process is compiled already
-            function.compile(signature)
-    except Exception as error:
-        message = str(error).strip()
-        raise KernelCompileError(name, f"numba could not compile the whole graph (source: {path}): "
-                                       f"{type(error).__name__}: {message[:2000]}") from error
+    with COMPILE_LOCK:  # see its note: another thread may be compiling the same graph
+        try:
+            if signature not in function.overloads:  # a module imported before in this process is compiled already
+                function.compile(signature)
+        except Exception as error:
+            message = str(error).strip()
+            raise KernelCompileError(name, f"numba could not compile the whole graph (source: {path}): "
+                                           f"{type(error).__name__}: {message[:2000]}") from error
+        function.disable_compile()  # other argument types are an error, never a silent recompile
     stats = function.stats
     hit = bool(sum(stats.cache_hits.values())) and not sum(stats.cache_misses.values()) and all(hits)
-    function.disable_compile()  # other argument types are an error, never a silent recompile
     return CompiledGraph(source=source, path=path, cache_hit=hit, compile_seconds=time.perf_counter() - start,
                          arg_nodes=arg_nodes, returned=returned, arg_specs=specs,
                          kernel_sources={kernel.name: g.annotated for kernel, g in generated},
