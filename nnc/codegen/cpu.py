@@ -92,10 +92,10 @@ def _generate(kernel: Kernel) -> Generated:
               "import math", "", "import numpy as np", "from numba import njit, prange"]
     definitions = list(kb.helpers.values()) + [f.source() for f in kb.functions]
     own_launch = kb.launch
-    threaded = threaded_dot(kernel) if kind == "matmul" else None
+    threaded = threaded_dtype(kernel) if kind == "matmul" else None
     if threaded is not None:  # the module's own launcher (a whole graph calls cblas.dot_f32 from numba instead)
-        own_launch = [_on_numba_threads(line, threaded) for line in kb.launch]
-        own_launch = _batch_on_numba_threads(own_launch, threaded.replace("dot_", "dot_batch_", 1))
+        own_launch = [_on_numba_threads(line, cblas.DOT_THREADED[threaded]) for line in kb.launch]
+        own_launch = _batch_on_numba_threads(own_launch, cblas.DOT_BATCH_THREADED[threaded])
     if own_launch != kb.launch:
         called = sorted({name for name in THREADED_NAMES
                          if any(line.startswith(f"{name}(") for line in own_launch)})
@@ -152,15 +152,14 @@ def _product_work(kernel: Kernel) -> tuple[int, object, int] | None:
     return rows * a_shape[-1] * n_out, (dtypes.pop() if len(dtypes) == 1 else None), batch
 
 
-def threaded_dot(kernel: Kernel) -> str | None:
-    """The nnc.codegen.cblas function that runs a matmul kernel's 2-D np.dot on numba's threads (cblas.DOT_THREADED;
-    its batch of products: the same name with dot_batch_), or None: the product (all of the batch's) is below
-    cblas.THREAD_MIN_WORK (OpenBLAS runs it on one thread anyway), its dtypes differ, or OpenBLAS's thread count
-    cannot be set."""
+def threaded_dtype(kernel: Kernel):
+    """The dtype of a matmul kernel whose products run on numba's threads (cblas.DOT_THREADED, DOT_BATCH_THREADED),
+    or None: the product (all of the batch's) is below cblas.THREAD_MIN_WORK (OpenBLAS runs it on one thread
+    anyway), its dtypes differ or have no threaded function, or OpenBLAS's thread count cannot be set."""
     product = _product_work(kernel)
     if not cblas.THREADS_SETTABLE or product is None or product[0] * product[2] < cblas.THREAD_MIN_WORK:
         return None
-    return cblas.DOT_THREADED.get(product[1])
+    return product[1] if product[1] in cblas.DOT_THREADED else None
 
 
 def _batch_on_numba_threads(launch: list[str], function: str) -> list[str]:
