@@ -74,16 +74,18 @@ def test_float32_error_of_the_large_tile_is_small():
 
 
 # (name, input shape, out channels, padding): at least MIN_CHANNELS input channels, so the rewrite applies
+# NOTE: every (shape, dtype) compiles its own kernels (their sizes are constants in the source), several seconds
+# each for F(4x4) on an empty kernel cache, so the cases are few and each covers several edges at once
 CONVS = [
     ("valid_odd", (2, 8, 7, 9), 5, 0),
     ("padded_even", (3, 8, 6, 8), 4, 1),
-    ("batch_1_partial_tiles", (1, 9, 11, 13), 3, 1),
-    ("large_tile", (2, 8, 12, 10), 6, 0),
-    ("large_tile_partial_padded", (1, 8, 13, 17), 4, 1),
+    ("large_tile_partial_padded", (2, 9, 11, 13), 3, 1),
     ("one_output", (2, 8, 3, 3), 2, 0),
     ("padding_2", (1, 8, 5, 6), 3, 2),
     ("batch_0", (0, 8, 6, 6), 3, 1),
 ]
+# float32 runs one case of each tile size (F(4x4)'s float32 error is checked on a real size above)
+FLOAT32_CONVS = ("valid_odd", "large_tile_partial_padded")
 
 
 def _module(lib, shape, out_ch, padding):
@@ -114,8 +116,12 @@ def _ops_in(compiled) -> list[str]:
     return [n.target.op.name for p in _plans(compiled) for s in p.steps for n in nodes(s) if hasattr(n.target, "op")]
 
 
-@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-10), (np.float32, 2e-4)], ids=["float64", "float32"])
-@pytest.mark.parametrize("name,shape,out_ch,padding", CONVS, ids=[c[0] for c in CONVS])
+_EAGER_CASES = [(*c, np.float64, 1e-10) for c in CONVS] + [(*c, np.float32, 2e-4) for c in CONVS
+                                                             if c[0] in FLOAT32_CONVS]
+
+
+@pytest.mark.parametrize("name,shape,out_ch,padding,dtype,tol", _EAGER_CASES,
+                         ids=[f"{c[0]}-{np.dtype(c[4]).name}" for c in _EAGER_CASES])
 def test_compiled_winograd_matches_eager(name, shape, out_ch, padding, dtype, tol):
     runtime.manual_seed(0)
     m = _module(runtime, shape, out_ch, padding).to(runtime.float64 if dtype == np.float64 else runtime.float32)
