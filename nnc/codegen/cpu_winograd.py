@@ -3,8 +3,8 @@ generated loops, with the transform matrices' entries written into the source as
 
 Input and output transforms run one task per channel and chunk of samples (a prange when the work is large enough).
 A task's tiles are contiguous runs of every row of the (T*T, channels, P) transformed values, so both matrix
-products of a transform run as loops along those runs (they vectorize); only copying pixels between the planes and
-the tiles is scalar:
+products of a transform run as loops along those runs (they vectorize), in one helper per module (ROWS: the matrix's
+rows written out once, called per group of rows); only copying pixels between the planes and the tiles is scalar:
   - winograd_input and winograd_output_backward gather: the planes' pixels copied into the task's tiles (a buffer
     of patch*patch rows, zeros outside the plane), then transformed into their rows of the result;
   - winograd_output and winograd_input_backward scatter: the rows transformed back, one patch row at a time, and
@@ -24,6 +24,8 @@ from .scalar import Unsupported, ctor, node_shape, only_node
 
 WINOGRAD_OPS = ("winograd_input", "winograd_input_backward", "winograd_filter", "winograd_filter_backward",
                 "winograd_output", "winograd_output_backward")
+# The module-level helper a plane transform calls: rows of a matrix product along runs of tiles
+ROWS = "winograd_rows"
 
 
 @dataclass(frozen=True)
@@ -188,57 +190,76 @@ def _pixel_loops(tl: _Tiling, body) -> list[str]:
     return lines
 
 
-def _gather_lines(k: _Constants, mat, tl: _Tiling, loop, dt, dest) -> list[str]:
-    """Plane tiles -> their transforms mat @ d @ mat^T, entry (a, b) of tile p written at dest(a * R + b) + p.
-    The tiles' pixels are first copied into d (patch*patch rows, zeros outside the planes), then both products run
-    along its rows."""
+def _gather_lines(mat, tl: _Tiling, loop, dt, dest, row_step: int) -> list[str]:
+    """Plane tiles -> their transforms mat @ d @ mat^T, entry (a, b) of tile p written at dest(a * R + b) + p (rows
+    `row_step` apart). The tiles' pixels are first copied into d (patch*patch rows, zeros outside the planes), then
+    both products run along its rows as calls of the module's ROWS helper."""
     r, kk = mat.shape
-    lines = _task_lines(tl, loop, dt, [("d", "zeros", kk * kk), ("s", "empty", kk)])
+    cols = tl.chunk * tl.per_sample
+    lines = _task_lines(tl, loop, dt, [("d", "zeros", kk * kk), ("s", "empty", r * kk)])
+    lines += ["    df = d.reshape(-1)", "    sf = s.reshape(-1)"]
 
     def copy(j, bounds):
         x = f"tx * {tl.step} + {j - tl.offset[1]}"
         store = [f"d[i * {kk} + {j}, g + tx] = in0[prow + {x}]"]
         return ([f"if 0 <= {x} < {tl.plane_hw[1]}:"] + indent(store)) if bounds else store
     lines += _pixel_loops(tl, copy)
-    # NOTE: every run read and written through a 1-d slice: indexing the 2-d buffers or the flat arguments inside
-    # the prange, LLVM kept these loops scalar (7.0 against 1.5 ms for the MNIST CNN's conv2 output transform)
-    for a in range(r):  # s[j] = sum_i mat[a, i] d[i, j]; then out[a * R + b] = sum_j mat[b, j] s[j]
-        for j in range(kk):
-            lines += [f"    r{i} = d[{i * kk + j}]" for i in range(kk)]
-            lines += [f"    sj = s[{j}]", "    for p in range(q):",
-                      f"        sj[p] = {k.combination(mat[a], [f'r{i}[p]' for i in range(kk)])}"]
-        lines += [f"    s{j} = s[{j}]" for j in range(kk)]
-        for b in range(r):
-            lines += [f"    o = {dest(a * r + b)} + p0", "    dst = out0[o:o + q]", "    for p in range(q):",
-                      f"        dst[p] = {k.combination(mat[b], [f's{j}[p]' for j in range(kk)])}"]
+    # s[a * K + j] = sum_i mat[a, i] d[i * K + j]; then out[a * R + b] = sum_j mat[b, j] s[a * K + j]
+    lines += [_rows_call("df", j * cols, kk * cols, "sf", j * cols, kk * cols) for j in range(kk)]
+    lines += [_rows_call("sf", a * kk * cols, cols, "out0", f"{dest(a * r)} + p0", row_step) for a in range(r)]
     return lines
 
 
-def _scatter_lines(k: _Constants, mat, tl: _Tiling, loop, dt, source, add: bool) -> list[str]:
-    """Transformed tiles (entry (a, b) of tile p at source(a * R + b) + p) -> mat @ X @ mat^T, stored into the
-    planes (added where tiles overlap: `add`, on planes the task zeroes first). Per patch row i: both products
-    along the tiles, then that row's pixels stored."""
+def _scatter_lines(mat, tl: _Tiling, loop, dt, source, row_step: int, add: bool) -> list[str]:
+    """Transformed tiles (entry (a, b) of tile p at source(a * R + b) + p, rows `row_step` apart) -> mat @ X @ mat^T,
+    stored into the planes (added where tiles overlap: `add`, on planes the task zeroes first). Both products run
+    along the tiles as calls of the module's ROWS helper, then every patch row's pixels are stored."""
     kk, r = mat.shape
-    lines = _task_lines(tl, loop, dt, [("s", "empty", r), ("e", "empty", kk * kk)])
+    cols = tl.chunk * tl.per_sample
+    lines = _task_lines(tl, loop, dt, [("s", "empty", kk * r), ("e", "empty", kk * kk)])
+    lines += ["    sf = s.reshape(-1)", "    ef = e.reshape(-1)"]
     if add:
         h, w = tl.plane_hw
         lines += ["    for n in range(ns):", f"        plane = {tl.plane_at('ch', 'n0 + n')}",
                   f"        for x in range({h * w}):", "            out0[plane + x] = 0"]
-    for i in range(kk):  # s[b] = sum_a mat[i, a] X[a, b]; then e[i, j] = sum_b mat[j, b] s[b] (1-d slices: see
-        for b in range(r):  # _gather_lines)
-            lines += [f"    x{a} = in0[{source(a * r + b)} + p0:{source(a * r + b)} + p0 + q]" for a in range(r)]
-            lines += [f"    sb = s[{b}]", "    for p in range(q):",
-                      f"        sb[p] = {k.combination(mat[i], [f'x{a}[p]' for a in range(r)])}"]
-        lines += [f"    s{b} = s[{b}]" for b in range(r)]
-        for j in range(kk):
-            lines += [f"    ej = e[{i * kk + j}]", "    for p in range(q):",
-                      f"        ej[p] = {k.combination(mat[j], [f's{b}[p]' for b in range(r)])}"]
+    # s[i * R + b] = sum_a mat[i, a] X[a * R + b]; then e[i * K + j] = sum_b mat[j, b] s[i * R + b]
+    lines += [_rows_call("in0", f"{source(b)} + p0", r * row_step, "sf", b * cols, r * cols) for b in range(r)]
+    lines += [_rows_call("sf", i * r * cols, cols, "ef", i * kk * cols, cols) for i in range(kk)]
 
     def store(j, bounds):
         x = f"tx * {tl.step} + {j - tl.offset[1]}"
         line = [f"out0[prow + {x}] {'+' if add else ''}= e[i * {kk} + {j}, g + tx]"]
         return ([f"if 0 <= {x} < {tl.plane_hw[1]}:"] + indent(line)) if bounds else line
     return lines + _pixel_loops(tl, store)
+
+
+def _rows_call(src, s0, ss, dst, d0, ds) -> str:
+    """A task's call of ROWS over q values per row, rows from src at s0 + i * ss into dst at d0 + a * ds.
+
+    NOTE: the offsets go in as np.int64: numba types a literal int argument by its value, and compiled ROWS once
+    per call site (6 s for one kernel, against 1.2 s)."""
+    offsets = ", ".join(f"np.int64({v})" for v in (s0, ss))
+    return f"    {ROWS}({src}, {offsets}, {dst}, np.int64({d0}), np.int64({ds}), q)"
+
+
+def _rows_helper(mat, dtype) -> str:
+    """The source of ROWS: dst[d0 + a * ds:][:q] = sum_i mat[a, i] * src[s0 + i * ss:][:q] for every row a of mat.
+
+    NOTE: a helper called once per row group, not the same loops written out in the kernel: numba's typing and
+    lowering time grows with the statements of a function, and an F(4x4) transform written out (72 loops) took
+    6-14 s to compile, longer than all the other kernels of its model together. Every run is a 1-d slice: indexed
+    in 2-d or through the flat arguments, LLVM kept these loops scalar (7.0 against 1.5 ms for the MNIST CNN's
+    conv2 output transform)."""
+    k = _Constants(dtype)
+    rows, width = mat.shape
+    used = [i for i in range(width) if mat[:, i].any()]
+    body = [f"r{i} = src[s0 + {i} * ss:s0 + {i} * ss + q]" for i in used]
+    for a in range(rows):
+        body += [f"o = dst[d0 + {a} * ds:d0 + {a} * ds + q]", "for p in range(q):",
+                 f"    o[p] = {k.combination(mat[a], [f'r{i}[p]' if i in used else '0' for i in range(width)])}"]
+    head = ["@njit(error_model='numpy')", f"def {ROWS}(src, s0, ss, dst, d0, ds, q):",
+            f'    """dst rows = the {rows}x{width} transform matrix @ src rows, q values each."""']
+    return "\n".join(head + indent(k.lines() + body))
 
 
 def _filter_lines(k: _Constants, mat_rows, mat_cols, tasks, loop, fin, fout) -> list[str]:
@@ -276,14 +297,14 @@ def gen_winograd(kb: KernelBuilder) -> None:
 
         def row_at(r):  # row r of channel ch in the (T*T, channels, P) transformed tiles
             return f"({r} * {tl.channels} + ch) * {p}"
-        if op == "winograd_input":
-            body = _gather_lines(k, bt, tl, sched.loop, dt, row_at)
-        elif op == "winograd_input_backward":
-            body = _scatter_lines(k, bt.T, tl, sched.loop, dt, row_at, add=True)
-        elif op == "winograd_output":
-            body = _scatter_lines(k, at, tl, sched.loop, dt, row_at, add=False)
+        step = tl.channels * p
+        mat = {"winograd_input": bt, "winograd_input_backward": bt.T, "winograd_output": at,
+               "winograd_output_backward": at.T}[op]
+        kb.helpers[ROWS] = _rows_helper(mat, kb.outs[0].dtype)
+        if op in ("winograd_input", "winograd_output_backward"):
+            body = _gather_lines(mat, tl, sched.loop, dt, row_at, step)
         else:
-            body = _gather_lines(k, at.T, tl, sched.loop, dt, row_at)
+            body = _scatter_lines(mat, tl, sched.loop, dt, row_at, step, add=op == "winograd_input_backward")
     f = Function(kb.name, kb.ins + kb.outs, k.lines() + body, sched.parallel)
     kb.launch = [launch_line(f)]
     kb.functions.append(f)
