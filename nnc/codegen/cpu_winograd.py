@@ -9,7 +9,8 @@ the tiles is scalar:
     of patch*patch rows, zeros outside the plane), then transformed into their rows of the result;
   - winograd_output and winograd_input_backward scatter: the rows transformed back, one patch row at a time, and
     its pixels stored into the planes (added where tiles overlap: the input transform's adjoint).
-The filter transforms are small (O*C filters of 3x3 or T x T): one task per filter, scalar code.
+The filter transforms take blocks of filters a task, with the block's filters along the rows of a buffer, so both
+products run along them too (only copying the 3x3 filters in, or out, is scalar).
 """
 from __future__ import annotations
 
@@ -54,13 +55,16 @@ def winograd_schedule_of(kernel: Kernel) -> WinogradSchedule:
 def _schedule(op, attrs, in_shape, out_shape) -> WinogradSchedule:
     if op in ("winograd_filter", "winograd_filter_backward"):
         o, c = (in_shape[0], in_shape[1]) if op == "winograd_filter" else (in_shape[1], in_shape[2])
-        tasks = o * c
+        tasks = -(-o * c // FILTER_BLOCK)
     else:
         tasks = _tiling_of(op, attrs, in_shape, out_shape)[0].tasks
     work = (math.prod(in_shape) + math.prod(out_shape)) // max(tasks, 1)
     return WinogradSchedule(op, tasks, work, tasks > 1 and tasks * work >= PARALLEL_MIN_ELEMENTS)
 
 
+# Filters a filter-transform task takes: the block's rows (T*T + 18 of them, 4 or 8 bytes each) stay in L1/L2.
+# NOTE: one filter a task, scalar code, took 37 us on one thread for the MNIST CNN's conv2 (2048 filters)
+FILTER_BLOCK = 256
 # Tiles a task transforms at once: its buffers (T*T rows of them, 4 or 8 bytes each) stay in L2.
 # NOTE: one output channel's tiles at a time (the MNIST CNN's conv2 output transform, 64 tasks of 2304 tiles)
 # took 1.5 ms on one thread, against 6.1 ms for one task per (sample, channel) plane with loops over one tile row
@@ -241,17 +245,44 @@ def _scatter_lines(k: _Constants, mat, tl: _Tiling, loop, dt, source, add: bool)
     return lines + _pixel_loops(tl, store)
 
 
-def _filter_lines(k: _Constants, mat_rows, mat_cols, tasks, loop, fin, fout) -> list[str]:
-    """One task per filter: out = mat_rows @ f @ mat_cols^T, f read at fin(i, j), written at fout(a, b)."""
-    r, kk = mat_rows.shape
-    lines = [f"for t in {loop}({tasks}):"]
-    lines += [f"    f{i}_{j} = in0[{fin(i, j)}]" for i in range(kk) for j in range(kk)]
-    for a in range(r):  # rows first: g[a, j] = sum_i mat_rows[a, i] * f[i, j]
-        lines += [f"    g{a}_{j} = {k.combination(mat_rows[a], [f'f{i}_{j}' for i in range(kk)])}" for j in range(kk)]
-    for a in range(r):
-        for b in range(mat_cols.shape[0]):
-            lines.append(f"    out0[{fout(a, b)}] = "
-                         f"{k.combination(mat_cols[b], [f'g{a}_{j}' for j in range(kk)])}")
+def _filter_lines(k: _Constants, mat, oc: int, loop: str, dt: str, forward: bool) -> list[str]:
+    """Filters in blocks of FILTER_BLOCK, each product along the block's filters (contiguous runs, which vectorize).
+    forward: w (OC, 3, 3) -> U (T*T, OC) = mat @ w @ mat^T (mat = G, T x 3): the block's weights copied into 9 rows
+    first. Backward: dU (T*T, OC) -> dw (OC, 3, 3) = mat @ dU @ mat^T (mat = G^T, 3 x T), the 9 result rows copied
+    out to the filters last."""
+    r, kk = mat.shape
+    blocks = -(-oc // FILTER_BLOCK)
+    lines = [f"for blk in {loop}({blocks}):",
+             f"    t0 = blk * {FILTER_BLOCK}",
+             f"    nt = min({FILTER_BLOCK}, {oc} - t0)",
+             f"    g = np.empty(({r * kk}, {FILTER_BLOCK}), dtype={dt})"]
+    if forward:  # f[i * 3 + j, u] = w[t0 + u, i, j]
+        lines += [f"    f = np.empty((9, {FILTER_BLOCK}), dtype={dt})", "    for ij in range(9):", "        fr = f[ij]",
+                  "        for u in range(nt):", "            fr[u] = in0[(t0 + u) * 9 + ij]"]
+        lines += [f"    f{i} = f[{i}]" for i in range(kk * kk)]
+
+        def source(i, j):
+            return f"f{i * kk + j}[u]"
+    else:  # rows of dU: in0[row * OC + t0 + u]
+        lines += [f"    f{i} = in0[{i * oc} + t0:{i * oc} + t0 + nt]" for i in range(kk * kk)]
+
+        def source(i, j):
+            return f"f{i * kk + j}[u]"
+    for a in range(r):  # g[a * kk + j] = sum_i mat[a, i] f[i, j]
+        for j in range(kk):
+            lines += [f"    ga = g[{a * kk + j}]", "    for u in range(nt):",
+                      f"        ga[u] = {k.combination(mat[a], [source(i, j) for i in range(kk)])}"]
+    lines += [f"    g{q} = g[{q}]" for q in range(r * kk)]
+    if not forward:
+        lines.append(f"    e = np.empty(({r * r}, {FILTER_BLOCK}), dtype={dt})")
+    for a in range(r):  # out[a, b] = sum_j mat[b, j] g[a, j]
+        for b in range(r):
+            dst = f"out0[{(a * r + b) * oc} + t0:{(a * r + b) * oc} + t0 + nt]" if forward else f"e[{a * r + b}]"
+            lines += [f"    dst = {dst}", "    for u in range(nt):",
+                      f"        dst[u] = {k.combination(mat[b], [f'g{a * kk + j}[u]' for j in range(kk)])}"]
+    if not forward:  # dw[t0 + u, a, b] = e[a * 3 + b, u]
+        lines += ["    for ab in range(9):", "        er = e[ab]", "        for u in range(nt):",
+                  "            out0[(t0 + u) * 9 + ab] = er[u]"]
     return lines
 
 
@@ -260,17 +291,12 @@ def gen_winograd(kb: KernelBuilder) -> None:
     sched = _schedule(op, attrs, in_shape, out_shape)
     tile = attrs["tile"]
     bt, g, at = _winograd.matrices(tile)
-    t = tile + 2
     dt = ctor(kb.outs[0].dtype)
     k = _Constants(kb.outs[0].dtype)
-    if op == "winograd_filter":  # (O, C, 3, 3) -> (T*T, O, C); task = o * C + c
-        oc = in_shape[0] * in_shape[1]
-        body = _filter_lines(k, g, g, sched.tasks, sched.loop, lambda i, j: f"t * 9 + {i * 3 + j}",
-                             lambda a, b: f"{(a * t + b) * oc} + t")
+    if op == "winograd_filter":  # (O, C, 3, 3) -> (T*T, O, C)
+        body = _filter_lines(k, g, in_shape[0] * in_shape[1], sched.loop, dt, forward=True)
     elif op == "winograd_filter_backward":  # (T*T, O, C) -> (O, C, 3, 3): dw = G^T dU G
-        oc = in_shape[1] * in_shape[2]
-        body = _filter_lines(k, g.T, g.T, sched.tasks, sched.loop, lambda a, b: f"{(a * t + b) * oc} + t",
-                             lambda i, j: f"t * 9 + {i * 3 + j}")
+        body = _filter_lines(k, g.T, in_shape[1] * in_shape[2], sched.loop, dt, forward=False)
     else:
         tl, p = _tiling_of(op, attrs, in_shape, out_shape)
 

@@ -1,0 +1,41 @@
+"""Batched products of small matrices as a generated loop (matmul form "batched_rows"): Winograd's T*T products of
+transformed tiles at a small batch, (T*T, O, C) @ (T*T, C, P) with C and P a few dozen, where OpenBLAS's per-call
+cost is a large part of each product and numba (whole-graph mode) has no batched np.matmul.
+
+One output row a task (a prange over the batch's rows when the product is large enough): the row's kdim values of
+`a` are held in scalars, and the row is one loop along its n_out columns whose body is the whole sum over k written
+out, reading the product's `b` at constant offsets from one slice (so LLVM addresses every row of `b` from one
+pointer, and the loop vectorizes along the columns with no output row reloaded per k).
+"""
+from __future__ import annotations
+
+# The loop serves sums over at most MAX_K (the body writes every term out) into rows of at most MAX_COLUMNS, up to
+# MAX_WORK multiply-adds; larger products go to BLAS.
+# NOTE: measured on the MNIST CNN's conv2 at batch 1 with F(4x4) (36 products of 64 x 32 x 36, 2.65 M
+# multiply-adds), one thread, loaded machine, minimums of 7 x 2000 calls: 61-63 us, against 57-63 us for
+# np.matmul on OpenBLAS (Haswell kernels), 119-135 us for the batched_small loop (its rows reloaded per 4 k),
+# 97-146 us for the sum written out with a pointer per row of `b` (their addresses spilled).
+MAX_K = 64
+MAX_COLUMNS = 64
+MAX_WORK = 2 ** 23
+
+
+def takes_batched_rows(batch: int, rows: int, kdim: int, n_out: int) -> bool:
+    """Whether a same-batch product of `batch` (rows x kdim) @ (kdim x n_out) matrices runs as this loop."""
+    return 0 < kdim <= MAX_K and n_out <= MAX_COLUMNS and batch * rows * kdim * n_out <= MAX_WORK
+
+
+def _sum_terms(kdim: int, n_out: int) -> str:
+    return " + ".join(f"x{k} * bt[j + {k * n_out}]" if k else "x0 * bt[j]" for k in range(kdim))
+
+
+def batched_rows_lines(batch: int, rows: int, kdim: int, n_out: int, loop: str) -> list[str]:
+    """out[p] = a[p] @ b[p] for the batch's products p, a (batch, rows, kdim), b (batch, kdim, n_out) and out,
+    all flat and C-contiguous: one output row a task."""
+    lines = [f"for task in {loop}({batch * rows}):",
+             f"    p = task // {rows}",
+             f"    ar = a[task * {kdim}:task * {kdim} + {kdim}]",
+             f"    bt = b[p * {kdim * n_out}:(p + 1) * {kdim * n_out}]",
+             f"    orow = out[task * {n_out}:task * {n_out} + {n_out}]"]
+    lines += [f"    x{k} = ar[{k}]" for k in range(kdim)]
+    return lines + [f"    for j in range({n_out}):", f"        orow[j] = {_sum_terms(kdim, n_out)}"]
