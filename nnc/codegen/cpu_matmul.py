@@ -75,7 +75,8 @@ class MatmulSchedule(ParallelLoop):
                             multiply-adds, serial: a row of one product a task (attention's products at batch 1, where
                             np.matmul's per-call cost dominates; numba has no batched np.matmul for whole-graph mode).
       "batched_rows"        a larger batched matmul of the same kind with short sums into short rows (Winograd's
-                            products at a small batch; nnc.codegen.cpu_small_gemm): a row of one product a task.
+                            products at a small batch; nnc.codegen.cpu_small_gemm): a row of one product a task,
+                            serial.
     parallel: the loop is a prange (>= PARALLEL_MIN_WORK multiply-adds; the FEW_COLUMNS forms are serial).
     Measured against OpenBLAS here: tools/bench_compile.py cases 4 and 5. Loops sum in the output dtype with
     reassociation and FMA, as BLAS does.
@@ -106,7 +107,7 @@ def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype)
             return MatmulSchedule("batched_small", False, rows, kdim, n_out, a_shape[-2])
         if op_name == "matmul" and same_batch and a_shape[-2] and \
                 takes_batched_rows(rows // a_shape[-2], a_shape[-2], kdim, n_out):
-            return MatmulSchedule("batched_rows", work >= PARALLEL_MIN_WORK, rows, kdim, n_out, a_shape[-2])
+            return MatmulSchedule("batched_rows", False, rows, kdim, n_out, a_shape[-2])  # serial: see its module
         return MatmulSchedule("blas")
     parallel = work >= PARALLEL_MIN_WORK
     batched = len(a_shape) >= 2
@@ -319,7 +320,7 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
         lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero, store,
                                     a_arr if rows_in_place(a_arr) else None, b_arr if rows_in_place(b_arr) else None)
     elif schedule.form == "batched_rows":
-        lines = batched_rows_lines(rows // schedule.batch_rows, schedule.batch_rows, kdim, n_out, "LOOP")
+        lines = batched_rows_lines(rows // schedule.batch_rows, schedule.batch_rows, kdim, n_out)
     elif schedule.form == "linear_few_columns":  # each row of `a` swept once, every weight row held
         lines = _dot_lines("a", "b", rows, n_out, kdim, lambda h: f"s * {n_out} + {h}", zero, 1)
     else:

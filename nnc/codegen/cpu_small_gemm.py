@@ -2,7 +2,7 @@
 transformed tiles at a small batch, (T*T, O, C) @ (T*T, C, P) with C and P a few dozen, where OpenBLAS's per-call
 cost is a large part of each product and numba (whole-graph mode) has no batched np.matmul.
 
-One output row a task (a prange over the batch's rows when the product is large enough): the row's kdim values of
+One output row a task, serially: the row's kdim values of
 `a` are held in scalars, and the row is one loop along its n_out columns whose body is the whole sum over k written
 out, reading the product's `b` at constant offsets from one slice (so LLVM addresses every row of `b` from one
 pointer, and the loop vectorizes along the columns with no output row reloaded per k).
@@ -15,6 +15,11 @@ from __future__ import annotations
 # multiply-adds), one thread, loaded machine, minimums of 7 x 2000 calls: 61-63 us, against 57-63 us for
 # np.matmul on OpenBLAS (Haswell kernels), 119-135 us for the batched_small loop (its rows reloaded per 4 k),
 # 97-146 us for the sum written out with a pointer per row of `b` (their addresses spilled).
+# NOTE: serial at every size: as a prange (2.65 M multiply-adds is above cpu_matmul.PARALLEL_MIN_WORK) the
+# MNIST CNN's batch-1 forward in whole-graph mode took 23-31 ms a call on a loaded machine (load average 3-7 on 2
+# cores; im2col 1.9-2.6 ms there); with the serial loop 0.68-11.7 ms (median 1.4 ms; im2col 0.71-19.7 ms, load 5.4):
+# a parallel region between OpenBLAS's calls (fc1's gemv) waits for descheduled threads (see
+# cpu_matmul.PARALLEL_MIN_WORK's note).
 MAX_K = 64
 MAX_COLUMNS = 64
 MAX_WORK = 2 ** 23
@@ -29,10 +34,10 @@ def _sum_terms(kdim: int, n_out: int) -> str:
     return " + ".join(f"x{k} * bt[j + {k * n_out}]" if k else "x0 * bt[j]" for k in range(kdim))
 
 
-def batched_rows_lines(batch: int, rows: int, kdim: int, n_out: int, loop: str) -> list[str]:
+def batched_rows_lines(batch: int, rows: int, kdim: int, n_out: int) -> list[str]:
     """out[p] = a[p] @ b[p] for the batch's products p, a (batch, rows, kdim), b (batch, kdim, n_out) and out,
     all flat and C-contiguous: one output row a task."""
-    lines = [f"for task in {loop}({batch * rows}):",
+    lines = [f"for task in range({batch * rows}):",
              f"    p = task // {rows}",
              f"    ar = a[task * {kdim}:task * {kdim} + {kdim}]",
              f"    bt = b[p * {kdim * n_out}:(p + 1) * {kdim * n_out}]",
