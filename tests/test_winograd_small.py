@@ -30,7 +30,8 @@ F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
     ((36, 64, 32), (36, 32, 36), F64, "batched_rows"),
     ((2, 8, 12), (2, 12, 10), F32, "batched_small"),     # smaller: the axpy loop
     ((36, 64, 32), (36, 32, 72), F32, "blas"),           # rows longer than MAX_COLUMNS
-    ((36, 64, 65), (36, 65, 36), F32, "blas"),           # a sum longer than MAX_K
+    ((36, 64, 64), (36, 64, 36), F32, "blas"),           # a sum longer than MAX_K (conv2's dV = U^T dM)
+    ((16, 64, 32), (16, 32, 64), F32, "blas"),           # attention's q k^T at T = 64: np.matmul, with stores
     ((4096, 64, 32), (4096, 32, 36), F32, "blas"),       # more than MAX_WORK
     ((1, 64, 32), (36, 32, 36), F32, "blas"),            # a broadcast batch
 ])
@@ -42,7 +43,7 @@ def test_which_batched_products_take_the_rows_loop(a, b, dtype, form):
 
 # (name, a shape, b shape): each above the batched_small loop's work, so it takes the rows loop
 PRODUCTS = [("one_row_odd_sum", (1100, 1, 33), (1100, 33, 29)),
-            ("one_column", (700, 27, 64), (700, 64, 1))]
+            ("one_column", (1000, 27, 48), (1000, 48, 1))]
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -117,7 +118,7 @@ def test_a_convolution_with_rows_loop_products_matches_eager_and_the_interpreter
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(g, i, rtol=1e-12, atol=1e-12)
     forms = [s.form for s in _products(compiled_m)]
-    assert forms.count("batched_rows") == 3, forms
+    assert forms.count("batched_rows") == 3, forms  # (sums over 6, 8 and 12)
     assert all(not p.fallbacks for p in _plans(compiled_m))
 
 

@@ -10,7 +10,9 @@ pointer, and the loop vectorizes along the columns with no output row reloaded p
 from __future__ import annotations
 
 # The loop serves sums over at most MAX_K (the body writes every term out) into rows of at most MAX_COLUMNS, up to
-# MAX_WORK multiply-adds; larger products go to BLAS.
+# MAX_WORK multiply-adds; larger products go to BLAS. NOTE: 48, not 64: the loop has no store path (nnc.passes.stores
+# places only np.matmul's and the batched_small loop's products in a cat's buffer), and attention's products at
+# T = 64 (a sum over 64, or rows of 64) keep np.matmul and their stores.
 # NOTE: measured on the MNIST CNN's conv2 at batch 1 with F(4x4) (36 products of 64 x 32 x 36, 2.65 M
 # multiply-adds), one thread, loaded machine, minimums of 7 x 2000 calls: 61-63 us, against 57-63 us for
 # np.matmul on OpenBLAS (Haswell kernels), 119-135 us for the batched_small loop (its rows reloaded per 4 k),
@@ -20,8 +22,8 @@ from __future__ import annotations
 # cores; im2col 1.9-2.6 ms there); with the serial loop 0.68-11.7 ms (median 1.4 ms; im2col 0.71-19.7 ms, load 5.4):
 # a parallel region between OpenBLAS's calls (fc1's gemv) waits for descheduled threads (see
 # cpu_matmul.PARALLEL_MIN_WORK's note).
-MAX_K = 64
-MAX_COLUMNS = 64
+MAX_K = 48
+MAX_COLUMNS = 48
 MAX_WORK = 2 ** 23
 
 
