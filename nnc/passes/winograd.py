@@ -30,7 +30,9 @@ MIN_CHANNELS = 8
 # batch) and it has at least MIN_LOOPED_DIRECT_WORK. As BLAS calls the T*T products lose to im2col's one product,
 # which two threads share well. NOTE: MNIST CNN batch-1 inference (conv2: 10.6 M multiply-adds direct, 36
 # products of 64 x 32 x 36 with F(4x4)), loaded machine, minimums: 2 threads 181-197 us with Winograd's products in
-# BLAS against 164-167 us with im2col; 1 thread 195 against 260 us. At batch 64 (680 M) it wins either way.
+# BLAS against 164-167 us with im2col; 1 thread 195 against 260 us. At batch 64 (680 M) it wins either way. With the
+# products in the loop, one thread (numba and OpenBLAS), loaded machine: 185-200 us against 263-271 us with im2col
+# (tools/bench_compile.py --threads 1: 0.66-0.69x torch eager against 0.90-0.93x).
 MIN_DIRECT_WORK = 2 ** 25
 MIN_LOOPED_DIRECT_WORK = 2 ** 23
 # F(4x4, 3x3) for outputs at least this large in both dims, else F(2x2, 3x3) (a 4x4 tile over a smaller output
