@@ -12,7 +12,7 @@ from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import has_symbols
 from .cpu_elementwise import Array, Function, KernelBuilder, ParallelLoop, flat_view, indent
-from .cpu_small_gemm import batched_rows_lines, takes_batched_rows
+from .cpu_small_gemm import ContractFunction, batched_rows_lines, takes_batched_rows
 from .indexing import emit_offsets, shifted
 from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
 
@@ -326,6 +326,8 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     else:
         raise Unsupported(f"matmul schedule {schedule.form!r} has no loop")
     lines[0] = lines[0].replace("LOOP", schedule.loop)
+    if schedule.form == "batched_rows":  # its partial sums must stay apart (see ContractFunction)
+        return ContractFunction(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
     return Function(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
 
 
