@@ -23,8 +23,9 @@ from .cpu_elementwise import Function
 # 97-146 us for the sum written out with a pointer per row of `b` (their addresses spilled).
 # NOTE: serial at every size: as a prange (2.65 M multiply-adds is above cpu_matmul.PARALLEL_MIN_WORK) the
 # MNIST CNN's batch-1 forward in whole-graph mode took 23-31 ms a call on a loaded machine (load average 3-7 on 2
-# cores; im2col 1.9-2.6 ms there); with the serial loop 0.68-11.7 ms (median 1.4 ms; im2col 0.71-19.7 ms, load 5.4):
-# a parallel region between OpenBLAS's calls (fc1's gemv) waits for descheduled threads (see
+# cores; im2col 1.9-2.6 ms there); with the serial loop 0.68-11.7 ms (median 1.4 ms; im2col 0.71-19.7 ms, load 5.4);
+# at load 1.8-2.5, tools/bench_compile.py --threads 2: 14.3-18.4 ms minimum as a prange, 170 us serial: a parallel
+# region between OpenBLAS's calls (fc1's gemv) waits for descheduled threads (see
 # cpu_matmul.PARALLEL_MIN_WORK's note).
 MAX_K = 48
 MAX_COLUMNS = 48
