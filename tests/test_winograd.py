@@ -199,10 +199,10 @@ def test_only_3x3_stride_1_convolutions_with_enough_channels_are_rewritten():
         assert ("im2col" in ops) != rewritten, (conv, ops)
 
 
-def test_small_convolutions_keep_im2col(monkeypatch):
+def test_which_small_convolutions_keep_im2col(monkeypatch):
     monkeypatch.undo()
     conv = runtime.nn.Conv2d(32, 64, 3)
-    for batch, rewritten in ((1, False), (8, True)):
+    for batch, rewritten in ((1, True), (2, False), (8, True)):
         compiled = nnc.compile(conv, codegen=False)  # the rewrite is the pipeline's choice; kernels are tested above
         x = runtime.randn(batch, 32, 26, 26)
         with runtime.no_grad():

@@ -12,6 +12,7 @@ from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import has_symbols
 from .cpu_elementwise import Array, Function, KernelBuilder, ParallelLoop, flat_view, indent
+from .cpu_small_gemm import ContractFunction, batched_rows_lines, takes_batched_rows
 from .indexing import emit_offsets, shifted
 from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
 
@@ -73,6 +74,9 @@ class MatmulSchedule(ParallelLoop):
       "batched_small"       a batched matmul (same batch dims, nothing broadcast) of at most _SERIAL_LOOP_WORK
                             multiply-adds, serial: a row of one product a task (attention's products at batch 1, where
                             np.matmul's per-call cost dominates; numba has no batched np.matmul for whole-graph mode).
+      "batched_rows"        a larger batched matmul of the same kind with short sums into short rows (Winograd's
+                            products at a small batch; nnc.codegen.cpu_small_gemm): a row of one product a task,
+                            serial.
     parallel: the loop is a prange (>= PARALLEL_MIN_WORK multiply-adds; the FEW_COLUMNS forms are serial).
     Measured against OpenBLAS here: tools/bench_compile.py cases 4 and 5. Loops sum in the output dtype with
     reassociation and FMA, as BLAS does.
@@ -83,7 +87,7 @@ class MatmulSchedule(ParallelLoop):
     rows: int = 0
     kdim: int = 0
     n_out: int = 0
-    batch_rows: int = 0  # batched_small: the rows of one product (rows // batch_rows products)
+    batch_rows: int = 0  # batched_small, batched_rows: the rows of one product (rows // batch_rows products)
 
 
 def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype) -> MatmulSchedule:
@@ -101,6 +105,9 @@ def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype)
         same_batch = len(a_shape) == len(b_shape) and tuple(a_shape[:-2]) == tuple(b_shape[:-2])
         if op_name == "matmul" and same_batch and work <= _SERIAL_LOOP_WORK:
             return MatmulSchedule("batched_small", False, rows, kdim, n_out, a_shape[-2])
+        if op_name == "matmul" and same_batch and a_shape[-2] and \
+                takes_batched_rows(rows // a_shape[-2], a_shape[-2], kdim, n_out):
+            return MatmulSchedule("batched_rows", False, rows, kdim, n_out, a_shape[-2])  # serial: see its module
         return MatmulSchedule("blas")
     parallel = work >= PARALLEL_MIN_WORK
     batched = len(a_shape) >= 2
@@ -312,11 +319,15 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     elif schedule.form == "batched_small":
         lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero, store,
                                     a_arr if rows_in_place(a_arr) else None, b_arr if rows_in_place(b_arr) else None)
+    elif schedule.form == "batched_rows":
+        lines = batched_rows_lines(rows // schedule.batch_rows, schedule.batch_rows, kdim, n_out)
     elif schedule.form == "linear_few_columns":  # each row of `a` swept once, every weight row held
         lines = _dot_lines("a", "b", rows, n_out, kdim, lambda h: f"s * {n_out} + {h}", zero, 1)
     else:
         raise Unsupported(f"matmul schedule {schedule.form!r} has no loop")
     lines[0] = lines[0].replace("LOOP", schedule.loop)
+    if schedule.form == "batched_rows":  # its partial sums must stay apart (see ContractFunction)
+        return ContractFunction(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
     return Function(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
 
 

@@ -9,7 +9,8 @@ rows written out once, called per group of rows); only copying pixels between th
     of patch*patch rows, zeros outside the plane), then transformed into their rows of the result;
   - winograd_output and winograd_input_backward scatter: the rows transformed back, one patch row at a time, and
     its pixels stored into the planes (added where tiles overlap: the input transform's adjoint).
-The filter transforms are small (O*C filters of 3x3 or T x T): one task per filter, scalar code.
+The filter transforms take blocks of filters a task, with the block's filters along the rows of a buffer, so both
+products run along them too (only copying the 3x3 filters in, or out, is scalar).
 """
 from __future__ import annotations
 
@@ -56,13 +57,16 @@ def winograd_schedule_of(kernel: Kernel) -> WinogradSchedule:
 def _schedule(op, attrs, in_shape, out_shape) -> WinogradSchedule:
     if op in ("winograd_filter", "winograd_filter_backward"):
         o, c = (in_shape[0], in_shape[1]) if op == "winograd_filter" else (in_shape[1], in_shape[2])
-        tasks = o * c
+        tasks = -(-o * c // FILTER_BLOCK)
     else:
         tasks = _tiling_of(op, attrs, in_shape, out_shape)[0].tasks
     work = (math.prod(in_shape) + math.prod(out_shape)) // max(tasks, 1)
     return WinogradSchedule(op, tasks, work, tasks > 1 and tasks * work >= PARALLEL_MIN_ELEMENTS)
 
 
+# Filters a filter-transform task takes: the block's rows (T*T + 18 of them, 4 or 8 bytes each) stay in L1/L2.
+# NOTE: one filter a task, scalar code, took 37 us on one thread for the MNIST CNN's conv2 (2048 filters)
+FILTER_BLOCK = 256
 # Tiles a task transforms at once: its buffers (T*T rows of them, 4 or 8 bytes each) stay in L2.
 # NOTE: one output channel's tiles at a time (the MNIST CNN's conv2 output transform, 64 tasks of 2304 tiles)
 # took 1.5 ms on one thread, against 6.1 ms for one task per (sample, channel) plane with loops over one tile row
@@ -233,13 +237,13 @@ def _scatter_lines(mat, tl: _Tiling, loop, dt, source, row_step: int, add: bool)
     return lines + _pixel_loops(tl, store)
 
 
-def _rows_call(src, s0, ss, dst, d0, ds) -> str:
-    """A task's call of ROWS over q values per row, rows from src at s0 + i * ss into dst at d0 + a * ds.
+def _rows_call(src, s0, ss, dst, d0, ds, length: str = "q") -> str:
+    """A task's call of ROWS over `length` values per row, rows from src at s0 + i * ss into dst at d0 + a * ds.
 
     NOTE: the offsets go in as np.int64: numba types a literal int argument by its value, and compiled ROWS once
     per call site (6 s for one kernel, against 1.2 s)."""
     offsets = ", ".join(f"np.int64({v})" for v in (s0, ss))
-    return f"    {ROWS}({src}, {offsets}, {dst}, np.int64({d0}), np.int64({ds}), q)"
+    return f"    {ROWS}({src}, {offsets}, {dst}, np.int64({d0}), np.int64({ds}), {length})"
 
 
 def _rows_helper(mat, dtype) -> str:
@@ -262,49 +266,57 @@ def _rows_helper(mat, dtype) -> str:
     return "\n".join(head + indent(k.lines() + body))
 
 
-def _filter_lines(k: _Constants, mat_rows, mat_cols, tasks, loop, fin, fout) -> list[str]:
-    """One task per filter: out = mat_rows @ f @ mat_cols^T, f read at fin(i, j), written at fout(a, b)."""
-    r, kk = mat_rows.shape
-    lines = [f"for t in {loop}({tasks}):"]
-    lines += [f"    f{i}_{j} = in0[{fin(i, j)}]" for i in range(kk) for j in range(kk)]
-    for a in range(r):  # rows first: g[a, j] = sum_i mat_rows[a, i] * f[i, j]
-        lines += [f"    g{a}_{j} = {k.combination(mat_rows[a], [f'f{i}_{j}' for i in range(kk)])}" for j in range(kk)]
-    for a in range(r):
-        for b in range(mat_cols.shape[0]):
-            lines.append(f"    out0[{fout(a, b)}] = "
-                         f"{k.combination(mat_cols[b], [f'g{a}_{j}' for j in range(kk)])}")
+def _filter_lines(mat, oc: int, loop: str, dt: str, forward: bool) -> list[str]:
+    """Filters in blocks of FILTER_BLOCK, both products along the block's filters (contiguous runs, which vectorize)
+    as calls of ROWS. forward: w (OC, 3, 3) -> U (T*T, OC) = mat @ w @ mat^T (mat = G, T x 3): the block's weights
+    copied into 9 rows first. Backward: dU (T*T, OC) -> dw (OC, 3, 3) = mat @ dU @ mat^T (mat = G^T, 3 x T), the 9
+    result rows copied out to the filters last."""
+    r, kk = mat.shape
+    fb = FILTER_BLOCK
+    lines = [f"for blk in {loop}({-(-oc // fb)}):",
+             f"    t0 = blk * {fb}",
+             f"    nt = min({fb}, {oc} - t0)",
+             f"    g = np.empty({r * kk * fb}, dtype={dt})"]
+    if forward:  # f[i * 3 + j, u] = w[t0 + u, i, j]
+        lines += [f"    f = np.empty({9 * fb}, dtype={dt})", "    for ij in range(9):",
+                  "        for u in range(nt):", f"            f[ij * {fb} + u] = in0[(t0 + u) * 9 + ij]"]
+        src, s0, ss = "f", lambda j: j * fb, kk * fb
+    else:  # rows of dU: in0[row * OC + t0 + u]
+        lines.append(f"    e = np.empty({r * r * fb}, dtype={dt})")
+        src, s0, ss = "in0", lambda j: f"{j * oc} + t0", kk * oc
+    # g[a * kk + j] = sum_i mat[a, i] f[i * kk + j]; then out[a * r + b] = sum_j mat[b, j] g[a * kk + j]
+    lines += [_rows_call(src, s0(j), ss, "g", j * fb, kk * fb, "nt") for j in range(kk)]
+    if forward:
+        lines += [_rows_call("g", a * kk * fb, fb, "out0", f"{a * r * oc} + t0", oc, "nt") for a in range(r)]
+    else:  # dw[t0 + u, a, b] = e[a * 3 + b, u]
+        lines += [_rows_call("g", a * kk * fb, fb, "e", a * r * fb, fb, "nt") for a in range(r)]
+        lines += ["    for ab in range(9):", "        for u in range(nt):",
+                  f"            out0[(t0 + u) * 9 + ab] = e[ab * {fb} + u]"]
     return lines
 
 
 def gen_winograd(kb: KernelBuilder) -> None:
     node, op, attrs, in_shape, out_shape = _geometry(kb.kernel)
     sched = _schedule(op, attrs, in_shape, out_shape)
-    tile = attrs["tile"]
-    bt, g, at = _winograd.matrices(tile)
-    t = tile + 2
+    bt, g, at = _winograd.matrices(attrs["tile"])
     dt = ctor(kb.outs[0].dtype)
-    k = _Constants(kb.outs[0].dtype)
-    if op == "winograd_filter":  # (O, C, 3, 3) -> (T*T, O, C); task = o * C + c
-        oc = in_shape[0] * in_shape[1]
-        body = _filter_lines(k, g, g, sched.tasks, sched.loop, lambda i, j: f"t * 9 + {i * 3 + j}",
-                             lambda a, b: f"{(a * t + b) * oc} + t")
+    mat = {"winograd_filter": g, "winograd_filter_backward": g.T, "winograd_input": bt,
+           "winograd_input_backward": bt.T, "winograd_output": at, "winograd_output_backward": at.T}[op]
+    kb.helpers[ROWS] = _rows_helper(mat, kb.outs[0].dtype)
+    if op == "winograd_filter":  # (O, C, 3, 3) -> (T*T, O, C)
+        body = _filter_lines(mat, in_shape[0] * in_shape[1], sched.loop, dt, forward=True)
     elif op == "winograd_filter_backward":  # (T*T, O, C) -> (O, C, 3, 3): dw = G^T dU G
-        oc = in_shape[1] * in_shape[2]
-        body = _filter_lines(k, g.T, g.T, sched.tasks, sched.loop, lambda a, b: f"{(a * t + b) * oc} + t",
-                             lambda i, j: f"t * 9 + {i * 3 + j}")
+        body = _filter_lines(mat, in_shape[1] * in_shape[2], sched.loop, dt, forward=False)
     else:
         tl, p = _tiling_of(op, attrs, in_shape, out_shape)
 
         def row_at(r):  # row r of channel ch in the (T*T, channels, P) transformed tiles
             return f"({r} * {tl.channels} + ch) * {p}"
-        step = tl.channels * p
-        mat = {"winograd_input": bt, "winograd_input_backward": bt.T, "winograd_output": at,
-               "winograd_output_backward": at.T}[op]
-        kb.helpers[ROWS] = _rows_helper(mat, kb.outs[0].dtype)
         if op in ("winograd_input", "winograd_output_backward"):
-            body = _gather_lines(mat, tl, sched.loop, dt, row_at, step)
+            body = _gather_lines(mat, tl, sched.loop, dt, row_at, tl.channels * p)
         else:
-            body = _scatter_lines(mat, tl, sched.loop, dt, row_at, step, add=op == "winograd_input_backward")
-    f = Function(kb.name, kb.ins + kb.outs, k.lines() + body, sched.parallel)
+            body = _scatter_lines(mat, tl, sched.loop, dt, row_at, tl.channels * p,
+                                  add=op == "winograd_input_backward")
+    f = Function(kb.name, kb.ins + kb.outs, body, sched.parallel)
     kb.launch = [launch_line(f)]
     kb.functions.append(f)

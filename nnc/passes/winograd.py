@@ -16,6 +16,7 @@ import numpy as np
 
 from runtime import _winograd
 
+from ..codegen.cpu_small_gemm import takes_batched_rows
 from ..codegen.scalar import np_dtype
 from ..graph import Node
 from ..prims import Prim, prims
@@ -24,11 +25,16 @@ from ..symbolic import has_symbols
 # Fewer input channels than this keep im2col: each output then sums so few products that the transforms, which
 # read and write every tile's T*T values, cost more than the multiplies they save (the MNIST CNN's conv1, C = 1).
 MIN_CHANNELS = 8
-# A convolution whose direct product has fewer multiply-adds than this keeps im2col: its T*T small products are as
-# many BLAS calls, which two threads do not share well. NOTE: MNIST CNN batch-1 inference (conv2: 10.6 M
-# multiply-adds direct, 36 products of 64 x 32 x 36 with F(4x4)), loaded machine, minimums: 2 threads 181-197 us
-# with Winograd against 164-167 us with im2col; 1 thread 195 against 260 us. At batch 64 (680 M) it wins either way.
+# A convolution whose direct product has fewer multiply-adds than MIN_DIRECT_WORK keeps im2col, unless its T*T
+# small products run as the generated loop (nnc.codegen.cpu_small_gemm: short sums into short rows, a small
+# batch) and it has at least MIN_LOOPED_DIRECT_WORK. As BLAS calls the T*T products lose to im2col's one product,
+# which two threads share well. NOTE: MNIST CNN batch-1 inference (conv2: 10.6 M multiply-adds direct, 36
+# products of 64 x 32 x 36 with F(4x4)), loaded machine, minimums: 2 threads 181-197 us with Winograd's products in
+# BLAS against 164-167 us with im2col; 1 thread 195 against 260 us. At batch 64 (680 M) it wins either way. With the
+# products in the loop, one thread (numba and OpenBLAS), loaded machine: 185-200 us against 263-271 us with im2col
+# (tools/bench_compile.py --threads 1: 0.66-0.69x torch eager against 0.90-0.93x).
 MIN_DIRECT_WORK = 2 ** 25
+MIN_LOOPED_DIRECT_WORK = 2 ** 23
 # F(4x4, 3x3) for outputs at least this large in both dims, else F(2x2, 3x3) (a 4x4 tile over a smaller output
 # computes mostly positions that are dropped).
 # NOTE: F(4x4) float32 error against a float64 convolution: 5e-6 of the output's largest value on the MNIST CNN's
@@ -63,9 +69,19 @@ def _convolution(node: Node):
         return None
     if len(w_shape) != 2 or w_shape[1] != x_shape[1] * 9 or x_shape[1] < MIN_CHANNELS or x_shape[0] == 0:
         return None
-    if w_shape[0] * w_shape[1] * cols.meta["shape"][1] < MIN_DIRECT_WORK:
+    direct = w_shape[0] * w_shape[1] * cols.meta["shape"][1]
+    if direct < MIN_DIRECT_WORK and not (direct >= MIN_LOOPED_DIRECT_WORK and _looped(x_shape, w_shape[0], attrs)):
         return None
     return w, cols
+
+
+def _looped(x_shape, out_channels: int, attrs) -> bool:
+    """Whether the Winograd products of this convolution run as the generated batched loop (not BLAS)."""
+    n, c, h, w = x_shape
+    out_sizes = _winograd.output_sizes((h, w), tuple(tuple(p) for p in attrs["padding"]))
+    tile = tile_for(out_sizes)
+    tiles = n * int(np.prod(_winograd.tile_counts(out_sizes, tile)))
+    return takes_batched_rows((tile + 2) ** 2, out_channels, c, tiles)
 
 
 def tile_for(out_sizes) -> int:
