@@ -28,7 +28,7 @@ import numpy as np
 from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import evaluate, has_symbols
-from . import cache, cblas, compile_workers
+from . import cache, cblas, compile_workers, nowait
 from .cpu_cat import CatSchedule, cat_schedule_of, gen_cat
 from .cpu_conv import WindowSchedule, gen_window, window_schedule_of
 from .cpu_gather import GatherSchedule, gen_gather, gather_schedule_of
@@ -381,6 +381,8 @@ def compile_generated(kernel: Kernel, generated: Generated, start: float | None 
         stats = disp.stats
         if not sum(stats.cache_hits.values()) or sum(stats.cache_misses.values()):
             hit = False
+    if "nowait_gemv(" in generated.source:
+        nowait.ensure_helper()  # the thread that computes part of its product (it sleeps until then)
     return CompiledKernel(name=kernel.name, kind=kernel.kind, source=generated.annotated, path=path,
                           parallel=generated.parallel, cache_hit=hit,
                           compile_seconds=time.perf_counter() - start, in_specs=generated.in_specs,

@@ -11,6 +11,7 @@ from runtime.ops import Kind
 from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import has_symbols
+from . import nowait
 from .cpu_elementwise import Array, Function, KernelBuilder, ParallelLoop, flat_view, indent
 from .indexing import emit_offsets, shifted
 from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
@@ -299,6 +300,9 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     if store is not None and schedule.form != "batched_small":
         raise Unsupported(f"the {schedule.form} loop writes a C-contiguous product only")
     zero = kb.dialect.literal(0, dtype)
+    if schedule.form == "linear_few_rows" and rows == 1 and n_out * kdim >= nowait.MIN_WORK:
+        kb.dialect.nowait = True  # a product this large runs on two cores, never waiting (nnc.codegen.nowait)
+        return Function(f"{kb.name}_rows", args, ["nowait_gemv(a, b, out)"], False)
     if schedule.form == "linear_few_rows" and rows == 1:  # a matrix-vector product: weight rows in groups
         lines = _gemv_lines(n_out, kdim, zero)
     elif schedule.form == "linear_few_rows":  # each weight row swept once, every row of `a` held
