@@ -300,7 +300,7 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     if store is not None and schedule.form != "batched_small":
         raise Unsupported(f"the {schedule.form} loop writes a C-contiguous product only")
     zero = kb.dialect.literal(0, dtype)
-    if schedule.form == "linear_few_rows" and rows == 1 and n_out * kdim >= nowait.MIN_WORK:
+    if schedule.form == "linear_few_rows" and rows == 1 and _nowait_weight(b_arr) and n_out * kdim >= nowait.MIN_WORK:
         kb.dialect.nowait = True  # a product this large runs on two cores, never waiting (nnc.codegen.nowait)
         return Function(f"{kb.name}_rows", args, ["nowait_gemv(a, b, out)"], False)
     if schedule.form == "linear_few_rows" and rows == 1:  # a matrix-vector product: weight rows in groups
@@ -322,6 +322,13 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
         raise Unsupported(f"matmul schedule {schedule.form!r} has no loop")
     lines[0] = lines[0].replace("LOOP", schedule.loop)
     return Function(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
+
+
+def _nowait_weight(b: Array) -> bool:
+    """Whether a batch-1 linear's weight is a parameter read as is, so nnc.codegen.nowait's helper may read it:
+    a parameter lives as long as the compiled module (a copy of a view would be freed when the call returns,
+    maybe while a late helper still reads it)."""
+    return b.strides is None and b.node.op == "get_attr"
 
 
 def _dot_lines(swept, held, n_swept, n_held, kdim, out_at, zero, block) -> list[str]:

@@ -294,6 +294,12 @@ def _collect(mb, tag, x, w, out, first, nchunks):
 # --- the helper thread ------------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _hand_over(mb, c, tag):
+    """The helper's chunk c of the job tagged `tag` is ready in the scratch (HELPER -> READY); False if stolen."""
+    return _cas(mb, _STATES + c, tag + HELPER, tag + READY)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _helper_chunks(mb, gen, like):
     """Claim and compute the job's chunks from the back while they are free; like: an array of the job's dtype."""
     tag = gen * 4
@@ -310,7 +316,7 @@ def _helper_chunks(mb, gen, like):
         while _load(mb, _HOOK) == 2:
             _pause()
         gemv_rows(x, w, scratch, c * CHUNK_ROWS, min(n, (c + 1) * CHUNK_ROWS))
-        if not _cas(mb, _STATES + c, tag + HELPER, tag + READY):
+        if not _hand_over(mb, c, tag):
             break  # stolen: the caller has finished this job
     _store(mb, _HELPER_IN, 0)
 
@@ -414,11 +420,16 @@ _RETAINED: list = []
 
 def retain(arrays) -> None:
     """Keep a run's arrays referenced while the helper is inside a chunk (it may still read a weight); drop the kept
-    ones once it is not."""
-    if MAILBOX[_HELPER_IN]:
+    ones once it is not. Called by the Python side of a plan after each run (consecutive runs on the same arrays
+    are kept once)."""
+    if not MAILBOX[_HELPER_IN]:
+        if _RETAINED:
+            _RETAINED.clear()
+        return
+    arrays = list(arrays)
+    last = _RETAINED[-1] if _RETAINED else ()
+    if len(last) != len(arrays) or any(a is not b for a, b in zip(last, arrays)):
         _RETAINED.append(arrays)
-    elif _RETAINED:
-        _RETAINED.clear()
 
 
 def _after_fork_in_child() -> None:
