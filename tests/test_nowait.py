@@ -49,18 +49,27 @@ def test_serial_chunks_match_numpy(n, kdim, dtype):
     np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * max(1, kdim))
 
 
+def test_chunk_rows():
+    assert nw.chunk_rows(512, 784 * 4, 2 ** 17) == 40
+    assert nw.chunk_rows(128, 9216 * 4, 2 ** 17) == 4
+    assert nw.chunk_rows(4096, 8, 2 ** 17) >= 4096  # short rows: one chunk
+    assert -(-16384 // nw.chunk_rows(16384, 3000, 2 ** 17)) <= nw.MAX_CHUNKS
+
+
+@pytest.mark.parametrize("rows", [4, 8, 36])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_helper_chunks_copied_from_scratch_bit_identical(no_helper, dtype):
-    """Every chunk computed by the helper (into its scratch), then collected by the caller: the serial result."""
+def test_helper_chunks_copied_from_scratch_bit_identical(no_helper, dtype, rows):
+    """Every chunk computed by the helper (into its scratch), then collected by the caller: the serial result, for
+    any chunk size that is a multiple of 4."""
     n, kdim = 203, 513
     x, w, out = _operands(n, kdim, dtype)
     gen = int(nw.MAILBOX[nw._GEN]) + 1
-    nchunks = -(-n // nw.CHUNK_ROWS)
-    nw._publish(MB, gen, x, w, n, nchunks)
+    nchunks = -(-n // rows)
+    nw._publish(MB, gen, x, w, n, rows, nchunks)
     nw._helper_chunks(MB, gen, x)
     assert all(nw.MAILBOX[nw._STATES + c] == gen * 4 + nw.READY for c in range(nchunks))
     assert np.isnan(out).all()  # the helper never writes the caller's output
-    nw._collect(MB, gen * 4, x, w, out, 0, nchunks)
+    nw._collect(MB, gen * 4, x, w, out, rows, 0, nchunks)
     np.testing.assert_array_equal(out, _serial(x, w, n))
 
 
@@ -69,11 +78,12 @@ def test_stolen_chunk_is_recomputed_and_a_late_result_ignored(no_helper):
     n, kdim = 128, 300
     x, w, out = _operands(n, kdim, np.float32)
     gen = int(nw.MAILBOX[nw._GEN]) + 1
-    nchunks = -(-n // nw.CHUNK_ROWS)
-    nw._publish(MB, gen, x, w, n, nchunks)
+    rows = 8
+    nchunks = -(-n // rows)
+    nw._publish(MB, gen, x, w, n, rows, nchunks)
     last = nchunks - 1
     nw.MAILBOX[nw._STATES + last] = gen * 4 + nw.HELPER  # the helper is inside the last chunk
-    nw._collect(MB, gen * 4, x, w, out, 0, nchunks)
+    nw._collect(MB, gen * 4, x, w, out, rows, 0, nchunks)
     assert all(nw.MAILBOX[nw._STATES + c] == gen * 4 + nw.CALLER for c in range(nchunks))
     expected = _serial(x, w, n)
     np.testing.assert_array_equal(out, expected)

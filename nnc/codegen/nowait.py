@@ -5,7 +5,8 @@ finished when it runs out of work of its own.
 A parallel region (numba's prange, OpenMP) ends in a join: when the machine is loaded and one of its threads is
 descheduled, the caller waits for it a whole scheduler slice (milliseconds, against a ~15 us product). Here nothing
 joins. `gemv(x, w, out)` (numba code: out[s] = w[s, :] . x for a flat row-major weight w) splits the output into
-chunks of CHUNK_ROWS rows, each with a state word in a shared "mailbox" tagged with the job's generation:
+chunks of rows (a multiple of 4, about CHUNK_BYTES of weights: `chunk_rows`), each with a state word in a shared
+"mailbox" tagged with the job's generation:
 gen * 4 + FREE / HELPER (the helper claimed it) / CALLER (the caller claimed it) / READY (the helper's result
 is in the scratch). Every change of state is an atomic compare-and-swap (LLVM cmpxchg, sequentially consistent):
 
@@ -54,10 +55,12 @@ from numba.extending import intrinsic
 # a kernel holds the code of the functions it calls)
 VERSION = 1
 
-CHUNK_ROWS = 32  # output rows a chunk: the caller loses at most one chunk's time (~1 us) to a stolen chunk
+# A chunk holds about this many bytes of weight rows: the caller loses at most one chunk's time to a stolen chunk
+# (~1 us for 32 rows of 784 float32), and each chunk costs two compare-and-swaps on a cache line both threads write.
+CHUNK_BYTES = 2 ** 17
 MAX_CHUNKS = 256
 MAX_K = 16384  # the longest x the mailbox holds a copy of (longer products run serially)
-MAX_N = CHUNK_ROWS * MAX_CHUNKS  # the most outputs (the scratch's size)
+MAX_N = 16384  # the most outputs (the scratch's size)
 # A product of fewer multiply-adds runs serially. NOTE: the 512 x 10 head of the batch-1 MLP (5 k) takes ~0.4 us
 # serially, less than publishing a job costs; see the module's tests and tools/bench_compile.py case 5.
 MIN_WORK = 2 ** 16
@@ -66,7 +69,7 @@ SPIN_SECONDS = 200e-6  # how long the helper keeps spinning after its last job b
 # the mailbox: int64 words
 _LOCK, _GEN, _SLEEP, _STOP = 0, 8, 16, 24  # one cache line each (the caller and the helper write them)
 _HELPER_IN = 32  # the generation whose chunk the helper is computing (0: none)
-_W, _KDIM, _N, _NCHUNKS, _DTYPE = 40, 41, 42, 43, 44  # the job
+_W, _KDIM, _N, _NCHUNKS, _DTYPE, _ROWS, _CHUNK_BYTES = 40, 41, 42, 43, 44, 45, 46  # the job
 _SPIN_CYCLES, _TIMESPEC, _RUNNING, _HOOK = 48, 50, 52, 53
 _JOBS, _CHUNKS, _HELPED, _STOLEN = 56, 57, 58, 59  # counts (the caller's, under the lock): see `counts`
 _STATES = 64
@@ -81,6 +84,7 @@ _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 
 MAILBOX = np.zeros(_WORDS + 8, dtype=np.int64)
 MAILBOX[_TIMESPEC] = 0
+MAILBOX[_CHUNK_BYTES] = CHUNK_BYTES
 MAILBOX[_TIMESPEC + 1] = 100_000_000  # a sleeping helper looks at the stop flag every 0.1 s
 
 
@@ -222,12 +226,20 @@ def gemv_rows(x, w, out, s0, s1):
         s += 1
 
 
+@njit(cache=True, nogil=True)
+def chunk_rows(n, row_bytes, chunk_bytes):
+    """Rows a chunk: about chunk_bytes of weight rows of row_bytes, a multiple of 4 (so every chunk but the last
+    holds whole groups of four rows, and the chunks compute what one sweep over all rows does, bit for bit), at
+    least 4 and few enough chunks for the mailbox."""
+    rows = max(4, chunk_bytes // max(1, row_bytes) // 4 * 4)
+    least = (n + MAX_CHUNKS - 1) // MAX_CHUNKS
+    return max(rows, (least + 3) // 4 * 4)
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def gemv_serial(x, w, out):
-    """The product chunk by chunk on this thread: what gemv computes, bit for bit."""
-    n = out.shape[0]
-    for c in range((n + CHUNK_ROWS - 1) // CHUNK_ROWS):
-        gemv_rows(x, w, out, c * CHUNK_ROWS, min(n, (c + 1) * CHUNK_ROWS))
+    """The product on this thread: what gemv computes, bit for bit (its chunks are whole groups of four rows)."""
+    gemv_rows(x, w, out, 0, out.shape[0])
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -241,21 +253,22 @@ def gemv(x, w, out):
         gemv_serial(x, w, out)
         return
     gen = _load(mb, _GEN) + 1
-    nchunks = (n + CHUNK_ROWS - 1) // CHUNK_ROWS
-    _publish(mb, gen, x, w, n, nchunks)
+    rows = chunk_rows(n, kdim * x.itemsize, _load(mb, _CHUNK_BYTES))
+    nchunks = (n + rows - 1) // rows
+    _publish(mb, gen, x, w, n, rows, nchunks)
     tag = gen * 4
     first_not_mine = nchunks
     for c in range(nchunks):
         if not _cas(mb, _STATES + c, tag + FREE, tag + CALLER):
             first_not_mine = c
             break
-        gemv_rows(x, w, out, c * CHUNK_ROWS, min(n, (c + 1) * CHUNK_ROWS))
-    _collect(mb, tag, x, w, out, first_not_mine, nchunks)
+        gemv_rows(x, w, out, c * rows, min(n, (c + 1) * rows))
+    _collect(mb, tag, x, w, out, rows, first_not_mine, nchunks)
     _store(mb, _LOCK, 0)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _publish(mb, gen, x, w, n, nchunks):
+def _publish(mb, gen, x, w, n, rows, nchunks):
     """Copy x into the mailbox, write the job and its chunk states, then its generation; wake a sleeping helper."""
     xs = carray(_pointer(mb + 8 * _X, x), x.shape[0])
     xs[:] = x
@@ -263,6 +276,7 @@ def _publish(mb, gen, x, w, n, nchunks):
     _store(mb, _KDIM, x.shape[0])
     _store(mb, _N, n)
     _store(mb, _NCHUNKS, nchunks)
+    _store(mb, _ROWS, rows)
     _store(mb, _DTYPE, _F32 if x.itemsize == 4 else _F64)
     for c in range(nchunks):
         _store(mb, _STATES + c, gen * 4 + FREE)
@@ -272,13 +286,13 @@ def _publish(mb, gen, x, w, n, nchunks):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def _collect(mb, tag, x, w, out, first, nchunks):
+def _collect(mb, tag, x, w, out, rows, first, nchunks):
     """The caller's end of a job: every chunk from `first` on is the helper's; copy the ready ones from the scratch,
     steal and compute the rest (the helper's result for a stolen chunk is never read)."""
     n = out.shape[0]
     scratch = carray(_pointer(mb + 8 * _SCRATCH, out), n)
     for c in range(first, nchunks):
-        s0, s1 = c * CHUNK_ROWS, min(n, (c + 1) * CHUNK_ROWS)
+        s0, s1 = c * rows, min(n, (c + 1) * rows)
         if _cas(mb, _STATES + c, tag + FREE, tag + CALLER):
             gemv_rows(x, w, out, s0, s1)
         elif _cas(mb, _STATES + c, tag + HELPER, tag + CALLER):
@@ -303,7 +317,7 @@ def _hand_over(mb, c, tag):
 def _helper_chunks(mb, gen, like):
     """Claim and compute the job's chunks from the back while they are free; like: an array of the job's dtype."""
     tag = gen * 4
-    kdim, n, nchunks = _load(mb, _KDIM), _load(mb, _N), _load(mb, _NCHUNKS)
+    kdim, n, nchunks, rows = _load(mb, _KDIM), _load(mb, _N), _load(mb, _NCHUNKS), _load(mb, _ROWS)
     x = carray(_pointer(mb + 8 * _X, like), kdim)
     w = carray(_pointer(_load(mb, _W), like), n * kdim)
     scratch = carray(_pointer(mb + 8 * _SCRATCH, like), n)
@@ -315,7 +329,7 @@ def _helper_chunks(mb, gen, like):
             _store(mb, _HOOK, 2)
         while _load(mb, _HOOK) == 2:
             _pause()
-        gemv_rows(x, w, scratch, c * CHUNK_ROWS, min(n, (c + 1) * CHUNK_ROWS))
+        gemv_rows(x, w, scratch, c * rows, min(n, (c + 1) * rows))
         if not _hand_over(mb, c, tag):
             break  # stolen: the caller has finished this job
     _store(mb, _HELPER_IN, 0)
