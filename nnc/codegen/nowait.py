@@ -363,6 +363,14 @@ def _helper_main(f32, f64):
 
 
 @njit(cache=True, nogil=True)
+def _wake_helper():
+    """End the helper's futex sleep now (it then reads the stop flag)."""
+    mb = _mailbox()
+    _store(mb, _SLEEP, 0)
+    _syscall(_SYS_FUTEX, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+
+
+@njit(cache=True, nogil=True)
 def _cycle_count():
     return _cycles()
 
@@ -375,13 +383,16 @@ def _cycles_per_second() -> float:
 
 
 def _helper_thread(f32, f64) -> None:
-    """The helper thread: at the idle scheduling class, then _helper_main until stopped."""
+    """The helper thread: at the idle scheduling class, its spin budget measured, then _helper_main until stopped
+    (loading and measuring here keeps ~0.4 s off the compile that started it)."""
     # NOTE: SCHED_IDLE runs the helper only on a core nothing else wants: on a loaded machine it takes no time from
     # the caller or its neighbours (a helper at normal priority, spinning, took half the caller's core and doubled
     # its time beside busy neighbours), on a quiet one it has the idle core to itself.
     if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    MAILBOX[_SPIN_CYCLES] = int(SPIN_SECONDS * _cycles_per_second())
+    MAILBOX[_RUNNING] = 1  # callers share their products from now on
     _helper_main(f32, f64)
 
 
@@ -398,10 +409,7 @@ def ensure_helper() -> bool:
         if _THREAD is not None and _THREAD.is_alive():
             return True
         f32, f64 = np.zeros(1, np.float32), np.zeros(1, np.float64)
-        _helper_main.compile((types.float32[::1], types.float64[::1]))  # before the thread: it never takes the GIL
-        MAILBOX[_SPIN_CYCLES] = int(SPIN_SECONDS * _cycles_per_second())
         MAILBOX[_STOP] = 0
-        MAILBOX[_RUNNING] = 1
         _THREAD = threading.Thread(target=_helper_thread, args=(f32, f64), name="nnc-nowait-helper", daemon=True)
         _THREAD.start()
     return True
@@ -415,7 +423,7 @@ def stop_helper(timeout: float = 5.0) -> None:
         if thread is None:
             return
         MAILBOX[_STOP] = 1
-        MAILBOX[_SLEEP] = 0
+        _wake_helper()
         thread.join(timeout)
         if thread.is_alive():
             raise RuntimeError("the nowait helper thread did not stop")
