@@ -215,3 +215,29 @@ def test_mlp_kernels_use_helper_only_for_large_layers():
         report = nnc.explain(_mlp(torch.float32), torch.randn(1, 784))
     calls = [("nowait_gemv(" in k.source) for k in report.kernels if k.kind == "matmul"]
     assert calls == [True, True, False]
+
+
+@pytest.mark.parametrize("whole_graph", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kdim,n", [(784, 512), (300, 229), (4099, 17)])
+def test_helper_code_matches_the_compiled_kernel_bit_for_bit(no_helper, whole_graph, dtype, kdim, n):
+    """The helper's chunks (its own compiled code, computing every chunk) equal the compiled kernel's product run
+    serially on the caller, where numba inlines the chunk code into the kernel (or the whole graph)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(kdim, n, bias=False)).to(dtype)
+    model.eval()
+    x = torch.randn(1, kdim).to(dtype)
+    compiled = nnc.compile(model, whole_graph=whole_graph)
+    with torch.no_grad():
+        kernel = compiled(x).numpy().reshape(-1)
+    xa, w = x.numpy().reshape(-1), model[0].weight.detach().numpy().reshape(-1)
+    out = np.full(n, np.nan, xa.dtype)
+    gen = int(nw.MAILBOX[nw._GEN]) + 1
+    rows = nw.chunk_rows(n, kdim * xa.itemsize, nw.CHUNK_BYTES)
+    nchunks = -(-n // rows)
+    helped = nw.counts()["helped"]
+    nw._publish(MB, gen, xa, w, n, rows, nchunks)
+    nw._helper_chunks(MB, gen, xa)
+    nw._collect(MB, gen * 4, xa, w, out, rows, 0, nchunks)
+    assert nw.counts()["helped"] == helped + nchunks  # every chunk came from the helper's scratch
+    np.testing.assert_array_equal(out, kernel)
