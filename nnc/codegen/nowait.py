@@ -80,7 +80,9 @@ FREE, HELPER, CALLER, READY = 0, 1, 2, 3
 _F32, _F64 = 0, 1
 
 _FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_PRIVATE = 0, 1, 128
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+# NOTE: x86-64 Linux only: the helper's spin budget reads the cycle counter (LLVM's readcyclecounter, the TSC;
+# on other CPUs it may read a counter user code cannot), and the futex's syscall number is the architecture's
+_SYS_FUTEX = 202 if platform.machine() == "x86_64" else None
 
 MAILBOX = np.zeros(_WORDS + 8, dtype=np.int64)
 MAILBOX[_TIMESPEC] = 0
@@ -93,17 +95,22 @@ def _bind() -> bool:
     import llvmlite.binding as llvm
 
     llvm.add_symbol("nnc_nowait_mailbox", MAILBOX.ctypes.data)
-    if not sys.platform.startswith("linux") or _SYS_FUTEX is None:
-        return False
-    try:
-        syscall = ctypes.CDLL(None).syscall
-    except (OSError, AttributeError):
-        return False
-    llvm.add_symbol("nnc_nowait_syscall", ctypes.cast(syscall, ctypes.c_void_p).value)
-    return True
+    syscall = None
+    if sys.platform.startswith("linux") and _SYS_FUTEX is not None:
+        try:
+            syscall = ctypes.CDLL(None).syscall
+        except (OSError, AttributeError):
+            pass
+    # without it, a function that is never called (no helper starts: gemv stays serial) keeps the code linkable
+    llvm.add_symbol("nnc_nowait_syscall", ctypes.cast(syscall or _NEVER_CALLED, ctypes.c_void_p).value)
+    return syscall is not None
+
+
+_NEVER_CALLED = ctypes.CFUNCTYPE(ctypes.c_int64)(lambda: 0)
 
 
 AVAILABLE = _bind()
+_FUTEX_SYSCALL = _SYS_FUTEX or 0
 _i64 = types.int64
 # NOTE: glibc's syscall() is variadic; it only moves its integer arguments into registers, so a fixed signature of
 # six integers calls it correctly (on x86-64 and aarch64, where it is written in assembly)
@@ -282,7 +289,7 @@ def _publish(mb, gen, x, w, n, rows, nchunks):
         _store(mb, _STATES + c, gen * 4 + FREE)
     _store(mb, _GEN, gen)
     if _load(mb, _SLEEP) == 1 and _cas(mb, _SLEEP, 1, 0):
-        _syscall(_SYS_FUTEX, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+        _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -354,7 +361,7 @@ def _helper_main(f32, f64):
         elif _cycles() - idle_since > _load(mb, _SPIN_CYCLES):
             _store(mb, _SLEEP, 1)
             if _load(mb, _GEN) == seen:  # no job published since: sleep (a caller's wake or the timeout ends it)
-                _syscall(_SYS_FUTEX, mb + 8 * _SLEEP, _FUTEX_WAIT | _FUTEX_PRIVATE, 1, mb + 8 * _TIMESPEC, 0, 0)
+                _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAIT | _FUTEX_PRIVATE, 1, mb + 8 * _TIMESPEC, 0, 0)
             _store(mb, _SLEEP, 0)
             idle_since = _cycles()
         else:
@@ -367,7 +374,7 @@ def _wake_helper():
     """End the helper's futex sleep now (it then reads the stop flag)."""
     mb = _mailbox()
     _store(mb, _SLEEP, 0)
-    _syscall(_SYS_FUTEX, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+    _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
 
 
 @njit(cache=True, nogil=True)
