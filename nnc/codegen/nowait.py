@@ -51,18 +51,14 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# NOTE: written into the source of kernels that call gemv, so a change here is a new cached kernel (numba's cache of
-# a kernel holds the code of the functions it calls)
-VERSION = 1
-
 # A chunk holds about this many bytes of weight rows: the caller loses at most one chunk's time to a stolen chunk
 # (~1 us for 32 rows of 784 float32), and each chunk costs two compare-and-swaps on a cache line both threads write.
 CHUNK_BYTES = 2 ** 17
 MAX_CHUNKS = 256
 MAX_K = 16384  # the longest x the mailbox holds a copy of (longer products run serially)
 MAX_N = 16384  # the most outputs (the scratch's size)
-# A product of fewer multiply-adds runs serially. NOTE: the 512 x 10 head of the batch-1 MLP (5 k) takes ~0.4 us
-# serially, less than publishing a job costs; see the module's tests and tools/bench_compile.py case 5.
+# A product of fewer multiply-adds runs serially (kernels below it do not call gemv; gemv checks the mailbox's copy,
+# which a measurement may lower). NOTE: see tools/bench_nowait.py for the measured crossing.
 MIN_WORK = 2 ** 16
 SPIN_SECONDS = 200e-6  # how long the helper keeps spinning after its last job before it sleeps
 
@@ -71,6 +67,7 @@ _LOCK, _GEN, _SLEEP, _STOP = 0, 8, 16, 24  # one cache line each (the caller and
 _HELPER_IN = 32  # the generation whose chunk the helper is computing (0: none)
 _W, _KDIM, _N, _NCHUNKS, _DTYPE, _ROWS, _CHUNK_BYTES = 40, 41, 42, 43, 44, 45, 46  # the job
 _SPIN_CYCLES, _TIMESPEC, _RUNNING, _HOOK = 48, 50, 52, 53
+_MIN_WORK = 54
 _JOBS, _CHUNKS, _HELPED, _STOLEN = 56, 57, 58, 59  # counts (the caller's, under the lock): see `counts`
 _STATES = 64
 _X = _STATES + MAX_CHUNKS  # x's copy (MAX_K elements of up to 8 bytes)
@@ -87,6 +84,7 @@ _SYS_FUTEX = 202 if platform.machine() == "x86_64" else None
 MAILBOX = np.zeros(_WORDS + 8, dtype=np.int64)
 MAILBOX[_TIMESPEC] = 0
 MAILBOX[_CHUNK_BYTES] = CHUNK_BYTES
+MAILBOX[_MIN_WORK] = MIN_WORK
 MAILBOX[_TIMESPEC + 1] = 100_000_000  # a sleeping helper looks at the stop flag every 0.1 s
 
 
@@ -255,7 +253,7 @@ def gemv(x, w, out):
     thread's help when it is awake and the product is large enough; never waits for the helper."""
     n, kdim = out.shape[0], x.shape[0]
     mb = _mailbox()
-    if (n * kdim < MIN_WORK or kdim > MAX_K or n > MAX_N or _load(mb, _RUNNING) == 0
+    if (n * kdim < _load(mb, _MIN_WORK) or kdim > MAX_K or n > MAX_N or _load(mb, _RUNNING) == 0
             or not _cas(mb, _LOCK, 0, 1)):
         gemv_serial(x, w, out)
         return
