@@ -37,6 +37,7 @@ referenced while the helper is inside a chunk of an earlier job (HELPER_IN names
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import os
@@ -82,6 +83,8 @@ _FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_PRIVATE = 0, 1, 128
 _SYS_FUTEX = 202 if platform.machine() == "x86_64" else None
 
 MAILBOX = np.zeros(_WORDS + 8, dtype=np.int64)
+# NOTE: never freed, not even when the interpreter clears modules at exit: a daemon helper may still read it then
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(MAILBOX))
 MAILBOX[_TIMESPEC] = 0
 MAILBOX[_CHUNK_BYTES] = CHUNK_BYTES
 MAILBOX[_MIN_WORK] = MIN_WORK
@@ -420,6 +423,15 @@ def ensure_helper() -> bool:
     return True
 
 
+def _stop_at_exit() -> None:
+    """Stop the helper before the interpreter tears down (at most a short wait: it may get no core at once)."""
+    with contextlib.suppress(RuntimeError):
+        stop_helper(timeout=0.5)
+
+
+atexit.register(_stop_at_exit)
+
+
 def stop_helper(timeout: float = 5.0) -> None:
     """Stop the helper thread and wait for it (products run serially until ensure_helper starts another)."""
     global _THREAD
@@ -427,13 +439,13 @@ def stop_helper(timeout: float = 5.0) -> None:
         thread = _THREAD
         if thread is None:
             return
+        MAILBOX[_RUNNING] = 0  # callers stop publishing jobs
         MAILBOX[_STOP] = 1
         _wake_helper()
         thread.join(timeout)
         if thread.is_alive():
             raise RuntimeError("the nowait helper thread did not stop")
         _THREAD = None
-        MAILBOX[_RUNNING] = 0
 
 
 def counts() -> dict:
