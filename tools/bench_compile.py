@@ -21,8 +21,10 @@ Cases (all float32; every figure is a median measured in this run, every ratio i
                    call; "kernel by kernel" is the same model with whole_graph=False), beside onnxruntime running
                    the torch model exported with torch.onnx.export(dynamo=False) (needs the onnx and onnxruntime
                    packages; the row reports the import error without them), and the same session on one
-                   thread (nnc runs matmuls this small serially). Targets: compiled <= 45 us and <= onnxruntime's
-                   time.
+                   thread. nnc runs the two large layers' products with nnc.codegen.nowait's helper thread, which
+                   only gets a core nothing else wants: "no helper" is the same compiled model with every product
+                   serial, and the nnc.compile row's note gives the share of chunks the helper computed.
+                   Targets: compiled <= 45 us and <= onnxruntime's time.
   5b mlp_infer_b1_loaded  case 5 quiet, then again beside one CPU-bound process (a Python spin loop) per core.
                    Target: compiled beside the neighbours <= 2x its quiet time.
   6 compile_time   compile time of that MLP's forward+backward, cold (a fresh NNC_CACHE_DIR, in a subprocess) and
