@@ -59,8 +59,10 @@ MAX_CHUNKS = 256
 MAX_K = 16384  # the longest x the mailbox holds a copy of (longer products run serially)
 MAX_N = 16384  # the most outputs (the scratch's size)
 # A product of fewer multiply-adds runs serially (kernels below it do not call gemv; gemv checks the mailbox's copy,
-# which a measurement may lower). NOTE: see tools/bench_nowait.py for the measured crossing.
-MIN_WORK = 2 ** 16
+# which a measurement may lower). NOTE: measured with tools/bench_nowait.py on a quiet moment of the 2-core machine:
+# 256 x 512 (2^17) took 0.74-0.76x the serial loop's time, 256 x 256 (2^16) 1.05x (the helper reached 2% of its
+# chunks in its 2.4 us), 128 x 256 1.08x.
+MIN_WORK = 2 ** 17
 SPIN_SECONDS = 200e-6  # how long the helper keeps spinning after its last job before it sleeps
 
 # the mailbox: int64 words
