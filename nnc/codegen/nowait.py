@@ -52,9 +52,12 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-# A chunk holds about this many bytes of weight rows: the caller loses at most one chunk's time to a stolen chunk
-# (~1 us for 32 rows of 784 float32), and each chunk costs two compare-and-swaps on a cache line both threads write.
-CHUNK_BYTES = 2 ** 17
+# A chunk holds about this many bytes of weight rows: the caller loses at most one chunk's time to a stolen chunk,
+# and each chunk costs two compare-and-swaps on a cache line both threads write. NOTE: measured with
+# tools/bench_nowait.py --chunk-bytes in two quiet moments, time against the serial loop for 16, 32, 64, 128 KiB:
+# 512x784 0.57-0.69 / 0.51-0.59 / 0.48-0.56 / 0.50-0.55x, 512x512 0.60-0.75 / 0.56-0.67 / 0.55-0.68 / 0.59-0.68x,
+# 256x512 0.71-1.03 / 0.69-0.99 / 0.74-0.98 / 0.83-1.05x.
+CHUNK_BYTES = 2 ** 16
 MAX_CHUNKS = 256
 MAX_K = 16384  # the longest x the mailbox holds a copy of (longer products run serially)
 MAX_N = 16384  # the most outputs (the scratch's size)
