@@ -21,8 +21,10 @@ Cases (all float32; every figure is a median measured in this run, every ratio i
                    call; "kernel by kernel" is the same model with whole_graph=False), beside onnxruntime running
                    the torch model exported with torch.onnx.export(dynamo=False) (needs the onnx and onnxruntime
                    packages; the row reports the import error without them), and the same session on one
-                   thread (nnc runs matmuls this small serially). Targets: compiled <= 45 us and <= onnxruntime's
-                   time.
+                   thread. nnc runs the two large layers' products with nnc.codegen.nowait's helper thread, which
+                   only gets a core nothing else wants: "no helper" is the same compiled model with every product
+                   serial, and the nnc.compile row's note gives the share of chunks the helper computed.
+                   Targets: compiled <= 45 us and <= onnxruntime's time.
   5b mlp_infer_b1_loaded  case 5 quiet, then again beside one CPU-bound process (a Python spin loop) per core.
                    Target: compiled beside the neighbours <= 2x its quiet time.
   6 compile_time   compile time of that MLP's forward+backward, cold (a fresh NNC_CACHE_DIR, in a subprocess) and
@@ -676,9 +678,38 @@ def _onnxruntime_step(state):
     session.run(None, feed)
 
 
+@contextlib.contextmanager
+def _no_helper(lib):
+    """no_grad, with nnc.codegen.nowait's helper thread left out (every batch-1 product serial on the caller)."""
+    from nnc.codegen import nowait
+
+    before = nowait.MAILBOX[nowait._RUNNING]
+    nowait.MAILBOX[nowait._RUNNING] = 0
+    try:
+        with lib.no_grad():
+            yield
+    finally:
+        nowait.MAILBOX[nowait._RUNNING] = before
+
+
+def _helper_note(variants, before):
+    """The nnc.compile variant with a note saying how many chunks of its products the helper thread computed."""
+    from nnc.codegen import nowait
+
+    now = nowait.counts()
+    jobs, chunks = now["jobs"] - before["jobs"], now["chunks"] - before["chunks"]
+    helped, stolen = now["helped"] - before["helped"], now["stolen"] - before["stolen"]
+    note = (f"helper thread computed {helped / chunks:.0%} of {chunks} chunks ({jobs} products; the caller stole "
+            f"{stolen})" if chunks else "the helper thread took no product")
+    return [dataclasses.replace(v, note=note) if v.label == "nnc.compile" else v for v in variants]
+
+
 def _mlp_infer_variants():
     variants = [Variant("nnc.compile", _mlp_infer_setup(runtime, True), infer_step, _nograd(runtime),
                         compiled=lambda s: s[0]),
+                Variant("nnc.compile (no helper)", _mlp_infer_setup(runtime, True), infer_step,
+                        lambda: _no_helper(runtime), compiled=lambda s: s[0],
+                        note="diagnostic: nnc.codegen.nowait's helper thread left out (products serial)"),
                 Variant("kernel by kernel", _mlp_infer_setup(runtime, True, whole_graph=False), infer_step,
                         _nograd(runtime), compiled=lambda s: s[0]),
                 Variant("nnc.compile (weights 16 B off)", _mlp_infer_setup(runtime, True, skew=16), infer_step,
@@ -695,9 +726,14 @@ def _mlp_infer_variants():
 
 
 def case_mlp_infer_b1(opts, args):
+    from nnc.codegen import nowait
+
     variants = _mlp_infer_variants()
+    before = nowait.counts()
     res = measure_variants(variants, **opts)
+    variants = _helper_note(variants, before)
     ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "onnxruntime"), ("nnc.compile", "onnxruntime 1 thread"),
+              ("nnc.compile", "nnc.compile (no helper)"),
               ("nnc.compile", "kernel by kernel"), ("nnc.compile", "nnc.compile (weights 16 B off)"),
               ("nnc.compile", "runtime eager")]
     m = res["nnc.compile"]
@@ -724,10 +760,14 @@ def _busy_neighbours(count):
 
 def case_mlp_infer_b1_loaded(opts, args):
     """Batch-1 inference quiet, then beside one spinning process per core: the loaded/quiet ratio per variant."""
+    from nnc.codegen import nowait
+
     variants = _mlp_infer_variants()
     quiet = measure_variants(variants, **opts)
     with _busy_neighbours(os.cpu_count() or 1):
+        before = nowait.counts()
         loaded = measure_variants(variants, **opts)
+        variants = _helper_note(variants, before)
     shown, res = [], {}
     for v in variants:
         quiet_label = f"{v.label} (quiet)"

@@ -28,7 +28,7 @@ import numpy as np
 from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import evaluate, has_symbols
-from . import cache, cblas, compile_workers
+from . import cache, cblas, compile_workers, nowait
 from .cpu_cat import CatSchedule, cat_schedule_of, gen_cat
 from .cpu_conv import WindowSchedule, gen_window, window_schedule_of
 from .cpu_gather import GatherSchedule, gen_gather, gather_schedule_of
@@ -240,6 +240,7 @@ class CompiledKernel:
     _launch: Callable = field(repr=False)
 
     symbols: list = field(default_factory=list, repr=False)  # launch(ins, outs, sizes) reads these size symbols
+    nowait: bool = False  # a product runs with nnc.codegen.nowait's helper thread (see nowait.retain)
 
     def __post_init__(self):
         # NOTE: static shapes as plain tuples of ints: run_into compares them on every call, and a symbolic Shape's
@@ -266,9 +267,12 @@ class CompiledKernel:
                 and all_writeable(input_arrays)):
             try:
                 self._launch(input_arrays, outs)
-                return
             except TypeError:
                 pass
+            else:
+                if self.nowait:
+                    nowait.retain(input_arrays)
+                return
         self.run(input_arrays, out=outs)
 
     def run(self, input_arrays, out=None) -> list[np.ndarray]:
@@ -286,7 +290,7 @@ class CompiledKernel:
             ins.append(a)
         if out is None:
             outs = [np.empty(shape, dtype) for shape, dtype in self.out_specs]
-            self._launch(ins, outs)
+            self._launch_retaining(ins, outs)
             return outs
         out = list(out)
         if len(out) != len(self.out_specs):
@@ -304,12 +308,17 @@ class CompiledKernel:
                 tmp = np.empty(shape, dtype)
                 outs.append(tmp)
                 copies.append((buf, tmp))
-        self._launch(ins, outs)
+        self._launch_retaining(ins, outs)
         for buf, tmp in copies:
             np.copyto(buf, tmp)
         return out
 
     __call__ = run
+
+    def _launch_retaining(self, ins: list, outs: list) -> None:
+        self._launch(ins, outs)
+        if self.nowait:  # the inputs stay referenced while nnc.codegen.nowait's helper may still read them
+            nowait.retain(ins)
 
 
 # The argument type of a size symbol in `Generated.signatures` (an int64 scalar; arrays are named by their dtype).
@@ -381,7 +390,11 @@ def compile_generated(kernel: Kernel, generated: Generated, start: float | None 
         stats = disp.stats
         if not sum(stats.cache_hits.values()) or sum(stats.cache_misses.values()):
             hit = False
+    uses_nowait = "nowait_gemv(" in generated.source
+    if uses_nowait:
+        nowait.ensure_helper()  # the thread that computes part of its product (it sleeps until then)
     return CompiledKernel(name=kernel.name, kind=kernel.kind, source=generated.annotated, path=path,
                           parallel=generated.parallel, cache_hit=hit,
                           compile_seconds=time.perf_counter() - start, in_specs=generated.in_specs,
-                          out_specs=generated.out_specs, _launch=module.launch, symbols=generated.symbols)
+                          out_specs=generated.out_specs, _launch=module.launch, symbols=generated.symbols,
+                          nowait=uses_nowait)

@@ -21,6 +21,7 @@ class CpuDialect(Dialect):
         self._approx: set[str] = set()  # the approx.py functions the calls so far use (exp_f32, erf_f64, ...)
         self._philox: set[str] = set()  # the philox.py helpers they use (philox_uniform_f32, ...)
         self.approx_digest: str | None = None
+        self.nowait = False  # a product calls nnc.codegen.nowait.gemv (the batch-1 linear with the helper thread)
 
     def call(self, name, args, attrs, compute):
         if name in self.NUMPY:
@@ -59,6 +60,10 @@ class CpuDialect(Dialect):
         if self._philox:  # the same for the Philox helpers and the runtime functions they compile
             digest = _file_digest(philox.__file__) + _file_digest(philox._philox.__file__)
             lines.append(f"from nnc.codegen.philox import {', '.join(sorted(self._philox))}  # {digest}")
+        if self.nowait:  # the same for the helper thread's product (its module holds all of that code)
+            from . import nowait
+
+            lines.append(f"from nnc.codegen.nowait import gemv as nowait_gemv  # {_file_digest(nowait.__file__)}")
         return lines
 
 

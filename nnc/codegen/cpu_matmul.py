@@ -11,6 +11,7 @@ from runtime.ops import Kind
 from ..graph import Node
 from ..kernel import Kernel, matmul_nodes
 from ..symbolic import has_symbols
+from . import nowait
 from .cpu_elementwise import Array, Function, KernelBuilder, ParallelLoop, flat_view, indent
 from .cpu_small_gemm import ContractFunction, batched_rows_lines, takes_batched_rows
 from .indexing import emit_offsets, shifted
@@ -306,6 +307,9 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     if store is not None and schedule.form != "batched_small":
         raise Unsupported(f"the {schedule.form} loop writes a C-contiguous product only")
     zero = kb.dialect.literal(0, dtype)
+    if schedule.form == "linear_few_rows" and rows == 1 and _nowait_weight(b_arr) and n_out * kdim >= nowait.MIN_WORK:
+        kb.dialect.nowait = True  # a product this large runs on two cores, never waiting (nnc.codegen.nowait)
+        return Function(f"{kb.name}_rows", args, ["nowait_gemv(a, b, out)"], False)
     if schedule.form == "linear_few_rows" and rows == 1:  # a matrix-vector product: weight rows in groups
         lines = _gemv_lines(n_out, kdim, zero)
     elif schedule.form == "linear_few_rows":  # each weight row swept once, every row of `a` held
@@ -329,6 +333,13 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     if schedule.form == "batched_rows":  # its partial sums must stay apart (see ContractFunction)
         return ContractFunction(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
     return Function(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
+
+
+def _nowait_weight(b: Array) -> bool:
+    """Whether a batch-1 linear's weight is a parameter read as is, so nnc.codegen.nowait's helper may read it:
+    a parameter lives as long as the compiled module (a copy of a view would be freed when the call returns,
+    maybe while a late helper still reads it)."""
+    return b.strides is None and b.node.op == "get_attr"
 
 
 def _dot_lines(swept, held, n_swept, n_held, kdim, out_at, zero, block) -> list[str]:

@@ -33,7 +33,7 @@ import numpy as np
 from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
 from ..passes.views import view_maps
-from . import cache, cblas
+from . import cache, cblas, nowait
 from .cpu import COMPILE_LOCK, Generated, compile_generated, generate, numba_signature_nd
 from .cpu_elementwise import py_name
 from .cpu_matmul import _same_batch_3d, matmul_schedule
@@ -106,6 +106,7 @@ class CompiledGraph:
     arg_specs: list = field(repr=False)
     _function: Callable = field(repr=False)
     kernel_sources: dict = field(repr=False, default_factory=dict)  # kernel name -> its own module's source
+    nowait: bool = False  # a product runs with nnc.codegen.nowait's helper thread (see nowait.retain)
 
     def __post_init__(self):
         self._shapes = [shape for shape, _ in self.arg_specs]
@@ -119,10 +120,18 @@ class CompiledGraph:
         # (parameters, buffers) are trusted until one is refused, and checked on every call from then on.
         if list(map(_SHAPE, arrays)) == self._shapes and self._layouts_fit(arrays):
             try:
-                return self._function(*arrays)
+                results = self._function(*arrays)
             except TypeError:
                 self._check_all = True
-        return self._function(*self._checked(arrays))
+            else:
+                if self.nowait:  # nnc.codegen.nowait's helper may still read a parameter: keep them referenced
+                    nowait.retain(arrays)
+                return results
+        arrays = self._checked(arrays)
+        results = self._function(*arrays)
+        if self.nowait:
+            nowait.retain(arrays)
+        return results
 
     def _layouts_fit(self, arrays: list) -> bool:
         """Whether the arrays checked on every call are writeable and C-contiguous (numba's signature)."""
@@ -334,4 +343,4 @@ def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> C
     return CompiledGraph(source=source, path=path, cache_hit=hit, compile_seconds=time.perf_counter() - start,
                          arg_nodes=arg_nodes, returned=returned, arg_specs=specs,
                          kernel_sources={kernel.name: g.annotated for kernel, g in generated},
-                         _function=function)
+                         _function=function, nowait=any(c.nowait for c in compiled))

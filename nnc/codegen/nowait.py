@@ -1,0 +1,490 @@
+"""Batch-1 linear layers on two cores without ever waiting: a helper thread computes some of a matrix-vector
+product's row chunks while the caller computes the others, and the caller takes back whatever the helper has not
+finished when it runs out of work of its own.
+
+A parallel region (numba's prange, OpenMP) ends in a join: when the machine is loaded and one of its threads is
+descheduled, the caller waits for it a whole scheduler slice (milliseconds, against a ~15 us product). Here nothing
+joins. `gemv(x, w, out)` (numba code: out[s] = w[s, :] . x for a flat row-major weight w) splits the output into
+chunks of rows (a multiple of 4, about CHUNK_BYTES of weights: `chunk_rows`), each with a state word in a shared
+"mailbox" tagged with the job's generation:
+gen * 4 + FREE / HELPER (the helper claimed it) / CALLER (the caller claimed it) / READY (the helper's result
+is in the scratch). Every change of state is an atomic compare-and-swap (LLVM cmpxchg, sequentially consistent):
+
+- the caller copies x into the mailbox, publishes the job (weight address, sizes, chunk states) and claims chunks
+  from the front (FREE -> CALLER), computing them straight into `out`;
+- the helper claims chunks from the back (FREE -> HELPER), computes each into a scratch slot the mailbox owns,
+  then marks it READY (HELPER -> READY);
+- when the caller meets a chunk that is not free it finishes: it copies every READY chunk from the scratch into
+  `out` and steals every HELPER chunk (HELPER -> CALLER) to compute it itself.
+
+So the helper never writes `out`, a late helper's result is never read (its generation's states are gone), and the
+caller never waits for it. The helper and the caller run the same per-chunk function, so the result is
+bit-identical to the serial loop (`gemv_serial`, which runs the same chunks in order).
+
+The helper is one daemon thread per process (`ensure_helper`), which never holds the GIL once started: it runs
+`_helper_main`, nogil numba code that spins on the mailbox for a bounded time after its last job (SPIN_SECONDS),
+then sleeps on a futex (a Linux syscall, called from numba) until a caller wakes it. A caller that finds it asleep
+wakes it and goes on alone: waking costs the caller one syscall, never a wait. Jobs take one caller at a time (a
+try-lock: a second thread calling at once runs serially), and only products of at least MIN_WORK multiply-adds
+(smaller ones run serially: the hand-off costs more than half of them). Without Linux's futex (other systems), or
+before the helper started, every product runs serially.
+
+Memory a stale helper may touch: the mailbox, x's copy and the scratch are the module's for the process's
+lifetime. The weight is the caller's: a helper descheduled in the middle of a chunk can read it after the call
+returned, until it finishes that chunk. nnc passes only parameters here (a model's weights, which the compiled
+module holds), and `retain(arrays)` (called by the Python side of a plan after a run) keeps a run's arrays
+referenced while the helper is inside a chunk of an earlier job (HELPER_IN names it).
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import platform
+import sys
+import threading
+import time
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+# A chunk holds about this many bytes of weight rows: the caller loses at most one chunk's time to a stolen chunk,
+# and each chunk costs two compare-and-swaps on a cache line both threads write. NOTE: measured with
+# tools/bench_nowait.py --chunk-bytes in two quiet moments, time against the serial loop for 16, 32, 64, 128 KiB:
+# 512x784 0.57-0.69 / 0.51-0.59 / 0.48-0.56 / 0.50-0.55x, 512x512 0.60-0.75 / 0.56-0.67 / 0.55-0.68 / 0.59-0.68x,
+# 256x512 0.71-1.03 / 0.69-0.99 / 0.74-0.98 / 0.83-1.05x.
+CHUNK_BYTES = 2 ** 16
+MAX_CHUNKS = 256
+MAX_K = 16384  # the longest x the mailbox holds a copy of (longer products run serially)
+MAX_N = 16384  # the most outputs (the scratch's size)
+# A product of fewer multiply-adds runs serially (kernels below it do not call gemv; gemv checks the mailbox's copy,
+# which a measurement may lower). NOTE: measured with tools/bench_nowait.py on a quiet moment of the 2-core machine:
+# 256 x 512 (2^17) took 0.74-0.76x the serial loop's time, 256 x 256 (2^16) 1.05x (the helper reached 2% of its
+# chunks in its 2.4 us), 128 x 256 1.08x.
+MIN_WORK = 2 ** 17
+SPIN_SECONDS = 200e-6  # how long the helper keeps spinning after its last job before it sleeps
+
+# the mailbox: int64 words
+_LOCK, _GEN, _SLEEP, _STOP = 0, 8, 16, 24  # one cache line each (the caller and the helper write them)
+_HELPER_IN = 32  # the generation whose chunk the helper is computing (0: none)
+_W, _KDIM, _N, _NCHUNKS, _DTYPE, _ROWS, _CHUNK_BYTES = 40, 41, 42, 43, 44, 45, 46  # the job
+_SPIN_CYCLES, _TIMESPEC, _RUNNING, _HOOK = 48, 50, 52, 53
+_MIN_WORK = 54
+_JOBS, _CHUNKS, _HELPED, _STOLEN = 56, 57, 58, 59  # counts (the caller's, under the lock): see `counts`
+_STATES = 64
+_X = _STATES + MAX_CHUNKS  # x's copy (MAX_K elements of up to 8 bytes)
+_SCRATCH = _X + MAX_K
+_WORDS = _SCRATCH + MAX_N
+FREE, HELPER, CALLER, READY = 0, 1, 2, 3
+_F32, _F64 = 0, 1
+
+_FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_PRIVATE = 0, 1, 128
+# NOTE: x86-64 Linux only: the helper's spin budget reads the cycle counter (LLVM's readcyclecounter, the TSC;
+# on other CPUs it may read a counter user code cannot), and the futex's syscall number is the architecture's
+_SYS_FUTEX = 202 if platform.machine() == "x86_64" else None
+
+MAILBOX = np.zeros(_WORDS + 8, dtype=np.int64)
+# NOTE: never freed, not even when the interpreter clears modules at exit: a daemon helper may still read it then
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(MAILBOX))
+MAILBOX[_TIMESPEC] = 0
+MAILBOX[_CHUNK_BYTES] = CHUNK_BYTES
+MAILBOX[_MIN_WORK] = MIN_WORK
+MAILBOX[_TIMESPEC + 1] = 100_000_000  # a sleeping helper looks at the stop flag every 0.1 s
+
+
+def _bind() -> bool:
+    """Register the mailbox and libc's syscall with LLVM under nnc's names; whether the helper can run here."""
+    import llvmlite.binding as llvm
+
+    llvm.add_symbol("nnc_nowait_mailbox", MAILBOX.ctypes.data)
+    syscall = None
+    if sys.platform.startswith("linux") and _SYS_FUTEX is not None:
+        try:
+            syscall = ctypes.CDLL(None).syscall
+        except (OSError, AttributeError):
+            pass
+    # without it, a function that is never called (no helper starts: gemv stays serial) keeps the code linkable
+    llvm.add_symbol("nnc_nowait_syscall", ctypes.cast(syscall or _NEVER_CALLED, ctypes.c_void_p).value)
+    return syscall is not None
+
+
+_NEVER_CALLED = ctypes.CFUNCTYPE(ctypes.c_int64)(lambda: 0)
+
+
+AVAILABLE = _bind()
+_FUTEX_SYSCALL = _SYS_FUTEX or 0
+_i64 = types.int64
+# NOTE: glibc's syscall() is variadic; it only moves its integer arguments into registers, so a fixed signature of
+# six integers calls it correctly (on x86-64 and aarch64, where it is written in assembly)
+_syscall = types.ExternalFunction("nnc_nowait_syscall", _i64(_i64, _i64, _i64, _i64, _i64, _i64, _i64))
+
+
+# --- LLVM intrinsics: the mailbox's address, atomics, the cycle counter --------------------------------------------
+
+@intrinsic
+def _mailbox(typingctx):
+    """The mailbox's address (the symbol registered in _bind, so cached code finds it in every process)."""
+    def codegen(context, builder, sig, args):
+        gv = builder.module.globals.get("nnc_nowait_mailbox")
+        if gv is None:
+            gv = ir.GlobalVariable(builder.module, ir.IntType(64), "nnc_nowait_mailbox")
+            gv.linkage = "external"
+        return builder.ptrtoint(gv, ir.IntType(64))
+    return types.int64(), codegen
+
+
+def _word(builder, address, index):
+    base = builder.inttoptr(address, ir.IntType(64).as_pointer())
+    return builder.gep(base, [index])
+
+
+@intrinsic
+def _load(typingctx, address, index):
+    """The int64 word at address[index], an atomic (sequentially consistent) load."""
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_word(builder, *args), "seq_cst", 8)
+    return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
+def _store(typingctx, address, index, value):
+    """address[index] = value, an atomic (sequentially consistent) store."""
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[2], _word(builder, args[0], args[1]), "seq_cst", 8)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _cas(typingctx, address, index, expected, new):
+    """Atomically set address[index] to `new` if it holds `expected`; whether it did."""
+    def codegen(context, builder, sig, args):
+        pair = builder.cmpxchg(_word(builder, args[0], args[1]), args[2], args[3], "seq_cst", "seq_cst")
+        return builder.extract_value(pair, 1)
+    return types.boolean(types.int64, types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _cycles(typingctx):
+    """The CPU's cycle counter (x86's TSC: constant rate), for the helper's spin budget."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(64), []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
+@intrinsic
+def _pause(typingctx):
+    """A spin-wait hint (x86 pause), so a spinning helper leaves its core's sibling and the bus alone."""
+    def codegen(context, builder, sig, args):
+        if platform.machine() in ("x86_64", "AMD64"):
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                "llvm.x86.sse2.pause")
+            builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic
+def _address(typingctx, array):
+    """An array's data address."""
+    def codegen(context, builder, sig, args):
+        data = context.make_array(sig.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, ir.IntType(64))
+    return types.int64(array), codegen
+
+
+@intrinsic
+def _pointer(typingctx, address, like):
+    """The address as a pointer to elements of the array `like`'s dtype (for numba.carray)."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
+    return types.CPointer(like.dtype)(types.int64, like), codegen
+
+
+# --- the product ------------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy")
+def gemv_rows(x, w, out, s0, s1):
+    """out[s] = w[s, :] . x for s0 <= s < s1 (w flat, row-major, len(x) columns), four weight rows a sweep (each
+    x[k] loaded feeds four sums), the rows left over one by one. The one per-chunk code of caller and helper."""
+    kdim = x.shape[0]
+    zero = out.dtype.type(0)
+    s = s0
+    while s + 4 <= s1:
+        r0 = w[s * kdim:(s + 1) * kdim]
+        r1 = w[(s + 1) * kdim:(s + 2) * kdim]
+        r2 = w[(s + 2) * kdim:(s + 3) * kdim]
+        r3 = w[(s + 3) * kdim:(s + 4) * kdim]
+        acc0, acc1, acc2, acc3 = zero, zero, zero, zero
+        for k in range(kdim):
+            v = x[k]
+            acc0 += v * r0[k]
+            acc1 += v * r1[k]
+            acc2 += v * r2[k]
+            acc3 += v * r3[k]
+        out[s], out[s + 1], out[s + 2], out[s + 3] = acc0, acc1, acc2, acc3
+        s += 4
+    while s < s1:
+        row = w[s * kdim:(s + 1) * kdim]
+        acc = zero
+        for k in range(kdim):
+            acc += x[k] * row[k]
+        out[s] = acc
+        s += 1
+
+
+@njit(cache=True, nogil=True)
+def chunk_rows(n, row_bytes, chunk_bytes):
+    """Rows a chunk: about chunk_bytes of weight rows of row_bytes, a multiple of 4 (so every chunk but the last
+    holds whole groups of four rows, and the chunks compute what one sweep over all rows does, bit for bit), at
+    least 4 and few enough chunks for the mailbox."""
+    rows = max(4, chunk_bytes // max(1, row_bytes) // 4 * 4)
+    least = (n + MAX_CHUNKS - 1) // MAX_CHUNKS
+    return max(rows, (least + 3) // 4 * 4)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemv_serial(x, w, out):
+    """The product on this thread: what gemv computes, bit for bit (its chunks are whole groups of four rows)."""
+    gemv_rows(x, w, out, 0, out.shape[0])
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def gemv(x, w, out):
+    """out = w @ x (x: kdim, w: n * kdim row-major, out: n; 1-D C-contiguous, one float dtype) with the helper
+    thread's help when it is awake and the product is large enough; never waits for the helper."""
+    n, kdim = out.shape[0], x.shape[0]
+    mb = _mailbox()
+    if (n * kdim < _load(mb, _MIN_WORK) or kdim > MAX_K or n > MAX_N or _load(mb, _RUNNING) == 0
+            or not _cas(mb, _LOCK, 0, 1)):
+        gemv_serial(x, w, out)
+        return
+    gen = _load(mb, _GEN) + 1
+    rows = chunk_rows(n, kdim * x.itemsize, _load(mb, _CHUNK_BYTES))
+    nchunks = (n + rows - 1) // rows
+    _publish(mb, gen, x, w, n, rows, nchunks)
+    tag = gen * 4
+    first_not_mine = nchunks
+    for c in range(nchunks):
+        if not _cas(mb, _STATES + c, tag + FREE, tag + CALLER):
+            first_not_mine = c
+            break
+        gemv_rows(x, w, out, c * rows, min(n, (c + 1) * rows))
+    _collect(mb, tag, x, w, out, rows, first_not_mine, nchunks)
+    _store(mb, _LOCK, 0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _publish(mb, gen, x, w, n, rows, nchunks):
+    """Copy x into the mailbox, write the job and its chunk states, then its generation; wake a sleeping helper."""
+    xs = carray(_pointer(mb + 8 * _X, x), x.shape[0])
+    xs[:] = x
+    _store(mb, _W, _address(w))
+    _store(mb, _KDIM, x.shape[0])
+    _store(mb, _N, n)
+    _store(mb, _NCHUNKS, nchunks)
+    _store(mb, _ROWS, rows)
+    _store(mb, _DTYPE, _F32 if x.itemsize == 4 else _F64)
+    for c in range(nchunks):
+        _store(mb, _STATES + c, gen * 4 + FREE)
+    _store(mb, _GEN, gen)
+    if _load(mb, _SLEEP) == 1 and _cas(mb, _SLEEP, 1, 0):
+        _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _collect(mb, tag, x, w, out, rows, first, nchunks):
+    """The caller's end of a job: every chunk from `first` on is the helper's; copy the ready ones from the scratch,
+    steal and compute the rest (the helper's result for a stolen chunk is never read)."""
+    n = out.shape[0]
+    scratch = carray(_pointer(mb + 8 * _SCRATCH, out), n)
+    for c in range(first, nchunks):
+        s0, s1 = c * rows, min(n, (c + 1) * rows)
+        if _cas(mb, _STATES + c, tag + FREE, tag + CALLER):
+            gemv_rows(x, w, out, s0, s1)
+        elif _cas(mb, _STATES + c, tag + HELPER, tag + CALLER):
+            gemv_rows(x, w, out, s0, s1)
+            _store(mb, _STOLEN, _load(mb, _STOLEN) + 1)
+        else:  # READY (nothing else can follow HELPER)
+            out[s0:s1] = scratch[s0:s1]
+            _store(mb, _HELPED, _load(mb, _HELPED) + 1)
+    _store(mb, _JOBS, _load(mb, _JOBS) + 1)
+    _store(mb, _CHUNKS, _load(mb, _CHUNKS) + nchunks)
+
+
+# --- the helper thread ------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _hand_over(mb, c, tag):
+    """The helper's chunk c of the job tagged `tag` is ready in the scratch (HELPER -> READY); False if stolen."""
+    return _cas(mb, _STATES + c, tag + HELPER, tag + READY)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _helper_chunks(mb, gen, like):
+    """Claim and compute the job's chunks from the back while they are free; like: an array of the job's dtype."""
+    tag = gen * 4
+    kdim, n, nchunks, rows = _load(mb, _KDIM), _load(mb, _N), _load(mb, _NCHUNKS), _load(mb, _ROWS)
+    x = carray(_pointer(mb + 8 * _X, like), kdim)
+    w = carray(_pointer(_load(mb, _W), like), n * kdim)
+    scratch = carray(_pointer(mb + 8 * _SCRATCH, like), n)
+    for c in range(nchunks - 1, -1, -1):
+        _store(mb, _HELPER_IN, gen)
+        if not _cas(mb, _STATES + c, tag + FREE, tag + HELPER):
+            break
+        while _load(mb, _HOOK) == 1:  # a test holds the helper here, inside a claimed chunk
+            _store(mb, _HOOK, 2)
+        while _load(mb, _HOOK) == 2:
+            _pause()
+        gemv_rows(x, w, scratch, c * rows, min(n, (c + 1) * rows))
+        if not _hand_over(mb, c, tag):
+            break  # stolen: the caller has finished this job
+    _store(mb, _HELPER_IN, 0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _helper_main(f32, f64):
+    """The helper thread's life: run jobs as they are published, spin SPIN cycles after the last, then sleep on the
+    futex until woken (or 0.1 s passes); return when the stop flag is set."""
+    mb = _mailbox()
+    seen = _load(mb, _GEN)
+    idle_since = _cycles()
+    while _load(mb, _STOP) == 0:
+        gen = _load(mb, _GEN)
+        if gen != seen:
+            seen = gen
+            if _load(mb, _DTYPE) == _F32:
+                _helper_chunks(mb, gen, f32)
+            else:
+                _helper_chunks(mb, gen, f64)
+            idle_since = _cycles()
+        elif _cycles() - idle_since > _load(mb, _SPIN_CYCLES):
+            _store(mb, _SLEEP, 1)
+            if _load(mb, _GEN) == seen:  # no job published since: sleep (a caller's wake or the timeout ends it)
+                _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAIT | _FUTEX_PRIVATE, 1, mb + 8 * _TIMESPEC, 0, 0)
+            _store(mb, _SLEEP, 0)
+            idle_since = _cycles()
+        else:
+            _pause()
+    _store(mb, _RUNNING, 0)
+
+
+@njit(cache=True, nogil=True)
+def _wake_helper():
+    """End the helper's futex sleep now (it then reads the stop flag)."""
+    mb = _mailbox()
+    _store(mb, _SLEEP, 0)
+    _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+
+
+@njit(cache=True, nogil=True)
+def _cycle_count():
+    return _cycles()
+
+
+def _cycles_per_second() -> float:
+    """The cycle counter's rate, measured over 20 ms."""
+    c0, t0 = _cycle_count(), time.perf_counter()
+    time.sleep(0.02)
+    return (_cycle_count() - c0) / (time.perf_counter() - t0)
+
+
+def _helper_thread(f32, f64) -> None:
+    """The helper thread: at the idle scheduling class, its spin budget measured, then _helper_main until stopped
+    (loading and measuring here keeps ~0.4 s off the compile that started it)."""
+    # NOTE: SCHED_IDLE runs the helper only on a core nothing else wants: on a loaded machine it takes no time from
+    # the caller or its neighbours (a helper at normal priority, spinning, took half the caller's core and doubled
+    # its time beside busy neighbours), on a quiet one it has the idle core to itself.
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    MAILBOX[_SPIN_CYCLES] = int(SPIN_SECONDS * _cycles_per_second())
+    MAILBOX[_RUNNING] = 1  # callers share their products from now on
+    _helper_main(f32, f64)
+
+
+_LOCK_PY = threading.Lock()
+_THREAD: threading.Thread | None = None
+
+
+def ensure_helper() -> bool:
+    """Start the helper thread if this process has none (it sleeps until a product needs it); whether one runs."""
+    global _THREAD
+    if not AVAILABLE or os.environ.get("NNC_NOWAIT", "1") == "0":
+        return False
+    with _LOCK_PY:
+        if _THREAD is not None and _THREAD.is_alive():
+            return True
+        f32, f64 = np.zeros(1, np.float32), np.zeros(1, np.float64)
+        MAILBOX[_STOP] = 0
+        _THREAD = threading.Thread(target=_helper_thread, args=(f32, f64), name="nnc-nowait-helper", daemon=True)
+        _THREAD.start()
+    return True
+
+
+def _stop_at_exit() -> None:
+    """Stop the helper before the interpreter tears down (at most a short wait: it may get no core at once)."""
+    with contextlib.suppress(RuntimeError):
+        stop_helper(timeout=0.5)
+
+
+atexit.register(_stop_at_exit)
+
+
+def stop_helper(timeout: float = 5.0) -> None:
+    """Stop the helper thread and wait for it (products run serially until ensure_helper starts another)."""
+    global _THREAD
+    with _LOCK_PY:
+        thread = _THREAD
+        if thread is None:
+            return
+        MAILBOX[_RUNNING] = 0  # callers stop publishing jobs
+        MAILBOX[_STOP] = 1
+        _wake_helper()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise RuntimeError("the nowait helper thread did not stop")
+        _THREAD = None
+
+
+def counts() -> dict:
+    """Jobs run with the helper so far, their chunks, how many the helper computed, how many the caller stole."""
+    return {name: int(MAILBOX[k]) for name, k in
+            (("jobs", _JOBS), ("chunks", _CHUNKS), ("helped", _HELPED), ("stolen", _STOLEN))}
+
+
+_RETAINED: list = []
+
+
+def retain(arrays) -> None:
+    """Keep a run's arrays referenced while the helper is inside a chunk (it may still read a weight); drop the kept
+    ones once it is not. Called by the Python side of a plan after each run (consecutive runs on the same arrays
+    are kept once)."""
+    if not MAILBOX[_HELPER_IN]:
+        if _RETAINED:
+            _RETAINED.clear()
+        return
+    arrays = list(arrays)
+    last = _RETAINED[-1] if _RETAINED else ()
+    if len(last) != len(arrays) or any(a is not b for a, b in zip(last, arrays)):
+        _RETAINED.append(arrays)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no helper thread: its products run serially until ensure_helper starts one."""
+    global _THREAD
+    _THREAD = None
+    MAILBOX[_RUNNING] = 0
+    MAILBOX[_LOCK] = 0
+    MAILBOX[_SLEEP] = 0
+    MAILBOX[_HELPER_IN] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

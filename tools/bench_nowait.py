@@ -1,0 +1,80 @@
+"""Time nnc.codegen.nowait's batch-1 product with the helper thread against the serial loop, by size, to place
+nowait.MIN_WORK (the work from which kernels hand products to the helper). Asserts nothing.
+
+    python tools/bench_nowait.py [--repeats 9] [--sizes 512x784,512x512,...]
+
+Each size is out[n] = w[n, k] @ x[k] in float32; the two variants alternate per repeat (each ~0.1 s of calls), so load
+from other processes hits both alike. The helper runs at SCHED_IDLE: on a loaded machine it gets no core and both
+columns agree; the "helper" column says which share of the chunks it computed, "stolen" in which share of the
+products the caller recomputed a chunk the helper had claimed. --chunk-bytes compares chunk sizes.
+"""
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+from nnc.codegen import nowait
+
+SIZES = "512x784,512x512,256x512,256x256,128x256,128x128,64x128,10x512"
+
+
+def _time(fn, args, seconds=0.1):
+    fn(*args)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(100):
+            fn(*args)
+        calls += 100
+    return (time.perf_counter() - start) / calls
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--sizes", default=SIZES, help="n x k products, comma-separated")
+    parser.add_argument("--chunk-bytes", default=str(nowait.CHUNK_BYTES),
+                        help="chunk sizes to compare (bytes of weight rows a chunk, comma-separated)")
+    opts = parser.parse_args()
+    if not nowait.ensure_helper():
+        raise SystemExit("no helper thread here (x86-64 Linux only, NNC_NOWAIT=0 turns it off)")
+    nowait.MAILBOX[nowait._MIN_WORK] = 0  # every size goes to the helper
+    while not nowait.MAILBOX[nowait._RUNNING]:
+        time.sleep(0.01)
+    print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    chunk_bytes = [int(v) for v in opts.chunk_bytes.split(",")]
+    print(f"{'n x k':>10} {'work':>8}  {'serial us':>18}" + "".join(
+        f"  {f'chunks of {b} B: us':>26} {'ratio':>6} {'helper':>6} {'stolen':>6}" for b in chunk_bytes))
+    rng = np.random.default_rng(0)
+    for size in opts.sizes.split(","):
+        n, k = (int(v) for v in size.split("x"))
+        x = rng.standard_normal(k).astype(np.float32)
+        w = rng.standard_normal(n * k).astype(np.float32)
+        out = np.empty(n, np.float32)
+        serial, helped = [], {b: [] for b in chunk_bytes}
+        counts = {b: [0, 0, 0, 0] for b in chunk_bytes}
+        for _ in range(opts.repeats):
+            serial.append(_time(nowait.gemv_serial, (x, w, out)))
+            for b in chunk_bytes:
+                nowait.MAILBOX[nowait._CHUNK_BYTES] = b
+                before = nowait.counts()
+                helped[b].append(_time(nowait.gemv, (x, w, out)))
+                after = nowait.counts()
+                for j, key in enumerate(("helped", "chunks", "stolen", "jobs")):
+                    counts[b][j] += after[key] - before[key]
+        med_s = statistics.median(serial) * 1e6
+        line = f"{size:>10} {n * k:>8}  {med_s:7.2f} (min {min(serial) * 1e6:6.2f})"
+        for b in chunk_bytes:
+            med_h = statistics.median(helped[b]) * 1e6
+            h, c, st, jobs = counts[b]
+            line += (f"  {med_h:14.2f} (min {min(helped[b]) * 1e6:6.2f}) {med_h / med_s:5.2f}x {h / max(1, c):6.0%} "
+                     f"{st / max(1, jobs):6.0%}")
+        print(line)
+    nowait.MAILBOX[nowait._MIN_WORK] = nowait.MIN_WORK
+    nowait.MAILBOX[nowait._CHUNK_BYTES] = nowait.CHUNK_BYTES
+    print(f"load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
