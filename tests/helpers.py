@@ -1,5 +1,5 @@
-"""Helpers that several test modules share: the optional torch oracle and its skip marker, dtype names, and a
-call of a primitive in a hand-built graph."""
+"""Helpers that several test modules share: the optional torch oracle and its skip marker, dtype names, a call of a
+primitive in a hand-built graph, compiled-vs-eager checks, and work run from several threads."""
 from __future__ import annotations
 
 import pytest
@@ -62,3 +62,45 @@ def compiled_matches_eager(model, *inputs, tol=1e-12):
 def kernels_of(compiled) -> list:
     """Every kernel of every plan a compiled module made."""
     return [k for c in compiled.compilations for p in c.plans for k in p.kernels]
+
+
+def run_in_threads(work, count: int) -> None:
+    """work(k) on `count` threads at once, k = 0 .. count-1; re-raises the first exception any of them raised (an
+    exception in a thread is otherwise only printed, and the test would pass)."""
+    import threading
+
+    errors = []
+
+    def guarded(k):
+        try:
+            work(k)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the calling thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def whole_graph_forward(model, x):
+    """(compiled module, its no_grad output, eager's) for x, the compiled call with warnings as errors; asserts that
+    the forward ran as one numba function wherever whole-graph mode is available."""
+    import warnings
+
+    import nnc
+    import runtime
+    from nnc.codegen import whole_graph
+
+    compiled = nnc.compile(model)
+    with runtime.no_grad():
+        want = model(x).numpy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = compiled(x).numpy()
+    (artifact,) = compiled._cache.values()
+    assert artifact.forward_plan.whole_graph or not whole_graph._HAVE_SCIPY, artifact.forward_plan.whole_graph_reason
+    return compiled, got, want

@@ -12,7 +12,7 @@ import runtime
 from nnc.codegen.cpu_conv import WindowSchedule, window_schedule
 from nnc.codegen.cpu_elementwise import PARALLEL_MIN_ELEMENTS
 
-from helpers import needs_torch
+from helpers import needs_torch, whole_graph_forward
 
 # (name, nd, input shape, out channels, kernel, conv kwargs)
 CONVS = [
@@ -240,16 +240,8 @@ def test_cnn_inference_in_whole_graph_mode_matches_eager(batch):
     model = nn.Sequential(nn.Conv2d(1, 9, 3), nn.ReLU(), nn.Conv2d(9, 16, 3, padding=1), nn.ReLU(),
                           nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16 * 31 * 31, 10)).double()
     x = runtime.tensor(_data((batch, 1, 64, 64)))
-    compiled = nnc.compile(model)
-    with runtime.no_grad():
-        want = model(x).numpy()
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            got = compiled(x).numpy()
+    _, got, want = whole_graph_forward(model, x)
     _compare(got, want)
-    (artifact,) = compiled._cache.values()
-    from nnc.codegen import whole_graph
-    assert artifact.forward_plan.whole_graph or not whole_graph._HAVE_SCIPY, artifact.forward_plan.whole_graph_reason
 
 
 def test_a_window_kernel_that_fails_to_compile_falls_back(monkeypatch):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import operator
-import threading
 import warnings
 
 import numpy as np
@@ -17,6 +16,7 @@ from nnc.symbolic import ShapeEnv, SymInt, evaluate, provably
 from runtime import nn
 
 import real_models
+from helpers import run_in_threads
 
 # -- the polynomials ---------------------------------------------------------------------------------------------
 
@@ -239,23 +239,14 @@ def test_threads_calling_one_variant_with_different_sizes():
     with runtime.no_grad():
         compiled(inputs[0])
         want = [model(x).numpy() for x in inputs]
-    errors = []
-
     def worker(k):
-        try:
-            for _ in range(20):
-                with runtime.no_grad():
-                    got = compiled(inputs[k]).numpy()
-                np.testing.assert_allclose(got, want[k], rtol=1e-9, atol=1e-12)
-        except Exception as error:  # reported from the main thread
-            errors.append(error)
+        for _ in range(20):
+            with runtime.no_grad():
+                got = compiled(inputs[k]).numpy()
+            np.testing.assert_allclose(got, want[k], rtol=1e-9, atol=1e-12)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(inputs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors and compiled.compiled_variants == 1
+    run_in_threads(worker, len(inputs))
+    assert compiled.compiled_variants == 1
 
 
 # -- real models --------------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import runtime as torch
 import nnc
 from nnc.codegen import nowait as nw
 
+from helpers import run_in_threads
+
 pytestmark = pytest.mark.skipif(not nw.AVAILABLE, reason="the helper thread needs Linux's futex")
 
 MB = nw.MAILBOX.ctypes.data
@@ -201,11 +203,7 @@ def test_compiled_mlp_batch1_with_and_without_helper(whole_graph, dtype):
                     y = compiled(xs[k]).numpy()
                     if not np.array_equal(y, serial[k]):
                         errors.append((k, np.abs(y - serial[k]).max()))
-        threads = [threading.Thread(target=calls, args=(k,)) for k in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        run_in_threads(calls, 2)
         assert errors == []
 
 

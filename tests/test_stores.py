@@ -5,7 +5,6 @@ threads and whole-graph mode; the memory plan never hands a written buffer to an
 from __future__ import annotations
 
 import math
-import threading
 import warnings
 
 import numpy as np
@@ -17,7 +16,7 @@ from nnc.passes.fusion import verify
 from nnc.passes.stores import Store
 from runtime import nn
 
-from helpers import compiled_matches_eager
+from helpers import compiled_matches_eager, run_in_threads
 
 
 class Attention(nn.Module):
@@ -185,25 +184,18 @@ def test_stored_kernels_from_threads():
         expected = [model(x).numpy().copy() for x in inputs]
         compiled(inputs[0])
     assert stored_kernels(compiled)
-    wrong, errors = [], []
+    wrong = []
 
     def work(k):
-        try:
-            for _ in range(20):
-                x = k % len(inputs)
-                with torch.no_grad():
-                    got = compiled(inputs[x]).numpy()
-                if not np.allclose(got, expected[x], rtol=1e-4, atol=1e-4):
-                    wrong.append(x)
-        except Exception as error:  # noqa: BLE001 (reported below)
-            errors.append(error)
+        for _ in range(20):
+            x = k % len(inputs)
+            with torch.no_grad():
+                got = compiled(inputs[x]).numpy()
+            if not np.allclose(got, expected[x], rtol=1e-4, atol=1e-4):
+                wrong.append(x)
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert not errors and not wrong, (errors, wrong)
+    run_in_threads(work, 4)
+    assert not wrong, wrong
 
 
 class NotOnlyCopied(nn.Module):

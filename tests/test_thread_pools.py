@@ -3,7 +3,6 @@ OpenBLAS on one thread (nnc.executor.one_thread_pool); a plan that calls multi-t
 np.matmul) runs its numba kernels on one thread (serial_numba_kernels); each restores the caller's thread counts
 after every run; other plans keep numba's threads."""
 import copy
-import threading
 
 import numba
 import numpy as np
@@ -14,6 +13,8 @@ import runtime
 from nnc.codegen import cblas
 from nnc.executor import KernelStep, one_thread_pool
 from runtime import nn
+
+from helpers import run_in_threads
 
 pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs numba with 2 or more threads")
 
@@ -127,21 +128,13 @@ def test_training_on_one_pool_matches_eager_from_two_threads():
     want = [grads(model, x) for x in xs]
     compiled = [nnc.compile(copy.deepcopy(model), whole_graph=False) for _ in xs]  # .grad is per module
     blas_before = cblas.blas_threads()
-    results, errors = {}, []
+    results = {}
 
     def train(i):
-        try:
-            for _ in range(5):
-                results[i] = grads(compiled[i], xs[i])
-        except Exception as error:  # surfaced below
-            errors.append(error)
+        for _ in range(5):
+            results[i] = grads(compiled[i], xs[i])
 
-    threads = [threading.Thread(target=train, args=(i,)) for i in range(len(xs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(train, len(xs))
     assert [(p.one_pool, p.serial_numba) for c in compiled for p in _plans(c)] == [(True, False)] * 4
     assert cblas.blas_threads() == blas_before
     for i in range(len(xs)):

@@ -12,6 +12,8 @@ import nnc
 import runtime
 from runtime import nn
 
+from helpers import run_in_threads
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -22,23 +24,15 @@ def _model():
 
 def _hammer(call, inputs, expected, threads=4, calls=40) -> list:
     """Run `call` on the inputs from several threads; the (thread, call) pairs whose result was wrong."""
-    wrong, errors = [], []
+    wrong = []
 
     def work(k):
-        try:
-            for i in range(calls):
-                j = (k + i) % len(inputs)
-                if not np.allclose(call(inputs[j]), expected[j], rtol=1e-4, atol=1e-5):
-                    wrong.append((k, i))
-        except Exception as error:  # noqa: BLE001 - reported below
-            errors.append(error)
+        for i in range(calls):
+            j = (k + i) % len(inputs)
+            if not np.allclose(call(inputs[j]), expected[j], rtol=1e-4, atol=1e-5):
+                wrong.append((k, i))
 
-    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    assert not errors, errors
+    run_in_threads(work, threads)
     return wrong
 
 
@@ -149,22 +143,14 @@ def test_two_threads_compiling_the_same_new_kernels_both_get_them(monkeypatch, t
 
     compiled = [nnc.compile(Chain(), whole_graph=False) for _ in range(2)]
     x = runtime.randn(16, 8)
-    start, results, errors = threading.Barrier(2), {}, []
+    start, results = threading.Barrier(2), {}
 
     def first_call(i):
-        try:
-            start.wait()
-            with runtime.no_grad():
-                results[i] = compiled[i](x).numpy()
-        except Exception as error:  # surfaced below
-            errors.append(error)
+        start.wait()
+        with runtime.no_grad():
+            results[i] = compiled[i](x).numpy()
 
-    threads = [threading.Thread(target=first_call, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(first_call, 2)
     plans = [p for c in compiled for a in c._cache.values() for p in a.plans]
     assert plans and all(not p.fallbacks for p in plans), [p.fallbacks for p in plans]
     with runtime.no_grad():

@@ -16,7 +16,7 @@ from nnc.passes import winograd as winograd_pass
 from runtime import _winograd
 from runtime.ops import _np_im2col
 
-from helpers import needs_torch
+from helpers import needs_torch, whole_graph_forward
 from test_conv_kernels import _conv_module
 
 
@@ -223,24 +223,12 @@ def test_mnist_cnn_inference_in_whole_graph_mode(monkeypatch):
     model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Flatten(), nn.Linear(9216, 10))
     x = runtime.randn(1, 1, 28, 28)
-    compiled = nnc.compile(model)
-    with runtime.no_grad():
-        want = model(x).numpy()
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            got = compiled(x).numpy()
+    compiled, got, want = whole_graph_forward(model, x)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    (artifact,) = compiled._cache.values()
-    from nnc.codegen import whole_graph
-    assert artifact.forward_plan.whole_graph or not whole_graph._HAVE_SCIPY, artifact.forward_plan.whole_graph_reason
     assert "winograd_input" in _ops_in(compiled)
     monkeypatch.setattr(winograd_pass, "MIN_CHANNELS", 10 ** 9)
-    compiled = nnc.compile(model)
-    with runtime.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("error")
-        np.testing.assert_allclose(compiled(x).numpy(), want, rtol=1e-4, atol=1e-5)
-    (artifact,) = compiled._cache.values()
-    assert artifact.forward_plan.whole_graph or not whole_graph._HAVE_SCIPY, artifact.forward_plan.whole_graph_reason
+    compiled, got, _ = whole_graph_forward(model, x)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert "im2col" in _ops_in(compiled)
 
 

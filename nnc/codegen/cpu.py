@@ -266,13 +266,10 @@ class CompiledKernel:
         if ([a.shape for a in input_arrays] == self._in_shapes and [a.dtype for a in input_arrays] == self._in_dtypes
                 and all_writeable(input_arrays)):
             try:
-                self._launch(input_arrays, outs)
+                self._launch_retaining(input_arrays, outs)
+                return
             except TypeError:
                 pass
-            else:
-                if self.nowait:
-                    nowait.retain(input_arrays)
-                return
         self.run(input_arrays, out=outs)
 
     def run(self, input_arrays, out=None) -> list[np.ndarray]:

@@ -120,16 +120,14 @@ class CompiledGraph:
         # (parameters, buffers) are trusted until one is refused, and checked on every call from then on.
         if list(map(_SHAPE, arrays)) == self._shapes and self._layouts_fit(arrays):
             try:
-                results = self._function(*arrays)
+                return self._call(arrays)
             except TypeError:
                 self._check_all = True
-            else:
-                if self.nowait:  # nnc.codegen.nowait's helper may still read a parameter: keep them referenced
-                    nowait.retain(arrays)
-                return results
-        arrays = self._checked(arrays)
+        return self._call(self._checked(arrays))
+
+    def _call(self, arrays: list) -> tuple:
         results = self._function(*arrays)
-        if self.nowait:
+        if self.nowait:  # nnc.codegen.nowait's helper may still read a parameter: keep them referenced
             nowait.retain(arrays)
         return results
 
