@@ -1,10 +1,12 @@
 """nnc.compile: a Module that runs a model through the compiler, guarded, with a compiled backward and fallbacks."""
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 import warnings
 import weakref
+from collections.abc import Callable
 
 import numpy as np
 
@@ -148,9 +150,9 @@ class CompiledModule(Module):
     def forward(self, *args, **kwargs):
         fast = self._fast_key(args) if not kwargs and len(args) in self._fast_arities else None
         if fast is not None:
-            artifact = self._fast.get(fast)
-            if artifact is not None:
-                return self._run(artifact, args, kwargs, args, fast[-2])
+            run = self._fast.get(fast)
+            if run is not None:
+                return run(args)
         arguments = self._bind(args, kwargs)
         key = self._guard_key(arguments)
         tensors = _argument_tensors(arguments)
@@ -162,8 +164,22 @@ class CompiledModule(Module):
         elif fast is not None:  # found by the full guards: the fast path serves this key from now on
             if len(self._fast) >= _MAX_FAST_KEYS:
                 self._fast.clear()
-            self._fast[fast] = artifact
+            self._fast[fast] = self._fast_runner(artifact, args, fast[-2])
         return self._run(artifact, args, kwargs, tensors, key[3])
+
+    def _fast_runner(self, artifact, args: tuple, params_rg) -> Callable:
+        """What the fast path runs for calls with this call's fast key: the artifact's direct function where the call
+        needs no gradient and the artifact has one (one numba call, little Python around it), else _run.
+
+        NOTE: whether a call wants gradients is part of the fast key (grad mode, every argument's and parameter's
+        requires_grad), so it is decided here once for all the calls the entry serves."""
+        wants_grad = grad_mode.is_grad_enabled() and (any(t._rg for t in args) or any(params_rg))
+        direct = getattr(artifact, "direct_runner", None)
+        run = direct() if direct is not None and not wants_grad else None
+        return run if run is not None else functools.partial(self._run_positional, artifact, params_rg)
+
+    def _run_positional(self, artifact, params_rg, args: tuple):
+        return self._run(artifact, args, {}, args, params_rg)
 
     def _run(self, artifact, args, kwargs, tensors, params_rg):
         if artifact is _EAGER:

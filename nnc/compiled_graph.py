@@ -98,6 +98,12 @@ class CompiledGraph:
         graph.meta = dict(self.forward.graph.meta)
         return GraphModule(self.forward, graph, class_name=self.forward._get_name())
 
+    def direct_runner(self):
+        """What run(tensors, wants_grad=False) does, as a function of the tensors with less Python around the plan's
+        one numba call (see Plan.direct_runner); None where the forward plan has no such function."""
+        direct = getattr(self.forward_plan, "direct_runner", None)
+        return direct() if direct is not None and not self.size_sources else None
+
     def run(self, tensors: list, wants_grad: bool):
         """What the graph returns for these input tensors; with wants_grad, connected to autograd."""
         sizes = self.sizes_of(tensors) if self.size_sources else ()

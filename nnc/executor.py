@@ -518,13 +518,35 @@ class Plan:
             for step, buffer in zip(steps, buffers):
                 step.run(env, buffer)
 
-    def _run_whole(self, inputs):
-        step = self.steps[0]
-        if self._whole_args is None:
-            self._whole_args = self._sources_of(step.inputs)
+    def _prepare_whole(self, step) -> None:
+        """Where the whole-graph call's arguments and extra outputs come from (found once, on the first run)."""
+        if self._whole_args is None:  # _whole_args is set last: another thread may test it meanwhile
             extra = [n for n in nodes_in(self.output) if n.op in ("placeholder", "get_attr")]
             self._whole_extra = list(zip(extra, self._sources_of(extra)))
             self._whole_single = _single_output(self.output, step.outputs, extra)
+            self._whole_args = self._sources_of(step.inputs)
+
+    def direct_runner(self):
+        """For a whole-graph plan returning only computed tensors: a function of the input tensors doing what run
+        does with the least Python between the caller and the numba call (a compiled module's no-grad fast path);
+        None for any other plan."""
+        if not self.whole_graph:
+            return None
+        step = self.steps[0]
+        self._prepare_whole(step)
+        single, sources, compiled = self._whole_single, self._whole_args, step.compiled
+        if single is None:
+            return None
+
+        def run(inputs):
+            if _profiles:
+                return self._run_whole(inputs)
+            return single(compiled.run([inputs[k]._data if read is None else read()._data for k, read in sources]))
+        return run
+
+    def _run_whole(self, inputs):
+        step = self.steps[0]
+        self._prepare_whole(step)
         arrays = [inputs[k]._data if read is None else read()._data for k, read in self._whole_args]
         if _profiles:
             env = _profiled_whole(self, step, arrays)

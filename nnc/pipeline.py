@@ -164,6 +164,11 @@ class Compilation:
     backward_plan = property(lambda self: self.main.backward_plan if self.main else None)
     backward = property(lambda self: self.main.backward if self.main else None)
 
+    def direct_runner(self):
+        """run(tensors, wants_grad=False) as a function of the tensors with the least Python around one numba call,
+        for a compilation whose forward is one whole-graph plan writing no input; None otherwise."""
+        return self.main.direct_runner() if self.main is not None and not self.writes else None
+
     def run(self, tensors: list, wants_grad: bool):
         """What the compiled module returns for these input tensors (after the codegen stage); the tensors forward
         writes in place get their new values."""

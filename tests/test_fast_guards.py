@@ -197,3 +197,23 @@ def test_a_submodule_switched_to_eval_alone_recompiles_without_its_dropout(full_
         model[1].eval()  # the root stays in training mode
         assert slow_path_taken(full_guard_calls, lambda: compiled(x))
         np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_the_no_grad_fast_path_of_a_whole_graph_model_is_profiled_and_guarded():
+    """The no-grad fast path goes straight to the plan's one numba call (Plan.direct_runner): nnc.profile still
+    sees that call, and a parameter replaced by one of another shape is refused by name, not read out of bounds."""
+    model = mlp().eval()
+    x = runtime.randn(4, 6)
+    with runtime.no_grad():
+        compiled = warmed(model, x)
+        assert compiled.compilations[0].forward_plan.whole_graph
+        with nnc.profile() as prof:
+            out = compiled(x)
+        np.testing.assert_allclose(out.numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+        assert [e for e in prof.events if e.cat == "whole_graph"]
+        weight = model[0].weight
+        model[0].weight = nn.Parameter(runtime.randn(8, 5))
+        with pytest.raises(ValueError, match=r"attribute 0\.weight\) must be float32\[8, 6\], got float32\[8, 5\]"):
+            compiled(x)
+        model[0].weight = weight
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)

@@ -144,8 +144,9 @@ class CompiledGraph:
         for k, (a, (shape, dtype)) in enumerate(zip(arrays, self.arg_specs)):
             if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
                 got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
-                raise ValueError(f"whole graph: argument {k} ({self.arg_nodes[k].name}) must be {dtype}{list(shape)}, "
-                                 f"got {got}")
+                node = self.arg_nodes[k]
+                what = f"attribute {node.target}" if node.op == "get_attr" else f"input {node.name}"
+                raise ValueError(f"whole graph: argument {k} ({what}) must be {dtype}{list(shape)}, got {got}")
             if not (a.flags.c_contiguous and a.flags.writeable):
                 a = np.array(a, order="C")  # the compiled signature takes writeable C-contiguous arrays
             checked.append(a)
