@@ -25,8 +25,11 @@ Cases (all float32; every figure is a median measured in this run, every ratio i
                    only gets a core nothing else wants: "no helper" is the same compiled model with every product
                    serial, and the nnc.compile row's note gives the share of chunks the helper computed.
                    Targets: compiled <= 45 us and <= onnxruntime's time.
-  5b mlp_infer_b1_loaded  case 5 quiet, then again beside one CPU-bound process (a Python spin loop) per core.
-                   Target: compiled beside the neighbours <= 2x its quiet time.
+  5b mlp_infer_b1_loaded  case 5 quiet, then beside one CPU-bound process (a Python spin loop), then beside one
+                   such process per core. Target (the issue's case): compiled beside a CPU-bound neighbour <= 2x
+                   its quiet time. Beside one per core is reported too: there the process gets about a third of
+                   each core, and the helper thread (SCHED_IDLE) none, so the quiet time's use of the second core
+                   is what the ratio measures.
   6 compile_time   compile time of that MLP's forward+backward, cold (a fresh NNC_CACHE_DIR, in a subprocess) and
                    from the disk cache (a second subprocess with the same directory). Targets: < 3 s cold,
                    < 0.5 s from the cache.
@@ -759,23 +762,28 @@ def _busy_neighbours(count):
 
 
 def case_mlp_infer_b1_loaded(opts, args):
-    """Batch-1 inference quiet, then beside one spinning process per core: the loaded/quiet ratio per variant."""
+    """Batch-1 inference quiet, beside one spinning process, then beside one per core: the loaded/quiet ratios."""
     from nnc.codegen import nowait
 
     variants = _mlp_infer_variants()
+    cores = os.cpu_count() or 1
     quiet = measure_variants(variants, **opts)
-    with _busy_neighbours(os.cpu_count() or 1):
-        before = nowait.counts()
-        loaded = measure_variants(variants, **opts)
-        variants = _helper_note(variants, before)
-    shown, res = [], {}
-    for v in variants:
-        quiet_label = f"{v.label} (quiet)"
-        shown += [dataclasses.replace(v, label=quiet_label, note="no neighbours"), v]
-        res[quiet_label], res[v.label] = quiet[v.label], loaded[v.label]
-    ratios = [(v.label, f"{v.label} (quiet)") for v in variants]
-    r = _ratio(res, "nnc.compile", "nnc.compile (quiet)")
-    targets = [Target("compiled beside busy neighbours <= 2x its quiet time", _x(r), None if r is None else r <= 2.0)]
+    res = {f"{v.label} (quiet)": quiet[v.label] for v in variants}
+    shown = [dataclasses.replace(v, label=f"{v.label} (quiet)", note="no neighbours") for v in variants]
+    ratios = []
+    for neighbours, suffix in ((1, "1 neighbour"), (cores, f"{cores} neighbours")):
+        with _busy_neighbours(neighbours):
+            before = nowait.counts()
+            loaded = measure_variants(variants, **opts)
+            noted = _helper_note(variants, before)
+        for v in noted:
+            label = f"{v.label} ({suffix})"
+            shown.append(dataclasses.replace(v, label=label))
+            res[label] = loaded[v.label]
+            ratios.append((label, f"{v.label} (quiet)"))
+    r = _ratio(res, "nnc.compile (1 neighbour)", "nnc.compile (quiet)")
+    targets = [Target("compiled beside a CPU-bound neighbour <= 2x its quiet time", _x(r),
+                      None if r is None else r <= 2.0)]
     return shown, res, ratios, targets, "torch eager"
 
 
@@ -1076,7 +1084,7 @@ CASES = {
     "mlp_train_b128": ("4a", "MLP 784-512-512-10 SGD step: zero_grad+fwd+CE+bwd+step", "[128,784]", _mlp_case(128)),
     "mlp_train_b8": ("4b", "MLP 784-512-512-10 SGD step: zero_grad+fwd+CE+bwd+step", "[8,784]", _mlp_case(8)),
     "mlp_infer_b1": ("5", "MLP 784-512-512-10 no_grad forward", "[1,784]", case_mlp_infer_b1),
-    "mlp_infer_b1_loaded": ("5b", "case 5 quiet, then beside one CPU-bound process per core", "[1,784]",
+    "mlp_infer_b1_loaded": ("5b", "case 5 quiet, beside one CPU-bound process, then one per core", "[1,784]",
                             case_mlp_infer_b1_loaded),
     "cnn_train_b64": ("7", "MNIST CNN (conv 1-32-64, max-pool, dropout, 2 linears) SGD step", "[64,1,28,28]",
                       case_cnn_train),
