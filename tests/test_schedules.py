@@ -13,6 +13,7 @@ import pytest
 
 import nnc
 import runtime as torch
+from nnc.codegen import nowait
 from nnc.codegen.cpu import schedule
 from nnc.codegen.cpu_elementwise import PARALLEL_MIN_ELEMENTS, ElementwiseSchedule, elementwise_schedule
 from nnc.codegen.cpu_matmul import FEW_COLUMNS, FEW_ROWS, WIDE_COLUMNS, MatmulSchedule, matmul_schedule
@@ -128,7 +129,7 @@ def test_schedule_of_a_reduction_kernel_asks_its_reducers(op, blocked):
     ("linear", (4, 32), (16, 32), F32, "linear_few_rows", False),
     ("linear", (FEW_ROWS, 784), (512, 784), F32, "linear_few_rows", True),   # a batch-8 layer
     ("linear", (1, 784), (512, 784), F32, "linear_few_rows", False),      # < PARALLEL_MIN_WORK: serial
-    ("linear", (1, 9216), (128, 9216), F32, "blas", False),               # >= GEMV_BLAS_MIN_WORK: OpenBLAS's gemv
+    ("linear", (1, 9216), (128, 9216), F32, "blas", False),               # >= GEMV_BLAS_MIN_WORK, weight unknown
     ("linear", (1, 1, 2048), (1030, 2048), F64, "blas", False),
     ("matmul", (2, 300), (300, 1000), F32, "matmul_few_rows", False),
     ("matmul", (8, 300), (300, 1000), F32, "matmul_few_rows", True),
@@ -156,6 +157,18 @@ def test_matmul_schedule(op, a, b, dtype, form, parallel):
         rows, kdim = math.prod(a[:-1]), a[-1]
         batch_rows = a[-2] if form == "batched_small" else 0
         assert got == MatmulSchedule(form, parallel, rows, kdim, b[0] if op == "linear" else b[-1], batch_rows)
+
+
+@pytest.mark.parametrize("weight_is_parameter", [False, True])
+def test_a_large_one_row_linear_takes_the_helper_thread_only_with_a_parameter_weight(weight_is_parameter):
+    """The MNIST CNN's fc1 at batch 1: OpenBLAS's gemv (whose threads join) unless nnc.codegen.nowait can read the
+    weight after the call returns (a parameter) and the product fits its mailbox."""
+    got = matmul_schedule("linear", (1, 9216), (128, 9216), F32, F32, F32, weight_is_parameter=weight_is_parameter)
+    shared = weight_is_parameter and nowait.AVAILABLE
+    assert got.form == ("linear_few_rows" if shared else "blas")
+    too_long = matmul_schedule("linear", (1, nowait.MAX_K + 1), (128, nowait.MAX_K + 1), F32, F32, F32,
+                               weight_is_parameter=weight_is_parameter)
+    assert too_long.form == "blas"
 
 
 def test_mixed_dtypes_go_to_blas():

@@ -44,6 +44,21 @@ def assert_close(got, want, dtype=runtime.float32):
     np.testing.assert_allclose(got.numpy(), want.numpy(), **tol)
 
 
+def test_a_large_batch_1_linear_shares_its_weight_rows_with_the_helper_thread_not_openblas():
+    """The MNIST CNN's fc1 at batch 1 (1 x 9216 by 128: past GEMV_BLAS_MIN_WORK) runs nnc.codegen.nowait's product
+    in the whole graph, not OpenBLAS's gemv, whose two threads join after the product."""
+    from nnc.codegen import nowait
+
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(9216, 128), nn.ReLU(), nn.Linear(128, 10)).eval()
+    want, got, plan = run_both(model, runtime.randn(1, 9216))
+    assert_close(got, want)
+    assert plan.whole_graph and not plan.serial_blas
+    source = plan.steps[0].compiled.source + "".join(plan.steps[0].compiled.kernel_sources.values())
+    assert ("nowait_gemv(" in source) == nowait.AVAILABLE
+    assert ("dot_f32(" in source) == (not nowait.AVAILABLE)
+
+
 @pytest.mark.parametrize("dtype,batch", [(runtime.float32, 1), (runtime.float64, 3), (runtime.float32, 16)])
 def test_mlp_forward_runs_as_one_numba_function(dtype, batch):
     runtime.manual_seed(0)

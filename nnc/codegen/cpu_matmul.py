@@ -37,10 +37,13 @@ _SERIAL_LOOP_WORK = 2 ** 20
 # linear ran as a prange between BLAS products, took 8.9 ms against 0.22 ms with the spinning turned off.
 PARALLEL_MIN_WORK = 2 ** 21
 _FEW_ROWS_BLOCK = 8
-# A linear of one row and at least GEMV_BLAS_MIN_WORK multiply-adds runs in BLAS (its gemv, on OpenBLAS's threads):
-# a weight this large is read from L3 or memory, which two threads read about twice as fast as the serial loop.
-# NOTE: measured on the MNIST CNN's 1 x 9216 x 128 linear (4.7 MB of weights, 2 cores): OpenBLAS sgemv 27 us, the
-# generated loop 52 us; the batch-1 MLP's 784 x 512 layer (0.4 M multiply-adds) stays a loop (15.5 us, see _gemv_lines).
+# A linear of one row and at least GEMV_BLAS_MIN_WORK multiply-adds runs in BLAS (its gemv, on OpenBLAS's threads)
+# unless its weight is a parameter nnc.codegen.nowait can take: a weight this large is read from L3 or memory, which
+# two threads read about twice as fast as the serial loop. NOTE: measured on the MNIST CNN's 1 x 9216 x 128 linear
+# (4.7 MB of weights, 2 cores): OpenBLAS sgemv 27 us, the generated loop 52 us; the batch-1 MLP's 784 x 512 layer
+# (0.4 M multiply-adds) stays a loop (15.5 us, see _gemv_lines). nowait's helper thread reads the other half without
+# a join: OpenBLAS's gemv joins its threads, and beside busy processes the MNIST CNN's batch-1 forward took 1.2-5 ms
+# with it (0.3-1 ms with OpenBLAS on one thread).
 GEMV_BLAS_MIN_WORK = 2 ** 20
 _AXPY_BLOCK = 1024
 # A matmul summing over at most FEW_COLUMNS into at least WIDE_COLUMNS columns (a convolution with few input
@@ -59,7 +62,8 @@ class MatmulSchedule(ParallelLoop):
     """How a matmul/linear of `rows` x `kdim` by `kdim` x `n_out` runs (a pure value of the op, shapes and dtypes).
 
     form: "blas" (numpy's np.dot/np.matmul into the output: OpenBLAS's own threads), or a generated loop:
-      "linear_few_rows"     a linear with at most FEW_ROWS rows of `a` (one row: below GEMV_BLAS_MIN_WORK): dot
+      "linear_few_rows"     a linear with at most FEW_ROWS rows of `a` (one row: below GEMV_BLAS_MIN_WORK, or a
+                            parameter weight nnc.codegen.nowait takes, run with its helper thread): dot
                             products of contiguous rows, all rows at once, so each weight element is loaded once (the
                             rows of `a` stay in L1); tasks of _FEW_ROWS_BLOCK output columns.
       "matmul_few_rows"     a matmul with at most FEW_ROWS rows: each output row is rows of b scaled and added,
@@ -91,8 +95,10 @@ class MatmulSchedule(ParallelLoop):
     batch_rows: int = 0  # batched_small, batched_rows: the rows of one product (rows // batch_rows products)
 
 
-def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype) -> MatmulSchedule:
-    """The schedule of `op_name` ("matmul" or "linear") on operands of these shapes and dtypes."""
+def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype,
+                    weight_is_parameter: bool = False) -> MatmulSchedule:
+    """The schedule of `op_name` ("matmul" or "linear") on operands of these shapes and dtypes; weight_is_parameter:
+    a linear's weight is a parameter read as is (nnc.codegen.nowait may read it after the call returns)."""
     if out_dtype.kind != "f" or a_dtype != out_dtype or b_dtype != out_dtype or len(b_shape) < 2 or not a_shape:
         return MatmulSchedule("blas")
     if has_symbols((a_shape, b_shape)):  # the loop forms unroll by their sizes: BLAS serves every size
@@ -112,7 +118,8 @@ def matmul_schedule(op_name: str, a_shape, b_shape, a_dtype, b_dtype, out_dtype)
         return MatmulSchedule("blas")
     parallel = work >= PARALLEL_MIN_WORK
     batched = len(a_shape) >= 2
-    if op_name == "linear" and rows == 1 and work >= GEMV_BLAS_MIN_WORK:
+    if op_name == "linear" and rows == 1 and work >= GEMV_BLAS_MIN_WORK and not (
+            weight_is_parameter and nowait.takes(n_out, kdim)):
         return MatmulSchedule("blas")
     if op_name == "linear" and rows <= FEW_ROWS:
         form = "linear_few_rows"
@@ -146,7 +153,8 @@ def _anchor(kernel: Kernel):
 def matmul_schedule_of(kernel: Kernel) -> MatmulSchedule:
     """The schedule of a matmul kernel's anchor."""
     mm, op, (a, b) = _anchor(kernel)
-    return matmul_schedule(op.name, node_shape(a), node_shape(b), node_dtype(a), node_dtype(b), node_dtype(mm))
+    return matmul_schedule(op.name, node_shape(a), node_shape(b), node_dtype(a), node_dtype(b), node_dtype(mm),
+                           weight_is_parameter=b.op == "get_attr")
 
 
 def gen_matmul(kb: KernelBuilder) -> None:
@@ -178,7 +186,8 @@ def gen_matmul(kb: KernelBuilder) -> None:
         lines.append(f"mm = np.empty({mm_shape!r}, dtype={ctor(mm_dtype)})")
     else:
         lines.append(f"mm = {target}")
-    schedule = matmul_schedule(op.name, a_arr.shape, b_arr.shape, a_arr.dtype, b_arr.dtype, mm_dtype)
+    schedule = matmul_schedule(op.name, a_arr.shape, b_arr.shape, a_arr.dtype, b_arr.dtype, mm_dtype,
+                               weight_is_parameter=_nowait_weight(b_arr))
     batched = schedule.form == "blas" and op.name == "matmul" and not (len(b_arr.shape) == 2 and len(a_arr.shape) >= 2)
     blas_2d = schedule.form == "blas" and not batched
     a_view_2d = blas_2d and len(a_arr.shape) == 2 and a_arr.strides is not None  # read whole: no reshape

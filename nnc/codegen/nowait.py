@@ -413,6 +413,12 @@ _LOCK_PY = threading.Lock()
 _THREAD: threading.Thread | None = None
 
 
+def takes(n: int, kdim: int) -> bool:
+    """Whether gemv can share a product of n outputs over kdim with a helper thread here (its platform and mailbox
+    sizes; the helper may still be off: NNC_NOWAIT=0, or not started yet)."""
+    return AVAILABLE and kdim <= MAX_K and n <= MAX_N
+
+
 def ensure_helper() -> bool:
     """Start the helper thread if this process has none (it sleeps until a product needs it); whether one runs."""
     global _THREAD
