@@ -1,6 +1,7 @@
 """Executor: runs a decomposed graph as a sequence of steps: generated kernels, or nodes through the interpreter."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import threading
@@ -350,6 +351,8 @@ class Plan:
         # numba's kernels run serially when the plan calls multi-threaded BLAS (see serial_numba_kernels); when it
         # runs its products on numba's threads, OpenBLAS runs on one (see one_thread_pool)
         self.serial_numba = self.one_pool = False
+        # a whole graph of small products holds OpenBLAS to one thread while it runs (whole_graph_serial_blas)
+        self.serial_blas = False
 
     def fuse(self) -> None:
         """The fuse stage: the graph's kernels, in execution order."""
@@ -449,6 +452,9 @@ class Plan:
         self.cache_hits += compiled.cache_hit
         for kernel in self.kernels:
             kernel.meta["source"] = compiled.kernel_sources.get(kernel.name, "")
+        from .codegen.cpu import whole_graph_serial_blas
+
+        self.serial_blas = whole_graph_serial_blas(self.kernels)
         return WholeGraphStep(self.kernels, compiled)
 
     def _step_for(self, kernel: Kernel, use_codegen: bool):
@@ -539,7 +545,7 @@ class Plan:
             return None
 
         def run(inputs):
-            if _profiles:
+            if _profiles or self.serial_blas:
                 return self._run_whole(inputs)
             return single(compiled.run([inputs[k]._data if read is None else read()._data for k, read in sources]))
         return run
@@ -548,10 +554,12 @@ class Plan:
         step = self.steps[0]
         self._prepare_whole(step)
         arrays = [inputs[k]._data if read is None else read()._data for k, read in self._whole_args]
-        if _profiles:
-            env = _profiled_whole(self, step, arrays)
-        else:
-            results = step.compiled.run(arrays)
+        with one_thread_pool() if self.serial_blas else contextlib.nullcontext():
+            if _profiles:
+                env, results = _profiled_whole(self, step, arrays), None
+            else:
+                results = step.compiled.run(arrays)
+        if results is not None:
             if self._whole_single is not None:  # the graph returns one computed tensor (or a tuple of them)
                 return self._whole_single(results)
             env = dict(zip(step.outputs, map(Tensor._from_array, results)))

@@ -182,3 +182,47 @@ def test_one_thread_pool_nests_and_restores_openblas_after_the_last_exit():
         assert cblas.blas_threads() == 2
     finally:
         cblas.set_blas_threads(before)
+
+
+def _whole_graph_blas_threads(monkeypatch):
+    """OpenBLAS's thread count as each whole-graph call starts, recorded while the patch is on."""
+    from nnc.codegen import whole_graph
+
+    seen = []
+    run = whole_graph.CompiledGraph.run
+
+    def recording(compiled, arrays):
+        seen.append(cblas.blas_threads())
+        return run(compiled, arrays)
+
+    monkeypatch.setattr(whole_graph.CompiledGraph, "run", recording)
+    return seen
+
+
+@needs_thread_count
+@pytest.mark.parametrize("rows,width,hidden,large", [(64, 64, 192, False), (16, 1024, 512, True)])
+def test_a_whole_graph_of_small_products_holds_openblas_to_one_thread(monkeypatch, rows, width, hidden, large):
+    """A GPT's batch-1 linears (64 rows, under a million multiply-adds) run on one OpenBLAS thread: its threads' join
+    is what stalls beside busy processes. A graph with a product past SERIAL_BLAS_MAX_WORK keeps them."""
+    from nnc.codegen.cpu import SERIAL_BLAS_MAX_WORK
+
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, hidden), nn.GELU(), nn.Linear(hidden, width)).eval()
+    assert (rows * width * hidden >= SERIAL_BLAS_MAX_WORK) == large
+    compiled, x = nnc.compile(model), runtime.randn(rows, width)
+    before = cblas.blas_threads()
+    cblas.set_blas_threads(2)
+    try:
+        with runtime.no_grad():
+            want = model(x)
+            compiled(x)
+            plan = compiled.compilations[0].forward_plan
+            assert plan.whole_graph and plan.serial_blas == (not large)
+            seen = _whole_graph_blas_threads(monkeypatch)
+            for _ in range(2):  # the first fast-path hit, then its direct runner
+                got = compiled(x)
+        assert seen == [2 if large else 1] * 2
+        assert cblas.blas_threads() == 2
+    finally:
+        cblas.set_blas_threads(before)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)

@@ -194,6 +194,23 @@ def blas_threads_used(kernel: Kernel, source: str) -> str | None:
     return "openblas" if large and ("np.dot(" in source or "np.matmul(" in source) else None
 
 
+# A whole graph whose OpenBLAS products are all below this many multiply-adds runs them on one OpenBLAS thread: its
+# threads join after every product, and beside busy processes a descheduled worker holds that join for a scheduler
+# slice. NOTE: the GPT's batch-1 forward (64-row linears of 0.26-1 M multiply-adds) took 1.3 ms a call with OpenBLAS's
+# two threads beside other jobs, 0.2 ms on one; see tools/bench_blas_threads.py for the threshold's measurement.
+SERIAL_BLAS_MAX_WORK = 2 ** 22
+
+
+def whole_graph_serial_blas(kernels: list[Kernel]) -> bool:
+    """Whether a whole graph of these kernels should hold OpenBLAS to one thread while it runs: some product would
+    wake OpenBLAS's threads and none reaches SERIAL_BLAS_MAX_WORK multiply-adds. (A whole graph calls OpenBLAS
+    for the products a kernel alone splits over numba's threads too: blas_threads_used "numba" or "openblas".)"""
+    works = [_product_work(k) for k in kernels if blas_threads_used(k, k.meta.get("source", "")) is not None]
+    if not works or not cblas.THREADS_SETTABLE:
+        return False
+    return all(work is not None and work[0] < SERIAL_BLAS_MAX_WORK for work in works)
+
+
 def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSchedule | MatmulSchedule
                                  | WindowSchedule | GatherSchedule | CatSchedule | TakeSchedule | WinogradSchedule):
     """The loop layout code generation chooses for a kernel (raises Unsupported for one it cannot generate)."""
