@@ -30,6 +30,8 @@ Cases (all float32; every figure is a median measured in this run, every ratio i
                    its quiet time. Beside one per core is reported too: there the process gets about a third of
                    each core, and the helper thread (SCHED_IDLE) none, so the quiet time's use of the second core
                    is what the ratio measures.
+  5c models_infer_b1_loaded  the GPT's and the CNN's batch-1 inference (cases 8b and 7b) quiet, then beside one
+                   CPU-bound process. Targets: each compiled beside the neighbour <= 2x its quiet time.
   6 compile_time   compile time of that MLP's forward+backward, cold (a fresh NNC_CACHE_DIR, in a subprocess) and
                    from the disk cache (a second subprocess with the same directory). Targets: < 3 s cold,
                    < 0.5 s from the cache.
@@ -761,17 +763,17 @@ def _busy_neighbours(count):
             p.wait()
 
 
-def case_mlp_infer_b1_loaded(opts, args):
-    """Batch-1 inference quiet, beside one spinning process, then beside one per core: the loaded/quiet ratios."""
+def _quiet_then_loaded(variants, opts, loads):
+    """Measure the variants quiet, then beside each count of busy neighbours in `loads` ((count, suffix) pairs):
+    (rows shown, results by row label, (loaded, quiet) label pairs). Rows beside neighbours are labelled
+    "<label> (<suffix>)"; the nnc.compile row notes the helper thread's share of the chunks."""
     from nnc.codegen import nowait
 
-    variants = _mlp_infer_variants()
-    cores = os.cpu_count() or 1
     quiet = measure_variants(variants, **opts)
     res = {f"{v.label} (quiet)": quiet[v.label] for v in variants}
     shown = [dataclasses.replace(v, label=f"{v.label} (quiet)", note="no neighbours") for v in variants]
-    ratios = []
-    for neighbours, suffix in ((1, "1 neighbour"), (cores, f"{cores} neighbours")):
+    pairs = []
+    for neighbours, suffix in loads:
         with _busy_neighbours(neighbours):
             before = nowait.counts()
             loaded = measure_variants(variants, **opts)
@@ -780,10 +782,34 @@ def case_mlp_infer_b1_loaded(opts, args):
             label = f"{v.label} ({suffix})"
             shown.append(dataclasses.replace(v, label=label))
             res[label] = loaded[v.label]
-            ratios.append((label, f"{v.label} (quiet)"))
-    r = _ratio(res, "nnc.compile (1 neighbour)", "nnc.compile (quiet)")
-    targets = [Target("compiled beside a CPU-bound neighbour <= 2x its quiet time", _x(r),
-                      None if r is None else r <= 2.0)]
+            pairs.append((label, f"{v.label} (quiet)"))
+    return shown, res, pairs
+
+
+def _beside_target(res, label, what):
+    r = _ratio(res, f"{label} (1 neighbour)", f"{label} (quiet)")
+    return Target(f"{what} beside a CPU-bound neighbour <= 2x its quiet time", _x(r), None if r is None else r <= 2.0)
+
+
+def case_mlp_infer_b1_loaded(opts, args):
+    """Batch-1 inference quiet, beside one spinning process, then beside one per core: the loaded/quiet ratios."""
+    cores = os.cpu_count() or 1
+    shown, res, ratios = _quiet_then_loaded(_mlp_infer_variants(), opts,
+                                            ((1, "1 neighbour"), (cores, f"{cores} neighbours")))
+    return shown, res, ratios, [_beside_target(res, "nnc.compile", "compiled")], "torch eager"
+
+
+def case_models_infer_b1_loaded(opts, args):
+    """The GPT's and the CNN's batch-1 inference (cases 8b, 7b) quiet, then beside one spinning process."""
+    variants = []
+    for name, build_setup in (("GPT", lambda lib, c: _gpt_setup(lib, c, train=False, batch=1)),
+                              ("CNN", _cnn_infer_setup)):
+        variants.append(Variant(f"{name} nnc.compile", build_setup(runtime, True), _gpt_infer_step,
+                                compiled=lambda s: s[0]))
+        if torch is not None:
+            variants.append(Variant(f"{name} torch eager", build_setup(torch, False), _gpt_infer_step))
+    shown, res, ratios = _quiet_then_loaded(variants, opts, ((1, "1 neighbour"),))
+    targets = [_beside_target(res, f"{name} nnc.compile", f"{name} batch-1 compiled") for name in ("GPT", "CNN")]
     return shown, res, ratios, targets, "torch eager"
 
 
@@ -1096,6 +1122,8 @@ CASES = {
                      _infer_case(lambda lib, c: _gpt_setup(lib, c, train=False, batch=1), "GPT")),
     "cnn_infer_b1": ("7b", "the MNIST CNN's no_grad forward", "[1,1,28,28]",
                      _infer_case(_cnn_infer_setup, "CNN", torch_compile=True)),
+    "models_infer_b1_loaded": ("5c", "cases 8b and 7b quiet, then beside one CPU-bound process", "[1,64] [1,1,28,28]",
+                               case_models_infer_b1_loaded),
 }
 
 
