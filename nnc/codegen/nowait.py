@@ -217,6 +217,17 @@ def _pause(typingctx):
 
 
 @intrinsic
+def _copy(typingctx, dst, src, nbytes):
+    """memcpy(dst, src, nbytes) on addresses. NOTE: numba's slice assignment copied the MNIST CNN's conv2 helper
+    results (165 KB) in 7.5 us, memcpy (np.copyto) in 1.6 us."""
+    def codegen(context, builder, sig, args):
+        pointer = [builder.inttoptr(v, cgutils.voidptr_t) for v in args[:2]]
+        cgutils.raw_memcpy(builder, pointer[0], pointer[1], args[2], 1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
 def _address(typingctx, array):
     """An array's data address."""
     def codegen(context, builder, sig, args):
@@ -452,7 +463,7 @@ def _collect_rows(mb, tag, a, b, out, rows, kdim, n_out, first):
     """The caller's end of a batched-rows job: every chunk from `first` on is the helper's; copy the ready ones
     from the scratch, steal and compute the rest."""
     ntasks, per, nchunks = _load(mb, _N), _load(mb, _ROWS), _load(mb, _NCHUNKS)
-    scratch = carray(_pointer(_load(mb, _RSCRATCH), out), out.shape[0])
+    scratch = _load(mb, _RSCRATCH)
     for c in range(first, nchunks):
         t0, t1 = c * per, min(ntasks, (c + 1) * per)
         if _cas(mb, _STATES + _STATE_WORDS * c, tag + FREE, tag + CALLER):
@@ -462,7 +473,7 @@ def _collect_rows(mb, tag, a, b, out, rows, kdim, n_out, first):
             _store(mb, _STOLEN, _load(mb, _STOLEN) + 1)
         else:  # READY
             s0, s1 = _task_rows(t0, rows)[0] * n_out, _task_rows(t1 - 1, rows)[1] * n_out
-            out[s0:s1] = scratch[s0:s1]
+            _copy(_address(out) + s0 * out.itemsize, scratch + s0 * out.itemsize, (s1 - s0) * out.itemsize)
             _store(mb, _HELPED, _load(mb, _HELPED) + 1)
     _store(mb, _JOBS, _load(mb, _JOBS) + 1)
     _store(mb, _CHUNKS, _load(mb, _CHUNKS) + nchunks)
