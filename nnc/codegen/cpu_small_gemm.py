@@ -13,9 +13,9 @@ from __future__ import annotations
 # only np.matmul's and the batched_small loop's products in a cat's buffer), and attention's products at T = 64 (a
 # sum over 64, or rows of 64) keep np.matmul and their stores.
 # NOTE: measured on the MNIST CNN's conv2 at batch 1 with F(4x4) (36 products of 64 x 32 x 36, 2.65 M
-# multiply-adds), minimums of 5 x 300 calls at quiet moments (load 0.7-1.5 on 2 cores): rows_kernel alone 25.8-26.4
-# us, with the helper 22.3-24.3 us (it computes half the chunks; copying them from its scratch costs the caller
-# 7-9 us); np.matmul on OpenBLAS (Haswell kernels) 58.8 us; the earlier one-row-a-task loop 59.7-62.2 us.
+# multiply-adds), at quiet moments (load 0.7-1.5 on 2 cores): the earlier one-row-a-task loop 59.7-62.2 us and
+# np.matmul on OpenBLAS (Haswell kernels) 58.8 us (minimums of 5 x 300 calls); rows_kernel alone 23.2 us median
+# (22.9 min) and with the helper 16.0 us (15.2; it computed 32% of the chunks) in tools/bench_nowait.py --rows.
 # NOTE: never a parallel region: as a prange (2.65 M multiply-adds is above cpu_matmul.PARALLEL_MIN_WORK) the
 # MNIST CNN's batch-1 forward in whole-graph mode took 14-31 ms a call on a loaded machine against 0.17-1.4 ms with
 # a serial loop: a parallel region between OpenBLAS's calls (fc1's gemv) waits for descheduled threads (see
