@@ -1,5 +1,6 @@
 """nnc.codegen.nowait: the batch-1 product shared with a helper thread is bit-identical to the serial loop, whoever
 computes which chunk, and a late helper never changes a result after the call returned."""
+import sys
 import threading
 import time
 
@@ -69,7 +70,7 @@ def test_helper_chunks_copied_from_scratch_bit_identical(no_helper, dtype, rows)
     nchunks = -(-n // rows)
     nw._publish(MB, gen, x, w, n, rows, nchunks)
     nw._helper_chunks(MB, gen, x)
-    assert all(nw.MAILBOX[nw._STATES + c] == gen * 4 + nw.READY for c in range(nchunks))
+    assert all(nw.MAILBOX[nw._STATES + nw._STATE_WORDS * c] == gen * 4 + nw.READY for c in range(nchunks))
     assert np.isnan(out).all()  # the helper never writes the caller's output
     nw._collect(MB, gen * 4, x, w, out, rows, 0, nchunks)
     np.testing.assert_array_equal(out, _serial(x, w, n))
@@ -84,14 +85,14 @@ def test_stolen_chunk_is_recomputed_and_a_late_result_ignored(no_helper):
     nchunks = -(-n // rows)
     nw._publish(MB, gen, x, w, n, rows, nchunks)
     last = nchunks - 1
-    nw.MAILBOX[nw._STATES + last] = gen * 4 + nw.HELPER  # the helper is inside the last chunk
+    nw.MAILBOX[nw._STATES + nw._STATE_WORDS * last] = gen * 4 + nw.HELPER  # the helper is inside the last chunk
     nw._collect(MB, gen * 4, x, w, out, rows, 0, nchunks)
-    assert all(nw.MAILBOX[nw._STATES + c] == gen * 4 + nw.CALLER for c in range(nchunks))
+    assert all(nw.MAILBOX[nw._STATES + nw._STATE_WORDS * c] == gen * 4 + nw.CALLER for c in range(nchunks))
     expected = _serial(x, w, n)
     np.testing.assert_array_equal(out, expected)
     # the helper wakes up, finishes its chunk and tries to hand it over: refused, and `out` is not its to write
     assert not nw._hand_over(MB, last, gen * 4)
-    assert nw.MAILBOX[nw._STATES + last] == gen * 4 + nw.CALLER
+    assert nw.MAILBOX[nw._STATES + nw._STATE_WORDS * last] == gen * 4 + nw.CALLER
     np.testing.assert_array_equal(out, expected)
 
 
@@ -240,3 +241,94 @@ def test_helper_code_matches_the_compiled_kernel_bit_for_bit(no_helper, whole_gr
     nw._collect(MB, gen * 4, xa, w, out, rows, 0, nchunks)
     assert nw.counts()["helped"] == helped + nchunks  # every chunk came from the helper's scratch
     np.testing.assert_array_equal(out, kernel)
+
+
+# --- batched rows (Winograd's products, nnc.codegen.rows_kernel) -------------------------------------------------
+
+ROWS_SHAPE = (36, 64, 32, 36)  # the MNIST CNN's conv2 at batch 1: batch, rows, kdim, n_out
+
+
+def _rows_operands(dtype, seed=0, shape=ROWS_SHAPE):
+    batch, rows, kdim, n_out = shape
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(batch * rows * kdim).astype(dtype)
+    b = rng.standard_normal(batch * kdim * n_out).astype(dtype)
+    return a, b, np.full(batch * rows * n_out, np.nan, dtype)
+
+
+def _rows_serial(a, b, shape=ROWS_SHAPE):
+    out = np.empty(shape[0] * shape[1] * shape[3], a.dtype)
+    nw.rows_product(a, b, out, *shape[1:])
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_helper_chunks_from_scratch_and_stolen_ones_bit_identical(no_helper, dtype):
+    """A batched-rows job: the helper computes every chunk but the last, which it is still inside when the caller
+    collects (stolen and recomputed); the caller's output is the serial product's, bit for bit, and the helper never
+    wrote it."""
+    shape = (5, 7, 33, 29)  # rows left after the blocks of four, an odd sum, a masked tail
+    a, b, out = _rows_operands(dtype, shape=shape)
+    nw.MAILBOX[nw._RCHUNK_WORK] = 4 * 33 * 29 * 2  # two tasks a chunk: several chunks
+    try:
+        gen = int(nw.MAILBOX[nw._GEN]) + 1
+        ntasks, per, nchunks = nw._publish_rows(MB, gen, a, b, out, *shape[1:])
+    finally:
+        nw.MAILBOX[nw._RCHUNK_WORK] = nw.ROWS_CHUNK_WORK
+    assert (ntasks, per, nchunks) == (10, 2, 5)
+    tag = gen * 4
+    nw._helper_rows(MB, gen, a)
+    assert all(nw.MAILBOX[nw._STATES + nw._STATE_WORDS * c] == tag + nw.READY for c in range(nchunks))
+    assert np.isnan(out).all()
+    nw.MAILBOX[nw._STATES + nw._STATE_WORDS * (nchunks - 1)] = tag + nw.HELPER  # "still inside" the last one
+    before = nw.counts()
+    nw._collect_rows(MB, tag, a, b, out, *shape[1:], 0)
+    after = nw.counts()
+    assert (after["helped"] - before["helped"], after["stolen"] - before["stolen"]) == (nchunks - 1, 1)
+    np.testing.assert_array_equal(out, _rows_serial(a, b, shape))
+
+
+def test_rows_late_helper_keeps_the_operands_until_it_leaves(no_helper):
+    """A real helper loop held inside a claimed chunk (the test hook) while the caller finishes the job alone and
+    returns: the job keeps a reference to a and b (they may be a whole graph's temporaries) while the helper is
+    inside, a second job meanwhile runs serially, and once the helper has left, the next job drops them."""
+    f32, f64 = np.zeros(1, np.float32), np.zeros(1, np.float64)
+    nw.MAILBOX[nw._STOP] = 0
+    nw.MAILBOX[nw._RUNNING] = 1
+    nw.MAILBOX[nw._HOOK] = 1
+    helper = threading.Thread(target=nw._helper_main, args=(f32, f64), daemon=True)
+    helper.start()
+    try:
+        a, b, out = _rows_operands(np.float32, seed=1)
+        expected = _rows_serial(a, b)
+        refs = sys.getrefcount(a), sys.getrefcount(b)
+        deadline = time.monotonic() + 60
+        while nw.MAILBOX[nw._HOOK] != 2:  # until the helper is paused inside a chunk of a call that returned
+            assert time.monotonic() < deadline, "the helper thread never claimed a chunk"
+            out[:] = np.nan
+            nw.batched_rows(a, b, out, *ROWS_SHAPE[1:])
+            np.testing.assert_array_equal(out, expected)
+        held = int(nw.MAILBOX[nw._HELPER_IN])
+        assert held != 0 and nw.MAILBOX[nw._HOLD_GEN] == held
+        assert (sys.getrefcount(a), sys.getrefcount(b)) == (refs[0] + 1, refs[1] + 1)
+        a2, b2, out2 = _rows_operands(np.float32, seed=2)
+        jobs = nw.counts()["jobs"]
+        nw.batched_rows(a2, b2, out2, *ROWS_SHAPE[1:])  # the helper is still held: serial, nothing published
+        np.testing.assert_array_equal(out2, _rows_serial(a2, b2))
+        assert nw.counts()["jobs"] == jobs and nw.MAILBOX[nw._HOLD_GEN] == held
+        nw.MAILBOX[nw._HOOK] = 0  # release it: it finishes the stale chunk into its scratch and leaves
+        while nw.MAILBOX[nw._HELPER_IN] == held:
+            assert time.monotonic() < deadline, "the released helper never left its chunk"
+            time.sleep(0.001)
+        for _ in range(50):  # the next job drops the references; the helper keeps helping exactly
+            out2[:] = np.nan
+            nw.batched_rows(a2, b2, out2, *ROWS_SHAPE[1:])
+            np.testing.assert_array_equal(out2, _rows_serial(a2, b2))
+        assert nw.MAILBOX[nw._HOLD_GEN] != held
+        assert (sys.getrefcount(a), sys.getrefcount(b)) == refs
+    finally:
+        nw.MAILBOX[nw._HOOK] = 0
+        nw.MAILBOX[nw._STOP] = 1
+        helper.join(10)
+        nw.MAILBOX[nw._STOP] = 0
+    assert not helper.is_alive()

@@ -11,7 +11,7 @@ import pytest
 
 import nnc
 import runtime
-from nnc.codegen import cpu_matmul, cpu_small_gemm
+from nnc.codegen import cpu_matmul, cpu_small_gemm, rows_kernel
 from nnc.codegen.cpu import schedule
 from nnc.codegen.cpu_matmul import matmul_schedule
 from nnc.codegen.cpu_winograd import FILTER_BLOCK
@@ -59,6 +59,33 @@ def test_rows_loop_matches_the_interpreter(name, a, b, dtype):
     (got,), (want,) = kernel.run(case.inputs), case.expected()
     tol = dict(rtol=1e-13, atol=1e-13) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
     assert_close(got, want, tol)
+
+
+# (batch, rows, kdim, n_out): conv2's shape (float32: rows' 4-column tails packed in one vector), a sum of one,
+# rows left after the blocks of 4, one row, one column, float64 rows of two column passes, empty sums and batches
+KERNEL_SHAPES = [(36, 64, 32, 36), (3, 7, 33, 29), (2, 1, 5, 1), (2, 5, 48, 48), (1, 9, 1, 17), (2, 3, 0, 4),
+                 (0, 4, 3, 5), (3, 6, 7, 34)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_kernel_matches_numpy_and_any_split_of_its_tasks(dtype):
+    """rows_kernel against float64 numpy; and its tasks computed in any pieces (the caller's and the helper's
+    chunks) give the whole product bit for bit."""
+    rng = np.random.default_rng(3)
+    for batch, rows, kdim, n_out in KERNEL_SHAPES:
+        a = rng.standard_normal((batch, rows, kdim)).astype(dtype)
+        b = rng.standard_normal((batch, kdim, n_out)).astype(dtype)
+        out = np.full((batch, rows, n_out), np.nan, dtype)
+        rows_kernel.rows_product(a.ravel(), b.ravel(), out.ravel(), rows, kdim, n_out)
+        tol = 1e-5 if dtype == np.float32 else 1e-13
+        np.testing.assert_allclose(out, a.astype(np.float64) @ b.astype(np.float64), rtol=tol, atol=tol,
+                                   err_msg=str((batch, rows, kdim, n_out)))
+        ntasks = batch * rows_kernel.blocks_per_product(rows)
+        pieces = np.full_like(out, np.nan)
+        bounds = sorted({0, min(1, ntasks), ntasks // 2, ntasks})
+        for t0, t1 in zip(bounds, bounds[1:]):
+            rows_kernel.rows_tasks(a.ravel(), b.ravel(), pieces.ravel(), t0, t1, rows, kdim, n_out)
+        np.testing.assert_array_equal(pieces, out)
 
 
 def test_the_mnist_cnn_conv2_at_batch_1_is_rewritten(monkeypatch):

@@ -2,6 +2,10 @@
 nowait.MIN_WORK (the work from which kernels hand products to the helper). Asserts nothing.
 
     python tools/bench_nowait.py [--repeats 9] [--sizes 512x784,512x512,...]
+    python tools/bench_nowait.py --rows [--rows-shape 36x64x32x36] [--chunk-work 65536,131072,...]
+
+--rows times the batched-rows product instead (Winograd's products, nnc.codegen.rows_kernel: batch x rows x kdim x
+n_out, default the MNIST CNN's conv2 at batch 1): rows_kernel alone against nowait.batched_rows, by chunk size.
 
 Each size is out[n] = w[n, k] @ x[k] in float32; the two variants alternate per repeat (each ~0.1 s of calls), so load
 from other processes hits both alike. The helper runs at SCHED_IDLE: on a loaded machine it gets no core and both
@@ -36,6 +40,10 @@ def main():
     parser.add_argument("--sizes", default=SIZES, help="n x k products, comma-separated")
     parser.add_argument("--chunk-bytes", default=str(nowait.CHUNK_BYTES),
                         help="chunk sizes to compare (bytes of weight rows a chunk, comma-separated)")
+    parser.add_argument("--rows", action="store_true", help="time the batched-rows product instead")
+    parser.add_argument("--rows-shape", default="36x64x32x36", help="batch x rows x kdim x n_out")
+    parser.add_argument("--chunk-work", default="65536,131072,262144",
+                        help="batched-rows chunk sizes to compare (multiply-adds, comma-separated)")
     opts = parser.parse_args()
     if not nowait.ensure_helper():
         raise SystemExit("no helper thread here (x86-64 Linux only, NNC_NOWAIT=0 turns it off)")
@@ -43,6 +51,10 @@ def main():
     while not nowait.MAILBOX[nowait._RUNNING]:
         time.sleep(0.01)
     print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if opts.rows:
+        _rows(opts)
+        print(f"load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+        return
     chunk_bytes = [int(v) for v in opts.chunk_bytes.split(",")]
     print(f"{'n x k':>10} {'work':>8}  {'serial us':>18}" + "".join(
         f"  {f'chunks of {b} B: us':>26} {'ratio':>6} {'helper':>6} {'stolen':>6}" for b in chunk_bytes))
@@ -74,6 +86,37 @@ def main():
     nowait.MAILBOX[nowait._MIN_WORK] = nowait.MIN_WORK
     nowait.MAILBOX[nowait._CHUNK_BYTES] = nowait.CHUNK_BYTES
     print(f"load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+def _rows(opts):
+    """The batched-rows product: rows_kernel alone, then with the helper at each chunk size, alternating."""
+    batch, rows, kdim, n_out = (int(v) for v in opts.rows_shape.split("x"))
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(batch * rows * kdim).astype(np.float32)
+    b = rng.standard_normal(batch * kdim * n_out).astype(np.float32)
+    out = np.empty(batch * rows * n_out, np.float32)
+    works = [int(v) for v in opts.chunk_work.split(",")]
+    serial, helped = [], {w: [] for w in works}
+    counts = {w: [0, 0, 0, 0] for w in works}
+    for _ in range(opts.repeats):
+        serial.append(_time(nowait.rows_product, (a, b, out, rows, kdim, n_out)))
+        for w in works:
+            nowait.MAILBOX[nowait._RCHUNK_WORK] = w
+            before = nowait.counts()
+            helped[w].append(_time(nowait.batched_rows, (a, b, out, rows, kdim, n_out)))
+            after = nowait.counts()
+            for j, key in enumerate(("helped", "chunks", "stolen", "jobs")):
+                counts[w][j] += after[key] - before[key]
+    nowait.MAILBOX[nowait._RCHUNK_WORK] = nowait.ROWS_CHUNK_WORK
+    med_s = statistics.median(serial) * 1e6
+    print(f"{opts.rows_shape} ({batch * rows * kdim * n_out} multiply-adds), float32")
+    print(f"  rows_kernel alone: {med_s:7.2f} us (min {min(serial) * 1e6:6.2f})")
+    for w in works:
+        med_h = statistics.median(helped[w]) * 1e6
+        h, c, st, jobs = counts[w]
+        print(f"  with the helper, chunks of {w:>7} multiply-adds: {med_h:7.2f} us (min {min(helped[w]) * 1e6:6.2f}) "
+              f"{med_h / med_s:5.2f}x  helper computed {h / max(1, c):4.0%} of the chunks, a chunk stolen in "
+              f"{st / max(1, jobs):4.0%} of the products ({c / max(1, jobs):.0f} chunks a product)")
 
 
 if __name__ == "__main__":

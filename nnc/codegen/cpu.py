@@ -404,7 +404,7 @@ def compile_generated(kernel: Kernel, generated: Generated, start: float | None 
         stats = disp.stats
         if not sum(stats.cache_hits.values()) or sum(stats.cache_misses.values()):
             hit = False
-    uses_nowait = "nowait_gemv(" in generated.source
+    uses_nowait = "nowait_gemv(" in generated.source or "nowait_rows(" in generated.source
     if uses_nowait:
         nowait.ensure_helper()  # the thread that computes part of its product (it sleeps until then)
     return CompiledKernel(name=kernel.name, kind=kernel.kind, source=generated.annotated, path=path,

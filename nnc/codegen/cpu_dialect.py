@@ -22,6 +22,7 @@ class CpuDialect(Dialect):
         self._philox: set[str] = set()  # the philox.py helpers they use (philox_uniform_f32, ...)
         self.approx_digest: str | None = None
         self.nowait = False  # a product calls nnc.codegen.nowait.gemv (the batch-1 linear with the helper thread)
+        self.nowait_rows = False  # a product calls nnc.codegen.nowait.batched_rows (Winograd's products)
 
     def call(self, name, args, attrs, compute):
         if name in self.NUMPY:
@@ -64,6 +65,11 @@ class CpuDialect(Dialect):
             from . import nowait
 
             lines.append(f"from nnc.codegen.nowait import gemv as nowait_gemv  # {_file_digest(nowait.__file__)}")
+        if self.nowait_rows:  # the same for the batched products' code (nowait's and rows_kernel's)
+            from . import nowait, rows_kernel
+
+            digest = _file_digest(nowait.__file__) + _file_digest(rows_kernel.__file__)
+            lines.append(f"from nnc.codegen.nowait import batched_rows as nowait_rows  # {digest}")
         return lines
 
 

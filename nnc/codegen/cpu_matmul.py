@@ -13,7 +13,7 @@ from ..kernel import Kernel, matmul_nodes
 from ..symbolic import has_symbols
 from . import nowait
 from .cpu_elementwise import Array, Function, KernelBuilder, ParallelLoop, flat_view, indent
-from .cpu_small_gemm import ContractFunction, batched_rows_lines, takes_batched_rows
+from .cpu_small_gemm import batched_rows_lines, takes_batched_rows
 from .indexing import emit_offsets, shifted
 from .scalar import Unsupported, ctor, node_dtype, node_shape, op_and_attrs
 
@@ -80,8 +80,8 @@ class MatmulSchedule(ParallelLoop):
                             multiply-adds, serial: a row of one product a task (attention's products at batch 1, where
                             np.matmul's per-call cost dominates; numba has no batched np.matmul for whole-graph mode).
       "batched_rows"        a larger batched matmul of the same kind with short sums into short rows (Winograd's
-                            products at a small batch; nnc.codegen.cpu_small_gemm): a row of one product a task,
-                            serial.
+                            products at a small batch; nnc.codegen.cpu_small_gemm): blocks of four rows in vector
+                            registers, shared with nnc.codegen.nowait's helper thread (never a parallel region).
     parallel: the loop is a prange (>= PARALLEL_MIN_WORK multiply-adds; the FEW_COLUMNS forms are serial).
     Measured against OpenBLAS here: tools/bench_compile.py cases 4 and 5. Loops sum in the output dtype with
     reassociation and FMA, as BLAS does.
@@ -332,15 +332,14 @@ def _loop_function(kb: KernelBuilder, schedule: MatmulSchedule, mm, a_arr, b_arr
     elif schedule.form == "batched_small":
         lines = _batched_axpy_lines(rows, schedule.batch_rows, kdim, n_out, zero, store,
                                     a_arr if rows_in_place(a_arr) else None, b_arr if rows_in_place(b_arr) else None)
-    elif schedule.form == "batched_rows":
+    elif schedule.form == "batched_rows":  # a call of nnc.codegen.nowait.batched_rows
+        kb.dialect.nowait_rows = True
         lines = batched_rows_lines(rows // schedule.batch_rows, schedule.batch_rows, kdim, n_out)
     elif schedule.form == "linear_few_columns":  # each row of `a` swept once, every weight row held
         lines = _dot_lines("a", "b", rows, n_out, kdim, lambda h: f"s * {n_out} + {h}", zero, 1)
     else:
         raise Unsupported(f"matmul schedule {schedule.form!r} has no loop")
     lines[0] = lines[0].replace("LOOP", schedule.loop)
-    if schedule.form == "batched_rows":  # its partial sums must stay apart (see ContractFunction)
-        return ContractFunction(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
     return Function(f"{kb.name}_rows", args, lines, schedule.parallel, reassociate=True)
 
 

@@ -34,6 +34,14 @@ lifetime. The weight is the caller's: a helper descheduled in the middle of a ch
 returned, until it finishes that chunk. nnc passes only parameters here (a model's weights, which the compiled
 module holds), and `retain(arrays)` (called by the Python side of a plan after a run) keeps a run's arrays
 referenced while the helper is inside a chunk of an earlier job (HELPER_IN names it).
+
+`batched_rows(a, b, out, rows, kdim, n_out)` shares Winograd's batched products (nnc.codegen.rows_kernel: out[p] =
+a[p] @ b[p], tasks of four output rows) the same way: a job of kind ROWS, chunks of whole tasks (about
+ROWS_CHUNK_WORK multiply-adds), the helper's results in a scratch of ROWS_SCRATCH_BYTES (larger products run
+serially). Its operands are a whole graph's temporaries, freed when the numba function returns, where `retain`
+cannot see them: so when the caller finishes while the helper is inside one of the job's chunks, the job takes NRT
+references to a and b (HOLD_A, HOLD_B) and the next job drops them once the helper has left (until then jobs run
+serially: the helper is descheduled and could not help anyway).
 """
 from __future__ import annotations
 
@@ -52,6 +60,8 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .rows_kernel import BLOCK_ROWS, blocks_per_product, rows_product, rows_tasks
+
 # A chunk holds about this many bytes of weight rows: the caller loses at most one chunk's time to a stolen chunk,
 # and each chunk costs two compare-and-swaps on a cache line both threads write. NOTE: measured with
 # tools/bench_nowait.py --chunk-bytes in two quiet moments, time against the serial loop for 16, 32, 64, 128 KiB:
@@ -66,6 +76,13 @@ MAX_N = 16384  # the most outputs (the scratch's size)
 # 256 x 512 (2^17) took 0.74-0.76x the serial loop's time, 256 x 256 (2^16) 1.05x (the helper reached 2% of its
 # chunks in its 2.4 us), 128 x 256 1.08x.
 MIN_WORK = 2 ** 17
+# A batched-rows chunk holds about this many multiply-adds (whole tasks of rows_kernel.BLOCK_ROWS rows).
+# NOTE: measured on the MNIST CNN's conv2 products (36 x 64x32 @ 32x36: 2.65 M), minimums of 5 x 200 calls, two
+# quiet runs, the chunks copied by slice (before memcpy): 2^14 28.6-29.6 us, 2^16 24.2-25.5, 2^17 24.3-25.8, 2^18
+# 24.5-24.8, 2^19 24.4-24.7, against 25.4-26.1 alone; the helper computed 40-50% of the chunks at 2^16 and above.
+# Smaller chunks lose to the two compare-and-swaps each, larger ones to the chunk the caller recomputes when the
+# helper is late.
+ROWS_CHUNK_WORK = 2 ** 17
 SPIN_SECONDS = 200e-6  # how long the helper keeps spinning after its last job before it sleeps
 
 # the mailbox: int64 words
@@ -74,13 +91,19 @@ _HELPER_IN = 32  # the generation whose chunk the helper is computing (0: none)
 _W, _KDIM, _N, _NCHUNKS, _DTYPE, _ROWS, _CHUNK_BYTES = 40, 41, 42, 43, 44, 45, 46  # the job
 _SPIN_CYCLES, _TIMESPEC, _RUNNING, _HOOK = 48, 50, 52, 53
 _MIN_WORK = 54
+# a batched-rows job (KIND ROWS): a's address, the rows and columns of one product (b's address is _W, its sum's
+# length _KDIM, its task count _N, tasks a chunk _ROWS), the scratch its helper chunks go to, multiply-adds a chunk
+_KIND, _A, _NOUT, _PROWS, _RSCRATCH, _RCHUNK_WORK = 47, 49, 55, 64, 65, 66
+_HOLD_GEN, _HOLD_A, _HOLD_B = 67, 68, 69  # a job's operands kept (NRT references) while the helper may read them
 _JOBS, _CHUNKS, _HELPED, _STOLEN = 56, 57, 58, 59  # counts (the caller's, under the lock): see `counts`
-_STATES = 64
-_X = _STATES + MAX_CHUNKS  # x's copy (MAX_K elements of up to 8 bytes)
+_STATES = 72
+_STATE_WORDS = 8  # a chunk's state word has a cache line of its own (the threads CAS different chunks)
+_X = _STATES + _STATE_WORDS * MAX_CHUNKS  # x's copy (MAX_K elements of up to 8 bytes)
 _SCRATCH = _X + MAX_K
 _WORDS = _SCRATCH + MAX_N
 FREE, HELPER, CALLER, READY = 0, 1, 2, 3
 _F32, _F64 = 0, 1
+GEMV, ROWS = 0, 1  # job kinds
 
 _FUTEX_WAIT, _FUTEX_WAKE, _FUTEX_PRIVATE = 0, 1, 128
 # NOTE: x86-64 Linux only: the helper's spin budget reads the cycle counter (LLVM's readcyclecounter, the TSC;
@@ -94,6 +117,13 @@ MAILBOX[_TIMESPEC] = 0
 MAILBOX[_CHUNK_BYTES] = CHUNK_BYTES
 MAILBOX[_MIN_WORK] = MIN_WORK
 MAILBOX[_TIMESPEC + 1] = 100_000_000  # a sleeping helper looks at the stop flag every 0.1 s
+# the helper's results of a batched-rows job (its whole output: larger products run serially); like the mailbox,
+# never freed
+ROWS_SCRATCH_BYTES = 2 ** 20
+_ROWS_SCRATCH = np.zeros(ROWS_SCRATCH_BYTES // 8, dtype=np.int64)
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_ROWS_SCRATCH))
+MAILBOX[_RSCRATCH] = _ROWS_SCRATCH.ctypes.data
+MAILBOX[_RCHUNK_WORK] = ROWS_CHUNK_WORK
 
 
 def _bind() -> bool:
@@ -191,6 +221,17 @@ def _pause(typingctx):
 
 
 @intrinsic
+def _copy(typingctx, dst, src, nbytes):
+    """memcpy(dst, src, nbytes) on addresses. NOTE: numba's slice assignment copied the MNIST CNN's conv2 helper
+    results (165 KB) in 7.5 us, memcpy (np.copyto) in 1.6 us."""
+    def codegen(context, builder, sig, args):
+        pointer = [builder.inttoptr(v, cgutils.voidptr_t) for v in args[:2]]
+        cgutils.raw_memcpy(builder, pointer[0], pointer[1], args[2], 1)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
 def _address(typingctx, array):
     """An array's data address."""
     def codegen(context, builder, sig, args):
@@ -205,6 +246,27 @@ def _pointer(typingctx, address, like):
     def codegen(context, builder, sig, args):
         return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
     return types.CPointer(like.dtype)(types.int64, like), codegen
+
+
+@intrinsic
+def _hold(typingctx, address, index, array):
+    """Take an NRT reference to the array's memory and store its meminfo at address[index] (0: it has none)."""
+    def codegen(context, builder, sig, args):
+        context.nrt.incref(builder, sig.args[2], args[2])
+        meminfo = context.make_array(sig.args[2])(context, builder, args[2]).meminfo
+        builder.store_atomic(builder.ptrtoint(meminfo, ir.IntType(64)), _word(builder, args[0], args[1]), "seq_cst", 8)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, array), codegen
+
+
+@intrinsic
+def _drop(typingctx, meminfo):
+    """Release an NRT reference taken by _hold (the meminfo's address; 0 is none)."""
+    def codegen(context, builder, sig, args):
+        pointer = builder.inttoptr(args[0], cgutils.voidptr_t)
+        context.nrt.decref(builder, types.MemInfoPointer(types.voidptr), pointer)
+        return context.get_dummy_value()
+    return types.void(types.int64), codegen
 
 
 # --- the product ------------------------------------------------------------------------------------------------
@@ -265,6 +327,7 @@ def gemv(x, w, out):
             or not _cas(mb, _LOCK, 0, 1)):
         gemv_serial(x, w, out)
         return
+    _release_held(mb)
     gen = _load(mb, _GEN) + 1
     rows = chunk_rows(n, kdim * x.itemsize, _load(mb, _CHUNK_BYTES))
     nchunks = (n + rows - 1) // rows
@@ -272,7 +335,7 @@ def gemv(x, w, out):
     tag = gen * 4
     first_not_mine = nchunks
     for c in range(nchunks):
-        if not _cas(mb, _STATES + c, tag + FREE, tag + CALLER):
+        if not _cas(mb, _STATES + _STATE_WORDS * c, tag + FREE, tag + CALLER):
             first_not_mine = c
             break
         gemv_rows(x, w, out, c * rows, min(n, (c + 1) * rows))
@@ -285,6 +348,7 @@ def _publish(mb, gen, x, w, n, rows, nchunks):
     """Copy x into the mailbox, write the job and its chunk states, then its generation; wake a sleeping helper."""
     xs = carray(_pointer(mb + 8 * _X, x), x.shape[0])
     xs[:] = x
+    _store(mb, _KIND, GEMV)
     _store(mb, _W, _address(w))
     _store(mb, _KDIM, x.shape[0])
     _store(mb, _N, n)
@@ -292,7 +356,7 @@ def _publish(mb, gen, x, w, n, rows, nchunks):
     _store(mb, _ROWS, rows)
     _store(mb, _DTYPE, _F32 if x.itemsize == 4 else _F64)
     for c in range(nchunks):
-        _store(mb, _STATES + c, gen * 4 + FREE)
+        _store(mb, _STATES + _STATE_WORDS * c, gen * 4 + FREE)
     _store(mb, _GEN, gen)
     if _load(mb, _SLEEP) == 1 and _cas(mb, _SLEEP, 1, 0):
         _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
@@ -306,9 +370,9 @@ def _collect(mb, tag, x, w, out, rows, first, nchunks):
     scratch = carray(_pointer(mb + 8 * _SCRATCH, out), n)
     for c in range(first, nchunks):
         s0, s1 = c * rows, min(n, (c + 1) * rows)
-        if _cas(mb, _STATES + c, tag + FREE, tag + CALLER):
+        if _cas(mb, _STATES + _STATE_WORDS * c, tag + FREE, tag + CALLER):
             gemv_rows(x, w, out, s0, s1)
-        elif _cas(mb, _STATES + c, tag + HELPER, tag + CALLER):
+        elif _cas(mb, _STATES + _STATE_WORDS * c, tag + HELPER, tag + CALLER):
             gemv_rows(x, w, out, s0, s1)
             _store(mb, _STOLEN, _load(mb, _STOLEN) + 1)
         else:  # READY (nothing else can follow HELPER)
@@ -318,12 +382,154 @@ def _collect(mb, tag, x, w, out, rows, first, nchunks):
     _store(mb, _CHUNKS, _load(mb, _CHUNKS) + nchunks)
 
 
+# --- batched rows: Winograd's products at a small batch (nnc.codegen.rows_kernel) ----------------------------------
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _task_rows(t, rows):
+    """The first output row (over all products) of rows_kernel's task t, and the row after its last."""
+    nblk = blocks_per_product(rows)
+    p, r0 = t // nblk, (t % nblk) * BLOCK_ROWS
+    return p * rows + r0, p * rows + min(rows, r0 + BLOCK_ROWS)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _release_held(mb):
+    """Drop the operands an earlier job kept while the helper was inside one of its chunks, once it has left that
+    job; whether none are kept now (the caller holds the lock)."""
+    held = _load(mb, _HOLD_GEN)
+    if held == 0:
+        return True
+    if _load(mb, _HELPER_IN) == held:
+        return False
+    _drop(_load(mb, _HOLD_A))
+    _drop(_load(mb, _HOLD_B))
+    _store(mb, _HOLD_GEN, 0)
+    return True
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def batched_rows(a, b, out, rows, kdim, n_out):
+    """out[p] = a[p] @ b[p] (rows_kernel.rows_product's operands: flat, C-contiguous, one float dtype) with the
+    helper thread's help when it is awake and the product is large enough; never waits for the helper. When the
+    helper is inside one of its chunks as the caller returns, the job keeps NRT references to a and b (so a temporary
+    of a whole-graph function stays mapped) until a later job finds the helper gone."""
+    n = out.shape[0]
+    mb = _mailbox()
+    if (rows == 0 or n_out == 0 or kdim == 0 or n * kdim < _load(mb, _MIN_WORK)
+            or n * out.itemsize > ROWS_SCRATCH_BYTES or _load(mb, _RUNNING) == 0 or not _cas(mb, _LOCK, 0, 1)):
+        rows_product(a, b, out, rows, kdim, n_out)
+        return
+    if not _release_held(mb):  # the helper is still inside an earlier job: it cannot help with this one
+        _store(mb, _LOCK, 0)
+        rows_product(a, b, out, rows, kdim, n_out)
+        return
+    gen = _load(mb, _GEN) + 1
+    ntasks, per, nchunks = _publish_rows(mb, gen, a, b, out, rows, kdim, n_out)
+    tag = gen * 4
+    first_not_mine = nchunks
+    for c in range(nchunks):
+        if not _cas(mb, _STATES + _STATE_WORDS * c, tag + FREE, tag + CALLER):
+            first_not_mine = c
+            break
+        rows_tasks(a, b, out, c * per, min(ntasks, (c + 1) * per), rows, kdim, n_out)
+    _collect_rows(mb, tag, a, b, out, rows, kdim, n_out, first_not_mine)
+    _hold_if_helper_inside(mb, gen, a, b)
+    _store(mb, _LOCK, 0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _publish_rows(mb, gen, a, b, out, rows, kdim, n_out):
+    """Write a batched-rows job (its chunks: whole tasks, about RCHUNK_WORK multiply-adds each), then its
+    generation; wake a sleeping helper. Returns the job's tasks, tasks a chunk and chunks."""
+    ntasks = out.shape[0] // (rows * n_out) * blocks_per_product(rows)
+    per = max(1, _load(mb, _RCHUNK_WORK) // (BLOCK_ROWS * kdim * n_out), (ntasks + MAX_CHUNKS - 1) // MAX_CHUNKS)
+    nchunks = (ntasks + per - 1) // per
+    _store(mb, _KIND, ROWS)
+    _store(mb, _A, _address(a))
+    _store(mb, _W, _address(b))
+    _store(mb, _KDIM, kdim)
+    _store(mb, _NOUT, n_out)
+    _store(mb, _PROWS, rows)
+    _store(mb, _N, ntasks)
+    _store(mb, _NCHUNKS, nchunks)
+    _store(mb, _ROWS, per)
+    _store(mb, _DTYPE, _F32 if out.itemsize == 4 else _F64)
+    for c in range(nchunks):
+        _store(mb, _STATES + _STATE_WORDS * c, gen * 4 + FREE)
+    _store(mb, _GEN, gen)
+    if _load(mb, _SLEEP) == 1 and _cas(mb, _SLEEP, 1, 0):
+        _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+    return ntasks, per, nchunks
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _collect_rows(mb, tag, a, b, out, rows, kdim, n_out, first):
+    """The caller's end of a batched-rows job: every chunk from `first` on is the helper's; copy the ready ones
+    from the scratch, steal and compute the rest."""
+    ntasks, per, nchunks = _load(mb, _N), _load(mb, _ROWS), _load(mb, _NCHUNKS)
+    scratch = _load(mb, _RSCRATCH)
+    for c in range(first, nchunks):
+        t0, t1 = c * per, min(ntasks, (c + 1) * per)
+        if _cas(mb, _STATES + _STATE_WORDS * c, tag + FREE, tag + CALLER):
+            rows_tasks(a, b, out, t0, t1, rows, kdim, n_out)
+        elif _cas(mb, _STATES + _STATE_WORDS * c, tag + HELPER, tag + CALLER):
+            rows_tasks(a, b, out, t0, t1, rows, kdim, n_out)
+            _store(mb, _STOLEN, _load(mb, _STOLEN) + 1)
+        else:  # READY
+            s0, s1 = _task_rows(t0, rows)[0] * n_out, _task_rows(t1 - 1, rows)[1] * n_out
+            _copy(_address(out) + s0 * out.itemsize, scratch + s0 * out.itemsize, (s1 - s0) * out.itemsize)
+            _store(mb, _HELPED, _load(mb, _HELPED) + 1)
+    _store(mb, _JOBS, _load(mb, _JOBS) + 1)
+    _store(mb, _CHUNKS, _load(mb, _CHUNKS) + nchunks)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _hold_if_helper_inside(mb, gen, a, b):
+    """Keep a and b (NRT references) while the helper may still read them: it is inside job `gen`.
+    NOTE: every chunk is the caller's or READY now, so a helper that has not entered the job yet never claims one
+    (it stores HELPER_IN before its claim, and both are sequentially consistent): it never reads a or b."""
+    if _load(mb, _HELPER_IN) == gen:
+        _hold(mb, _HOLD_A, a)
+        _hold(mb, _HOLD_B, b)
+        _store(mb, _HOLD_GEN, gen)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _helper_rows(mb, gen, like):
+    """The helper's part of a batched-rows job: claim and compute its chunks from the back into the scratch."""
+    tag = gen * 4
+    kdim, n_out, rows = _load(mb, _KDIM), _load(mb, _NOUT), _load(mb, _PROWS)
+    ntasks, nchunks, per = _load(mb, _N), _load(mb, _NCHUNKS), _load(mb, _ROWS)
+    batch = ntasks // blocks_per_product(rows)
+    a = carray(_pointer(_load(mb, _A), like), batch * rows * kdim)
+    b = carray(_pointer(_load(mb, _W), like), batch * kdim * n_out)
+    scratch = carray(_pointer(_load(mb, _RSCRATCH), like), batch * rows * n_out)
+    for c in range(nchunks - 1, -1, -1):
+        _store(mb, _HELPER_IN, gen)
+        if not _cas(mb, _STATES + _STATE_WORDS * c, tag + FREE, tag + HELPER):
+            break
+        _hook_wait(mb)
+        rows_tasks(a, b, scratch, c * per, min(ntasks, (c + 1) * per), rows, kdim, n_out)
+        if not _hand_over(mb, c, tag):
+            break
+    _store(mb, _HELPER_IN, 0)
+
+
 # --- the helper thread ------------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _hand_over(mb, c, tag):
     """The helper's chunk c of the job tagged `tag` is ready in the scratch (HELPER -> READY); False if stolen."""
-    return _cas(mb, _STATES + c, tag + HELPER, tag + READY)
+    return _cas(mb, _STATES + _STATE_WORDS * c, tag + HELPER, tag + READY)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _hook_wait(mb):
+    """Where a test holds the helper (inside a claimed chunk): HOOK 1 -> 2 says it is here; it waits while 2."""
+    while _load(mb, _HOOK) == 1:
+        _store(mb, _HOOK, 2)
+    while _load(mb, _HOOK) == 2:
+        _pause()
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -336,16 +542,27 @@ def _helper_chunks(mb, gen, like):
     scratch = carray(_pointer(mb + 8 * _SCRATCH, like), n)
     for c in range(nchunks - 1, -1, -1):
         _store(mb, _HELPER_IN, gen)
-        if not _cas(mb, _STATES + c, tag + FREE, tag + HELPER):
+        if not _cas(mb, _STATES + _STATE_WORDS * c, tag + FREE, tag + HELPER):
             break
-        while _load(mb, _HOOK) == 1:  # a test holds the helper here, inside a claimed chunk
-            _store(mb, _HOOK, 2)
-        while _load(mb, _HOOK) == 2:
-            _pause()
+        _hook_wait(mb)
         gemv_rows(x, w, scratch, c * rows, min(n, (c + 1) * rows))
         if not _hand_over(mb, c, tag):
             break  # stolen: the caller has finished this job
     _store(mb, _HELPER_IN, 0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _helper_job(mb, gen, f32, f64):
+    """Run the helper's part of job `gen`, of the kind and dtype the mailbox names."""
+    rows_job = _load(mb, _KIND) == ROWS
+    if _load(mb, _DTYPE) == _F32 and rows_job:
+        _helper_rows(mb, gen, f32)
+    elif _load(mb, _DTYPE) == _F32:
+        _helper_chunks(mb, gen, f32)
+    elif rows_job:
+        _helper_rows(mb, gen, f64)
+    else:
+        _helper_chunks(mb, gen, f64)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -359,10 +576,7 @@ def _helper_main(f32, f64):
         gen = _load(mb, _GEN)
         if gen != seen:
             seen = gen
-            if _load(mb, _DTYPE) == _F32:
-                _helper_chunks(mb, gen, f32)
-            else:
-                _helper_chunks(mb, gen, f64)
+            _helper_job(mb, gen, f32, f64)
             idle_since = _cycles()
         elif _cycles() - idle_since > _load(mb, _SPIN_CYCLES):
             _store(mb, _SLEEP, 1)
@@ -490,6 +704,7 @@ def _after_fork_in_child() -> None:
     MAILBOX[_LOCK] = 0
     MAILBOX[_SLEEP] = 0
     MAILBOX[_HELPER_IN] = 0
+    MAILBOX[_HOLD_GEN] = 0  # (the references it held are the parent's helper's: kept for good)
 
 
 if hasattr(os, "register_at_fork"):
