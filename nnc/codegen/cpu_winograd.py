@@ -1,7 +1,8 @@
 """CPU Winograd kernels: the transforms of runtime/_winograd.py (ops whose `OpDef.kernel_kind` is "winograd") as
 generated loops, with the transform matrices' entries written into the source as typed constants (zeros skipped).
 
-Input and output transforms run one task per channel and chunk of samples (a prange when the work is large enough).
+Input and output transforms run one task per channel and chunk of samples, or per group of channels when one chunk
+holds every sample (small batches: the group's tiles are still one run), a prange when the work is large enough.
 A task's tiles are contiguous runs of every row of the (T*T, channels, P) transformed values, so both matrix
 products of a transform run as loops along those runs (they vectorize), in one helper per module (ROWS: the matrix's
 rows written out once, called per group of rows); only copying pixels between the planes and the tiles is scalar:
@@ -71,6 +72,11 @@ FILTER_BLOCK = 256
 # NOTE: one output channel's tiles at a time (the MNIST CNN's conv2 output transform, 64 tasks of 2304 tiles)
 # took 1.5 ms on one thread, against 6.1 ms for one task per (sample, channel) plane with loops over one tile row
 CHUNK_TILES = 512
+# When one chunk holds every sample (small batches and planes), a task takes several channels, up to this many
+# tiles: the channels' runs of tiles are contiguous in the transformed rows, so the products run along rows of
+# group * P values instead of P. NOTE: the MNIST CNN's conv2 at batch 1 (P = 36): output transform 30 -> 14 us on one
+# thread with all 64 channels (2304 tiles) in one task.
+GROUP_TILES = 4096
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,8 @@ class _Tiling:
     """How a transform's tiles lie on its planes: `channels` planes per sample, `samples` samples of `plane_hw`
     pixels (the convolution's input, or its output), tiles of `patch` x `patch` pixels every `step`, the first
     `offset` pixels before the plane (the padding; tiles reach past its end too: zeros), `tiles` (th, tw) per
-    plane. `plane_at(ch, n)` is where plane (ch, n) starts in its flat array. A task takes one channel of a chunk
-    of `chunk` samples."""
+    plane. `plane_at(ch, n)` is where plane (ch, n) starts in its flat array. A task takes `group` channels of a
+    chunk of `chunk` samples (several channels only when the chunk holds every sample)."""
 
     channels: int
     samples: int
@@ -103,8 +109,25 @@ class _Tiling:
         return -(-self.samples // self.chunk)
 
     @property
+    def group(self) -> int:
+        if self.chunks > 1:
+            return 1
+        return max(1, min(self.channels, GROUP_TILES // max(1, self.samples * self.per_sample)))
+
+    @property
+    def inside(self) -> bool:
+        """Whether every tile's patch lies inside its plane (no padding, no partial tile)."""
+        return self.offset == (0, 0) and all((t - 1) * self.step + self.patch <= size
+                                             for t, size in zip(self.tiles, self.plane_hw))
+
+    @property
+    def columns(self) -> int:
+        """The tiles of a task's buffers."""
+        return self.group * self.chunk * self.per_sample
+
+    @property
     def tasks(self) -> int:
-        return self.channels * self.chunks
+        return -(-self.channels // self.group) * self.chunks
 
 
 def _tiling_of(op, attrs, in_shape, out_shape):
@@ -155,16 +178,17 @@ class _Constants:
 
 
 def _task_lines(tl: _Tiling, loop: str, dt: str, buffers) -> list[str]:
-    """The task loop's head: channel ch, samples [n0, n0 + ns), tiles [p0, p0 + q) of the P, and its buffers
-    (name, numpy constructor, rows) of a row per patch entry and a column per tile."""
+    """The task loop's head: channels [c0, c0 + ng), samples [n0, n0 + ns), tiles [p0, p0 + ns * per_sample) of
+    the P; q = ng * ns * per_sample columns, a run of each transformed row (ng > 1 only when ns is every sample);
+    and its buffers (name, numpy constructor, rows) of a row per patch entry and a column per tile."""
     lines = [f"for t in {loop}({tl.tasks}):",
-             f"    ch = t // {tl.chunks}",
+             f"    c0 = (t // {tl.chunks}) * {tl.group}",
+             f"    ng = min({tl.group}, {tl.channels} - c0)",
              f"    n0 = (t % {tl.chunks}) * {tl.chunk}",
              f"    ns = min({tl.chunk}, {tl.samples} - n0)",
              f"    p0 = n0 * {tl.per_sample}",
-             f"    q = ns * {tl.per_sample}"]
-    return lines + [f"    {name} = np.{fill}(({rows}, {tl.chunk * tl.per_sample}), dtype={dt})"
-                    for name, fill, rows in buffers]
+             f"    q = ng * ns * {tl.per_sample}"]
+    return lines + [f"    {name} = np.{fill}(({rows}, {tl.columns}), dtype={dt})" for name, fill, rows in buffers]
 
 
 def _pixel_loops(tl: _Tiling, body) -> list[str]:
@@ -177,10 +201,10 @@ def _pixel_loops(tl: _Tiling, body) -> list[str]:
     # the tiles whose patch lies inside the row: tx * m - left >= 0 and tx * m - left + k <= w
     lo = min(tw, -(-left // m))
     hi = max(lo, min(tw, (w + left - k) // m + 1))
-    lines = ["    for n in range(ns):",
-             f"        plane = {tl.plane_at('ch', 'n0 + n')}",
+    lines = ["    for cn in range(ng * ns):",
+             f"        plane = {tl.plane_at('(c0 + cn // ns)', 'n0 + cn % ns')}",
              f"        for ty in range({th}):",
-             f"            g = (n * {th} + ty) * {tw}",
+             f"            g = (cn * {th} + ty) * {tw}",
              f"            for i in range({k}):",
              f"                y = ty * {m} + i - {top}",
              f"                if y < 0 or y >= {h}:",
@@ -199,8 +223,10 @@ def _gather_lines(mat, tl: _Tiling, loop, dt, dest, row_step: int) -> list[str]:
     `row_step` apart). The tiles' pixels are first copied into d (patch*patch rows, zeros outside the planes), then
     both products run along its rows as calls of the module's ROWS helper."""
     r, kk = mat.shape
-    cols = tl.chunk * tl.per_sample
-    lines = _task_lines(tl, loop, dt, [("d", "zeros", kk * kk), ("s", "empty", r * kk)])
+    cols = tl.columns
+    # NOTE: d starts as zeros only where some patch reaches outside its plane (a 166 KB memset at the MNIST CNN's
+    # conv2, batch 1, where none does)
+    lines = _task_lines(tl, loop, dt, [("d", "empty" if tl.inside else "zeros", kk * kk), ("s", "empty", r * kk)])
     lines += ["    df = d.reshape(-1)", "    sf = s.reshape(-1)"]
 
     def copy(j, bounds):
@@ -219,12 +245,12 @@ def _scatter_lines(mat, tl: _Tiling, loop, dt, source, row_step: int, add: bool)
     stored into the planes (added where tiles overlap: `add`, on planes the task zeroes first). Both products run
     along the tiles as calls of the module's ROWS helper, then every patch row's pixels are stored."""
     kk, r = mat.shape
-    cols = tl.chunk * tl.per_sample
+    cols = tl.columns
     lines = _task_lines(tl, loop, dt, [("s", "empty", kk * r), ("e", "empty", kk * kk)])
     lines += ["    sf = s.reshape(-1)", "    ef = e.reshape(-1)"]
     if add:
         h, w = tl.plane_hw
-        lines += ["    for n in range(ns):", f"        plane = {tl.plane_at('ch', 'n0 + n')}",
+        lines += ["    for cn in range(ng * ns):", f"        plane = {tl.plane_at('(c0 + cn // ns)', 'n0 + cn % ns')}",
                   f"        for x in range({h * w}):", "            out0[plane + x] = 0"]
     # s[i * R + b] = sum_a mat[i, a] X[a * R + b]; then e[i * K + j] = sum_b mat[j, b] s[i * R + b]
     lines += [_rows_call("in0", f"{source(b)} + p0", r * row_step, "sf", b * cols, r * cols) for b in range(r)]
@@ -310,8 +336,8 @@ def gen_winograd(kb: KernelBuilder) -> None:
     else:
         tl, p = _tiling_of(op, attrs, in_shape, out_shape)
 
-        def row_at(r):  # row r of channel ch in the (T*T, channels, P) transformed tiles
-            return f"({r} * {tl.channels} + ch) * {p}"
+        def row_at(r):  # row r of the task's first channel c0 in the (T*T, channels, P) transformed tiles
+            return f"({r} * {tl.channels} + c0) * {p}"
         if op in ("winograd_input", "winograd_output_backward"):
             body = _gather_lines(mat, tl, sched.loop, dt, row_at, tl.channels * p)
         else:

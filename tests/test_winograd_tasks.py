@@ -1,0 +1,55 @@
+"""How the Winograd plane transforms split their work into tasks (nnc/codegen/cpu_winograd.py): several channels a
+task when one chunk holds every sample, several chunks of samples a channel otherwise, partial last groups and
+chunks; each against the interpreter's numpy forwards, forward and both gradients, in float64."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import nnc
+import runtime
+from nnc.codegen import cpu_winograd
+from nnc.passes import winograd as winograd_pass
+from runtime import _winograd
+
+from test_winograd import _module, _ops_in, _plans, _run
+
+# 9 input channels, 5 output channels, 11 x 13 outputs (padding 1) in 3 x 4 tiles of 4 x 4: 12 tiles a sample
+SHAPE, OUT_CHANNELS, PADDING = (3, 9, 11, 13), 5, 1
+
+
+def _tiling(op: str, chunk_tiles: int, group_tiles: int, monkeypatch):
+    monkeypatch.setattr(cpu_winograd, "CHUNK_TILES", chunk_tiles)
+    monkeypatch.setattr(cpu_winograd, "GROUP_TILES", group_tiles)
+    shape = ((36, OUT_CHANNELS, SHAPE[0] * 12) if op == "winograd_output" else SHAPE)
+    out_shape = (OUT_CHANNELS, SHAPE[0] * 11 * 13) if op == "winograd_output" else (36, SHAPE[1], SHAPE[0] * 12)
+    attrs = {"tile": 4, "padding": ((PADDING,) * 2,) * 2, "size": (11, 13)}
+    return cpu_winograd._tiling_of(op, attrs, shape, out_shape)[0]
+
+
+def test_the_task_split(monkeypatch):
+    """Several channels a task only when one chunk holds every sample; the last group or chunk may be partial."""
+    grouped = _tiling("winograd_input", 512, 72, monkeypatch)  # 36 tiles of 3 samples: 2 channels a task
+    assert (grouped.chunks, grouped.group, grouped.tasks, grouped.columns) == (1, 2, 5, 72)
+    chunked = _tiling("winograd_output", 24, 4096, monkeypatch)  # 2 samples a chunk, 2 chunks, one channel a task
+    assert (chunked.chunks, chunked.group, chunked.tasks, chunked.columns) == (2, 1, 10, 24)
+    whole = _tiling("winograd_output", 512, 4096, monkeypatch)
+    assert (whole.chunks, whole.group, whole.tasks) == (1, OUT_CHANNELS, 1)
+
+
+@pytest.mark.parametrize("chunk_tiles,group_tiles", [(512, 72), (24, 4096)], ids=["channel_groups", "sample_chunks"])
+def test_task_splits_match_the_interpreter(chunk_tiles, group_tiles, monkeypatch):
+    monkeypatch.setattr(winograd_pass, "MIN_DIRECT_WORK", 0)
+    monkeypatch.setattr(cpu_winograd, "CHUNK_TILES", chunk_tiles)
+    monkeypatch.setattr(cpu_winograd, "GROUP_TILES", group_tiles)
+    runtime.manual_seed(0)
+    m = _module(runtime, SHAPE, OUT_CHANNELS, PADDING).double()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(SHAPE)
+    gy = rng.standard_normal((SHAPE[0], OUT_CHANNELS) + _winograd.output_sizes(SHAPE[2:], ((PADDING,) * 2,) * 2))
+    want = _run(m, nnc.compile(m, codegen=False), x, gy)
+    compiled = nnc.compile(m)
+    got = _run(m, compiled, x, gy)
+    assert "winograd_input" in _ops_in(compiled) and all(not p.fallbacks for p in _plans(compiled))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
