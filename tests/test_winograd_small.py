@@ -101,11 +101,11 @@ def _products(compiled_module) -> list:
 def test_a_convolution_with_rows_loop_products_matches_eager_and_the_interpreter(monkeypatch):
     """One of test_winograd's convolutions (its transform kernels shared), with every Winograd product in the rows
     loop: the forward's U V, and the backward's dM V^T and U^T dM."""
-    name, shape, out_ch, padding = next(c for c in CONVS if c[0] == "large_tile_partial_padded")
+    name, shape, out_ch, padding, bias, act = next(c for c in CONVS if c[0] == "large_tile_partial_padded")
     monkeypatch.setattr(winograd_pass, "MIN_DIRECT_WORK", 0)
     monkeypatch.setattr(cpu_matmul, "_SERIAL_LOOP_WORK", 0)  # these products are small: no batched_small loop
     runtime.manual_seed(0)
-    m = _module(runtime, shape, out_ch, padding).double()
+    m = _module(runtime, shape, out_ch, padding, bias, act).double()
     rng = np.random.default_rng(6)
     x = rng.standard_normal(shape)
     gy = rng.standard_normal((shape[0], out_ch) + _winograd.output_sizes(shape[2:], ((padding,) * 2,) * 2))

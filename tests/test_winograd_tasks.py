@@ -1,6 +1,7 @@
 """How the Winograd plane transforms split their work into tasks (nnc/codegen/cpu_winograd.py): several channels a
 task when one chunk holds every sample, several chunks of samples a channel otherwise, partial last groups and
-chunks; each against the interpreter's numpy forwards, forward and both gradients, in float64."""
+chunks; each against the interpreter's numpy forwards, forward and both gradients, in float64. And which relu the
+output transform's epilogue (winograd_output_bias) takes."""
 from __future__ import annotations
 
 import numpy as np
@@ -43,7 +44,7 @@ def test_task_splits_match_the_interpreter(chunk_tiles, group_tiles, monkeypatch
     monkeypatch.setattr(cpu_winograd, "CHUNK_TILES", chunk_tiles)
     monkeypatch.setattr(cpu_winograd, "GROUP_TILES", group_tiles)
     runtime.manual_seed(0)
-    m = _module(runtime, SHAPE, OUT_CHANNELS, PADDING).double()
+    m = _module(runtime, SHAPE, OUT_CHANNELS, PADDING, True, "relu").double()
     rng = np.random.default_rng(6)
     x = rng.standard_normal(SHAPE)
     gy = rng.standard_normal((SHAPE[0], OUT_CHANNELS) + _winograd.output_sizes(SHAPE[2:], ((PADDING,) * 2,) * 2))
@@ -53,3 +54,29 @@ def test_task_splits_match_the_interpreter(chunk_tiles, group_tiles, monkeypatch
     assert "winograd_input" in _ops_in(compiled) and all(not p.fallbacks for p in _plans(compiled))
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_a_relu_that_is_not_the_convolutions_only_use_stays_a_kernel_of_its_own(monkeypatch):
+    """The output transform takes the bias add, not a relu whose input is read elsewhere too."""
+    monkeypatch.setattr(winograd_pass, "MIN_DIRECT_WORK", 0)
+    runtime.manual_seed(0)
+    conv = runtime.nn.Conv2d(8, 5, 3)  # test_winograd's valid_odd convolution
+
+    class M(runtime.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            y = self.conv(x)
+            return runtime.relu(y) * 1.5 + y
+
+    m = M().double()
+    rng = np.random.default_rng(7)
+    x, gy = rng.standard_normal((2, 8, 7, 9)), rng.standard_normal((2, 5, 5, 7))
+    compiled = nnc.compile(m)
+    got, want = _run(m, compiled, x, gy), _run(m, m, x, gy)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
+    ops = _ops_in(compiled)
+    assert "winograd_output_bias" in ops and "relu" in ops

@@ -25,7 +25,7 @@ from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, Par
 from .scalar import Unsupported, ctor, node_shape, only_node
 
 WINOGRAD_OPS = ("winograd_input", "winograd_input_backward", "winograd_filter", "winograd_filter_backward",
-                "winograd_output", "winograd_output_backward")
+                "winograd_output", "winograd_output_backward", "winograd_output_bias")
 # The module-level helper a plane transform calls: rows of a matrix product along runs of tiles
 ROWS = "winograd_rows"
 
@@ -139,6 +139,11 @@ def _tiling_of(op, attrs, in_shape, out_shape):
         tiles = _winograd.tile_counts(_winograd.output_sizes((h, w), padding), tile)
         tl = _Tiling(c, n, (h, w), tile + 2, tile, (padding[0][0], padding[1][0]), tiles,
                      lambda ch, s: f"(({s}) * {c} + {ch}) * {h * w}")  # x (N, C, H, W)
+    elif op == "winograd_output_bias":
+        size = tuple(attrs["size"])
+        n, o = out_shape[:2]
+        tl = _Tiling(o, n, size, tile, tile, (0, 0), _winograd.tile_counts(size, tile),
+                     lambda ch, s: f"(({s}) * {o} + {ch}) * {math.prod(size)}")  # y (N, O, Ho, Wo)
     else:
         size = tuple(attrs["size"])
         o, nl = out_shape if op == "winograd_output" else in_shape
@@ -191,25 +196,26 @@ def _task_lines(tl: _Tiling, loop: str, dt: str, buffers) -> list[str]:
     return lines + [f"    {name} = np.{fill}(({rows}, {tl.columns}), dtype={dt})" for name, fill, rows in buffers]
 
 
-def _pixel_loops(tl: _Tiling, body) -> list[str]:
-    """Loops over the task's samples, tile rows, and patch rows i whose pixel row lies inside the plane, then over
-    the tiles of the row: `body(j, bounds)` gives the lines for patch column j (with bounds, its pixel may lie
-    outside the row and the lines must check). Sets g (the row's first tile) and prow (where the pixel row
-    starts)."""
+def _pixel_loops(tl: _Tiling, body, per_plane: str | None = None) -> list[str]:
+    """Loops over the task's planes (`per_plane`: a line run at each), tile rows, and patch rows i whose pixel row
+    lies inside the plane, then over the tiles of the row: `body(j, bounds)` gives the lines for patch column j
+    (with bounds, its pixel may lie outside the row and the lines must check). Sets g (the row's first tile) and
+    prow (where the pixel row starts)."""
     (th, tw), (h, w), k, m = tl.tiles, tl.plane_hw, tl.patch, tl.step
     top, left = tl.offset
     # the tiles whose patch lies inside the row: tx * m - left >= 0 and tx * m - left + k <= w
     lo = min(tw, -(-left // m))
     hi = max(lo, min(tw, (w + left - k) // m + 1))
     lines = ["    for cn in range(ng * ns):",
-             f"        plane = {tl.plane_at('(c0 + cn // ns)', 'n0 + cn % ns')}",
-             f"        for ty in range({th}):",
-             f"            g = (cn * {th} + ty) * {tw}",
-             f"            for i in range({k}):",
-             f"                y = ty * {m} + i - {top}",
-             f"                if y < 0 or y >= {h}:",
-             "                    continue",
-             f"                prow = plane + y * {w}"]
+             f"        plane = {tl.plane_at('(c0 + cn // ns)', 'n0 + cn % ns')}"]
+    lines += [f"        {per_plane}"] if per_plane else []
+    lines += [f"        for ty in range({th}):",
+              f"            g = (cn * {th} + ty) * {tw}",
+              f"            for i in range({k}):",
+              f"                y = ty * {m} + i - {top}",
+              f"                if y < 0 or y >= {h}:",
+              "                    continue",
+              f"                prow = plane + y * {w}"]
     for first, last, bounds in ((0, lo, True), (lo, hi, False), (hi, tw, True)):
         if first < last:
             lines.append(f"                for tx in range({first}, {last}):")
@@ -240,9 +246,11 @@ def _gather_lines(mat, tl: _Tiling, loop, dt, dest, row_step: int) -> list[str]:
     return lines
 
 
-def _scatter_lines(mat, tl: _Tiling, loop, dt, source, row_step: int, add: bool) -> list[str]:
+def _scatter_lines(mat, tl: _Tiling, loop, dt, source, row_step: int, add: bool, bias=None,
+                   relu: bool = False) -> list[str]:
     """Transformed tiles (entry (a, b) of tile p at source(a * R + b) + p, rows `row_step` apart) -> mat @ X @ mat^T,
-    stored into the planes (added where tiles overlap: `add`, on planes the task zeroes first). Both products run
+    stored into the planes (added where tiles overlap: `add`, on planes the task zeroes first; or with the plane's
+    channel's bias added, `bias(channel)` the expression reading it, then a relu if `relu`). Both products run
     along the tiles as calls of the module's ROWS helper, then every patch row's pixels are stored."""
     kk, r = mat.shape
     cols = tl.columns
@@ -258,9 +266,12 @@ def _scatter_lines(mat, tl: _Tiling, loop, dt, source, row_step: int, add: bool)
 
     def store(j, bounds):
         x = f"tx * {tl.step} + {j - tl.offset[1]}"
-        line = [f"out0[prow + {x}] {'+' if add else ''}= e[i * {kk} + {j}, g + tx]"]
+        value = f"e[i * {kk} + {j}, g + tx]" + (" + bv" if bias else "")
+        if relu:  # as the relu kernel computes it (np.maximum: NaN stays NaN)
+            value = f"np.maximum({value}, {dt}(0))"
+        line = [f"out0[prow + {x}] {'+' if add else ''}= {value}"]
         return ([f"if 0 <= {x} < {tl.plane_hw[1]}:"] + indent(line)) if bounds else line
-    return lines + _pixel_loops(tl, store)
+    return lines + _pixel_loops(tl, store, f"bv = {bias('c0 + cn // ns')}" if bias else None)
 
 
 def _rows_call(src, s0, ss, dst, d0, ds, length: str = "q") -> str:
@@ -321,13 +332,20 @@ def _filter_lines(mat, oc: int, loop: str, dt: str, forward: bool) -> list[str]:
     return lines
 
 
+def _vector_at(a):
+    """index -> the expression reading entry index of the 1-d value `a` (an argument, or a folded view of one)."""
+    stride = 1 if a.strides is None else a.strides[0]
+    return lambda i: f"{a.arg}[{a.offset} + {stride} * ({i})]"
+
+
 def gen_winograd(kb: KernelBuilder) -> None:
     node, op, attrs, in_shape, out_shape = _geometry(kb.kernel)
     sched = _schedule(op, attrs, in_shape, out_shape)
     bt, g, at = _winograd.matrices(attrs["tile"])
     dt = ctor(kb.outs[0].dtype)
     mat = {"winograd_filter": g, "winograd_filter_backward": g.T, "winograd_input": bt,
-           "winograd_input_backward": bt.T, "winograd_output": at, "winograd_output_backward": at.T}[op]
+           "winograd_input_backward": bt.T, "winograd_output": at, "winograd_output_backward": at.T,
+           "winograd_output_bias": at}[op]
     kb.helpers[ROWS] = _rows_helper(mat, kb.outs[0].dtype)
     if op == "winograd_filter":  # (O, C, 3, 3) -> (T*T, O, C)
         body = _filter_lines(mat, in_shape[0] * in_shape[1], sched.loop, dt, forward=True)
@@ -342,7 +360,8 @@ def gen_winograd(kb: KernelBuilder) -> None:
             body = _gather_lines(mat, tl, sched.loop, dt, row_at, tl.channels * p)
         else:
             body = _scatter_lines(mat, tl, sched.loop, dt, row_at, tl.channels * p,
-                                  add=op == "winograd_input_backward")
+                                  add=op == "winograd_input_backward", relu=bool(attrs.get("relu")),
+                                  bias=_vector_at(kb.read_of(node.args[1])) if op == "winograd_output_bias" else None)
     f = Function(kb.name, kb.ins + kb.outs, body, sched.parallel)
     kb.launch = [launch_line(f)]
     kb.functions.append(f)
