@@ -28,6 +28,13 @@ def _tiling(op: str, chunk_tiles: int, group_tiles: int, monkeypatch):
     return cpu_winograd._tiling_of(op, attrs, shape, out_shape)[0]
 
 
+def test_which_row_strides_go_through_a_buffer():
+    """36 rows 288 KiB apart (conv2 of the MNIST CNN at batch 64) map to one L1 set; 4.5 KiB apart to 8."""
+    assert cpu_winograd._conflicting(36, 32 * 2304, 4)
+    assert not cpu_winograd._conflicting(36, 1152, 4) and not cpu_winograd._conflicting(36, 2304, 4)
+    assert not cpu_winograd._conflicting(36, 1153, 4)  # not line-aligned: rows spread over the sets
+
+
 def test_the_task_split(monkeypatch):
     """Several channels a task only when one chunk holds every sample; the last group or chunk may be partial."""
     grouped = _tiling("winograd_input", 512, 72, monkeypatch)  # 36 tiles of 3 samples: 2 channels a task
@@ -38,11 +45,15 @@ def test_the_task_split(monkeypatch):
     assert (whole.chunks, whole.group, whole.tasks) == (1, OUT_CHANNELS, 1)
 
 
-@pytest.mark.parametrize("chunk_tiles,group_tiles", [(512, 72), (24, 4096)], ids=["channel_groups", "sample_chunks"])
-def test_task_splits_match_the_interpreter(chunk_tiles, group_tiles, monkeypatch):
+@pytest.mark.parametrize("chunk_tiles,group_tiles,rows_per_set", [(512, 72, 12), (24, 4096, 12), (24, 4096, 0)],
+                         ids=["channel_groups", "sample_chunks", "rows_through_a_buffer"])
+def test_task_splits_match_the_interpreter(chunk_tiles, group_tiles, rows_per_set, monkeypatch):
+    """rows_per_set 0: every transform loop reads or writes the transformed rows through a buffer (as where their
+    stride would map too many to one cache set)."""
     monkeypatch.setattr(winograd_pass, "MIN_DIRECT_WORK", 0)
     monkeypatch.setattr(cpu_winograd, "CHUNK_TILES", chunk_tiles)
     monkeypatch.setattr(cpu_winograd, "GROUP_TILES", group_tiles)
+    monkeypatch.setattr(cpu_winograd, "ROWS_PER_SET", rows_per_set)
     runtime.manual_seed(0)
     m = _module(runtime, SHAPE, OUT_CHANNELS, PADDING, True, "relu").double()
     rng = np.random.default_rng(6)

@@ -251,6 +251,28 @@ def _transform_loop(k: _Constants, mat, src: str, ss: int, dst: str, ds: int, bi
     return ["    for p in range(q):"] + indent(body, 2)
 
 
+# An L1 data cache's sets (64-byte lines, 64 sets of 12 ways in this machine's 48 KiB, as in recent x86 cores) and
+# the most rows of a transform loop that may map to one of them: more, and its loads or stores evict each other.
+L1_SETS, ROWS_PER_SET = 64, 12
+
+
+def _conflicting(rows: int, stride: int, itemsize: int) -> bool:
+    """Whether `rows` rows `stride` elements apart, read or written together, map too many of them to one L1 set.
+
+    NOTE: the MNIST CNN's conv2 at batch 64 has its transformed rows 288 KiB apart (a multiple of 4 KiB: every row
+    in one set); read or written by one loop they took the input transform from 0.50 to 1.03 ms (min, 2 threads),
+    against 36 rows copied through a buffer whose rows are one line apart."""
+    aligned = stride * itemsize % 64 == 0  # else the rows' lines spread over the sets
+    sets = L1_SETS // math.gcd(stride * itemsize // 64 % L1_SETS, L1_SETS) if aligned else L1_SETS
+    return rows > ROWS_PER_SET * sets
+
+
+def _copy_rows(src: str, ss, dst: str, ds, rows: int) -> list[str]:
+    """Copy q values of each of `rows` rows from src (rows ss apart) to dst (rows ds apart)."""
+    return [f"    for rw in range({rows}):", f"        sr = {src}[rw * {ss}:rw * {ss} + q]",
+            f"        dr = {dst}[rw * {ds}:rw * {ds} + q]", "        for p in range(q):", "            dr[p] = sr[p]"]
+
+
 def _gather_lines(mat, tl: _Tiling, loop, dtype, dest, row_step: int) -> list[str]:
     """Plane tiles -> their transforms mat @ d @ mat^T, entry (a, b) of tile p written at dest(a * R + b) + p (rows
     `row_step` apart). The tiles' pixels are first copied into d (patch*patch rows, zeros outside the planes), then
@@ -267,7 +289,13 @@ def _gather_lines(mat, tl: _Tiling, loop, dtype, dest, row_step: int) -> list[st
         store = [f"d[i * {kk} + {j}, g + tx] = in0[prow + {x}]"]
         return ([f"if 0 <= {x} < {tl.plane_hw[1]}:"] + indent(store)) if bounds else store
     lines += _pixel_loops(tl, copy)
-    lines += _transform_loop(k, mat, "df", tl.columns, "ov", row_step)
+    if _conflicting(r * r, row_step, dtype.itemsize):  # through a buffer with rows one line apart
+        padded = tl.columns + 64 // dtype.itemsize
+        lines += [f"    ob = np.empty({r * r * padded}, dtype={dt})"]
+        lines += _transform_loop(k, mat, "df", tl.columns, "ob", padded)
+        lines += _copy_rows("ob", padded, "ov", row_step, r * r)
+    else:
+        lines += _transform_loop(k, mat, "df", tl.columns, "ov", row_step)
     return k.lines() + lines
 
 
@@ -290,7 +318,12 @@ def _scatter_lines(mat, tl: _Tiling, loop, dtype, source, row_step: int, add: bo
         lines += [f"    brow = np.empty({cols}, dtype={dt})", "    for cn in range(ng * ns):",
                   f"        bv = {bias('ch0 + cn // ns')}", f"        for p in range({tl.per_sample}):",
                   f"            brow[cn * {tl.per_sample} + p] = bv"]
-    lines += _transform_loop(k, mat, "iv", row_step, "ef", cols, bias is not None, relu)
+    if _conflicting(r * r, row_step, dtype.itemsize):  # through a buffer with rows one line apart
+        padded = cols + 64 // dtype.itemsize
+        lines += [f"    ib = np.empty({r * r * padded}, dtype={dt})"] + _copy_rows("iv", row_step, "ib", padded, r * r)
+        lines += _transform_loop(k, mat, "ib", padded, "ef", cols, bias is not None, relu)
+    else:
+        lines += _transform_loop(k, mat, "iv", row_step, "ef", cols, bias is not None, relu)
 
     def store(j, bounds):
         x = f"tx * {tl.step} + {j - tl.offset[1]}"
