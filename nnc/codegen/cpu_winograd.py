@@ -11,9 +11,7 @@ offsets, the first product's kept in locals); only copying pixels between the pl
   - winograd_output and winograd_input_backward scatter: the rows transformed back into a buffer, and its pixels
     stored into the planes (added where tiles overlap: the input transform's adjoint);
   - winograd_output_bias adds each channel's bias in the transform loop, and a relu if asked.
-The filter transforms take blocks of filters a task, with the block's filters along the rows of a buffer, so both
-products run along them too, in one helper per module (ROWS: the matrix's rows written out once, called per group
-of rows); only copying the 3x3 filters in, or out, is scalar.
+The filter transforms take blocks of filters a task and run along the block's filters the same way.
 """
 from __future__ import annotations
 
@@ -28,8 +26,6 @@ from .scalar import Unsupported, ctor, node_shape, only_node
 
 WINOGRAD_OPS = ("winograd_input", "winograd_input_backward", "winograd_filter", "winograd_filter_backward",
                 "winograd_output", "winograd_output_backward", "winograd_output_bias")
-# The module-level helper a filter transform calls: rows of a matrix product along runs of filters
-ROWS = "winograd_rows"
 
 
 @dataclass(frozen=True)
@@ -67,9 +63,11 @@ def _schedule(op, attrs, in_shape, out_shape) -> WinogradSchedule:
     return WinogradSchedule(op, tasks, work, tasks > 1 and tasks * work >= PARALLEL_MIN_ELEMENTS)
 
 
-# Filters a filter-transform task takes: the block's rows (T*T + 18 of them, 4 or 8 bytes each) stay in L1/L2.
-# NOTE: one filter a task, scalar code, took 37 us on one thread for the MNIST CNN's conv2 (2048 filters)
-FILTER_BLOCK = 256
+# Filters a filter-transform task takes: its buffer (T*T rows of them, 4 or 8 bytes each) stays in L2.
+# NOTE: the MNIST CNN's conv2 (2048 filters), one thread: one filter a task, scalar code, 37 us; blocks of 256 with
+# row loops 11 us; one loop along the block's filters, blocks of 64 / 128 / 256 / 512 / 2048: 18.6 / 10.9 / 9.4 /
+# 8.4 / 8.7 us (loaded machine, minimums)
+FILTER_BLOCK = 512
 # Tiles a task transforms at once: its buffers (T*T rows of them, 4 or 8 bytes each) stay in L2.
 # NOTE: one output channel's tiles at a time (the MNIST CNN's conv2 output transform, 64 tasks of 2304 tiles)
 # took 1.5 ms on one thread, against 6.1 ms for one task per (sample, channel) plane with loops over one tile row
@@ -226,11 +224,20 @@ def _pixel_loops(tl: _Tiling, body, per_plane: str | None = None) -> list[str]:
     return lines
 
 
-def _transform_loop(k: _Constants, mat, src: str, ss: int, dst: str, ds: int, bias: bool = False,
-                    relu: bool = False) -> list[str]:
-    """One loop over a task's q tiles p: Y = mat @ X @ mat^T of each, entry e of X at src[e * ss + p] and of Y
-    stored at dst[e * ds + p]; with `bias`, brow[p] added to every entry of Y, then a relu if `relu` (np.maximum,
-    as the relu kernel: NaN stays NaN). The first product's values stay in locals.
+def _rows(name: str, stride: int):
+    """Entry e of tile (or filter) p in rows of `name`, `stride` apart."""
+    return lambda e: f"{name}[{e * stride} + p]"
+
+
+def _interleaved(name: str, entries: int):
+    """Entry e of filter p in `name`, the filters' entries side by side (a (filters, 3, 3) weight)."""
+    return lambda e: f"{name}[p * {entries} + {e}]"
+
+
+def _transform_loop(k: _Constants, mat, src, dst, bias: bool = False, relu: bool = False) -> list[str]:
+    """One loop over a task's q tiles (or filters) p: Y = mat @ X @ mat^T of each, entry e of X read at src(e) and
+    of Y stored at dst(e) (_rows, _interleaved); with `bias`, brow[p] added to every entry of Y, then a relu if
+    `relu` (np.maximum, as the relu kernel: NaN stays NaN). The first product's values stay in locals.
 
     NOTE: src and dst are 1-d slices read at constant offsets: LLVM then checks each for overlap once and the loop
     runs on vectors (vfmadd-free: the same arithmetic, in the same order, as two passes of row loops). The MNIST
@@ -238,7 +245,7 @@ def _transform_loop(k: _Constants, mat, src: str, ss: int, dst: str, ds: int, bi
     in ~0.5 s (an F(4x4) transform written as 72 row loops took 6-14 s)."""
     rows, width = mat.shape
     used = [i for i in range(width) if mat[:, i].any()]
-    body = [f"x{i}_{j} = {src}[{(i * width + j) * ss} + p]" for i in used for j in used]
+    body = [f"x{i}_{j} = {src(i * width + j)}" for i in used for j in used]
     for a in range(rows):
         body += [f"t{a}_{j} = {k.combination(mat[a], [f'x{i}_{j}' if i in used else '0' for i in range(width)])}"
                  for j in used]
@@ -247,7 +254,7 @@ def _transform_loop(k: _Constants, mat, src: str, ss: int, dst: str, ds: int, bi
             value = k.combination(mat[b], [f"t{a}_{j}" if j in used else "0" for j in range(width)])
             if bias:
                 value = f"np.maximum({value} + brow[p], {k.ctor}(0))" if relu else f"{value} + brow[p]"
-            body.append(f"{dst}[{(a * rows + b) * ds} + p] = {value}")
+            body.append(f"{dst(a * rows + b)} = {value}")
     return ["    for p in range(q):"] + indent(body, 2)
 
 
@@ -292,10 +299,10 @@ def _gather_lines(mat, tl: _Tiling, loop, dtype, dest, row_step: int) -> list[st
     if _conflicting(r * r, row_step, dtype.itemsize):  # through a buffer with rows one line apart
         padded = tl.columns + 64 // dtype.itemsize
         lines += [f"    ob = np.empty({r * r * padded}, dtype={dt})"]
-        lines += _transform_loop(k, mat, "df", tl.columns, "ob", padded)
+        lines += _transform_loop(k, mat, _rows("df", tl.columns), _rows("ob", padded))
         lines += _copy_rows("ob", padded, "ov", row_step, r * r)
     else:
-        lines += _transform_loop(k, mat, "df", tl.columns, "ov", row_step)
+        lines += _transform_loop(k, mat, _rows("df", tl.columns), _rows("ov", row_step))
     return k.lines() + lines
 
 
@@ -321,9 +328,9 @@ def _scatter_lines(mat, tl: _Tiling, loop, dtype, source, row_step: int, add: bo
     if _conflicting(r * r, row_step, dtype.itemsize):  # through a buffer with rows one line apart
         padded = cols + 64 // dtype.itemsize
         lines += [f"    ib = np.empty({r * r * padded}, dtype={dt})"] + _copy_rows("iv", row_step, "ib", padded, r * r)
-        lines += _transform_loop(k, mat, "ib", padded, "ef", cols, bias is not None, relu)
+        lines += _transform_loop(k, mat, _rows("ib", padded), _rows("ef", cols), bias is not None, relu)
     else:
-        lines += _transform_loop(k, mat, "iv", row_step, "ef", cols, bias is not None, relu)
+        lines += _transform_loop(k, mat, _rows("iv", row_step), _rows("ef", cols), bias is not None, relu)
 
     def store(j, bounds):
         x = f"tx * {tl.step} + {j - tl.offset[1]}"
@@ -332,62 +339,33 @@ def _scatter_lines(mat, tl: _Tiling, loop, dtype, source, row_step: int, add: bo
     return k.lines() + lines + _pixel_loops(tl, store)
 
 
-def _rows_call(src, s0, ss, dst, d0, ds, length: str = "q") -> str:
-    """A task's call of ROWS over `length` values per row, rows from src at s0 + i * ss into dst at d0 + a * ds.
-
-    NOTE: the offsets go in as np.int64: numba types a literal int argument by its value, and compiled ROWS once
-    per call site (6 s for one kernel, against 1.2 s)."""
-    s0, ss, d0, ds = (f"np.int64({v})" for v in (s0, ss, d0, ds))
-    return f"    {ROWS}({src}, {s0}, {ss}, {dst}, {d0}, {ds}, {length})"
-
-
-def _rows_helper(mat, dtype) -> str:
-    """The source of ROWS: dst[d0 + a * ds:][:q] = sum_i mat[a, i] * src[s0 + i * ss:][:q] for every row a of mat.
-
-    NOTE: a helper called once per row group, not the same loops written out in the kernel: numba's typing and
-    lowering time grows with the statements of a function, and an F(4x4) transform written out (72 loops) took
-    6-14 s to compile, longer than all the other kernels of its model together. Every run is a 1-d slice: indexed
-    in 2-d or through the flat arguments, LLVM kept these loops scalar (7.0 against 1.5 ms for the MNIST CNN's
-    conv2 output transform)."""
-    k = _Constants(dtype)
-    rows, width = mat.shape
-    used = [i for i in range(width) if mat[:, i].any()]
-    body = [f"r{i} = src[s0 + {i} * ss:s0 + {i} * ss + q]" for i in used]
-    for a in range(rows):
-        body += [f"o = dst[d0 + {a} * ds:d0 + {a} * ds + q]", "for p in range(q):",
-                 f"    o[p] = {k.combination(mat[a], [f'r{i}[p]' if i in used else '0' for i in range(width)])}"]
-    head = ["@njit(error_model='numpy')", f"def {ROWS}(src, s0, ss, dst, d0, ds, q):",
-            f'    """dst rows = the {rows}x{width} transform matrix @ src rows, q values each."""']
-    return "\n".join(head + indent(k.lines() + body))
-
-
-def _filter_lines(mat, oc: int, loop: str, dt: str, forward: bool) -> list[str]:
-    """Filters in blocks of FILTER_BLOCK, both products along the block's filters (contiguous runs, which vectorize)
-    as calls of ROWS. forward: w (OC, 3, 3) -> U (T*T, OC) = mat @ w @ mat^T (mat = G, T x 3): the block's weights
-    copied into 9 rows first. Backward: dU (T*T, OC) -> dw (OC, 3, 3) = mat @ dU @ mat^T (mat = G^T, 3 x T), the 9
-    result rows copied out to the filters last."""
-    r, kk = mat.shape
+def _filter_lines(mat, oc: int, loop: str, dtype, forward: bool) -> list[str]:
+    """Filters in blocks of FILTER_BLOCK, each block's filters transformed in one loop along them (_transform_loop).
+    forward: w (OC, 3, 3) -> U (T*T, OC) = mat @ w @ mat^T (mat = G, T x 3), the 9 weights of a filter read side by
+    side. Backward: dU (T*T, OC) -> dw (OC, 3, 3) = mat @ dU @ mat^T (mat = G^T, 3 x T). U's rows go through a
+    buffer where they would map to one cache set (_conflicting: 2048 filters, 8 KiB apart, took 37 us against 8)."""
+    k, dt = _Constants(dtype), ctor(dtype)
     fb = FILTER_BLOCK
+    rows = mat.shape[0] ** 2 if forward else mat.shape[1] ** 2  # U's
+    buffered = _conflicting(rows, oc, dtype.itemsize)
+    padded = fb + 64 // dtype.itemsize
     lines = [f"for blk in {loop}({-(-oc // fb)}):",
              f"    t0 = blk * {fb}",
-             f"    nt = min({fb}, {oc} - t0)",
-             f"    g = np.empty({r * kk * fb}, dtype={dt})"]
-    if forward:  # f[i * 3 + j, u] = w[t0 + u, i, j]
-        lines += [f"    f = np.empty({9 * fb}, dtype={dt})", "    for ij in range(9):",
-                  "        for u in range(nt):", f"            f[ij * {fb} + u] = in0[(t0 + u) * 9 + ij]"]
-        src, s0, ss = "f", lambda j: j * fb, kk * fb
-    else:  # rows of dU: in0[row * OC + t0 + u]
-        lines.append(f"    e = np.empty({r * r * fb}, dtype={dt})")
-        src, s0, ss = "in0", lambda j: f"{j * oc} + t0", kk * oc
-    # g[a * kk + j] = sum_i mat[a, i] f[i * kk + j]; then out[a * r + b] = sum_j mat[b, j] g[a * kk + j]
-    lines += [_rows_call(src, s0(j), ss, "g", j * fb, kk * fb, "nt") for j in range(kk)]
+             f"    q = min({fb}, {oc} - t0)"]
     if forward:
-        lines += [_rows_call("g", a * kk * fb, fb, "out0", f"{a * r * oc} + t0", oc, "nt") for a in range(r)]
-    else:  # dw[t0 + u, a, b] = e[a * 3 + b, u]
-        lines += [_rows_call("g", a * kk * fb, fb, "e", a * r * fb, fb, "nt") for a in range(r)]
-        lines += ["    for ab in range(9):", "        for u in range(nt):",
-                  f"            out0[(t0 + u) * 9 + ab] = e[ab * {fb} + u]"]
-    return lines
+        lines += ["    wv = in0[t0 * 9:]", "    uv = out0[t0:]"]
+        if buffered:
+            lines += [f"    ub = np.empty({rows * padded}, dtype={dt})"]
+            lines += _transform_loop(k, mat, _interleaved("wv", 9), _rows("ub", padded))
+            lines += _copy_rows("ub", padded, "uv", oc, rows)
+        else:
+            lines += _transform_loop(k, mat, _interleaved("wv", 9), _rows("uv", oc))
+    else:
+        lines += ["    uv = in0[t0:]", "    wv = out0[t0 * 9:]"]
+        if buffered:
+            lines += [f"    ub = np.empty({rows * padded}, dtype={dt})"] + _copy_rows("uv", oc, "ub", padded, rows)
+        lines += _transform_loop(k, mat, _rows("ub", padded) if buffered else _rows("uv", oc), _interleaved("wv", 9))
+    return k.lines() + lines
 
 
 def _vector_at(a):
@@ -400,22 +378,19 @@ def gen_winograd(kb: KernelBuilder) -> None:
     node, op, attrs, in_shape, out_shape = _geometry(kb.kernel)
     sched = _schedule(op, attrs, in_shape, out_shape)
     bt, g, at = _winograd.matrices(attrs["tile"])
-    dt = ctor(kb.outs[0].dtype)
+    dtype = kb.outs[0].dtype
     mat = {"winograd_filter": g, "winograd_filter_backward": g.T, "winograd_input": bt,
            "winograd_input_backward": bt.T, "winograd_output": at, "winograd_output_backward": at.T,
            "winograd_output_bias": at}[op]
-    if op in ("winograd_filter", "winograd_filter_backward"):
-        kb.helpers[ROWS] = _rows_helper(mat, kb.outs[0].dtype)
     if op == "winograd_filter":  # (O, C, 3, 3) -> (T*T, O, C)
-        body = _filter_lines(mat, in_shape[0] * in_shape[1], sched.loop, dt, forward=True)
+        body = _filter_lines(mat, in_shape[0] * in_shape[1], sched.loop, dtype, forward=True)
     elif op == "winograd_filter_backward":  # (T*T, O, C) -> (O, C, 3, 3): dw = G^T dU G
-        body = _filter_lines(mat, in_shape[1] * in_shape[2], sched.loop, dt, forward=False)
+        body = _filter_lines(mat, in_shape[1] * in_shape[2], sched.loop, dtype, forward=False)
     else:
         tl, p = _tiling_of(op, attrs, in_shape, out_shape)
 
         def row_at(r):  # row r of the task's first channel ch0 in the (T*T, channels, P) transformed tiles
             return f"({r} * {tl.channels} + ch0) * {p}"
-        dtype = kb.outs[0].dtype
         if op in ("winograd_input", "winograd_output_backward"):
             body = _gather_lines(mat, tl, sched.loop, dtype, row_at, tl.channels * p)
         else:
