@@ -196,32 +196,52 @@ def _task_lines(tl: _Tiling, loop: str, dt: str, buffers) -> list[str]:
     return lines + [f"    {name} = np.{fill}(({rows}, {tl.columns}), dtype={dt})" for name, fill, rows in buffers]
 
 
-def _pixel_loops(tl: _Tiling, body, per_plane: str | None = None) -> list[str]:
-    """Loops over the task's planes (`per_plane`: a line run at each), tile rows, and patch rows i whose pixel row
-    lies inside the plane, then over the tiles of the row: `body(j, bounds)` gives the lines for patch column j
-    (with bounds, its pixel may lie outside the row and the lines must check). Sets g (the row's first tile) and
-    prow (where the pixel row starts)."""
+def _pixel_loops(tl: _Tiling, body, shared_rows: bool = False) -> list[str]:
+    """Loops over the task's planes, tile rows, and patch rows i whose pixel row lies inside the plane, then over
+    the tiles of the row: `body(j, bounds)` gives the lines for patch column j (with bounds, its pixel may lie
+    outside the row and the lines must check). Sets g (the row's first tile) and prow (where the pixel row starts).
+    With `shared_rows`, patch rows i >= step are left out except in the last tile row (see _shared_row_copies)."""
     (th, tw), (h, w), k, m = tl.tiles, tl.plane_hw, tl.patch, tl.step
     top, left = tl.offset
     # the tiles whose patch lies inside the row: tx * m - left >= 0 and tx * m - left + k <= w
     lo = min(tw, -(-left // m))
     hi = max(lo, min(tw, (w + left - k) // m + 1))
+    rows = f"{k} if ty == {th - 1} else {m}" if shared_rows and k > m else f"{k}"
     lines = ["    for cn in range(ng * ns):",
-             f"        plane = {tl.plane_at('(ch0 + cn // ns)', 'n0 + cn % ns')}"]
-    lines += [f"        {per_plane}"] if per_plane else []
-    lines += [f"        for ty in range({th}):",
-              f"            g = (cn * {th} + ty) * {tw}",
-              f"            for i in range({k}):",
-              f"                y = ty * {m} + i - {top}",
-              f"                if y < 0 or y >= {h}:",
-              "                    continue",
-              f"                prow = plane + y * {w}"]
+             f"        plane = {tl.plane_at('(ch0 + cn // ns)', 'n0 + cn % ns')}",
+             f"        for ty in range({th}):",
+             f"            g = (cn * {th} + ty) * {tw}",
+             f"            for i in range({rows}):",
+             f"                y = ty * {m} + i - {top}",
+             f"                if y < 0 or y >= {h}:",
+             "                    continue",
+             f"                prow = plane + y * {w}"]
     for first, last, bounds in ((0, lo, True), (lo, hi, False), (hi, tw, True)):
         if first < last:
             lines.append(f"                for tx in range({first}, {last}):")
             for j in range(k):
                 lines += indent(body(j, bounds), 5)
     return lines
+
+
+def _shared_row_copies(tl: _Tiling) -> list[str]:
+    """Patch rows i >= step of every tile row but the last, in the gather's buffer d: the same pixels as patch row
+    i - step of the next tile row (the patches overlap), so copied from it along the tile rows instead of from the
+    planes. NOTE: a third of the input transform's scalar pixel copies become vector copies."""
+    (th, tw), k, m = tl.tiles, tl.patch, tl.step
+    if k <= m or th < 2:
+        return []
+    run, cols = (th - 1) * tw, tl.columns
+    return ["    for cn in range(ng * ns):",
+            f"        base = cn * {tl.per_sample}",
+            f"        for i in range({m}, {k}):",
+            f"            for j in range({k}):",
+            f"                d0 = (i * {k} + j) * {cols} + base",
+            f"                s0 = ((i - {m}) * {k} + j) * {cols} + base + {tw}",
+            f"                dr = df[d0:d0 + {run}]",
+            f"                sr = df[s0:s0 + {run}]",
+            f"                for u in range({run}):",
+            "                    dr[u] = sr[u]"]
 
 
 def _rows(name: str, stride: int):
@@ -295,7 +315,7 @@ def _gather_lines(mat, tl: _Tiling, loop, dtype, dest, row_step: int) -> list[st
         x = f"tx * {tl.step} + {j - tl.offset[1]}"
         store = [f"d[i * {kk} + {j}, g + tx] = in0[prow + {x}]"]
         return ([f"if 0 <= {x} < {tl.plane_hw[1]}:"] + indent(store)) if bounds else store
-    lines += _pixel_loops(tl, copy)
+    lines += _pixel_loops(tl, copy, shared_rows=True) + _shared_row_copies(tl)
     if _conflicting(r * r, row_step, dtype.itemsize):  # through a buffer with rows one line apart
         padded = tl.columns + 64 // dtype.itemsize
         lines += [f"    ob = np.empty({r * r * padded}, dtype={dt})"]
