@@ -260,9 +260,10 @@ def _transform_loop(k: _Constants, mat, src, dst, bias: bool = False, relu: bool
     `relu` (np.maximum, as the relu kernel: NaN stays NaN). The first product's values stay in locals.
 
     NOTE: src and dst are 1-d slices read at constant offsets: LLVM then checks each for overlap once and the loop
-    runs on vectors (vfmadd-free: the same arithmetic, in the same order, as two passes of row loops). The MNIST
-    CNN's conv2 at batch 1, one thread: output transform's products 10.5 -> 3.8 us, input's 2.5 us; it compiles
-    in ~0.5 s (an F(4x4) transform written as 72 row loops took 6-14 s)."""
+    runs on zmm vectors. Without FMA contraction the arithmetic and its order are those of two passes of row loops
+    (contracting measured no faster: the pixel copies dominate). The MNIST CNN's conv2 at batch 1, one thread:
+    output transform's products 10.5 -> 3.8 us, input's 2.5 us; it compiles in ~0.5 s (an F(4x4) transform
+    written as 72 row loops took 6-14 s)."""
     rows, width = mat.shape
     used = [i for i in range(width) if mat[:, i].any()]
     body = [f"x{i}_{j} = {src(i * width + j)}" for i in used for j in used]
