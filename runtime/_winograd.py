@@ -10,6 +10,8 @@ positions of the transformed tiles are T*T independent products U[t] (O, C) @ V[
     winograd_output:  M (T*T, O, P)   -> Y (O, N * Ho * Wo)   A^T M_p A, cropped: convolution's product layout
 and each has its adjoint (`*_backward`), which is the op's derivative: the three are linear. Tiles that reach past
 the padded input read zeros, and the outputs they give past (Ho, Wo) are dropped.
+A convolution with a bias takes `winograd_output_bias` instead of winograd_output, its bias add and (attr relu) a
+relu after it, in the convolution's (N, O, Ho, Wo) layout: one kernel where there were three.
 """
 from __future__ import annotations
 
@@ -135,3 +137,10 @@ def np_output_backward(dy, tile, size):
     a = _as(at, dy.dtype)
     dm = np.einsum("ia,onyixj,jb->abonyx", a, full.reshape(o, n, th, tile, tw, tile), a, optimize=True)
     return np.ascontiguousarray(dm).reshape(t * t, o, n * th * tw)
+
+
+def np_output_bias(mm, bias, tile, size, relu):
+    """(N, O, Ho, Wo): np_output(mm) + bias per output channel, then relu if asked."""
+    o = mm.shape[1]
+    y = np_output(mm, tile, size).reshape(o, -1, *size).transpose(1, 0, 2, 3) + bias.reshape(1, o, 1, 1)
+    return np.ascontiguousarray(np.maximum(y, 0) if relu else y)

@@ -1618,6 +1618,25 @@ def _winograd_output_backward_rule(op, shapes, attrs, dtypes):
     return ((tile + 2) ** 2, shape[0], shape[1] // math.prod(size) * math.prod(_wg.tile_counts(size, tile)))
 
 
+def _winograd_output_bias_rule(op, shapes, attrs, dtypes):
+    """M (T*T, O, N * tiles), bias (O,) -> Y (N, O, Ho, Wo)."""
+    (shape, bias), size = shapes, tuple(attrs["size"])
+    o, nl = _winograd_output_rule(op, (shape,), attrs, dtypes)
+    if tuple(bias) != (o,):
+        raise ShapeError(f"{op.name}: expected a bias of ({o},), got {_fmt(bias)}")
+    return (nl // math.prod(size), o) + size
+
+
+def _winograd_output_bias_grad(g, out, relu):
+    """The gradient before the relu (zero where it clipped)."""
+    return g.where(out > 0, 0.0) if relu else g
+
+
+def _winograd_output_bias_vjp_m(g, out, m, bias, tile, size, relu):
+    dy = _winograd_output_bias_grad(g, out, relu).permute(1, 0, 2, 3).reshape(out.shape[1], -1)
+    return apply("winograd_output_backward", dy, tile=tile, size=size)
+
+
 def _winograd(name, forward, rule, attr_names, vjp):
     _register(OpDef(name, Kind.OTHER, 1, forward, rule, _keep, attr_names=attr_names, kernel_kind="winograd",
                     vjp=(vjp,)))
@@ -1636,6 +1655,12 @@ _winograd("winograd_output", _wg.np_output, _winograd_output_rule, ("tile", "siz
           lambda g, out, m, tile, size: apply("winograd_output_backward", g, tile=tile, size=size))
 _winograd("winograd_output_backward", _wg.np_output_backward, _winograd_output_backward_rule, ("tile", "size"),
           lambda g, out, dy, tile, size: apply("winograd_output", g, tile=tile, size=size))
+# affine, not linear: its derivative for M is the output transform's adjoint after the relu's mask
+_register(OpDef("winograd_output_bias", Kind.OTHER, 2, _wg.np_output_bias, _winograd_output_bias_rule, _keep,
+                attr_names=("tile", "size", "relu"), kernel_kind="winograd", saves=("out",),
+                vjp=(_winograd_output_bias_vjp_m,
+                     lambda g, out, m, bias, tile, size, relu: _winograd_output_bias_grad(g, out, relu).sum(
+                         dim=(0, 2, 3)))))
 
 
 del E

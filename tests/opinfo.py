@@ -405,6 +405,11 @@ SAMPLES: dict[str, list[Sample]] = {
                lambda torch, g: _torch_adjoint(torch, lambda z: _torch_wg_output(torch, z, 2, (5, 4)), g, (16, 3, 12))),
         Sample((away(2, 45),), {"tile": 4, "size": (5, 9)},
                lambda torch, g: _torch_adjoint(torch, lambda z: _torch_wg_output(torch, z, 4, (5, 9)), g, (36, 2, 6)))],
+    "winograd_output_bias": [
+        Sample((away(16, 3, 12), away(3)), {"tile": 2, "size": (5, 4), "relu": True},
+               lambda torch, m, b: _torch_wg_output_bias(torch, m, b, 2, (5, 4), True)),
+        Sample((away(36, 2, 6), away(2)), {"tile": 4, "size": (5, 9), "relu": False}, note="partial tiles",
+               torch_fn=lambda torch, m, b: _torch_wg_output_bias(torch, m, b, 4, (5, 9), False))],
     # linear algebra
     "inv": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.inv(a)),
             Sample((_spd(2, 3),), torch_fn=lambda torch, a: torch.linalg.inv(a), note="batched")],
@@ -459,6 +464,13 @@ def _torch_wg_output(torch, m, tile, size):
     y = torch.einsum("ia,abonyx,jb->onyixj", at, m.reshape(t, t, o, -1, th, tw), at)
     y = y.reshape(o, -1, th * tile, tw * tile)[:, :, :size[0], :size[1]]
     return y.reshape(o, -1)
+
+
+def _torch_wg_output_bias(torch, m, bias, tile, size, relu):
+    """winograd_output_bias in torch: winograd_output's (O, N * Ho * Wo) as (N, O, Ho, Wo), plus bias, relu'd."""
+    o = m.shape[1]
+    y = _torch_wg_output(torch, m, tile, size).reshape(o, -1, *size).permute(1, 0, 2, 3) + bias.reshape(1, o, 1, 1)
+    return torch.relu(y) if relu else y
 
 
 def _torch_adjoint(torch, forward, g, in_shape):

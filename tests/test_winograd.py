@@ -17,7 +17,6 @@ from runtime import _winograd
 from runtime.ops import _np_im2col
 
 from helpers import needs_torch, whole_graph_forward
-from test_conv_kernels import _conv_module
 
 
 @pytest.fixture(autouse=True)
@@ -73,23 +72,36 @@ def test_float32_error_of_the_large_tile_is_small():
     assert np.abs(y - ref).max() <= 2e-5 * np.abs(ref).max()
 
 
-# (name, input shape, out channels, padding): at least MIN_CHANNELS input channels, so the rewrite applies
+# (name, input shape, out channels, padding, bias, activation): at least MIN_CHANNELS input channels, so the rewrite
+# applies; with a bias the output transform takes the bias add (winograd_output_bias), and a relu after it too
 # NOTE: every (shape, dtype) compiles its own kernels (their sizes are constants in the source), several seconds
 # each for F(4x4) on an empty kernel cache, so the cases are few and each covers several edges at once
 CONVS = [
-    ("valid_odd", (2, 8, 7, 9), 5, 0),
-    ("padded_even", (3, 8, 6, 8), 4, 1),
-    ("large_tile_partial_padded", (2, 9, 11, 13), 3, 1),
-    ("one_output", (2, 8, 3, 3), 2, 0),
-    ("padding_2", (1, 8, 5, 6), 3, 2),
-    ("batch_0", (0, 8, 6, 6), 3, 1),
+    ("valid_odd", (2, 8, 7, 9), 5, 0, True, "tanh"),
+    ("padded_even", (3, 8, 6, 8), 4, 1, False, "relu"),
+    ("large_tile_partial_padded", (2, 9, 11, 13), 3, 1, True, "relu"),
+    ("one_output", (2, 8, 3, 3), 2, 0, True, "relu"),
+    ("padding_2", (1, 8, 5, 6), 3, 2, True, "relu"),
+    ("batch_0", (0, 8, 6, 6), 3, 1, True, "tanh"),
 ]
 # float32 runs one case of each tile size (F(4x4)'s float32 error is checked on a real size above)
 FLOAT32_CONVS = ("valid_odd", "large_tile_partial_padded")
 
 
-def _module(lib, shape, out_ch, padding):
-    return _conv_module(lib, 2, shape, out_ch, 3, {"padding": padding})
+def _module(lib, shape, out_ch, padding, bias=True, act="tanh"):
+    """A 3x3 convolution (with or without a bias), then the activation (its only use), then a scaling."""
+    conv = lib.nn.Conv2d(shape[1], out_ch, 3, padding=padding, bias=bias)
+    activation = getattr(lib, act)
+
+    class M(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = conv
+
+        def forward(self, x):
+            return activation(self.conv(x)) * 1.5
+
+    return M()
 
 
 def _run(module, run, x, gy):
@@ -120,11 +132,12 @@ _EAGER_CASES = [(*c, np.float64, 1e-10) for c in CONVS] + [(*c, np.float32, 2e-4
                                                              if c[0] in FLOAT32_CONVS]
 
 
-@pytest.mark.parametrize("name,shape,out_ch,padding,dtype,tol", _EAGER_CASES,
-                         ids=[f"{c[0]}-{np.dtype(c[4]).name}" for c in _EAGER_CASES])
-def test_compiled_winograd_matches_eager(name, shape, out_ch, padding, dtype, tol):
+@pytest.mark.parametrize("name,shape,out_ch,padding,bias,act,dtype,tol", _EAGER_CASES,
+                         ids=[f"{c[0]}-{np.dtype(c[6]).name}" for c in _EAGER_CASES])
+def test_compiled_winograd_matches_eager(name, shape, out_ch, padding, bias, act, dtype, tol):
     runtime.manual_seed(0)
-    m = _module(runtime, shape, out_ch, padding).to(runtime.float64 if dtype == np.float64 else runtime.float32)
+    m = _module(runtime, shape, out_ch, padding, bias, act).to(runtime.float64 if dtype == np.float64
+                                                               else runtime.float32)
     rng = np.random.default_rng(3)
     x = rng.standard_normal(shape).astype(dtype)
     gy = rng.standard_normal((shape[0], out_ch) + _winograd.output_sizes(shape[2:], ((padding,) * 2,) * 2))
@@ -137,9 +150,11 @@ def test_compiled_winograd_matches_eager(name, shape, out_ch, padding, dtype, to
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
     ops = _ops_in(compiled)
     if shape[0]:  # a size-0 batch keeps im2col (nothing to tile) and runs in the interpreter
-        assert {"winograd_input", "winograd_output", "winograd_output_backward", "winograd_input_backward",
+        output = "winograd_output_bias" if bias else "winograd_output"
+        assert {"winograd_input", output, "winograd_output_backward", "winograd_input_backward",
                 "winograd_filter_backward"} <= set(ops)
         assert not {"im2col", "col2im"} & set(ops)
+        assert ("relu" in ops) == (act == "relu" and not bias)  # the output transform's epilogue when it has a bias
         plans = _plans(compiled)
         assert all(not p.fallbacks for p in plans)
         winograd_steps = [s for p in plans for s in p.steps if getattr(getattr(s, "kernel", None), "kind", None)
@@ -147,11 +162,11 @@ def test_compiled_winograd_matches_eager(name, shape, out_ch, padding, dtype, to
         assert len(winograd_steps) == 6 and all(hasattr(s, "compiled") for s in winograd_steps)
 
 
-@pytest.mark.parametrize("name,shape,out_ch,padding", CONVS[:5], ids=[c[0] for c in CONVS[:5]])
-def test_winograd_kernels_match_the_interpreter(name, shape, out_ch, padding):
+@pytest.mark.parametrize("name,shape,out_ch,padding,bias,act", CONVS[:5], ids=[c[0] for c in CONVS[:5]])
+def test_winograd_kernels_match_the_interpreter(name, shape, out_ch, padding, bias, act):
     """The generated kernels against the ops' numpy forwards: the same rewritten graph, run without codegen."""
     runtime.manual_seed(0)
-    m = _module(runtime, shape, out_ch, padding).double()
+    m = _module(runtime, shape, out_ch, padding, bias, act).double()
     rng = np.random.default_rng(4)
     x = rng.standard_normal(shape)
     gy = rng.standard_normal((shape[0], out_ch) + _winograd.output_sizes(shape[2:], ((padding,) * 2,) * 2))
@@ -164,10 +179,10 @@ def test_winograd_kernels_match_the_interpreter(name, shape, out_ch, padding):
 
 
 @needs_torch
-@pytest.mark.parametrize("name,shape,out_ch,padding", CONVS, ids=[c[0] for c in CONVS])
-def test_compiled_winograd_matches_torch(torch, name, shape, out_ch, padding):
-    m = _module(runtime, shape, out_ch, padding).double()
-    t = _module(torch, shape, out_ch, padding).double()
+@pytest.mark.parametrize("name,shape,out_ch,padding,bias,act", CONVS, ids=[c[0] for c in CONVS])
+def test_compiled_winograd_matches_torch(torch, name, shape, out_ch, padding, bias, act):
+    m = _module(runtime, shape, out_ch, padding, bias, act).double()
+    t = _module(torch, shape, out_ch, padding, bias, act).double()
     with torch.no_grad():
         for p, q in zip(t.parameters(), m.parameters()):
             p.copy_(torch.from_numpy(q.detach().numpy()))

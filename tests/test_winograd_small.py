@@ -11,10 +11,9 @@ import pytest
 
 import nnc
 import runtime
-from nnc.codegen import cpu_matmul, cpu_small_gemm, rows_kernel
+from nnc.codegen import cpu_matmul, cpu_small_gemm, cpu_winograd, rows_kernel
 from nnc.codegen.cpu import schedule
 from nnc.codegen.cpu_matmul import matmul_schedule
-from nnc.codegen.cpu_winograd import FILTER_BLOCK
 from nnc.passes import winograd as winograd_pass
 
 from helpers import call
@@ -107,9 +106,9 @@ def test_the_mnist_cnn_conv2_at_batch_1_is_rewritten(monkeypatch):
 
 @pytest.mark.parametrize("op,shape", [("winograd_filter", (20, 15, 3, 3)),
                                       ("winograd_filter_backward", (36, 20, 15))])
-def test_filter_transforms_over_several_blocks_match_the_interpreter(op, shape):
-    """300 filters: a full block of FILTER_BLOCK and a partial one."""
-    assert FILTER_BLOCK < 300 < 2 * FILTER_BLOCK
+def test_filter_transforms_over_several_blocks_match_the_interpreter(op, shape, monkeypatch):
+    """300 filters: a full block of FILTER_BLOCK (256 here) and a partial one."""
+    monkeypatch.setattr(cpu_winograd, "FILTER_BLOCK", 256)
     rng = np.random.default_rng(7)
     inputs = {"w": runtime.tensor(rng.standard_normal(shape))}
     case, kernel = compiled(("filter_blocks", op), lambda: Case(inputs, lambda g, w: [call(g, op, w, tile=4)],
@@ -128,11 +127,11 @@ def _products(compiled_module) -> list:
 def test_a_convolution_with_rows_loop_products_matches_eager_and_the_interpreter(monkeypatch):
     """One of test_winograd's convolutions (its transform kernels shared), with every Winograd product in the rows
     loop: the forward's U V, and the backward's dM V^T and U^T dM."""
-    name, shape, out_ch, padding = next(c for c in CONVS if c[0] == "large_tile_partial_padded")
+    name, shape, out_ch, padding, bias, act = next(c for c in CONVS if c[0] == "large_tile_partial_padded")
     monkeypatch.setattr(winograd_pass, "MIN_DIRECT_WORK", 0)
     monkeypatch.setattr(cpu_matmul, "_SERIAL_LOOP_WORK", 0)  # these products are small: no batched_small loop
     runtime.manual_seed(0)
-    m = _module(runtime, shape, out_ch, padding).double()
+    m = _module(runtime, shape, out_ch, padding, bias, act).double()
     rng = np.random.default_rng(6)
     x = rng.standard_normal(shape)
     gy = rng.standard_normal((shape[0], out_ch) + _winograd.output_sizes(shape[2:], ((padding,) * 2,) * 2))

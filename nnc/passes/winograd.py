@@ -4,9 +4,12 @@ or 4x (F(4x4, 3x3)) fewer multiplies, and no im2col or col2im runs.
 
     matmul(W (O, C*9), im2col(x))  ->  winograd_output(matmul(winograd_filter(W'), winograd_input(x)))
 
-with W' the (O, C, 3, 3) weight. The backward comes from autodiff: the three ops are linear, so their gradients are
-their adjoints (`*_backward`), and the matmul's are two more batched products (dU = dM @ V^T over the tiles, dV =
-U^T @ dM), which replace the weight-gradient product over the column matrix and the col2im of W^T @ dY.
+with W' the (O, C, 3, 3) weight; when the product's only use is conv2d's bias add and the views to (N, O, Ho, Wo), the
+output transform takes them, and a relu that is their only use: winograd_output_bias(M, bias, relu), one kernel that
+stores act(A^T M A + bias) straight into the convolution's layout. The backward comes from autodiff: the three ops
+are linear (winograd_output_bias affine), so their gradients are their adjoints (`*_backward`, after the relu's
+mask), and the matmul's are two more batched products (dU = dM @ V^T over the tiles, dV = U^T @ dM), which replace
+the weight-gradient product over the column matrix and the col2im of W^T @ dY.
 Eager conv2d keeps im2col: the rewrite is a compiler choice, tested against it. It runs before autodiff, on CPU
 graphs only (CUDA has no Winograd kernels), for float32 and float64 with static sizes.
 """
@@ -104,6 +107,48 @@ def _filter_of(graph, w: Node, shape: tuple, dtype) -> Node:
     return _call(graph, "reshape", (w,), shape, dtype, shape=shape)
 
 
+def _only_user(node: Node):
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _epilogue(product: Node, n: int, o: int, out_sizes):
+    """(bias (O,) or (O, 1) node, the (N, O, Ho, Wo) convolution node, its relu or None) when the convolution
+    product's only use is conv2d's bias add, then a reshape to (O, N, Ho, Wo) and a permute to (N, O, Ho, Wo), each
+    the previous one's only use; else None."""
+    add = _only_user(product)
+    if add is None or not _is(add, "add") or len(add.args) != 2 or add.kwargs:
+        return None
+    bias = add.args[1] if add.args[0] is product else add.args[0]
+    if not isinstance(bias, Node) or bias is product or tuple(bias.meta.get("shape") or ()) not in ((o,), (o, 1)) \
+            or bias.meta.get("dtype") != product.meta["dtype"] or add.meta.get("dtype") != product.meta["dtype"]:
+        return None
+    reshape = _only_user(add)
+    if reshape is None or not _is(reshape, "reshape") or tuple(reshape.meta["shape"]) != (o, n) + tuple(out_sizes):
+        return None
+    conv = _only_user(reshape)
+    if conv is None or not _is(conv, "permute") or tuple(conv.kwargs.get("dims", ())) != (1, 0, 2, 3):
+        return None
+    relu = _only_user(conv)
+    return bias, conv, relu if relu is not None and _is(relu, "relu") else None
+
+
+def _bias_vector(graph, bias: Node, o: int, dtype) -> Node:
+    """The (O,) bias: the value a (O, 1) reshape reads (conv2d's bias parameter), else a reshape."""
+    if tuple(bias.meta["shape"]) == (o,):
+        return bias
+    if _is(bias, "reshape") and isinstance(bias.args[0], Node) and tuple(bias.args[0].meta.get("shape") or ()) == (o,):
+        return bias.args[0]
+    return _call(graph, "reshape", (bias,), (o,), dtype, shape=(o,))
+
+
+def _erase_unused(graph, nodes) -> None:
+    """Erase the nodes (in order, each before the values it reads) that nothing uses any more."""
+    for node in nodes:
+        if isinstance(node, Node) and not node.users and node.op == "call_function":
+            graph.erase_node(node)
+
+
 def rewrite_winograd(gm):
     """Replace every convolution product Winograd serves (see _convolution) by the Winograd ops."""
     graph = gm.graph
@@ -120,14 +165,27 @@ def rewrite_winograd(gm):
         tile = tile_for(out_sizes)
         t2 = (tile + 2) ** 2
         tiles = n * int(np.prod(_winograd.tile_counts(out_sizes, tile)))
+        epilogue = _epilogue(node, n, o, out_sizes)
         with graph.inserting_before(node):
             w4 = _filter_of(graph, w, (o, c, 3, 3), dtype)
             u = _call(graph, "winograd_filter", (w4,), (t2, o, c), dtype, tile=tile)
             v = _call(graph, "winograd_input", (x,), (t2, c, tiles), dtype, tile=tile, padding=padding)
             m = _call(graph, "matmul", (u, v), (t2, o, tiles), dtype)
-            y = _call(graph, "winograd_output", (m,), node.meta["shape"], dtype, tile=tile, size=out_sizes)
-        node.replace_all_uses_with(y)
-        graph.erase_node(node)
+            if epilogue is None:
+                y = _call(graph, "winograd_output", (m,), node.meta["shape"], dtype, tile=tile, size=out_sizes)
+        if epilogue is None:
+            node.replace_all_uses_with(y)
+            graph.erase_node(node)
+        else:
+            bias, conv, relu = epilogue
+            last = relu if relu is not None else conv
+            with graph.inserting_before(last):  # after the bias, which may be computed after the product
+                b = _bias_vector(graph, bias, o, dtype)
+                y = _call(graph, "winograd_output_bias", (m, b), last.meta["shape"], dtype, tile=tile,
+                          size=out_sizes, relu=relu is not None)
+            last.replace_all_uses_with(y)
+            reshape = conv.args[0]
+            _erase_unused(graph, [relu, conv, reshape, reshape.args[0], node, bias])
         if not cols.users:
             graph.erase_node(cols)
     gm.recompile()
