@@ -3,10 +3,11 @@ nnc.codegen.cpu.SERIAL_BLAS_MAX_WORK (below it a whole graph holds OpenBLAS to o
 
     python tools/bench_blas_threads.py [--repeats 9] [--sizes 64x64x192,...] [--neighbours 0,1]
 
-Each size is m x k x n: out[m, n] = a[m, k] @ b[k, n] in float32 through nnc.codegen.cblas.dot_f32 (the call a
-whole graph makes). The two thread counts alternate per repeat (each ~0.1 s of calls), so load from other
-processes hits both alike; "neighbours" runs the same beside that many CPU-bound processes (Python spin loops).
-The columns are medians and maximums of the repeats' mean call times; the ratio is two threads' median over one's.
+Each size is m x k x n: out[m, n] = a[m, k] @ w[n, k].T in float32 through nnc.codegen.cblas.dot_f32 (the call
+a whole graph makes for a linear: its weight read transposed in place). The two thread counts alternate per
+repeat (each ~0.1 s of calls), so load from other processes hits both alike; "neighbours" runs the same beside
+that many CPU-bound processes (Python spin loops). The columns are medians and maximums of the repeats' mean call
+times; the ratio is two threads' median over one's.
 """
 import argparse
 import contextlib
@@ -47,7 +48,7 @@ def _neighbours(count):
 def _measure(m, k, n, repeats):
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32).T
     out = np.empty((m, n), np.float32)
     times = {1: [], 2: []}
     for _ in range(repeats):

@@ -196,11 +196,11 @@ def blas_threads_used(kernel: Kernel, source: str) -> str | None:
 
 # A whole graph whose OpenBLAS products are all below this many multiply-adds runs them on one OpenBLAS thread: its
 # threads join after every product, and beside busy processes a descheduled worker holds that join for a scheduler
-# slice. NOTE: the GPT's batch-1 forward (64-row linears of 0.26-1 M multiply-adds) took 1.3 ms a call with OpenBLAS's
-# two threads beside other jobs, 0.2 ms on one. tools/bench_blas_threads.py on a quiet moment (medians of 7): two
-# threads took 1.04-1.38x one thread's time for 64 x 64 x 192, 64 x 64 x 256 and 64 x 256 x 64 (0.8-1 M), 0.70x
-# for 128 x 256 x 256 (8.4 M), 0.51x at 134 M; beside one CPU-bound process two threads were slower at every size
-# (1.06-3.8x, single calls up to 7.8 ms).
+# slice. NOTE: a trade, measured with tools/bench_blas_threads.py (a linear's layout, medians of 7): on a quiet
+# machine two threads take 0.62-0.64x one thread's time from 0.8 M multiply-adds (64 x 64 x 192: 9.2 against
+# 14.4 us) and 0.52-0.54x from 8 M; beside one CPU-bound process they take 1.4-6.2x, single calls up to 7.6 ms, at
+# every size. Below 2^22 a product saves at most ~7 us on two threads: the GPT's batch-1 forward (64-row linears of
+# 0.26-1 M) takes 141 against 115 us quiet on one thread, and beside other jobs 0.15 ms against 1.2 ms.
 SERIAL_BLAS_MAX_WORK = 2 ** 22
 
 
