@@ -344,6 +344,16 @@ def gemv(x, w, out):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
+def _open(mb, gen, nchunks):
+    """Open a written job to the helper: its chunks free, then its generation; wake the helper if it sleeps."""
+    for c in range(nchunks):
+        _store(mb, _STATES + _STATE_WORDS * c, gen * 4 + FREE)
+    _store(mb, _GEN, gen)
+    if _load(mb, _SLEEP) == 1 and _cas(mb, _SLEEP, 1, 0):
+        _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
 def _publish(mb, gen, x, w, n, rows, nchunks):
     """Copy x into the mailbox, write the job and its chunk states, then its generation; wake a sleeping helper."""
     xs = carray(_pointer(mb + 8 * _X, x), x.shape[0])
@@ -355,11 +365,7 @@ def _publish(mb, gen, x, w, n, rows, nchunks):
     _store(mb, _NCHUNKS, nchunks)
     _store(mb, _ROWS, rows)
     _store(mb, _DTYPE, _F32 if x.itemsize == 4 else _F64)
-    for c in range(nchunks):
-        _store(mb, _STATES + _STATE_WORDS * c, gen * 4 + FREE)
-    _store(mb, _GEN, gen)
-    if _load(mb, _SLEEP) == 1 and _cas(mb, _SLEEP, 1, 0):
-        _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+    _open(mb, gen, nchunks)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -454,11 +460,7 @@ def _publish_rows(mb, gen, a, b, out, rows, kdim, n_out):
     _store(mb, _NCHUNKS, nchunks)
     _store(mb, _ROWS, per)
     _store(mb, _DTYPE, _F32 if out.itemsize == 4 else _F64)
-    for c in range(nchunks):
-        _store(mb, _STATES + _STATE_WORDS * c, gen * 4 + FREE)
-    _store(mb, _GEN, gen)
-    if _load(mb, _SLEEP) == 1 and _cas(mb, _SLEEP, 1, 0):
-        _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
+    _open(mb, gen, nchunks)
     return ntasks, per, nchunks
 
 
