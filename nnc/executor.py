@@ -543,9 +543,11 @@ class Plan:
         single, sources, compiled = self._whole_single, self._whole_args, step.compiled
         if single is None:
             return None
+        if self.serial_blas:  # its call sits inside one_thread_pool: _run_whole has it
+            return self._run_whole
 
         def run(inputs):
-            if _profiles or self.serial_blas:
+            if _profiles:
                 return self._run_whole(inputs)
             return single(compiled.run([inputs[k]._data if read is None else read()._data for k, read in sources]))
         return run
