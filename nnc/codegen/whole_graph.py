@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import operator
 import re
 import time
 from dataclasses import dataclass, field
@@ -43,7 +42,7 @@ from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shap
 # fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
 WHOLE_GRAPH_MAX_ELEMENTS = 2 ** 20
 _HAVE_SCIPY = importlib.util.find_spec("scipy") is not None
-_SHAPE = operator.attrgetter("shape")
+SHAPE_ERROR = "nnc whole graph: an argument's shape differs from the compiled one"
 
 
 class WholeGraphUnsupported(Exception):
@@ -109,20 +108,27 @@ class CompiledGraph:
     nowait: bool = False  # a product runs with nnc.codegen.nowait's helper thread (see nowait.retain)
 
     def __post_init__(self):
-        self._shapes = [shape for shape, _ in self.arg_specs]
         self._inputs = [k for k, node in enumerate(self.arg_nodes) if node.op == "placeholder"]
         self._check_all = False
 
     def run(self, arrays: list) -> tuple:
-        # NOTE: the shapes are checked here (the code is specialized to them); dtypes, ranks and layouts by numba's
-        # dispatcher, which refuses other types (compilation is disabled): then the slow path below says which. A
-        # refused dispatch costs ~100 us of typing, so the inputs' layouts are checked first; the attributes'
-        # (parameters, buffers) are trusted until one is refused, and checked on every call from then on.
-        if list(map(_SHAPE, arrays)) == self._shapes and self._layouts_fit(arrays):
+        # NOTE: run_graph checks the shapes itself (its code is specialized to them: _shape_checks); dtypes, ranks
+        # and layouts are checked by numba's dispatcher, which refuses other types (compilation is disabled). Either
+        # refusal comes before anything runs, and _checked then says which argument was wrong. A refused dispatch
+        # costs ~100 us of typing, so the inputs' layouts are checked first; the attributes' (parameters, buffers)
+        # are trusted until one is refused, and checked on every call from then on.
+        if self._layouts_fit(arrays):
             try:
-                return self._call(arrays)
+                results = self._function(*arrays)
             except TypeError:
                 self._check_all = True
+            except ValueError as error:
+                if error.args != (SHAPE_ERROR,):
+                    raise
+            else:
+                if self.nowait:  # (what _call does, inlined: this is every call's path)
+                    nowait.retain(arrays)
+                return results
         return self._call(self._checked(arrays))
 
     def _call(self, arrays: list) -> tuple:
@@ -308,12 +314,26 @@ def _module_source(name: str, n_kernels: int, emitter: _Emitter, arg_nodes: list
     doc = "; ".join(f"a{k}: {n.name} {np_dtype(n.meta['dtype']).name}{list(n.meta['shape'])}"
                     for k, n in enumerate(arg_nodes))
     results = [emitter.var[n] for n in returned]
-    body = [f"    # {doc}"] + ["    " + line for line in emitter.lines] + [f"    return {_tuple(results)}"]
+    checks = _shape_checks([emitter.var[n] for n in arg_nodes], arg_nodes)
+    body = ([f"    # {doc}"] + ["    " + line for line in checks + emitter.lines]
+            + [f"    return {_tuple(results)}"])
     entry = "\n".join(["@njit(cache=True, error_model='numpy')",
                        f"def run_graph({', '.join(emitter.var[n] for n in arg_nodes)}):"] + body)
     header = [f'"""nnc whole graph {name}: {n_kernels} kernels as one numba function."""',
               "import numpy as np", "from numba import njit", ""] + imports
     return "\n\n\n".join(["\n".join(header), entry]) + "\n"
+
+
+def _shape_checks(names: list[str], arg_nodes: list) -> list[str]:
+    """run_graph's first lines: each argument's sizes against the ones its code is specialized to, raising
+    SHAPE_ERROR before anything runs (CompiledGraph.run then names the argument)."""
+    lines = []
+    for name, node in zip(names, arg_nodes):
+        sizes = [int(d) for d in node.meta["shape"]]
+        if sizes:
+            test = " or ".join(f"{name}.shape[{d}] != {size}" for d, size in enumerate(sizes))
+            lines += [f"if {test}:", f"    raise ValueError({SHAPE_ERROR!r})"]
+    return lines
 
 
 def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> CompiledGraph:
