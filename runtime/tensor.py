@@ -17,6 +17,7 @@ from .autograd import grad_mode
 from .autograd.graph import CopySlices, Node, OpNode, _retains_grad, accumulator_for, edge_of
 from .device import CPU, check_device, device_of
 from .ops import OPS
+from .utils import state_version
 
 _SCALARS = (int, float, bool)
 _NP_TO_DTYPE = dt.NP_TO_DTYPE
@@ -233,6 +234,7 @@ class Tensor:
     @data.setter
     def data(self, value: "Tensor") -> None:
         self._data = value._data
+        state_version.bump()  # a parameter's storage may have moved (nnc.compile's guards)
 
     @property
     def _version(self) -> int:

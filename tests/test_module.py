@@ -411,3 +411,49 @@ def test_missing_forward_and_unexpected_init_args():
         nn.Module()(1)
     with pytest.raises(TypeError):
         nn.Module(3)
+
+
+def _version() -> int:
+    from runtime.utils import state_version
+
+    return state_version.VERSION[0]
+
+
+@pytest.mark.parametrize("change", ["train flag", "eval", "parameter assigned", "parameter registered",
+                                    "buffer registered", "module added", "attribute deleted", "moved by to()",
+                                    "data assigned", "failed load restored"])
+def test_every_guarded_module_change_moves_the_state_version(change):
+    """nnc.compile re-reads training flags and parameters only when runtime.utils.state_version has moved."""
+    model = nn.Sequential(Affine(3, 2), nn.ReLU())
+    before = _version()
+    if change == "train flag":
+        model[1].training = False
+    elif change == "eval":
+        model.eval()
+    elif change == "parameter assigned":
+        model[0].weight = nn.Parameter(runtime.randn(3, 2, dtype=runtime.float64))
+    elif change == "parameter registered":
+        model[0].register_parameter("extra", nn.Parameter(runtime.zeros(1)))
+    elif change == "buffer registered":
+        model[0].register_buffer("stat", runtime.zeros(1))
+    elif change == "module added":
+        model.add_module("2", nn.Tanh())
+    elif change == "attribute deleted":
+        del model[0].bias
+    elif change == "moved by to()":
+        model.to(runtime.float32)
+    elif change == "data assigned":
+        model[0].weight.data = runtime.zeros(3, 2, dtype=runtime.float64)
+    elif change == "failed load restored":  # (a load copying in place leaves it: the restore moves it)
+        with pytest.raises(RuntimeError, match="Missing key"):
+            model.load_state_dict({"0.weight": runtime.zeros(3, 2, dtype=runtime.float64)})
+    assert _version() != before
+
+
+def test_reading_a_module_leaves_the_state_version_alone():
+    model = nn.Sequential(Affine(3, 2), nn.ReLU())
+    before = _version()
+    model(runtime.randn(4, 3, dtype=runtime.float64))
+    list(model.parameters())
+    model.state_dict()
+    assert model[0].training and _version() == before

@@ -1,2 +1,2 @@
-"""Small utilities shared by the runtime (hook handles)."""
-from . import hooks  # noqa: F401
+"""Small utilities shared by the runtime (hook handles, the module-state version)."""
+from . import hooks, state_version  # noqa: F401

@@ -9,6 +9,7 @@ from ...autograd import grad_mode
 from ...autograd.function import Function
 from ...device import check_device
 from ...tensor import Tensor, _write_broadcast, copy_array
+from ...utils import state_version
 from ...utils.hooks import RemovableHandle
 from ..parameter import Buffer, Parameter
 
@@ -112,6 +113,7 @@ class Module:
             self._non_persistent_buffers_set.discard(name)
         else:
             self._non_persistent_buffers_set.add(name)
+        state_version.bump()
 
     def register_parameter(self, name: str, param) -> None:
         self._check_new_name("parameter", name, "_parameters")
@@ -124,12 +126,14 @@ class Module:
                                  f"created explicitly. To express '{name}' as a function of another Tensor, compute "
                                  f"the value in the forward() method.")
         self._parameters[name] = param
+        state_version.bump()
 
     def add_module(self, name: str, module) -> None:
         if module is not None and not isinstance(module, Module):
             raise TypeError(f"{_typename(module)} is not a Module subclass")
         self._check_new_name("module", name, "_modules")
         self._modules[name] = module
+        state_version.bump()
 
     register_module = add_module
 
@@ -141,6 +145,10 @@ class Module:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __setattr__(self, name: str, value) -> None:
+        self._set_attribute(name, value)
+        state_version.bump()
+
+    def _set_attribute(self, name: str, value) -> None:
         d = self.__dict__
         params = d.get("_parameters")
         if isinstance(value, Parameter):
@@ -185,12 +193,15 @@ class Module:
             d["_non_persistent_buffers_set"].discard(name)
 
     def __delattr__(self, name: str) -> None:
-        for registry in ("_parameters", "_buffers", "_modules"):
-            if name in self.__dict__.get(registry, ()):
-                del self.__dict__[registry][name]
-                self._non_persistent_buffers_set.discard(name)
-                return
-        object.__delattr__(self, name)
+        try:
+            for registry in ("_parameters", "_buffers", "_modules"):
+                if name in self.__dict__.get(registry, ()):
+                    del self.__dict__[registry][name]
+                    self._non_persistent_buffers_set.discard(name)
+                    return
+            object.__delattr__(self, name)
+        finally:
+            state_version.bump()
 
     def __dir__(self):
         keys = set(dir(type(self))) | set(self.__dict__) | set(self._parameters) | set(self._modules) \
@@ -341,6 +352,7 @@ class Module:
         for key, buf in self._buffers.items():
             if buf is not None:
                 self._buffers[key] = fn(buf)
+        state_version.bump()
         return self
 
     def to(self, *args, **kwargs) -> "Module":
@@ -684,6 +696,7 @@ class _Snapshot:
                 state.restore()
             if extra is not None:
                 module.set_extra_state(extra)
+        state_version.bump()
 
 
 class _TensorState:
