@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import sys
 import threading
 import time
@@ -288,7 +289,7 @@ def _attr_reader(gm: GraphModule, path: str):
     for registry in ("_parameters", "_buffers"):
         table = owner.__dict__.get(registry)
         if table is not None and name in table:
-            return lambda: table[name]
+            return functools.partial(table.__getitem__, name)  # NOTE: no Python frame, where a lambda has one
     return lambda: getattr(owner, name)
 
 

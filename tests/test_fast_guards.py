@@ -61,7 +61,7 @@ def test_a_repeated_call_takes_the_fast_path_and_matches_eager(full_guard_calls,
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "input requires_grad", "grad mode", "training",
-                                    "parameter requires_grad"])
+                                    "one flag set directly", "parameter requires_grad"])
 def test_every_guarded_change_misses_the_fast_path(full_guard_calls, change):
     model, x = mlp(), runtime.randn(4, 6)
     compiled = warmed(model, x)
@@ -74,6 +74,8 @@ def test_every_guarded_change_misses_the_fast_path(full_guard_calls, change):
         x = x.detach().requires_grad_()
     elif change == "training":
         model.eval()
+    elif change == "one flag set directly":  # no train()/eval(): runtime's module-state version still moves
+        model[1].training = False
     elif change == "parameter requires_grad":
         model[0].weight.requires_grad_(False)
     with runtime.set_grad_enabled(change != "grad mode"):
