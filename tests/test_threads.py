@@ -7,6 +7,7 @@ import textwrap
 import threading
 
 import numpy as np
+import pytest
 
 import nnc
 import runtime
@@ -157,3 +158,54 @@ def test_two_threads_compiling_the_same_new_kernels_both_get_them(monkeypatch, t
         want = Chain()(x).numpy()
     for i in range(2):
         np.testing.assert_allclose(results[i], want, rtol=1e-5, atol=1e-5)
+
+
+class _ByMode(nn.Module):
+    """Doubles in training mode and triples in eval mode (the trace takes the branch: the flag is guarded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.inner(x)
+        return y * 2 if self.inner.training else y * 3
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_a_flag_switched_while_threads_call_is_seen_by_every_later_call(final):
+    """The fast path re-reads training flags only when runtime's module-state version moves; switches racing with
+    calls from other threads never leave a later call on the old mode."""
+    runtime.manual_seed(0)
+    model, x = _ByMode(), runtime.randn(3, 4)
+    compiled = nnc.compile(model)
+    with runtime.no_grad():
+        base = model.inner(x).numpy()
+        for mode in (True, False, True, False):  # both variants compiled and on the fast path
+            model.inner.training = mode
+            compiled(x), compiled(x)
+        stop, odd, errors = threading.Event(), [], []
+
+        def work(k):
+            try:
+                with runtime.no_grad():  # (grad mode is per thread)
+                    while not stop.is_set():
+                        out = compiled(x).numpy()
+                        if not (np.allclose(out, 2 * base) or np.allclose(out, 3 * base)):
+                            odd.append(k)
+            except Exception as error:  # noqa: BLE001 - asserted below
+                errors.append(error)
+
+        workers = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+        for w in workers:
+            w.start()
+        for i in range(300):
+            model.inner.training = bool(i % 2)
+        model.inner.training = final
+        stop.set()
+        for w in workers:
+            w.join()
+        after = [compiled(x).numpy() for _ in range(3)]
+    assert not errors and not odd
+    for out in after:
+        np.testing.assert_allclose(out, (2 if final else 3) * base, rtol=1e-6)
