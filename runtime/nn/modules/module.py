@@ -145,42 +145,41 @@ class Module:
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __setattr__(self, name: str, value) -> None:
-        self._set_attribute(name, value)
-        state_version.bump()
-
-    def _set_attribute(self, name: str, value) -> None:
-        d = self.__dict__
-        params = d.get("_parameters")
-        if isinstance(value, Parameter):
-            if params is None:
-                raise AttributeError("cannot assign parameters before Module.__init__() call")
-            self._forget(name, keep="_parameters")
-            self.register_parameter(name, value)
-        elif params is not None and name in params:
-            if value is not None:
-                raise TypeError(f"cannot assign '{_typename(value)}' as parameter '{name}' "
-                                f"(runtime.nn.Parameter or None expected)")
-            self.register_parameter(name, value)
-        elif isinstance(value, Module):
-            if d.get("_modules") is None:
-                raise AttributeError("cannot assign module before Module.__init__() call")
-            self._forget(name, keep="_modules")
-            d["_modules"][name] = value
-        elif d.get("_modules") is not None and name in d["_modules"]:
-            if value is not None:
-                raise TypeError(f"cannot assign '{_typename(value)}' as child module '{name}' "
-                                f"(runtime.nn.Module or None expected)")
-            d["_modules"][name] = value
-        elif isinstance(value, Buffer) or (d.get("_buffers") is not None and name in d["_buffers"]):
-            if value is not None and not isinstance(value, Tensor):
-                raise TypeError(f"cannot assign '{_typename(value)}' as buffer '{name}' (Tensor or None expected)")
-            if isinstance(value, Buffer):
-                self._forget(name, keep="_buffers")
-                self.register_buffer(name, Tensor._from_array(value._data), value.persistent)
+        try:
+            d = self.__dict__
+            params = d.get("_parameters")
+            if isinstance(value, Parameter):
+                if params is None:
+                    raise AttributeError("cannot assign parameters before Module.__init__() call")
+                self._forget(name, keep="_parameters")
+                self.register_parameter(name, value)
+            elif params is not None and name in params:
+                if value is not None:
+                    raise TypeError(f"cannot assign '{_typename(value)}' as parameter '{name}' "
+                                    f"(runtime.nn.Parameter or None expected)")
+                self.register_parameter(name, value)
+            elif isinstance(value, Module):
+                if d.get("_modules") is None:
+                    raise AttributeError("cannot assign module before Module.__init__() call")
+                self._forget(name, keep="_modules")
+                d["_modules"][name] = value
+            elif d.get("_modules") is not None and name in d["_modules"]:
+                if value is not None:
+                    raise TypeError(f"cannot assign '{_typename(value)}' as child module '{name}' "
+                                    f"(runtime.nn.Module or None expected)")
+                d["_modules"][name] = value
+            elif isinstance(value, Buffer) or (d.get("_buffers") is not None and name in d["_buffers"]):
+                if value is not None and not isinstance(value, Tensor):
+                    raise TypeError(f"cannot assign '{_typename(value)}' as buffer '{name}' (Tensor or None expected)")
+                if isinstance(value, Buffer):
+                    self._forget(name, keep="_buffers")
+                    self.register_buffer(name, Tensor._from_array(value._data), value.persistent)
+                else:
+                    d["_buffers"][name] = value
             else:
-                d["_buffers"][name] = value
-        else:
-            object.__setattr__(self, name, value)
+                object.__setattr__(self, name, value)
+        finally:  # (even a failed assignment may have dropped the old attribute: _forget)
+            state_version.bump()
 
     def _forget(self, name: str, keep: str) -> None:
         """Drop `name` from every registry but `keep` (re-assigning an attribute changes its kind)."""
