@@ -43,13 +43,42 @@ def no_helper():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n,kdim", [(0, 5), (1, 1), (5, 0), (1, 784), (7, 3), (512, 784), (203, 513), (10, 512)])
+@pytest.mark.parametrize("n,kdim", [(0, 5), (1, 1), (5, 0), (1, 784), (7, 3), (512, 784), (203, 513), (10, 512),
+                                    (3, 8), (3, 9), (2, 15), (3, 16), (3, 17), (5, 31), (5, 33), (2, 64), (3, 65)])
 def test_serial_chunks_match_numpy(n, kdim, dtype):
     x, w, out = _operands(n, kdim, dtype)
     nw.gemv_serial(x, w, out)
     expected = w.reshape(n, kdim).astype(np.float64) @ x.astype(np.float64)
     tol = 1e-4 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * max(1, kdim))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kdim", [1, 7, 16, 17, 33, 513])
+def test_a_rows_bits_do_not_depend_on_the_rows_swept_with_it(dtype, kdim):
+    """gemv_rows over any split of the rows (odd boundaries: a row swept alone or in a pair, at either place of
+    the pair) gives the serial result bit for bit."""
+    n = 37
+    x, w, _ = _operands(n, kdim, dtype)
+    expected = _serial(x, w, n)
+    rng = np.random.default_rng(kdim)
+    for _ in range(5):
+        cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n, 6)]))
+        out = np.full(n, np.nan, dtype)
+        for s0, s1 in zip(cuts[:-1], cuts[1:]):
+            nw.gemv_rows(x, w, out, int(s0), int(s1))
+        np.testing.assert_array_equal(out, expected)
+    for s in range(n):  # every row alone
+        out = np.full(n, np.nan, dtype)
+        nw.gemv_rows(x, w, out, s, s + 1)
+        assert out[s] == expected[s] and np.isnan(np.delete(out, s)).all()
+
+
+def test_gemv_rejects_a_weight_of_the_wrong_size():
+    x, w, out = _operands(4, 8, np.float32)
+    for product in (nw.gemv, nw.gemv_serial):
+        with pytest.raises(ValueError, match="len\\(out\\) \\* len\\(x\\)"):
+            product(x, w[:-1], out)
 
 
 def test_chunk_rows():
