@@ -191,6 +191,16 @@ def _store(typingctx, address, index, value):
 
 
 @intrinsic
+def _store_relaxed(typingctx, address, index, value):
+    """address[index] = value, an atomic store with no ordering of its own (a plain store on x86: no locked
+    instruction). A later sequentially consistent store (a job's generation) publishes it."""
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[2], _word(builder, args[0], args[1]), "monotonic", 8)
+        return context.get_dummy_value()
+    return types.void(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
 def _cas(typingctx, address, index, expected, new):
     """Atomically set address[index] to `new` if it holds `expected`; whether it did."""
     def codegen(context, builder, sig, args):
@@ -461,8 +471,8 @@ def gemv(x, w, out):
 def _open(mb, gen, nchunks):
     """Open a written job to the helper: its chunks free, then its generation; wake the helper if it sleeps."""
     for c in range(nchunks):
-        _store(mb, _STATES + _STATE_WORDS * c, gen * 4 + FREE)
-    _store(mb, _GEN, gen)
+        _store_relaxed(mb, _STATES + _STATE_WORDS * c, gen * 4 + FREE)
+    _store(mb, _GEN, gen)  # sequentially consistent: the job's words and states are visible to whoever reads it
     if _load(mb, _SLEEP) == 1 and _cas(mb, _SLEEP, 1, 0):
         _syscall(_FUTEX_SYSCALL, mb + 8 * _SLEEP, _FUTEX_WAKE | _FUTEX_PRIVATE, 1, 0, 0, 0)
 
@@ -472,34 +482,39 @@ def _publish(mb, gen, x, w, n, rows, nchunks):
     """Copy x into the mailbox, write the job and its chunk states, then its generation; wake a sleeping helper."""
     xs = carray(_pointer(mb + 8 * _X, x), x.shape[0])
     xs[:] = x
-    _store(mb, _KIND, GEMV)
-    _store(mb, _W, _address(w))
-    _store(mb, _KDIM, x.shape[0])
-    _store(mb, _N, n)
-    _store(mb, _NCHUNKS, nchunks)
-    _store(mb, _ROWS, rows)
-    _store(mb, _DTYPE, _F32 if x.itemsize == 4 else _F64)
+    _store_relaxed(mb, _KIND, GEMV)
+    _store_relaxed(mb, _W, _address(w))
+    _store_relaxed(mb, _KDIM, x.shape[0])
+    _store_relaxed(mb, _N, n)
+    _store_relaxed(mb, _NCHUNKS, nchunks)
+    _store_relaxed(mb, _ROWS, rows)
+    _store_relaxed(mb, _DTYPE, _F32 if x.itemsize == 4 else _F64)
     _open(mb, gen, nchunks)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _collect(mb, tag, x, w, out, rows, first, nchunks):
     """The caller's end of a job: every chunk from `first` on is the helper's; copy the ready ones from the scratch,
-    steal and compute the rest (the helper's result for a stolen chunk is never read)."""
+    steal and compute the rest (the helper's result for a stolen chunk is never read). READY is a chunk's last
+    state, so a plain load finds those (no locked instruction: the loads of the helper's cache lines overlap)."""
     n = out.shape[0]
     scratch = carray(_pointer(mb + 8 * _SCRATCH, out), n)
+    helped = stolen = 0
     for c in range(first, nchunks):
         s0, s1 = c * rows, min(n, (c + 1) * rows)
-        if _cas(mb, _STATES + _STATE_WORDS * c, tag + FREE, tag + CALLER):
+        state = _STATES + _STATE_WORDS * c
+        if _load(mb, state) != tag + READY and _cas(mb, state, tag + FREE, tag + CALLER):
             gemv_rows(x, w, out, s0, s1)
-        elif _cas(mb, _STATES + _STATE_WORDS * c, tag + HELPER, tag + CALLER):
+        elif _load(mb, state) != tag + READY and _cas(mb, state, tag + HELPER, tag + CALLER):
             gemv_rows(x, w, out, s0, s1)
-            _store(mb, _STOLEN, _load(mb, _STOLEN) + 1)
+            stolen += 1
         else:  # READY (nothing else can follow HELPER)
             out[s0:s1] = scratch[s0:s1]
-            _store(mb, _HELPED, _load(mb, _HELPED) + 1)
-    _store(mb, _JOBS, _load(mb, _JOBS) + 1)
-    _store(mb, _CHUNKS, _load(mb, _CHUNKS) + nchunks)
+            helped += 1
+    _store_relaxed(mb, _HELPED, _load(mb, _HELPED) + helped)
+    _store_relaxed(mb, _STOLEN, _load(mb, _STOLEN) + stolen)
+    _store_relaxed(mb, _JOBS, _load(mb, _JOBS) + 1)
+    _store_relaxed(mb, _CHUNKS, _load(mb, _CHUNKS) + nchunks)
 
 
 # --- batched rows: Winograd's products at a small batch (nnc.codegen.rows_kernel) ----------------------------------
