@@ -125,6 +125,27 @@ def test_stolen_chunk_is_recomputed_and_a_late_result_ignored(no_helper):
     np.testing.assert_array_equal(out, expected)
 
 
+def test_collect_copies_ready_chunks_steals_the_helpers_and_computes_free_ones(no_helper):
+    """The caller's end of a job in the usual state where they meet: free chunks, the helper's chunk in progress,
+    then ready ones (their rows in the scratch). Every row comes out as the serial loop's."""
+    n, kdim, rows = 40, 33, 8
+    x, w, out = _operands(n, kdim, np.float32)
+    expected = _serial(x, w, n)
+    gen = int(nw.MAILBOX[nw._GEN]) + 1
+    nw._publish(MB, gen, x, w, n, rows, 5)
+    scratch = nw.MAILBOX[nw._SCRATCH:].view(np.float32)[:n]
+    for c, state in ((2, nw.HELPER), (3, nw.READY), (4, nw.READY)):
+        nw.MAILBOX[nw._STATES + nw._STATE_WORDS * c] = gen * 4 + state
+    nw.gemv_rows(x, w, scratch, 3 * rows, n)  # the helper's results for chunks 3 and 4
+    before = nw.counts()
+    nw._collect(MB, gen * 4, x, w, out, rows, 1, 5)
+    np.testing.assert_array_equal(out[rows:], expected[rows:])
+    after = nw.counts()
+    assert (after["helped"] - before["helped"], after["stolen"] - before["stolen"]) == (2, 1)
+    assert [nw.MAILBOX[nw._STATES + nw._STATE_WORDS * c] - gen * 4 for c in range(1, 5)] == \
+        [nw.CALLER, nw.CALLER, nw.READY, nw.READY]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_caller_alone_when_helper_sleeps_or_stopped(no_helper, dtype):
     x, w, out = _operands(512, 784, dtype)

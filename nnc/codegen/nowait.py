@@ -496,11 +496,19 @@ def _publish(mb, gen, x, w, n, rows, nchunks):
 def _collect(mb, tag, x, w, out, rows, first, nchunks):
     """The caller's end of a job: every chunk from `first` on is the helper's; copy the ready ones from the scratch,
     steal and compute the rest (the helper's result for a stolen chunk is never read). READY is a chunk's last
-    state, so a plain load finds those (no locked instruction: the loads of the helper's cache lines overlap)."""
+    state, so plain loads find those (no locked instruction: the loads of the helper's cache lines overlap). The
+    ready chunks at the back go first: meanwhile the helper may finish the chunk it is in, which then needs no
+    stealing."""
     n = out.shape[0]
     scratch = carray(_pointer(mb + 8 * _SCRATCH, out), n)
     helped = stolen = 0
-    for c in range(first, nchunks):
+    end = nchunks
+    while end > first and _load(mb, _STATES + _STATE_WORDS * (end - 1)) == tag + READY:
+        end -= 1
+        s0, s1 = end * rows, min(n, (end + 1) * rows)
+        out[s0:s1] = scratch[s0:s1]
+        helped += 1
+    for c in range(first, end):
         s0, s1 = c * rows, min(n, (c + 1) * rows)
         state = _STATES + _STATE_WORDS * c
         if _load(mb, state) != tag + READY and _cas(mb, state, tag + FREE, tag + CALLER):
