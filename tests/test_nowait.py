@@ -43,13 +43,42 @@ def no_helper():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n,kdim", [(0, 5), (1, 1), (5, 0), (1, 784), (7, 3), (512, 784), (203, 513), (10, 512)])
+@pytest.mark.parametrize("n,kdim", [(0, 5), (1, 1), (5, 0), (1, 784), (7, 3), (512, 784), (203, 513), (10, 512),
+                                    (3, 8), (3, 9), (2, 15), (3, 16), (3, 17), (5, 31), (5, 33), (2, 64), (3, 65)])
 def test_serial_chunks_match_numpy(n, kdim, dtype):
     x, w, out = _operands(n, kdim, dtype)
     nw.gemv_serial(x, w, out)
     expected = w.reshape(n, kdim).astype(np.float64) @ x.astype(np.float64)
     tol = 1e-4 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(out, expected, rtol=tol, atol=tol * max(1, kdim))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kdim", [1, 7, 16, 17, 33, 513])
+def test_a_rows_bits_do_not_depend_on_the_rows_swept_with_it(dtype, kdim):
+    """gemv_rows over any split of the rows (odd boundaries: a row swept alone or in a pair, at either place of
+    the pair) gives the serial result bit for bit."""
+    n = 37
+    x, w, _ = _operands(n, kdim, dtype)
+    expected = _serial(x, w, n)
+    rng = np.random.default_rng(kdim)
+    for _ in range(5):
+        cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n, 6)]))
+        out = np.full(n, np.nan, dtype)
+        for s0, s1 in zip(cuts[:-1], cuts[1:]):
+            nw.gemv_rows(x, w, out, int(s0), int(s1))
+        np.testing.assert_array_equal(out, expected)
+    for s in range(n):  # every row alone
+        out = np.full(n, np.nan, dtype)
+        nw.gemv_rows(x, w, out, s, s + 1)
+        assert out[s] == expected[s] and np.isnan(np.delete(out, s)).all()
+
+
+def test_gemv_rejects_a_weight_of_the_wrong_size():
+    x, w, out = _operands(4, 8, np.float32)
+    for product in (nw.gemv, nw.gemv_serial):
+        with pytest.raises(ValueError, match="len\\(out\\) \\* len\\(x\\)"):
+            product(x, w[:-1], out)
 
 
 def test_chunk_rows():
@@ -94,6 +123,27 @@ def test_stolen_chunk_is_recomputed_and_a_late_result_ignored(no_helper):
     assert not nw._hand_over(MB, last, gen * 4)
     assert nw.MAILBOX[nw._STATES + nw._STATE_WORDS * last] == gen * 4 + nw.CALLER
     np.testing.assert_array_equal(out, expected)
+
+
+def test_collect_copies_ready_chunks_steals_the_helpers_and_computes_free_ones(no_helper):
+    """The caller's end of a job in the usual state where they meet: free chunks, the helper's chunk in progress,
+    then ready ones (their rows in the scratch). Every row comes out as the serial loop's."""
+    n, kdim, rows = 40, 33, 8
+    x, w, out = _operands(n, kdim, np.float32)
+    expected = _serial(x, w, n)
+    gen = int(nw.MAILBOX[nw._GEN]) + 1
+    nw._publish(MB, gen, x, w, n, rows, 5)
+    scratch = nw.MAILBOX[nw._SCRATCH:].view(np.float32)[:n]
+    for c, state in ((2, nw.HELPER), (3, nw.READY), (4, nw.READY)):
+        nw.MAILBOX[nw._STATES + nw._STATE_WORDS * c] = gen * 4 + state
+    nw.gemv_rows(x, w, scratch, 3 * rows, n)  # the helper's results for chunks 3 and 4
+    before = nw.counts()
+    nw._collect(MB, gen * 4, x, w, out, rows, 1, 5)
+    np.testing.assert_array_equal(out[rows:], expected[rows:])
+    after = nw.counts()
+    assert (after["helped"] - before["helped"], after["stolen"] - before["stolen"]) == (2, 1)
+    assert [nw.MAILBOX[nw._STATES + nw._STATE_WORDS * c] - gen * 4 for c in range(1, 5)] == \
+        [nw.CALLER, nw.CALLER, nw.READY, nw.READY]
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

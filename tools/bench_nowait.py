@@ -3,6 +3,7 @@ nowait.MIN_WORK (the work from which kernels hand products to the helper). Asser
 
     python tools/bench_nowait.py [--repeats 9] [--sizes 512x784,512x512,...]
     python tools/bench_nowait.py --rows [--rows-shape 36x64x32x36] [--chunk-work 65536,131072,...]
+    python tools/bench_nowait.py --kernel [--sizes 256x784,...] [--dtype float64]
 
 --rows times the batched-rows product instead (Winograd's products, nnc.codegen.rows_kernel: batch x rows x kdim x
 n_out, default the MNIST CNN's conv2 at batch 1): rows_kernel alone against nowait.batched_rows, by chunk size.
@@ -11,6 +12,10 @@ Each size is out[n] = w[n, k] @ x[k] in float32; the two variants alternate per 
 from other processes hits both alike. The helper runs at SCHED_IDLE: on a loaded machine it gets no core and both
 columns agree; the "helper" column says which share of the chunks it computed, "stolen" in which share of the
 products the caller recomputed a chunk the helper had claimed. --chunk-bytes compares chunk sizes.
+
+--kernel times the per-chunk kernel alone (nowait.gemv_rows over all rows, called in a numba loop so no Python
+call is timed, weights and x aligned to 64 bytes as runtime allocates parameters) and reports the weight bytes it
+streams per second: one core, where the weights sit (L1, L2, L3) is what it measures.
 """
 import argparse
 import os
@@ -18,6 +23,7 @@ import statistics
 import time
 
 import numpy as np
+from numba import njit
 
 from nnc.codegen import nowait
 
@@ -44,7 +50,12 @@ def main():
     parser.add_argument("--rows-shape", default="36x64x32x36", help="batch x rows x kdim x n_out")
     parser.add_argument("--chunk-work", default="65536,131072,262144",
                         help="batched-rows chunk sizes to compare (multiply-adds, comma-separated)")
+    parser.add_argument("--kernel", action="store_true", help="time the per-chunk kernel alone, on one core")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="for --kernel")
     opts = parser.parse_args()
+    if opts.kernel:
+        _kernel(opts)
+        return
     if not nowait.ensure_helper():
         raise SystemExit("no helper thread here (x86-64 Linux only, NNC_NOWAIT=0 turns it off)")
     nowait.MAILBOX[nowait._MIN_WORK] = 0  # every size goes to the helper
@@ -85,6 +96,41 @@ def main():
         print(line)
     nowait.MAILBOX[nowait._MIN_WORK] = nowait.MIN_WORK
     nowait.MAILBOX[nowait._CHUNK_BYTES] = nowait.CHUNK_BYTES
+    print(f"load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+
+
+@njit(nogil=True)
+def _kernel_calls(x, w, out, calls):
+    for _ in range(calls):
+        nowait.gemv_rows(x, w, out, 0, out.shape[0])
+
+
+def _aligned(n, dtype):
+    """n elements of dtype starting on a 64-byte boundary."""
+    raw = np.empty(n * np.dtype(dtype).itemsize + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start:start + n * np.dtype(dtype).itemsize].view(dtype)
+
+
+def _kernel(opts):
+    """gemv_rows alone by size: medians and minimums of `repeats` timings of ~2 M multiply-adds of calls."""
+    print(f"load average at start: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"{'n x k':>10} {'bytes':>9}  {'us a product':>22} {'GB/s (best)':>12}   ({opts.dtype}, one core)")
+    rng = np.random.default_rng(0)
+    for size in opts.sizes.split(","):
+        n, k = (int(v) for v in size.split("x"))
+        x, w = _aligned(k, opts.dtype), _aligned(n * k, opts.dtype)
+        x[:], w[:] = rng.standard_normal(k), rng.standard_normal(n * k)
+        out = np.empty(n, opts.dtype)
+        calls = max(1, 2_000_000 // max(1, n * k))
+        _kernel_calls(x, w, out, 1)
+        times = []
+        for _ in range(opts.repeats):
+            start = time.perf_counter()
+            _kernel_calls(x, w, out, calls)
+            times.append((time.perf_counter() - start) / calls)
+        print(f"{size:>10} {w.nbytes:>9}  {statistics.median(times) * 1e6:8.2f} (min {min(times) * 1e6:7.2f}) "
+              f"{w.nbytes / min(times) / 1e9:12.0f}")
     print(f"load average at end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
