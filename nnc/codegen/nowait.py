@@ -449,7 +449,7 @@ def gemv(x, w, out):
     mb = _mailbox()
     if (n * kdim < _load(mb, _MIN_WORK) or kdim > MAX_K or n > MAX_N or _load(mb, _RUNNING) == 0
             or not _cas(mb, _LOCK, 0, 1)):
-        gemv_serial(x, w, out)
+        gemv_rows(x, w, out, 0, n)  # (the operands are checked above)
         return
     _release_held(mb)
     gen = _load(mb, _GEN) + 1
