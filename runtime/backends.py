@@ -42,3 +42,40 @@ mps = _Backend("mps")
 mkldnn = _Backend("mkldnn", enabled=True)
 openmp = _Backend("openmp")
 mkl = _Backend("mkl")
+
+
+# torch's process-wide settings of the same kind: remembered and reported, changing nothing (float32 matmuls are
+# always computed in float32, and runtime's kernels give the same bits on every run of the same program)
+_MATMUL_PRECISIONS = ("highest", "high", "medium")
+_settings = {"float32_matmul_precision": "highest", "deterministic": False, "deterministic_warn_only": False}
+
+
+def set_float32_matmul_precision(precision: str) -> None:
+    """torch.set_float32_matmul_precision: 'highest', 'high' or 'medium'; anything else warns and is ignored."""
+    if precision not in _MATMUL_PRECISIONS:
+        import warnings
+
+        warnings.warn(f"{precision} is not one of 'highest', 'high', or 'medium'; the current "
+                      "set_float32_matmul_precision call has no effect.", UserWarning, stacklevel=2)
+        return
+    _settings["float32_matmul_precision"] = precision
+
+
+def get_float32_matmul_precision() -> str:
+    return _settings["float32_matmul_precision"]
+
+
+def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+    """torch.use_deterministic_algorithms: every runtime op is deterministic already, so this only records it."""
+    if not isinstance(mode, bool) or not isinstance(warn_only, bool):
+        raise TypeError(f"use_deterministic_algorithms expects bools, got mode={mode!r}, warn_only={warn_only!r}")
+    _settings["deterministic"] = mode
+    _settings["deterministic_warn_only"] = warn_only
+
+
+def are_deterministic_algorithms_enabled() -> bool:
+    return _settings["deterministic"]
+
+
+def is_deterministic_algorithms_warn_only_enabled() -> bool:
+    return _settings["deterministic_warn_only"]
