@@ -1,6 +1,7 @@
 """runtime.testing: torch.testing.assert_close over tensors, numpy arrays, numbers and containers of them."""
 from __future__ import annotations
 
+import cmath
 import collections.abc
 import numbers
 
@@ -14,6 +15,7 @@ __all__ = ["assert_close"]
 # (rtol, atol) by dtype when neither is given, as torch.testing documents them; other dtypes compare exactly
 _TOLERANCES = {float16: (1e-3, 1e-5), float32: (1.3e-6, 1e-5), float64: (1e-7, 1e-7)}
 
+
 class _Mismatch(AssertionError):
     """A failed comparison; `where` lists the container items it was found under, outermost first."""
 
@@ -21,6 +23,7 @@ class _Mismatch(AssertionError):
         super().__init__(message)
         self.message = message
         self.where: list[str] = []
+
 
 def assert_close(actual, expected, *, allow_subclasses=True, rtol=None, atol=None, equal_nan=False,
                  check_device=True, check_dtype=True, check_layout=True, check_stride=False, msg=None):
@@ -46,6 +49,7 @@ def assert_close(actual, expected, *, allow_subclasses=True, rtol=None, atol=Non
             message = msg
         raise AssertionError(message) from None
 
+
 def _compare(actual, expected, options) -> None:
     """Compare one pair, descending into sequences and mappings."""
     if _is_tensor_like(actual) or _is_tensor_like(expected):
@@ -65,17 +69,20 @@ def _compare(actual, expected, options) -> None:
     else:
         raise TypeError(f"No comparison pair was able to handle inputs of type {type(actual)} and {type(expected)}.")
 
+
 def _compare_mappings(actual, expected, options) -> None:
     missing = [k for k in expected if k not in actual]
     extra = [k for k in actual if k not in expected]
     if missing or extra:
-        raise _Mismatch("The keys of the mappings do not match:\n"
-                        + "\n".join(line for line in (f"Missing keys in the actual mapping: {sorted(missing, key=str)}"
-                                                      if missing else "",
-                                                      f"Additional keys in the actual mapping: "
-                                                      f"{sorted(extra, key=str)}" if extra else "") if line))
+        lines = ["The keys of the mappings do not match:"]
+        if missing:
+            lines.append(f"Missing keys in the actual mapping: {sorted(missing, key=str)}")
+        if extra:
+            lines.append(f"Additional keys in the actual mapping: {sorted(extra, key=str)}")
+        raise _Mismatch("\n".join(lines))
     for key in expected:
         _compare_item(actual[key], expected[key], options, f"[{key!r}]")
+
 
 def _compare_item(actual, expected, options, where: str) -> None:
     try:
@@ -84,14 +91,18 @@ def _compare_item(actual, expected, options, where: str) -> None:
         failure.where.insert(0, where)
         raise
 
+
 def _is_tensor_like(value) -> bool:
     return isinstance(value, (Tensor, np.ndarray))
+
 
 def _is_number(value) -> bool:
     return isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, np.ndarray)
 
+
 def _is_sequence(value) -> bool:
     return isinstance(value, collections.abc.Sequence) and not isinstance(value, (str, bytes))
+
 
 def _tolerances(dtypes, options) -> tuple:
     """(rtol, atol): the given ones, else the loosest of the dtypes' defaults."""
@@ -100,9 +111,11 @@ def _tolerances(dtypes, options) -> tuple:
     pairs = [_TOLERANCES.get(d, (0.0, 0.0)) for d in dtypes]
     return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
+
 def _compare_tensors(actual, expected, options) -> None:
     a_dtype, e_dtype = _dtype_of(actual), _dtype_of(expected)
-    a_shape, e_shape = Size(np.shape(_array(actual))), Size(np.shape(_array(expected)))
+    a, e = _array(actual), _array(expected)
+    a_shape, e_shape = Size(a.shape), Size(e.shape)
     if a_shape != e_shape:
         raise _Mismatch(f"The values for attribute 'shape' do not match: {a_shape} != {e_shape}.")
     if options["check_device"] and _device_of(actual) != _device_of(expected):
@@ -111,7 +124,6 @@ def _compare_tensors(actual, expected, options) -> None:
     if options["check_dtype"] and a_dtype != e_dtype:
         raise _Mismatch(f"The values for attribute 'dtype' do not match: {a_dtype} != {e_dtype}.")
     rtol, atol = _tolerances({a_dtype, e_dtype}, options)
-    a, e = _array(actual), _array(expected)
     common = np.result_type(a.dtype, e.dtype)
     if common.kind == "b":
         common = np.dtype(np.int64)
@@ -121,6 +133,7 @@ def _compare_tensors(actual, expected, options) -> None:
         return
     exact = common.kind != "f" and rtol == 0 and atol == 0
     raise _Mismatch(_tensor_report(a, e, close, rtol, atol, exact))
+
 
 def _close(a: np.ndarray, e: np.ndarray, rtol: float, atol: float, equal_nan: bool) -> np.ndarray:
     """Elementwise closeness; infinities are close only to the same infinity, NaN only to NaN with equal_nan."""
@@ -135,6 +148,7 @@ def _close(a: np.ndarray, e: np.ndarray, rtol: float, atol: float, equal_nan: bo
     if equal_nan:
         close |= np.isnan(a) & np.isnan(e)
     return close
+
 
 def _tensor_report(a, e, close, rtol, atol, exact) -> str:
     """torch's message for mismatching tensors: how many elements differ, and where the greatest differences are."""
@@ -154,27 +168,23 @@ def _tensor_report(a, e, close, rtol, atol, exact) -> str:
         lines.append(f"Greatest {label} difference: {value} at index {index}{allowed}")
     return "\n".join(lines)
 
+
 def _compare_numbers(actual, expected, options) -> None:
     if options["check_dtype"] and type(actual) is not type(expected):
         raise _Mismatch(f"The (d)types do not match: {type(actual)} != {type(expected)}.")
     dtypes = {_number_dtype(actual), _number_dtype(expected)}
     rtol, atol = _tolerances(dtypes, options)
     a, e = complex(actual), complex(expected)
-    if a == e or (options["equal_nan"] and _isnan(a) and _isnan(e)):
+    if a == e or (options["equal_nan"] and cmath.isnan(a) and cmath.isnan(e)):
         return
     diff = abs(a - e)
-    if _isfinite(a) and _isfinite(e) and diff <= atol + rtol * abs(e):
+    if cmath.isfinite(a) and cmath.isfinite(e) and diff <= atol + rtol * abs(e):
         return
     rel = diff / abs(e) if e != 0 else float("inf")
     raise _Mismatch(f"Scalars are not close!\n\nExpected {expected} but got {actual}.\n"
                     f"Absolute difference: {diff} (up to {atol} allowed)\n"
                     f"Relative difference: {rel} (up to {rtol} allowed)")
 
-def _isnan(z: complex) -> bool:
-    return z != z
-
-def _isfinite(z: complex) -> bool:
-    return all(np.isfinite([z.real, z.imag]))
 
 def _number_dtype(value):
     """The dtype whose default tolerances a Python or numpy number gets (Python floats: float64, as in torch)."""
@@ -184,12 +194,15 @@ def _number_dtype(value):
         return NP_TO_DTYPE.get(value.dtype)
     return float64
 
+
 def _array(value) -> np.ndarray:
     return value.detach().numpy() if isinstance(value, Tensor) else np.asarray(value)
+
 
 def _dtype_of(value):
     """A runtime dtype; a numpy dtype runtime has none for (uint8, complex64) stays a numpy dtype."""
     return value.dtype if isinstance(value, Tensor) else NP_TO_DTYPE.get(value.dtype, value.dtype)
+
 
 def _device_of(value) -> str:
     return str(getattr(value, "device", "cpu"))
