@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from runtime.autograd import grad_mode
 from runtime.nn import Module
 
 from . import pytree
@@ -204,7 +205,9 @@ class Compilation:
 
 
 def _trace(c: Compilation) -> None:
-    with _read_only(c.module.parameters()):
+    # NOTE: forward is traced in the caller's grad mode (the pipeline runs under no_grad), so a no_grad block in
+    # forward is seen as one: its values are detached in the graph, as eager mode leaves them without history
+    with _read_only(c.module.parameters()), grad_mode.set_grad_enabled(c.needs_grad):
         c.traced, c.graph_breaks = trace_for_compile(c.module, c.concrete,
                                                      pytree.replace_tensors(c.examples, _copies(c.tensors)),
                                                      dynamic=c.dynamic, shape_env=c.shape_env)

@@ -17,13 +17,13 @@ import numpy as np
 import runtime
 import runtime.nn.functional as F
 from runtime import api
-from runtime.autograd import no_grad
+from runtime.autograd import FunctionCtx, grad_mode, no_grad
 from runtime.nn import Module
 from runtime.nn.modules import container
 from runtime.tensor import Tensor
 
 from . import pytree
-from .graph import Graph, fetch_attr, map_arg
+from .graph import Graph, fetch_attr, has_side_effect, map_arg
 from .prims import prims
 from .symbolic import has_symbols, hint_of
 
@@ -112,6 +112,15 @@ class Proxy:
         tracer = next(x.tracer for x in inputs if isinstance(x, Proxy))
         return tracer.create_proxy("call_function", prims[op.name], inputs, attrs)
 
+    @staticmethod
+    def _apply_function(fn_cls, args, kwargs):
+        """A custom autograd.Function called on a proxy: one node, which decompose keeps as an eager call when
+        gradients are wanted (so its own backward runs); without them its forward is traced like any code."""
+        tracer = next(x.tracer for x in args if isinstance(x, Proxy))
+        if not tracer._records_grad:
+            return fn_cls.forward(_ForwardOnlyCtx(), *args, **kwargs)
+        return tracer.create_proxy("call_function", fn_cls.apply, args, kwargs)
+
     def __getattr__(self, name: str):
         if name in SIZE_QUERIES and self.tracer.specializes_sizes:
             value = self.tracer.value_of(self.node)
@@ -169,6 +178,13 @@ class Proxy:
     __int__ = __float__ = __index__
 
     __hash__ = object.__hash__
+
+
+class _ForwardOnlyCtx(FunctionCtx):
+    """The ctx of a custom Function traced for inference: what forward saves is never read back."""
+
+    def save_for_backward(self, *tensors) -> None:
+        pass
 
 
 def _unpack_count(frame) -> int | None:
@@ -293,7 +309,34 @@ class Tracer:
             node.meta["source"] = f"{found[0]}:{found[1]}"
             node.meta["source_line"] = found[2]
         node.meta["module_path"] = module_path if module_path is not None else self._module_stack[-1]
+        if self._records_grad and not grad_mode.state.enabled:
+            self._mark_no_grad(node)
         return Proxy(node, self)
+
+    def _mark_no_grad(self, node) -> None:
+        """A node recorded under no_grad inside forward: decompose detaches its tensor results, so gradients stop
+        there as they do in eager mode. An in-place write there to a value that may require grad changes the value
+        but not its history in eager mode, which a functional graph cannot express: that is a graph break."""
+        target = node.args[0] if node.args else None
+        if self._writes_tensor(node) and not self._is_gradless_attr(target):
+            name = target.name if hasattr(target, "name") else repr(target)
+            raise TraceError(f"an in-place write to {name} under no_grad inside forward {_where()} cannot be "
+                             f"compiled: eager mode changes its values but not its gradient history")
+        node.meta["no_grad"] = True
+
+    def _writes_tensor(self, node) -> bool:
+        if node.op == "call_module":
+            return bool(getattr(fetch_attr(self.root, node.target), "inplace", False))
+        return has_side_effect(node) and not (node.op == "call_function" and node.target is builtins.setattr)
+
+    def _is_gradless_attr(self, node) -> bool:
+        """A buffer, or a constant tensor made in forward, that does not require grad."""
+        if getattr(node, "op", None) != "get_attr":
+            return False
+        value = self.constants.get(node.target)
+        if value is None:
+            value = fetch_attr(self.root, node.target)
+        return isinstance(value, Tensor) and not value.requires_grad
 
     def _to_graph_args(self, value):
         if isinstance(value, Proxy):
@@ -353,6 +396,7 @@ class Tracer:
         if not isinstance(root, Module):
             raise TypeError(f"nnc.trace expects a runtime.nn.Module, got {type(root).__name__}")
         self.root, self.graph, self.constants = root, Graph(), {}
+        self._records_grad = grad_mode.is_grad_enabled()  # no_grad blocks in forward matter only then
         self.specializes_sizes, self._values = example_inputs is not None, {}
         self.dynamic, self.shape_env = dict(dynamic or {}), shape_env if dynamic else None
         self._symbolic, self._replay = {}, None

@@ -65,6 +65,11 @@ class MetaValue:
         builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or GraphBuilder.current
         return builder.emit(op, inputs, attrs)
 
+    @staticmethod
+    def _apply_function(fn_cls, args, kwargs):
+        raise DecomposeError(f"a custom autograd.Function ({fn_cls.__name__}) runs eagerly, so that its own "
+                             f"backward computes the gradients")
+
     shape = property(lambda self: self.node.meta["shape"])
     dtype = property(lambda self: self.node.meta["dtype"])
     ndim = property(lambda self: len(self.node.meta["shape"]))
@@ -392,6 +397,21 @@ def _is_impure(node: Node) -> bool:
 
 
 def _replay(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
+    result = _replay_node(builder, gm, node, env)
+    return _detached(result) if node.meta.get("no_grad") else result
+
+
+def _detached(value):
+    """A value computed under no_grad inside forward: its tensors carry no history (autodiff stops at them)."""
+    if isinstance(value, MetaValue):
+        return api.detach(value)
+    if isinstance(value, (tuple, list)):
+        items = [_detached(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # a named tuple's fields
+    return value
+
+
+def _replay_node(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
     if node.op == "placeholder":
         new = builder.node("placeholder", node.target, name=node.name)
         new.meta.update(node.meta)
