@@ -623,7 +623,7 @@ class Tensor:
                                f"{list(self.shape)}") from None
         node, base = result._grad_fn, self._base
         if base is not None and node is not None:
-            old_index = next(k for k, x in enumerate(node.inputs) if x is old)
+            old_index = node.input_index(old)
             retained = base.retains_grad
             base._grad_fn = CopySlices(edge_of(base), self._view_fn, node, old_index)
             base._out_nr, base._rg = 0, True

@@ -5,7 +5,7 @@ import numpy as np
 
 import runtime.tensor as _tensor_mod
 
-from . import grad_mode
+from . import grad_mode, saved_hooks
 from .graph import FREED_GRAPH_ERROR, Node, edge_of, fit_gradient
 
 
@@ -14,12 +14,17 @@ class FunctionCtx:
 
     def __init__(self):
         self._saved = ()
+        self._packed = None
         self._freed = False
         self.needs_input_grad = ()
         self.non_differentiable = set()
         self.materialize_grads = True
 
     def save_for_backward(self, *tensors) -> None:
+        self._packed = saved_hooks.pack_all(tensors)
+        if self._packed is not None:  # the hooks own what is kept
+            self._saved, self._shapes = (), [tuple(t.shape) if t is not None else None for t in tensors]
+            return
         self._saved = tuple(tensors)
         self._saved_versions = tuple(t._vc()[0] if t is not None else None for t in tensors)
 
@@ -27,6 +32,9 @@ class FunctionCtx:
     def saved_tensors(self):
         if self._freed:
             raise RuntimeError(FREED_GRAPH_ERROR)
+        if self._packed is not None:
+            packed, unpack = self._packed
+            return tuple(saved_hooks.unpack_all(packed, unpack, self._shapes))
         for t, seen in zip(self._saved, self._saved_versions if self._saved else ()):
             if t is not None and t._vc()[0] != seen:
                 raise RuntimeError("one of the variables needed for gradient computation has been modified "
@@ -81,7 +89,7 @@ class FunctionNode(Node):
 
     def release(self) -> None:
         self.ctx._freed = True
-        self.ctx._saved = ()
+        self.ctx._saved, self.ctx._packed = (), None
 
 
 class Function:

@@ -8,7 +8,8 @@ import weakref
 import runtime.tensor as _tensor_mod  # NOTE: module import: tensor.py imports this module too.
 
 from ..utils.hooks import RemovableHandle
-from . import grad_mode
+from . import grad_mode, saved_hooks
+from .saved_hooks import disable_saved_tensors_hooks, save_on_cpu, saved_tensors_hooks  # noqa: F401 (torch's names)
 
 _next_seq = itertools.count().__next__
 _ACCUMULATE_FIRST = 1 << 62
@@ -103,6 +104,26 @@ class OpNode(Node):
             self.out_data, self.out_version, self.out_version_seen = out_array, out_version, out_version[0]
         else:
             self.out_data = None
+        self.packed = None
+        if saved_hooks.current() is not None:
+            self._pack_saved()
+
+    def _pack_saved(self) -> None:
+        """Under saved-tensor hooks the node keeps what pack_hook returned for each saved tensor, and of its other
+        floating inputs only shape and dtype (the hooks own what is kept, as in torch: checkpointing keeps nothing)."""
+        Tensor = _tensor_mod.Tensor
+        positions = [i for i in self.op.saves if i != "out" and isinstance(self.inputs[i], Tensor)]
+        tensors = [self.inputs[i] for i in positions]
+        if self.out_data is not None:
+            out = Tensor._from_array(self.out_data)
+            out._grad_fn, out._rg = self, True
+            positions.append("out")
+            tensors.append(out)
+        packed, unpack = saved_hooks.pack_all(tensors)
+        self.packed = (positions, packed, unpack, [tuple(t.shape) for t in tensors])
+        # NOTE: integer and bool inputs (indices, masks) stay: rules read them, and they carry no gradient history
+        self.inputs = [_Unsaved(x) if isinstance(x, Tensor) and x.dtype.is_floating_point else x for x in self.inputs]
+        self.out_data, self.saved_versions, self.saved_with_history = None, (), ()
 
     def name(self) -> str:
         return _camel(self.op.name) + "Backward0"
@@ -111,8 +132,11 @@ class OpNode(Node):
         inputs = self.inputs
         if inputs is None:
             raise RuntimeError(FREED_GRAPH_ERROR)
-        g, out, attrs, op = grads[0], self._saved_out(), self.attrs, self.op
-        values, out = self._unpacked(inputs, out)
+        g, attrs, op = grads[0], self.attrs, self.op
+        if self.packed is not None:
+            values, out = self._from_hooks(inputs)
+        else:
+            values, out = self._unpacked(inputs, self._saved_out())
         result = []
         for i, edge in enumerate(self.next_edges):
             if edge is None:
@@ -121,6 +145,21 @@ class OpNode(Node):
             gi = op.vjp_rule(i)(g, out, *values, **attrs)
             result.append(fit_gradient(gi, inputs[i]))
         return result
+
+    def _from_hooks(self, inputs):
+        """The rules' inputs and output: unpack_hook's tensors where tensors were saved."""
+        positions, packed, unpack, shapes = self.packed
+        values, out = list(inputs), None
+        for i, value in zip(positions, saved_hooks.unpack_all(packed, unpack, shapes)):
+            if i == "out":
+                out = value
+            else:
+                values[i] = value
+        return values, out
+
+    def input_index(self, tensor) -> int:
+        """The position of `tensor` among this node's inputs (by identity)."""
+        return next(k for k, x in enumerate(self.inputs) if x is tensor or getattr(x, "source_id", None) == id(tensor))
 
     def _saved_out(self):
         if self.out_data is None:
@@ -156,6 +195,21 @@ class OpNode(Node):
         if self.op.saves:
             self.inputs = None
             self.out_data = None
+            self.packed = None
+
+
+class _Unsaved:
+    """An input a node did not save (its hooks own what is saved): its shape and dtype, for the rules and for
+    fitting gradients; `source_id` names the tensor it stood for while that tensor is alive."""
+
+    __slots__ = ("shape", "dtype", "ndim", "is_cuda", "source_id")
+
+    def __init__(self, tensor):
+        self.shape, self.dtype, self.ndim = tensor.shape, tensor.dtype, tensor.ndim
+        self.is_cuda, self.source_id = tensor.is_cuda, id(tensor)
+
+    def __getattr__(self, name):
+        raise RuntimeError(f"internal error: a backward rule read {name!r} of an input it did not declare saved")
 
 
 class _Stale:
@@ -190,7 +244,7 @@ def fit_gradient(g, x):
     """Reduce a gradient over broadcast dims and cast it to the input's dtype."""
     if g is None:
         return None
-    if g._data.shape != x._data.shape:
+    if g._data.shape != tuple(x.shape):
         g = g.sum_to_size(x.shape)
     if g.dtype is not x.dtype:
         g = g.to(x.dtype)
