@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import heapq
+import threading
 
 import numpy as np
 
@@ -38,7 +39,27 @@ def _nodes_reaching(targets, parents):
     return needed
 
 
+class _RunState(threading.local):
+    capturing = False  # this thread runs a backward whose gradients go to chosen inputs (grad, inputs=)
+
+
+_run_state = _RunState()
+
+
+def is_capturing() -> bool:
+    """Whether the backward running in this thread is autograd.grad's or backward(inputs=...)'s."""
+    return _run_state.capturing
+
+
 def execute(roots, *, retain_graph: bool, create_graph: bool, capture=None) -> None:
+    previous, _run_state.capturing = _run_state.capturing, capture is not None
+    try:
+        _execute(roots, retain_graph=retain_graph, create_graph=create_graph, capture=capture)
+    finally:
+        _run_state.capturing = previous
+
+
+def _execute(roots, *, retain_graph: bool, create_graph: bool, capture=None) -> None:
     """Propagate gradients from `roots` [(edge, grad)] through the graph.
 
     Without `capture`, leaf gradients accumulate into `.grad`. With `capture` {edge: callback},
