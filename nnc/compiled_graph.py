@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.autograd import Function, no_grad
+from runtime.autograd import Function, grad_mode, no_grad
 
 from . import pytree
 from .executor import Plan
@@ -117,13 +117,17 @@ class CompiledGraph:
             return result if plan is self.forward_plan else result[0]
         if self.training_plan is None or self._unexpected_grad(tensors):
             # eager autograd through the decomposed graph: correct, and hooked modules see real values
-            if self.shape_env is not None:
-                return _SizedInterpreter(self.forward, dict(zip(self.shape_env.names, sizes))).run(*tensors)
-            return self.forward.forward(*tensors)
+            return self.run_eagerly(tensors, sizes)
         structure: list = []
         flat = _CompiledFunction.apply(self, structure, len(tensors), *tensors, *self.params)
         flat = flat if isinstance(flat, tuple) else (flat,)
         return pytree.replace_tensors(structure[0], flat)
+
+    def run_eagerly(self, tensors: list, sizes: tuple = ()):
+        """The decomposed forward run op by op on runtime tensors, recording autograd history."""
+        if self.shape_env is not None:
+            return _SizedInterpreter(self.forward, dict(zip(self.shape_env.names, sizes))).run(*tensors)
+        return self.forward.forward(*tensors)
 
     def _unexpected_grad(self, tensors) -> bool:
         """An input requires grad that the backward was not built for (never a lost gradient: run eagerly)."""
@@ -157,6 +161,7 @@ class _CompiledFunction(Function):
     def forward(ctx, graph, structure, n_inputs, *tensors):
         inputs = tensors[:n_inputs]
         ctx.sizes = graph.sizes_of(inputs) if graph.size_sources else ()
+        _keep_for_replay(ctx, graph, tensors, n_inputs)
         user, saved = graph.training_plan.run(*inputs, sizes=ctx.sizes)
         ctx.graph = graph
         if graph.written_inputs:
@@ -177,6 +182,8 @@ class _CompiledFunction(Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        if grad_mode.is_grad_enabled():  # create_graph=True: gradients that are themselves differentiable
+            return _replayed_backward(ctx, grads)
         graph = ctx.graph
         backward = graph.backward
         saved = ctx.saved_tensors
@@ -193,6 +200,43 @@ class _CompiledFunction(Function):
         input_grads = [by_node.get(n) for n in graph.tensor_inputs]
         param_grads = [by_node.get(n) for n in graph.param_nodes]
         return (None, None, None, *input_grads, *param_grads)
+
+
+def _keep_for_replay(ctx, graph, tensors, n_inputs: int) -> None:
+    """What a backward with create_graph=True replays the forward from: the call's tensors (inputs, then parameters)
+    and their versions."""
+    ctx.replay, ctx.n_inputs = tensors, n_inputs
+    ctx.replay_versions = [t._vc()[0] for t in tensors]
+
+
+def _replayed_backward(ctx, grads):
+    """The compiled backward computes gradients without recording them. With create_graph=True they must carry
+    history (a gradient penalty differentiates them again): run the decomposed forward eagerly from the call's
+    tensors and differentiate that, recording, as eager mode would have."""
+    from runtime import autograd
+
+    graph, tensors = ctx.graph, ctx.replay
+    if any(getattr(n.target, "nnc_name", None) == "prims.random_seed" for n in graph.forward.graph.nodes):
+        raise RuntimeError("nnc.compile: backward with create_graph=True through a compiled graph that draws random "
+                           "numbers (dropout) is not supported: the draw cannot be replayed. Run this module eagerly")
+    if graph.written_inputs:
+        raise RuntimeError("nnc.compile: backward with create_graph=True through a compiled graph that writes its "
+                           "inputs in place is not supported: their old values are gone. Run this module eagerly")
+    for t, seen in zip(tensors, ctx.replay_versions):
+        if t._vc()[0] != seen:
+            raise RuntimeError(f"one of the variables needed for gradient computation has been modified by an "
+                               f"inplace operation: an input of a compiled graph is at version {t._vc()[0]}; "
+                               f"expected version {seen} instead.")
+    with grad_mode.enable_grad():
+        outputs = pytree.tensor_leaves(graph.run_eagerly(list(tensors[:ctx.n_inputs]), ctx.sizes))
+    pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
+    wanted = [k for k, t in enumerate(tensors) if t.requires_grad]
+    found = autograd.grad([o for o, _ in pairs], [tensors[k] for k in wanted], [g for _, g in pairs],
+                          create_graph=True, allow_unused=True) if pairs else [None] * len(wanted)
+    result = [None] * len(tensors)
+    for k, g in zip(wanted, found):
+        result[k] = g
+    return (None, None, None, *result)
 
 
 def _zeros_like_node(node, sizes: dict, target: str = "cpu"):

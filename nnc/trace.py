@@ -121,6 +121,11 @@ class Proxy:
             return fn_cls.forward(_ForwardOnlyCtx(), *args, **kwargs)
         return tracer.create_proxy("call_function", fn_cls.apply, args, kwargs)
 
+    @staticmethod
+    def _refuse_autograd(what: str):
+        raise TraceError(f"{what} on a traced value {_where()}: gradients inside forward need the eager autograd "
+                         f"graph, so this forward runs eagerly")
+
     def __getattr__(self, name: str):
         if name in SIZE_QUERIES and self.tracer.specializes_sizes:
             value = self.tracer.value_of(self.node)

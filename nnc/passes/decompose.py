@@ -70,6 +70,10 @@ class MetaValue:
         raise DecomposeError(f"a custom autograd.Function ({fn_cls.__name__}) runs eagerly, so that its own "
                              f"backward computes the gradients")
 
+    @staticmethod
+    def _refuse_autograd(what: str):
+        raise DecomposeError(f"{what} inside forward needs the eager autograd graph")
+
     shape = property(lambda self: self.node.meta["shape"])
     dtype = property(lambda self: self.node.meta["dtype"])
     ndim = property(lambda self: len(self.node.meta["shape"]))

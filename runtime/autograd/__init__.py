@@ -10,12 +10,24 @@ def _as_tuple(x):
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
 
 
+def _refuse_stand_ins(values, what: str) -> None:
+    """A compiler's stand-in for a tensor (a tracer's value) has no autograd graph: its type raises the error that
+    makes the compiler run this code eagerly instead."""
+    from ..tensor import Tensor
+
+    for v in values or ():
+        refuse = getattr(type(v), "_refuse_autograd", None)
+        if refuse is not None and not isinstance(v, Tensor):
+            refuse(what)
+
+
 def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, inputs=None) -> None:
     """Accumulate d(tensors)/d(leaf) into each leaf's .grad (or only into `inputs` when given)."""
     from . import engine
     from .graph import edge_of
 
     tensors = _as_tuple(tensors)
+    _refuse_stand_ins(tensors + (_as_tuple(inputs) or ()), "backward()")
     grads = _as_tuple(grad_tensors) or (None,) * len(tensors)
     if len(grads) != len(tensors):
         raise RuntimeError(f"grad_tensors has {len(grads)} tensors but tensors has {len(tensors)}")
@@ -48,6 +60,7 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     from .graph import edge_of
 
     outputs, inputs = _as_tuple(outputs), _as_tuple(inputs)
+    _refuse_stand_ins(outputs + inputs, "autograd.grad()")
     grads = _as_tuple(grad_outputs) or (None,) * len(outputs)
     roots = engine.root_edges(outputs, grads)
     results = [None] * len(inputs)
