@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from runtime import dtypes as dt
+from runtime import amp, dtypes as dt
 from runtime.autograd import grad_mode, no_grad
 from runtime.nn import Module
 from runtime.nn.modules import container, module as module_mod
@@ -125,7 +125,7 @@ class CompiledModule(Module):
                 parts.append((name, "python", _hashable(value)))
         params = self._parameters_requiring_grad()
         return (tuple(parts), self._training_flags(), grad_mode.is_grad_enabled(), params, self._hook_signature(),
-                self._state_storage())
+                self._state_storage(), amp.state.dtype)
 
     def _state_storage(self) -> type | None:
         """The storage type of the module's first parameter (numpy's array on the CPU, a device array on CUDA):
@@ -203,8 +203,8 @@ class CompiledModule(Module):
     def _fast_key(self, args) -> tuple | None:
         """A flat key holding everything the guards check for a call whose arguments are all tensors (None for any
         other call): each tensor's shape, dtype, array type (its device) and requires_grad, then the parameters'
-        storage type (their device), the training flags, grad mode, the parameters' requires_grad (None under no_grad,
-        where no compile depends on them) and the hooks present (None when there are none).
+        storage type (their device), the training flags, the autocast dtype, grad mode, the parameters' requires_grad
+        (None under no_grad, where no compile depends on them) and the hooks present (None when there are none).
 
         NOTE: it maps to what the full guards found for an equal call (`_cache` and the variants with symbolic sizes
         only ever gain entries, so that answer never changes); it only saves building and hashing the full key."""
@@ -217,7 +217,7 @@ class CompiledModule(Module):
         grad = grad_mode.is_grad_enabled()
         params = self._parameters_requiring_grad() if grad else None
         hooks = self._hook_signature() if self._any_hooks() else None
-        return (*parts, self._module_state(), grad, params, hooks)
+        return (*parts, self._module_state(), amp.state.dtype, grad, params, hooks)
 
     def _module_state(self) -> tuple:
         """(the parameters' storage type, the training flags), re-read only when runtime's module-state version has
@@ -506,7 +506,7 @@ def root_trace_error(error) -> str | None:
 
 
 _GUARD_LABELS = ("arguments", "training flags", "grad mode", "parameters' requires_grad", "hooks",
-                 "parameters' device")
+                 "parameters' device", "autocast")
 _MOVE_HINT = {"cuda": "move the model and its inputs to the GPU first (model.to('cuda'), x.cuda())",
               "cpu": "move them to the CPU first (model.cpu(), x.cpu()), or compile with target='cuda'"}
 

@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from runtime import amp
 from runtime.autograd import grad_mode
 from runtime.nn import Module
 
@@ -127,6 +128,7 @@ class Compilation:
         self.module, self.concrete, self.examples = module, concrete, examples
         self.target = target  # "cpu" or "cuda": where the plans run (the graphs and kernels are the same)
         self.needs_grad, self.codegen, self.whole_graph = needs_grad, codegen, whole_graph
+        self.autocast = amp.state.dtype  # the caller's autocast: the graph gets its casts (decompose)
         # dynamic: placeholder name -> dims whose sizes are symbols (nnc.symbolic); shape_env holds the symbols and
         # the guards the stages' decisions on them recorded
         self.dynamic = {name: tuple(dims) for name, dims in (dynamic or {}).items() if dims}
@@ -405,7 +407,8 @@ def run_stages(c: Compilation, until: str | None = None) -> Compilation:
                 progress.update(stage.name)
             start = time.perf_counter()
             try:
-                stage.run(c)
+                with _autocast_for(stage.name, c.autocast):
+                    stage.run(c)
             except Exception as error:
                 raise PipelineError(stage.name, c.done, error) from error
             c.seconds[stage.name] = time.perf_counter() - start
@@ -415,6 +418,20 @@ def run_stages(c: Compilation, until: str | None = None) -> Compilation:
         if progress is not None:
             progress.close(failed=len(c.done) <= last)
     return c
+
+
+AUTOCAST_STAGES = ("trace", "shapes", "decompose")  # where the graph's ops are made, casts included
+
+
+@contextlib.contextmanager
+def _autocast_for(stage: str, dtype):
+    """The caller's autocast while the graph's ops are made, none after: the casts are then in the graph, and the
+    backward's matmuls, like eager's, run in the dtypes the forward gave them."""
+    previous, amp.state.dtype = amp.state.dtype, dtype if stage in AUTOCAST_STAGES else None
+    try:
+        yield
+    finally:
+        amp.state.dtype = previous
 
 
 # -- compile progress on a terminal ---------------------------------------------------------------------

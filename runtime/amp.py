@@ -89,6 +89,15 @@ def autocast_inputs(op, inputs):
                  and x.dtype is not target else x for x in inputs)
 
 
+def autocast_bias(bias):
+    """A bias added after a matmul-kind op (linear, convolution): cast to the autocast dtype inside autocast, as
+    torch's fused ops cast every floating input, so the layer's result is in that dtype."""
+    target = state.dtype
+    if target is None or bias is None or not bias.dtype.is_floating_point or bias.dtype is target:
+        return bias
+    return bias.to(target)
+
+
 class GradScaler:
     """torch.amp.GradScaler: multiplies the loss by a scale, unscales the gradients before the step, skips steps
     whose gradients hold inf or nan and adapts the scale. enabled=False passes everything through."""

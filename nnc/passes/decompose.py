@@ -17,9 +17,9 @@ import math
 
 import runtime
 import runtime.factories as factories
-from runtime import api, dtypes as dt
+from runtime import amp, api, dtypes as dt
 from runtime.nn import Module
-from runtime.ops import OPS
+from runtime.ops import OPS, Kind
 from runtime.tensor import Tensor
 
 from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
@@ -63,6 +63,8 @@ class MetaValue:
             if handler is not None and not isinstance(x, (MetaValue, Tensor)):
                 return handler(op, inputs, attrs)
         builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or GraphBuilder.current
+        if amp.state.dtype is not None and op.kind == Kind.MATMUL:  # the caller's autocast: casts, as eager makes
+            inputs = amp.autocast_inputs(op, inputs)
         return builder.emit(op, inputs, attrs)
 
     @staticmethod

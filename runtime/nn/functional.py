@@ -11,6 +11,7 @@ import itertools
 import math
 import warnings
 
+from .. import amp
 from .. import api
 from .. import dtypes as dt
 from .. import factories
@@ -121,7 +122,7 @@ def _same_shape(name: str, input, target, exc=ValueError) -> None:
 def linear(input, weight, bias=None):
     """y = x W^T + b."""
     out = apply("linear", input, weight)
-    return out if bias is None else out + bias
+    return out if bias is None else out + amp.autocast_bias(bias)
 
 
 def bilinear(input1, input2, weight, bias=None):
@@ -691,7 +692,7 @@ def _conv(name, nd, input, weight, bias, stride, padding, dilation, groups):
     if bias is not None:
         # NOTE: added in the product's layout, not to the (N, O, *out) result: nnc computes the add in the matmul's
         # pass, and the bias gradient is a sum along contiguous rows instead of over dims (0, 2, ...) of NCHW
-        out = out + bias.reshape(out.shape[:-1] + (1,))
+        out = out + amp.autocast_bias(bias).reshape(out.shape[:-1] + (1,))
     out = out.reshape((out_ch, n) + out_sizes).transpose(0, 1)
     return out.squeeze(0) if unbatched else out
 
