@@ -423,3 +423,30 @@ def test_gpt_with_dropout_trains_as_one_graph_repeatably():
     want = train(model, batches)
     assert losses != want[0]
     np.testing.assert_allclose(losses, want[0], rtol=0.05)  # the same model and data: close, not equal
+
+
+class TopKGate(nn.Module):
+    """A mixture-of-experts style gate: the named tuples of topk and sort (eager-only ops) read by field."""
+
+    def __init__(self):
+        super().__init__()
+        self.score = nn.Linear(8, 6)
+        self.out = nn.Linear(6, 1)
+
+    def forward(self, x):
+        scores = self.score(x)
+        top = scores.topk(2, dim=-1)
+        gate = top.values.softmax(-1).sum(-1, keepdim=True)
+        ranks = scores.sort(-1).indices.to(scores.dtype)
+        return (self.out(scores * gate + ranks / 6) ** 2).mean()
+
+
+def test_named_tuples_of_eager_ops_keep_their_fields():
+    runtime.manual_seed(0)
+    model = TopKGate().double()
+    batches = [(runtime.randn(4, 8, dtype=runtime.float64),) for _ in range(2)]
+    compiled = assert_trains_the_same(model, batches)
+    assert {n.target for n in only_artifact(compiled).split.eager_nodes} >= {"topk", "sort"}
+    with runtime.no_grad():
+        x = runtime.randn(3, 8, dtype=runtime.float64)
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-12)

@@ -562,5 +562,6 @@ def _opaque(builder: GraphBuilder, node: Node, args, kwargs, reason: str):
                 values.append(MetaValue(part, builder))
             else:
                 values.append(_OpaqueValue(part))
-        return tuple(values)
+        named = node.meta.get("tuple_type")
+        return named(*values) if named is not None else tuple(values)
     return _OpaqueValue(new)

@@ -32,6 +32,8 @@ class ShapeProp(Interpreter):
             node.meta.update(found)
         elif found is not None:
             node.meta["tensor_meta"] = found
+            if hasattr(result, "_fields"):  # a named tuple (topk's values/indices): decompose keeps its type
+                node.meta["tuple_type"] = type(result)
         elif not isinstance(result, Tensor):
             node.meta["value"] = result if isinstance(result, (int, float, bool, tuple)) else None
         return result
