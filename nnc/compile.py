@@ -51,12 +51,10 @@ class CompiledModule(Module):
         positional = [p.name for p in self._signature.parameters.values()
                       if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         object.__setattr__(self, "_positional", positional)
-        # NOTE: the module tree is fixed at compile time (its hooks and parameters are not): walking a cached
-        # list of modules keeps the guards cheap on every call.
-        object.__setattr__(self, "_module_list", [(path, m) for path, m in module.named_modules()])
-        object.__setattr__(self, "_parameter_tables", [m._parameters for _, m in self._module_list])
-        object.__setattr__(self, "_hook_tables", [getattr(m, name) for path, m in self._module_list if path
-                                                  for name in HOOK_TABLES])
+        # NOTE: the guards walk cached lists of the tree's modules, parameter tables and hook tables, which are
+        # cheap on every call; they are rebuilt when the tree changes (a submodule replaced), which moves runtime's
+        # module-state version (see _module_state)
+        self._cache_tree(module)
         # Calls whose arguments are all tensors, passed positionally (nothing left to a default), may take the fast
         # path: a flat key (_fast_key) -> the artifact the full guards found for it (see forward)
         object.__setattr__(self, "_fast_arities", _fast_arities(self._signature))
@@ -123,9 +121,10 @@ class CompiledModule(Module):
                 parts.append((name, spec, tuple(_leaf_key(leaf) for leaf in leaves)))
             else:
                 parts.append((name, "python", _hashable(value)))
+        tree = self._module_state()[2]  # first: a changed tree refreshes the tables the other guards read
         params = self._parameters_requiring_grad()
         return (tuple(parts), self._training_flags(), grad_mode.is_grad_enabled(), params, self._hook_signature(),
-                self._state_storage(), amp.state.dtype)
+                self._state_storage(), amp.state.dtype, tree)
 
     def _state_storage(self) -> type | None:
         """The storage type of the module's first parameter (numpy's array on the CPU, a device array on CUDA):
@@ -219,16 +218,26 @@ class CompiledModule(Module):
         hooks = self._hook_signature() if self._any_hooks() else None
         return (*parts, self._module_state(), amp.state.dtype, grad, params, hooks)
 
+    def _cache_tree(self, module: Module) -> None:
+        modules = list(module.named_modules())
+        object.__setattr__(self, "_module_list", modules)
+        object.__setattr__(self, "_parameter_tables", [m._parameters for _, m in modules])
+        object.__setattr__(self, "_hook_tables", [getattr(m, name) for path, m in modules if path
+                                                  for name in HOOK_TABLES])
+        object.__setattr__(self, "_tree", _tree_signature(modules))
+
     def _module_state(self) -> tuple:
-        """(the parameters' storage type, the training flags), re-read only when runtime's module-state version has
-        moved (runtime.utils.state_version: every change to either moves it).
+        """(the parameters' storage type, the training flags, the tree's signature), re-read only when runtime's
+        module-state version has moved (runtime.utils.state_version: every change to any of them moves it).
 
         NOTE: the version is read before the state, so a change made meanwhile moves it past the one kept."""
         version = state_version.VERSION[0]
         seen = self.__dict__["_state_seen"]
         if seen[0] == version:
             return seen[1]
-        state = (self._state_storage(), self._training_flags())
+        if _tree_signature(list(self._module.named_modules())) != self._tree:
+            self._cache_tree(self._module)
+        state = (self._state_storage(), self._training_flags(), self._tree)
         self.__dict__["_state_seen"] = (version, state)
         return state
 
@@ -506,9 +515,16 @@ def root_trace_error(error) -> str | None:
 
 
 _GUARD_LABELS = ("arguments", "training flags", "grad mode", "parameters' requires_grad", "hooks",
-                 "parameters' device", "autocast")
+                 "parameters' device", "autocast", "module tree")
 _MOVE_HINT = {"cuda": "move the model and its inputs to the GPU first (model.to('cuda'), x.cuda())",
               "cpu": "move them to the CPU first (model.cpu(), x.cpu()), or compile with target='cuda'"}
+
+
+def _tree_signature(modules: list) -> tuple:
+    """Which module object is at each path, and which parameter and buffer entries are None: what the traced code
+    depends on beyond values (a submodule replaced, a bias set to None), so a change compiles anew."""
+    return tuple([(path, id(m), tuple([k for k, v in m._parameters.items() if v is None]),
+                   tuple([k for k, v in m._buffers.items() if v is None])) for path, m in modules])
 
 
 def _check_module_device(module: Module, target: str) -> None:

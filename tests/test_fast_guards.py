@@ -61,7 +61,9 @@ def test_a_repeated_call_takes_the_fast_path_and_matches_eager(full_guard_calls,
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "input requires_grad", "grad mode", "training",
-                                    "one flag set directly", "parameter requires_grad"])
+                                    "one flag set directly", "parameter requires_grad", "submodule replaced",
+                                    "submodule replaced through the compiled module", "bias set to None",
+                                    "submodule deleted and put back"])
 def test_every_guarded_change_misses_the_fast_path(full_guard_calls, change):
     model, x = mlp(), runtime.randn(4, 6)
     compiled = warmed(model, x)
@@ -78,6 +80,17 @@ def test_every_guarded_change_misses_the_fast_path(full_guard_calls, change):
         model[1].training = False
     elif change == "parameter requires_grad":
         model[0].weight.requires_grad_(False)
+    elif change == "submodule replaced":  # the traced code changes: compiled anew, never the old graph
+        model[1] = nn.Tanh()
+    elif change == "submodule replaced through the compiled module":
+        setattr(compiled, "1", nn.Sigmoid())  # the registries are shared: this replaces model[1]
+    elif change == "bias set to None":
+        model[2].bias = None
+    elif change == "submodule deleted and put back":
+        linear = model[2]
+        del model[2]
+        model.append(nn.Linear(8, 3))
+        model[2].weight, model[2].bias = linear.weight, linear.bias
     with runtime.set_grad_enabled(change != "grad mode"):
         assert slow_path_taken(full_guard_calls, lambda: compiled(x))
         out = compiled(x)
@@ -93,6 +106,17 @@ def test_every_guarded_change_misses_the_fast_path(full_guard_calls, change):
         assert len(grads) == len(wanted)
         for got, want in zip(grads, wanted):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_hook_on_a_submodule_that_replaced_another_fires(full_guard_calls):
+    model, x = mlp(), runtime.randn(4, 6)
+    compiled = warmed(model, x)
+    model[1] = nn.Tanh()
+    seen = []
+    model[1].register_forward_hook(lambda module, args, out: seen.append(type(module).__name__))
+    compiled(x)
+    assert seen == ["Tanh"]
+    assert "module tree" in compile_mod._changed_parts(compiled._keys[0], compiled._keys[-1])
 
 
 def test_a_submodule_hook_added_after_the_fast_path_fires_and_removing_it_returns_there(full_guard_calls):
