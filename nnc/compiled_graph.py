@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.autograd import Function, grad_mode, no_grad
+from runtime.tensor import Tensor
 
 from . import pytree
 from .executor import Plan
@@ -121,7 +122,24 @@ class CompiledGraph:
         structure: list = []
         flat = _CompiledFunction.apply(self, structure, len(tensors), *tensors, *self.params)
         flat = flat if isinstance(flat, tuple) else (flat,)
-        return pytree.replace_tensors(structure[0], flat)
+        return pytree.replace_tensors(structure[0], self._aliases_restored(list(flat), tensors))
+
+    def _aliases_restored(self, flat: list, tensors: list) -> list:
+        """As eager returns them: an input or parameter returned as is is that tensor object (a leaf keeps its .grad),
+        and a value returned twice is one object. Gradients reach them directly, not through the compiled node."""
+        first: dict = {}
+        for i, node in enumerate(self.output_leaves):
+            if node in first:
+                flat[i] = flat[first[node]]
+                continue
+            first[node] = i
+            if node.op == "placeholder" and node in self.tensor_inputs:
+                flat[i] = tensors[self.tensor_inputs.index(node)]
+            elif node.op == "get_attr":
+                value = fetch_attr(self.forward, node.target)
+                if isinstance(value, Tensor):
+                    flat[i] = value
+        return flat
 
     def run_eagerly(self, tensors: list, sizes: tuple = ()):
         """The decomposed forward run op by op on runtime tensors, recording autograd history."""

@@ -25,7 +25,8 @@ def map_arg(value, fn: Callable[["Node"], Any]):
     if isinstance(value, Node):
         return fn(value)
     if isinstance(value, tuple):
-        return tuple(map_arg(v, fn) for v in value)
+        items = [map_arg(v, fn) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)  # a namedtuple keeps its type
     if isinstance(value, list):
         return [map_arg(v, fn) for v in value]
     if isinstance(value, dict):
