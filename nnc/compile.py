@@ -521,9 +521,12 @@ _MOVE_HINT = {"cuda": "move the model and its inputs to the GPU first (model.to(
 
 
 def _tree_signature(modules: list) -> tuple:
-    """Which module object is at each path, and which parameter and buffer entries are None: what the traced code
-    depends on beyond values (a submodule replaced, a bias set to None), so a change compiles anew."""
-    return tuple([(path, id(m), tuple([k for k, v in m._parameters.items() if v is None]),
+    """Which module object is at each path, which parameter object at each name, and which buffer entries are None:
+    what a compiled variant depends on beyond values (a submodule replaced, a bias set to None, a weight tied or
+    replaced, whose gradient must reach the new parameter), so a change compiles anew.
+
+    NOTE: buffers by None-ness only: a buffer rebound in forward (a running statistic) changes its object every call"""
+    return tuple([(path, id(m), tuple([(k, id(v)) for k, v in m._parameters.items()]),
                    tuple([k for k, v in m._buffers.items() if v is None])) for path, m in modules])
 
 

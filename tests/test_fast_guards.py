@@ -2,6 +2,7 @@
 still reaches them (shape, dtype, requires_grad, grad mode, training, hooks) with eager's results."""
 from __future__ import annotations
 
+import copy
 import inspect
 import sys
 
@@ -63,7 +64,7 @@ def test_a_repeated_call_takes_the_fast_path_and_matches_eager(full_guard_calls,
 @pytest.mark.parametrize("change", ["shape", "dtype", "input requires_grad", "grad mode", "training",
                                     "one flag set directly", "parameter requires_grad", "submodule replaced",
                                     "submodule replaced through the compiled module", "bias set to None",
-                                    "submodule deleted and put back"])
+                                    "submodule deleted and put back", "parameter replaced"])
 def test_every_guarded_change_misses_the_fast_path(full_guard_calls, change):
     model, x = mlp(), runtime.randn(4, 6)
     compiled = warmed(model, x)
@@ -91,6 +92,8 @@ def test_every_guarded_change_misses_the_fast_path(full_guard_calls, change):
         del model[2]
         model.append(nn.Linear(8, 3))
         model[2].weight, model[2].bias = linear.weight, linear.bias
+    elif change == "parameter replaced":  # its gradient must reach the new parameter
+        model[2].weight = nn.Parameter(runtime.randn(3, 8))
     with runtime.set_grad_enabled(change != "grad mode"):
         assert slow_path_taken(full_guard_calls, lambda: compiled(x))
         out = compiled(x)
@@ -106,6 +109,31 @@ def test_every_guarded_change_misses_the_fast_path(full_guard_calls, change):
         assert len(grads) == len(wanted)
         for got, want in zip(grads, wanted):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+class TiedLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+
+    def forward(self, tokens):
+        return self.head(self.emb(tokens))
+
+
+def test_tying_weights_after_compiling_sends_both_gradients_to_the_shared_weight():
+    runtime.manual_seed(0)
+    eager = TiedLM().double()
+    compiled_model = copy.deepcopy(eager)
+    compiled = nnc.compile(compiled_model)
+    tokens = runtime.tensor([[1, 2, 3], [3, 0, 9]])
+    for _ in range(3):  # compile, full guards, fast path: all before the tie
+        compiled(tokens)
+    for model in (compiled_model, eager):
+        model.head.weight = model.emb.weight
+    for model in (compiled, eager):
+        model(tokens).pow(2).sum().backward()
+    np.testing.assert_allclose(compiled_model.emb.weight.grad.numpy(), eager.emb.weight.grad.numpy(), rtol=1e-12)
 
 
 def test_a_hook_on_a_submodule_that_replaced_another_fires(full_guard_calls):
@@ -227,7 +255,8 @@ def test_a_submodule_switched_to_eval_alone_recompiles_without_its_dropout(full_
 
 def test_the_no_grad_fast_path_of_a_whole_graph_model_is_profiled_and_guarded():
     """The no-grad fast path goes straight to the plan's one numba call (Plan.direct_runner): nnc.profile still
-    sees that call, and a parameter replaced by one of another shape is refused by name, not read out of bounds."""
+    sees that call, and a parameter replaced by one of another shape is never read out of bounds: the new parameter
+    compiles anew, which fails as eager fails."""
     model = mlp().eval()
     x = runtime.randn(4, 6)
     with runtime.no_grad():
@@ -239,7 +268,15 @@ def test_the_no_grad_fast_path_of_a_whole_graph_model_is_profiled_and_guarded():
         assert [e for e in prof.events if e.cat == "whole_graph"]
         weight = model[0].weight
         model[0].weight = nn.Parameter(runtime.randn(8, 5))
-        with pytest.raises(ValueError, match=r"attribute 0\.weight\) must be float32\[8, 6\], got float32\[8, 5\]"):
+        with pytest.raises(RuntimeError, match=r"cannot be multiplied \(4x6 and 5x8\)"), \
+                pytest.warns(RuntimeWarning, match="could not compile"):
             compiled(x)
         model[0].weight = weight
         np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+        data = weight.data
+        weight.data = runtime.randn(8, 5)  # the same parameter with other data: refused by name
+        with pytest.raises(ValueError, match=r"attribute 0\.weight\) must be float32\[8, 6\], got float32\[8, 5\]"):
+            compiled(x)
+        weight.data = data
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+
