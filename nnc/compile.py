@@ -1,6 +1,7 @@
 """nnc.compile: a Module that runs a model through the compiler, guarded, with a compiled backward and fallbacks."""
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import types
@@ -65,6 +66,15 @@ class CompiledModule(Module):
         self.codegen = codegen
         self.whole_graph = whole_graph
         self.dynamic = dynamic
+
+    def __deepcopy__(self, memo):
+        """A compiled copy of a deep copy of the model (an EMA copy, a frozen teacher): the same options, its own
+        state and compiled variants (the variants hold the original's parameters, so none is shared)."""
+        module = copy.deepcopy(self._module, memo)
+        copied = CompiledModule(module, target=self.target, recompile_limit=self.recompile_limit,
+                                codegen=self.codegen, whole_graph=self.whole_graph, dynamic=self.dynamic)
+        memo[id(self)] = copied
+        return copied
 
     @property
     def training(self) -> bool:

@@ -280,3 +280,22 @@ def test_the_no_grad_fast_path_of_a_whole_graph_model_is_profiled_and_guarded():
         weight.data = data
         np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
 
+
+def test_a_deep_copy_of_a_compiled_module_is_compiled_and_independent():
+    model, x = mlp(), runtime.randn(4, 6)
+    compiled = warmed(model, x)
+    ema = copy.deepcopy(compiled)
+    assert isinstance(ema, type(compiled)) and ema._module is not model
+    assert all(a is not b for a, b in zip(ema.parameters(), model.parameters()))
+    np.testing.assert_array_equal(ema(x).detach().numpy(), compiled(x).detach().numpy())
+    with runtime.no_grad():
+        for p in ema.parameters():
+            p.mul_(0.5)
+    halved = copy.deepcopy(model)
+    with runtime.no_grad():
+        for p in halved.parameters():
+            p.mul_(0.5)
+    np.testing.assert_allclose(ema(x).detach().numpy(), halved(x).detach().numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(compiled(x).detach().numpy(), model(x).detach().numpy(), rtol=1e-6, atol=1e-6)
+    ema(x).sum().backward()
+    assert all(p.grad is not None for p in ema.parameters()) and all(p.grad is None for p in model.parameters())
