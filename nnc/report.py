@@ -444,7 +444,7 @@ def _device_of_storage(kind) -> str:
 def _describe_guard(key) -> list[str]:
     """Readable lines for one guard key of nnc.compile (falls back to its repr if the layout is unfamiliar)."""
     try:
-        parts, training, grad, params, hooks, storage = key
+        parts, training, grad, params, hooks, storage, autocast, _tree = key
         lines = []
         for part in parts:
             if len(part) == 6 and part[1] == "tensor":
@@ -458,7 +458,8 @@ def _describe_guard(key) -> list[str]:
         flags = training if isinstance(training, tuple) else (training,)
         sub = f"; {sum(map(bool, flags[1:]))} of {len(flags) - 1} submodules in training mode" if len(flags) > 1 else ""
         lines.append(f"module.training is {bool(flags[0])}{sub}")
-        lines.append(f"grad mode is {'on' if grad else 'off'}")
+        lines.append(f"grad mode is {'on' if grad else 'off'}"
+                     + (f"; autocast to {autocast.name}" if autocast is not None else ""))
         lines.append(f"{sum(map(bool, params))} of {len(params)} parameters require grad"
                      + (f", on {_device_of_storage(storage)}" if storage is not None else ""))
         hooked, global_hooks = hooks

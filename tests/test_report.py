@@ -224,3 +224,20 @@ def test_page_in_headless_chromium(any_block_page):
         finally:
             browser.close()
 
+
+
+def test_every_guard_key_of_a_compiled_module_reads_as_lines():
+    """The report reads nnc.compile's guard key field by field: a layout change must be followed here."""
+    import warnings
+
+    import nnc
+    from nnc import report
+
+    compiled = nnc.compile(runtime.nn.Sequential(runtime.nn.Linear(3, 2), runtime.nn.ReLU()))
+    compiled(runtime.randn(4, 3))
+    with warnings.catch_warnings(), runtime.autocast("cpu", dtype=runtime.float16):
+        warnings.simplefilter("ignore", RuntimeWarning)  # float16 kernels run in the interpreter on the CPU
+        compiled(runtime.randn(4, 3))
+    plain, cast = (report._describe_guard(key) for key in compiled._keys)
+    assert "grad mode is on" in plain and plain[0].startswith("input: tensor, shape (4, 3)")
+    assert "grad mode is on; autocast to float16" in cast
