@@ -674,12 +674,30 @@ def leaf(n=2):
     (lambda: optim.RMSprop([leaf()], alpha=-0.5), ValueError, "Invalid alpha value"),
     (lambda: optim.RMSprop([leaf()], momentum=-0.5), ValueError, "Invalid momentum value"),
     (lambda: optim.SGD([{"params": [leaf()], "lr": -1.0}], lr=0.1), ValueError, "Invalid learning rate"),
-    (lambda: optim.Adam([leaf()], fused=True), NotImplementedError, "fused=True"),
+    (lambda: optim.Adam([leaf()], fused=True, foreach=True), RuntimeError, "cannot be `True` together"),
     (lambda: optim.RMSprop([leaf()], capturable=True), NotImplementedError, "capturable=True"),
 ])
 def test_constructor_errors(build, error, message):
     with pytest.raises(error, match=message):
         build()
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "Adagrad"])
+def test_fused_true_is_accepted_and_steps_as_the_default(name):
+    """torch accepts fused=True for these on the CPU (nanochat builds AdamW with it); runtime's update is the same."""
+    extra = {"momentum": 0.9} if name == "SGD" else {}
+    trajectories = []
+    for fused in (None, True):
+        runtime.manual_seed(0)
+        w = leaf()
+        opt = getattr(optim, name)([w], lr=0.1, fused=fused, **extra)
+        assert opt.param_groups[0]["fused"] is fused
+        for _ in range(3):
+            opt.zero_grad()
+            (w * w).sum().backward()
+            opt.step()
+        trajectories.append(w.detach().numpy().copy())
+    np.testing.assert_array_equal(*trajectories)
 
 
 def test_a_parameter_given_twice_is_an_error():

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from .optimizer import (Optimizer, as_float, check_hyper, increment_step, lerp_, new_step, reject_unsupported,
-                        validate_adam_family, zeros_like)
+from .optimizer import (Optimizer, as_float, check_fused, check_hyper, increment_step, lerp_, new_step,
+                        reject_unsupported, validate_adam_family, zeros_like)
 
 
 def _decayed(grad: np.ndarray, p: Tensor, group: dict) -> np.ndarray:
@@ -58,7 +58,8 @@ class Adagrad(Optimizer):
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  foreach=None, *, maximize=False, differentiable=False, fused=None) -> None:
-        reject_unsupported(differentiable=differentiable, fused=fused)
+        reject_unsupported(differentiable=differentiable)
+        check_fused(fused, foreach)
         defaults = {"lr": lr, "lr_decay": lr_decay, "eps": eps, "weight_decay": weight_decay,
                     "initial_accumulator_value": initial_accumulator_value, "foreach": foreach,
                     "maximize": maximize, "differentiable": differentiable, "fused": fused}

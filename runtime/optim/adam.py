@@ -5,7 +5,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ._launch import LaunchChoice, OnePassUpdates, fusable
-from .optimizer import (Optimizer, as_float, increment_step, lerp_, new_step, reject_unsupported,
+from .optimizer import (Optimizer, as_float, check_fused, increment_step, lerp_, new_step, reject_unsupported,
                         validate_adam_family, zeros_like)
 
 
@@ -19,7 +19,8 @@ class Adam(OnePassUpdates, Optimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
                  decoupled_weight_decay=False) -> None:
-        reject_unsupported(capturable=capturable, differentiable=differentiable, fused=fused)
+        reject_unsupported(capturable=capturable, differentiable=differentiable)
+        check_fused(fused, foreach)
         defaults = {"lr": lr, "betas": tuple(as_float(b) for b in betas), "eps": eps, "weight_decay": weight_decay,
                     "amsgrad": amsgrad, "maximize": maximize, "foreach": foreach, "capturable": capturable,
                     "differentiable": differentiable, "fused": fused,

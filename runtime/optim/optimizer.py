@@ -45,6 +45,13 @@ def reject_unsupported(**flags) -> None:
                                       f"numpy update gives the same results, leave {name} unset")
 
 
+def check_fused(fused, foreach) -> None:
+    """fused=True asks torch for its one-kernel update; runtime's update is already one numba pass per parameter
+    (or per group), with the same results, so it is accepted. As in torch, it cannot be combined with foreach."""
+    if fused and foreach:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+
+
 def as_float(value):
     """A hyperparameter as a Python number (torch also accepts a one-element tensor)."""
     return float(value) if isinstance(value, Tensor) else value

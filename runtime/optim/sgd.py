@@ -5,7 +5,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from ._launch import LaunchChoice, OnePassUpdates, fusable
-from .optimizer import Optimizer, as_float, check_hyper, reject_unsupported
+from .optimizer import Optimizer, as_float, check_hyper, check_fused, reject_unsupported
 
 
 class SGD(OnePassUpdates, Optimizer):
@@ -13,7 +13,8 @@ class SGD(OnePassUpdates, Optimizer):
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
                  maximize=False, foreach=None, differentiable=False, fused=None) -> None:
-        reject_unsupported(differentiable=differentiable, fused=fused)
+        reject_unsupported(differentiable=differentiable)
+        check_fused(fused, foreach)
         defaults = {"lr": lr, "momentum": momentum, "dampening": dampening, "weight_decay": weight_decay,
                     "nesterov": nesterov, "maximize": maximize, "foreach": foreach,
                     "differentiable": differentiable, "fused": fused}
