@@ -14,7 +14,7 @@ from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, f
                         randperm, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
-from . import accelerator, amp, autograd, backends, cuda, linalg, nn, ops, testing  # noqa: F401
+from . import accelerator, amp, autograd, backends, cuda, linalg, nn, ops, testing, xpu  # noqa: F401
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401
 from .backends import (are_deterministic_algorithms_enabled, get_float32_matmul_precision,  # noqa: F401
                        is_deterministic_algorithms_warn_only_enabled, set_float32_matmul_precision,
@@ -49,6 +49,8 @@ def compile(model=None, **options):
 
 __version__ = "0.1.0"
 from . import optim  # noqa: E402,F401
+from .legacy import (BoolTensor, DoubleTensor, FloatTensor, HalfTensor, IntTensor, LongTensor,  # noqa: E402,F401
+                     TensorType)
 from .serialization import load, load_safetensors, save, save_safetensors  # noqa: E402,F401
 from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)
 from . import distributed  # noqa: E402,F401

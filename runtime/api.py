@@ -816,7 +816,7 @@ def repeat(input, *sizes):
 # ---------------------------------------------------------------------------------------------
 
 def encode_index(input, key):
-    """(encoded key, index tensors) for input[key]; lists and arrays become int64/bool tensors."""
+    """(encoded key, index tensors) for input[key]; lists, ranges and arrays become int64/bool tensors."""
     if not isinstance(key, tuple):
         key = (key,)
     encoded, tensors = [], []
@@ -829,7 +829,7 @@ def encode_index(input, key):
             encoded.append(_encode_slice(item))
         elif isinstance(item, bool):
             raise IndexError("indexing with a Python bool is not supported; use a bool tensor")
-        elif is_tensor_like(item) or isinstance(item, (list, tuple)) or hasattr(item, "__array__"):
+        elif is_tensor_like(item) or isinstance(item, (list, tuple, range)) or hasattr(item, "__array__"):
             index = item if is_tensor_like(item) else _index_tensor(input, item)
             if index.dtype not in (dt.int64, dt.bool_):
                 if index.dtype.is_floating_point:

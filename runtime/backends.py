@@ -3,6 +3,8 @@ defaults. They change nothing here (runtime computes on the CPU with numpy, in f
 the queries answer for this machine: no CUDA, cuDNN or MPS."""
 from __future__ import annotations
 
+import sys
+
 
 class _Flags:
     """Attributes scripts read and assign; documented as having no effect in runtime."""
@@ -42,6 +44,12 @@ mps = _Backend("mps")
 mkldnn = _Backend("mkldnn", enabled=True)
 openmp = _Backend("openmp")
 mkl = _Backend("mkl")
+
+# NOTE: scripts import these as modules (`import torch.backends.cudnn as cudnn`): the import system finds them in
+# sys.modules, the same objects as the attributes
+for _name in ("cuda", "cudnn", "mps", "mkldnn", "openmp", "mkl"):
+    sys.modules[f"{__name__}.{_name}"] = globals()[_name]
+del _name
 
 
 # torch's process-wide settings of the same kind: remembered and reported, changing nothing (float32 matmuls are

@@ -403,6 +403,8 @@ class Tensor:
         """torch's legacy type names: x.type() is 'torch.FloatTensor'; x.type('torch.DoubleTensor') converts."""
         if dtype is None:
             return f"torch.{_TYPE_NAMES[self.dtype.name]}"
+        if isinstance(dtype, type) and isinstance(getattr(dtype, "dtype", None), dt.dtype):  # torch.LongTensor
+            dtype = dtype.dtype
         if isinstance(dtype, str):
             by_name = {f"torch.{v}": k for k, v in _TYPE_NAMES.items()}
             if dtype not in by_name:
@@ -420,6 +422,30 @@ class Tensor:
         out = Tensor._from_array(self._data)
         out._version_counter = self._vc()
         return out
+
+    def resize_(self, *sizes, memory_format=None) -> "Tensor":
+        """A new shape in place: the elements that fit keep their values in flat order, any new ones are
+        uninitialized (torch's resize_, which older scripts use to shape preallocated buffers)."""
+        shape = tuple(api.size_args(sizes))
+        if self.requires_grad:
+            raise RuntimeError("cannot resize variables that require grad")
+        if self.is_cuda or (self._base is not None and self._base.requires_grad):
+            raise RuntimeError("resize_ is supported on CPU tensors that are not views of a tensor requiring grad")
+        count, flat = int(np.prod(shape, dtype=np.int64)), self._data.reshape(-1)
+        if count <= flat.size and self._data.flags.c_contiguous:
+            self._data = flat[:count].reshape(shape)  # the same memory: a view's base still sees its writes
+        else:
+            data = np.empty(shape, dtype=self._data.dtype)
+            kept = min(count, flat.size)
+            data.reshape(-1)[:kept] = flat[:kept]
+            self._data = data
+            if self._base is not None:  # new memory: no longer a view of its base
+                self._base, self._view_fn, self._version_counter = None, None, [self._version_counter[0]]
+        self._bump_version()
+        return self
+
+    def resize_as_(self, other, memory_format=None) -> "Tensor":
+        return self.resize_(tuple(other.shape))
 
     def detach_(self) -> "Tensor":
         if self._base is not None:

@@ -98,6 +98,15 @@ from .gradcheck import gradcheck  # noqa: E402,F401
 from . import functional  # noqa: E402,F401
 
 
+def __getattr__(name):
+    # NOTE: legacy imports the tensor module, which imports this package: Variable loads on first use
+    if name == "Variable":
+        from ..legacy import Variable
+
+        return Variable
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def gradgradcheck(func, inputs, grad_outputs=None, *, eps=1e-6, atol=1e-5, rtol=1e-3, raise_exception=True, **kwargs):
     """Check second derivatives: gradcheck of the map from inputs (and output cotangents) to first derivatives."""
     inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)

@@ -7,7 +7,6 @@ numba is imported only when CUDA is first asked about, so `import runtime` does 
 from __future__ import annotations
 
 import functools
-import types
 
 from ..random import Generator
 
@@ -88,21 +87,9 @@ def empty_cache() -> None:
     """numba frees device arrays when they are collected; there is no cache to empty."""
 
 
-def _amp_module():
-    from .. import amp as _amp
-
-    def autocast(enabled=True, dtype=None, cache_enabled=True):
-        """torch.cuda.amp.autocast (deprecated in torch): a CUDA autocast, disabled here (runtime has no CUDA
-        autocast)."""
-        return _amp.autocast("cuda", dtype=dtype, enabled=enabled)
-
-    def grad_scaler(init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000, enabled=True):
-        return _amp.GradScaler("cuda", init_scale, growth_factor, backoff_factor, growth_interval, enabled)
-
-    return types.SimpleNamespace(autocast=autocast, GradScaler=grad_scaler)
-
-
 def __getattr__(name):
-    if name == "amp":
-        return _amp_module()
+    if name == "amp":  # NOTE: loaded on first use: runtime.amp imports the tensor module, which imports this one
+        import importlib
+
+        return importlib.import_module(f"{__name__}.amp")
     raise AttributeError(f"module 'runtime.cuda' has no attribute {name!r}")

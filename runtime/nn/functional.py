@@ -375,7 +375,7 @@ def dropout(input, p=0.5, training=True, inplace=False):
 
 def _feature_dropout(name, input, p, training, inplace, spatial):
     _check_p(p)
-    if input.ndim not in (spatial + 1, spatial + 2):
+    if name != "dropout2d" and input.ndim not in (spatial + 1, spatial + 2):
         raise RuntimeError(f"{name}: Expected {spatial + 1}D or {spatial + 2}D input, but received a "
                            f"{input.ndim}D input of shape {list(input.shape)}")
     if not training or p == 0.0:
@@ -391,7 +391,23 @@ def dropout1d(input, p=0.5, training=True, inplace=False):
 
 
 def dropout2d(input, p=0.5, training=True, inplace=False):
-    return _feature_dropout("dropout2d", input, p, training, inplace, 2)
+    """Channel-wise dropout of (N, C, H, W) or (C, H, W). As torch does, any other rank is read as (N, C, *rest)
+    with a warning (a 3-D input as (N, C, L), channel-wise 1-D dropout), and fewer than 2 dims are an error."""
+    if input.ndim < 2:
+        raise RuntimeError("Feature dropout requires at least 2 dimensions in the input")
+    if input.ndim not in (3, 4):
+        warnings.warn(f"dropout2d: Received a {input.ndim}-D input to dropout2d, which is deprecated and will "
+                      f"result in an error in a future release. To retain the behavior and silence this warning, "
+                      f"please use dropout instead. Note that dropout2d exists to provide channel-wise dropout on "
+                      f"inputs with 2 spatial dimensions, a channel dimension, and an optional batch dimension "
+                      f"(i.e. 3D or 4D inputs).", UserWarning, stacklevel=2)
+    if input.ndim == 3:
+        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout "
+                      "behavior is desired - input is interpreted as shape (N, C, L), where C is the channel dim. "
+                      "This behavior will change in a future release to interpret the input as one without a batch "
+                      "dimension, i.e. shape (C, H, W). To maintain the 1D channel-wise dropout behavior, please "
+                      "switch to using dropout1d instead.", UserWarning, stacklevel=2)
+    return _feature_dropout("dropout2d", input, p, training, inplace, input.ndim - 2)
 
 
 def dropout3d(input, p=0.5, training=True, inplace=False):

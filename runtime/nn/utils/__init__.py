@@ -1,6 +1,8 @@
 """runtime.nn.utils: skip_init, gradient clipping, parameter vectors, and the rnn packing helpers."""
 from __future__ import annotations
 
+import warnings
+
 from ...autograd import grad_mode
 from . import rnn  # noqa: F401
 from . import parametrizations, parametrize  # noqa: F401,E402
@@ -24,6 +26,14 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     total = get_total_norm([p.grad for p in params if p.grad is not None], norm_type, error_if_nonfinite)
     clip_grads_with_norm_(params, max_norm, total)
     return total
+
+
+def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                   foreach=None):
+    """The deprecated name of clip_grad_norm_ (older scripts still call it): warns as torch does, then clips."""
+    warnings.warn("`torch.nn.utils.clip_grad_norm` is now deprecated in favor of `torch.nn.utils.clip_grad_norm_`.",
+                  FutureWarning, stacklevel=2)
+    return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
 
 
 def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:

@@ -53,8 +53,10 @@ class RandomSampler(Sampler):
 
     def __iter__(self):
         n, generator = len(self.data_source), _fresh_generator(self.generator)
-        if self.replacement:
-            yield from randint(0, n, (self.num_samples,), generator=generator).tolist()
+        if self.replacement:  # drawn 32 at a time, as torch draws them: num_samples may be huge (minGPT: 1e10)
+            for _ in range(self.num_samples // 32):
+                yield from randint(0, n, (32,), generator=generator).tolist()
+            yield from randint(0, n, (self.num_samples % 32,), generator=generator).tolist()
             return
         for _ in range(self.num_samples // n):
             yield from randperm(n, generator=generator).tolist()
