@@ -249,15 +249,17 @@ REARRANGE = ["transpose_round_trip", "rotate_columns", "chunk_gate", "swap_row_p
 def programs(draw):
     steps = []
     for _ in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "rearrange"]))
-        if kind == "unary":
-            steps.append(("unary", draw(st.sampled_from(UNARY))))
+        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "rearrange", "no_grad", "custom"]))
+        if kind in ("unary", "no_grad"):
+            steps.append((kind, draw(st.sampled_from(UNARY))))
         elif kind == "binary":
             steps.append(("binary", draw(st.sampled_from(BINARY)), draw(st.booleans())))
         elif kind == "reduce":
             steps.append(("reduce", draw(st.sampled_from(REDUCE))))
         elif kind == "rearrange":
             steps.append(("rearrange", draw(st.sampled_from(REARRANGE))))
+        elif kind == "custom":
+            steps.append(("custom",))
         else:
             steps.append(("matmul",))
     return steps
@@ -279,9 +281,21 @@ def rearranged(h, name, w):
     return runtime.cat([h[:2] * 2.0, h[2:]], 0)  # half_rows_scaled: a cat along dim 0
 
 
+class HalfGradient(runtime.autograd.Function):
+    """The identity whose backward halves the gradient: only its own backward gives these gradients."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5
+
+
 class Program(nn.Module):
     """A random chain over a [4, 6] input: elementwise ops, broadcasts, reductions (row kernels among them),
-    matmuls, views, cats and gathers."""
+    matmuls, views, cats and gathers, values made under no_grad, and a custom autograd.Function."""
 
     def __init__(self, steps):
         super().__init__()
@@ -309,6 +323,12 @@ class Program(nn.Module):
                     h = h - getattr(h, name)(-1, keepdim=True)
             elif step[0] == "rearrange":
                 h = rearranged(h, step[1], self.w)
+            elif step[0] == "no_grad":  # a factor without history: gradients flow through h only
+                with runtime.no_grad():
+                    factor = (h * 0.3).exp() if step[1] == "exp" else getattr(h, step[1])()
+                h = h * factor + h
+            elif step[0] == "custom":
+                h = HalfGradient.apply(h)
             else:
                 h = h @ self.w
         return h
