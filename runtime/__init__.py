@@ -4,9 +4,10 @@ from __future__ import annotations
 import math as _math
 
 from . import api as _api
-from .dtypes import (ALL_DTYPES as _ALL_DTYPES, dtype, float16, float32, float64, int32, int64,  # noqa: F401
+from .dtypes import (ALL_DTYPES as _ALL_DTYPES, bfloat16, dtype, float16, float32, float64, int32, int64,  # noqa: F401
                      get_default_dtype, promote_types, set_default_dtype)
 from .dtypes import bool_ as bool  # noqa: F401  (runtime.bool, as torch.bool)
+from .typeinfo import finfo, iinfo  # noqa: F401
 from .device import device  # noqa: F401
 from .tensor import Size, Tensor  # noqa: F401
 from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
@@ -23,7 +24,7 @@ from .backends import (are_deterministic_algorithms_enabled, get_float32_matmul_
 half, float, double, long, int = float16, float32, float64, int64, int32
 
 # Every public API function is also a module-level function: runtime.exp(x), runtime.cat([...]).
-_METHOD_ONLY = {"float", "double", "half", "long", "int", "bool", "type_as"}  # runtime.float etc. are dtypes
+_METHOD_ONLY = {"float", "double", "half", "bfloat16", "long", "int", "bool", "type_as"}  # runtime.float etc.: dtypes
 _MODULE_FUNCTIONS = {name: fn for name, fn in _api.METHODS.items()
                      if not name.startswith("new_") and name not in _METHOD_ONLY}
 _MODULE_FUNCTIONS.update(where=_api.where, cat=_api.cat, concat=_api.cat, concatenate=_api.cat, stack=_api.stack,

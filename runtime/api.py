@@ -901,7 +901,8 @@ def _conversion(dtype_name: str):
         return to_dtype(input, getattr(dt, dtype_name))
 
     convert.__name__ = convert.__qualname__ = {"float32": "float", "float64": "double", "float16": "half",
-                                               "int64": "long", "int32": "int", "bool_": "bool"}[dtype_name]
+                                               "bfloat16": "bfloat16", "int64": "long", "int32": "int",
+                                               "bool_": "bool"}[dtype_name]
     return convert
 
 
@@ -2531,7 +2532,8 @@ METHODS = {name: globals()[name] for name in """
     t expand expand_as broadcast_to narrow select split chunk unbind gather take_along_dim scatter_add
     index_select clone detach repeat new_full new_zeros new_ones new_empty tril triu topk multinomial
 """.split()}
-METHODS.update({f.__name__: f for f in map(_conversion, ("float32", "float64", "float16", "int64", "int32", "bool_"))})
+METHODS.update({f.__name__: f for f in map(_conversion, ("float32", "float64", "float16", "bfloat16", "int64", "int32",
+                                                         "bool_"))})
 METHODS.update(type_as=type_as, multiply=mul, subtract=sub, divide=div, true_divide=div, greater=gt, less=lt,
                greater_equal=ge, less_equal=le, not_equal=ne)
 METHODS.update({name: globals()[name] for name in """

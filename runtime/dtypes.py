@@ -41,6 +41,28 @@ float16 = dtype("float16", np.float16, FLOAT)
 float32 = dtype("float32", np.float32, FLOAT)
 float64 = dtype("float64", np.float64, FLOAT)
 
+
+
+class _UnstorableDtype(dtype):
+    """A torch dtype runtime cannot store (numpy has no such type): it exists so that scripts naming it run (nanoGPT
+    builds {'float32': ..., 'bfloat16': ..., 'float16': ...} at import), and anything that would hold data in it
+    raises a TypeError saying so."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str, category: int, itemsize: int):
+        self.name, self.category, self.itemsize = name, category, itemsize
+        self.is_floating_point, self.is_signed = category == FLOAT, True
+
+    @property
+    def np(self):
+        raise TypeError(f"runtime has no {self.name} tensors (numpy has no {self.name} type): use float32 or "
+                        f"float16")
+
+
+
+bfloat16 = _UnstorableDtype("bfloat16", FLOAT, 2)
+
 ALL_DTYPES = (bool_, int32, int64, float16, float32, float64)
 NP_TO_DTYPE = {d.np: d for d in ALL_DTYPES}
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
@@ -49,7 +71,7 @@ _default_float = float32
 
 
 def _dtype_by_name(name: str) -> dtype:
-    return _BY_NAME[name]
+    return bfloat16 if name == "bfloat16" else _BY_NAME[name]
 
 
 def from_numpy_dtype(np_dtype) -> dtype:
@@ -84,6 +106,8 @@ def get_default_dtype() -> dtype:
 def set_default_dtype(d) -> None:
     global _default_float
     d = as_dtype(d)
+    if isinstance(d, _UnstorableDtype):
+        d.np  # raises: runtime has no tensors of this dtype
     if not d.is_floating_point:
         raise TypeError(f"only floating-point types are supported as the default type, got {d}")
     _default_float = d

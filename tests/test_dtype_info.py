@@ -1,0 +1,54 @@
+"""torch.finfo / torch.iinfo against torch, and bfloat16: a dtype scripts can name, never one that holds data."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import runtime
+
+from helpers import needs_torch, torch
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["float16", "float32", "float64", "bfloat16", None])
+def test_finfo_matches_torch(name):
+    ours = runtime.finfo(getattr(runtime, name)) if name else runtime.finfo()
+    theirs = torch.finfo(getattr(torch, name)) if name else torch.finfo()
+    for field in ("bits", "eps", "max", "min", "tiny", "smallest_normal", "resolution", "dtype"):
+        assert getattr(ours, field) == getattr(theirs, field), field
+    assert repr(ours) == repr(theirs)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["int32", "int64", "bool"])
+def test_iinfo_matches_torch(name):
+    if name == "bool":
+        assert runtime.iinfo(runtime.bool).max == 255  # torch refuses bool; runtime reads it as a byte
+        return
+    ours, theirs = runtime.iinfo(getattr(runtime, name)), torch.iinfo(getattr(torch, name))
+    assert (ours.bits, ours.min, ours.max, ours.dtype) == (theirs.bits, theirs.min, theirs.max, theirs.dtype)
+    assert repr(ours) == repr(theirs)
+
+
+def test_finfo_and_iinfo_refuse_the_other_kind():
+    with pytest.raises(TypeError, match="requires a floating point input type"):
+        runtime.finfo(runtime.int64)
+    with pytest.raises(TypeError, match="requires an integer input type"):
+        runtime.iinfo(runtime.float32)
+    assert runtime.finfo(runtime.float32).eps == float(np.finfo(np.float32).eps)
+
+
+def test_bfloat16_can_be_named_but_holds_no_data():
+    table = {"float32": runtime.float32, "bfloat16": runtime.bfloat16, "float16": runtime.float16}  # nanoGPT's
+    assert table["float32"] is runtime.float32 and runtime.bfloat16.is_floating_point
+    assert pickle.loads(pickle.dumps(runtime.bfloat16)) is runtime.bfloat16
+    for make in (lambda: runtime.zeros(2, dtype=runtime.bfloat16), lambda: runtime.ones(2).to(runtime.bfloat16),
+                 lambda: runtime.ones(2).bfloat16(), lambda: runtime.tensor([1.0], dtype=runtime.bfloat16)):
+        with pytest.raises(TypeError, match="runtime has no bfloat16 tensors"):
+            make()
+    with pytest.raises(TypeError, match="runtime has no bfloat16 tensors"):
+        runtime.set_default_dtype(runtime.bfloat16)
+    assert runtime.get_default_dtype() is runtime.float32
+    assert runtime.promote_types(runtime.float32, runtime.bfloat16) is runtime.float32
