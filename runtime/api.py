@@ -2488,12 +2488,12 @@ def poisson(input, generator=None):
     lam = _values(input, "poisson")
     if np.any(lam < 0):
         raise RuntimeError("invalid Poisson rate, expected rate to be non-negative")
-    return input.new_tensor(rng(generator).poisson(lam).astype(input.dtype.np))
+    return input.new_tensor(np.asarray(rng(generator).poisson(lam)).astype(input.dtype.np))
 
 
 def binomial(count, prob, generator=None):
     n, q = _values(count, "binomial"), _values(prob, "binomial")
-    return count.new_tensor(rng(generator).binomial(n.astype(np.int64), q).astype(count.dtype.np))
+    return count.new_tensor(np.asarray(rng(generator).binomial(n.astype(np.int64), q)).astype(count.dtype.np))
 
 
 def normal(mean, std=1.0, size=None, *, generator=None, dtype=None, device=None, requires_grad=False):
