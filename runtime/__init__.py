@@ -55,3 +55,4 @@ from .legacy import (BoolTensor, DoubleTensor, FloatTensor, HalfTensor, IntTenso
 from .serialization import load, load_safetensors, save, save_safetensors  # noqa: E402,F401
 from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)
 from . import distributed  # noqa: E402,F401
+from . import distributions  # noqa: E402,F401

@@ -1,0 +1,70 @@
+"""Laplace(loc, scale): the double-exponential distribution."""
+from __future__ import annotations
+
+import math
+
+from .. import factories
+from . import constraints
+from .distribution import Distribution
+from .utils import broadcast_all, finfo, is_number
+
+__all__ = ["Laplace"]
+
+
+class Laplace(Distribution):
+    """The Laplace distribution with density exp(-|x - loc| / scale) / (2 scale)."""
+
+    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
+    support = constraints.real
+    has_rsample = True
+
+    def __init__(self, loc, scale, validate_args=None):
+        self.loc, self.scale = broadcast_all(loc, scale)
+        batch_shape = () if is_number(loc) and is_number(scale) else self.loc.shape
+        super().__init__(batch_shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(Laplace, _instance)
+        new.loc, new.scale = self.loc.expand(tuple(batch_shape)), self.scale.expand(tuple(batch_shape))
+        return self._finish_expand(new, batch_shape)
+
+    @property
+    def mean(self):
+        return self.loc
+
+    @property
+    def mode(self):
+        return self.loc
+
+    @property
+    def variance(self):
+        return 2 * self.scale.pow(2)
+
+    @property
+    def stddev(self):
+        return math.sqrt(2) * self.scale
+
+    def rsample(self, sample_shape=()):
+        shape = self._extended_shape(sample_shape)
+        # NOTE: u in (-1, 1), open at -1, so log1p(-|u|) stays finite
+        eps = float(finfo(self.loc.dtype).eps)
+        u = factories.empty(shape, dtype=self.loc.dtype, device=self.loc.device).uniform_(eps - 1, 1)
+        return self.loc - self.scale * u.sign() * (-u.abs()).log1p()
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        return -(2 * self.scale).log() - (value - self.loc).abs() / self.scale
+
+    def cdf(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        centered = value - self.loc
+        return 0.5 - 0.5 * centered.sign() * (-centered.abs() / self.scale).expm1()
+
+    def icdf(self, value):
+        term = value - 0.5
+        return self.loc - self.scale * term.sign() * (-2 * term.abs()).log1p()
+
+    def entropy(self):
+        return 1 + (2 * self.scale).log()

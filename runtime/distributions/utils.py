@@ -1,0 +1,124 @@
+"""Helpers the distributions share: broadcasting parameters, probabilities <-> logits, lazily derived parameters."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from .. import api
+from .. import dtypes as dt
+from ..autograd.grad_mode import enable_grad
+from ..factories import tensor
+from ..tensor import Size, Tensor
+
+__all__ = ["broadcast_all", "logits_to_probs", "clamp_probs", "probs_to_logits", "lazy_property",
+           "tril_matrix_to_vec", "vec_to_tril_matrix"]
+
+euler_constant = 0.5772156649015329
+
+
+def is_number(value) -> bool:
+    """A plain Python (or numpy) number, which a distribution turns into a tensor of the default dtype."""
+    return isinstance(value, numbers.Number) and not isinstance(value, Tensor)
+
+
+def as_size(shape) -> Size:
+    """A sample_shape as a Size: accepts a Size, a tuple or list of ints, or one int."""
+    if isinstance(shape, numbers.Integral):
+        return Size((int(shape),))
+    return Size(tuple(int(s) for s in shape))
+
+
+def broadcast_all(*values):
+    """Numbers and tensors as tensors of one broadcast shape; numbers take the first tensor's dtype and device (or
+    the default dtype)."""
+    if not all(isinstance(v, Tensor) or is_number(v) for v in values):
+        raise ValueError("Input arguments must all be instances of Number, torch.Tensor or objects implementing "
+                         "__torch_function__.")
+    like = next((v for v in values if isinstance(v, Tensor)), None)
+    options = {"dtype": dt.get_default_dtype()} if like is None else {"dtype": like.dtype, "device": like.device}
+    tensors = [v if isinstance(v, Tensor) else tensor(v, **options) for v in values]
+    return tuple(api.broadcast_tensors(*tensors))
+
+
+def finfo(dtype) -> np.finfo:
+    """Machine limits of a floating dtype (eps, tiny, min, max)."""
+    return np.finfo(dtype.np)
+
+
+def clamp_probs(probs):
+    """Probabilities kept eps away from 0 and 1, so their logs stay finite."""
+    eps = float(finfo(probs.dtype).eps)
+    return probs.clamp(min=eps, max=1 - eps)
+
+
+def logits_to_probs(logits, is_binary: bool = False):
+    return logits.sigmoid() if is_binary else logits.softmax(-1)
+
+
+def probs_to_logits(probs, is_binary: bool = False):
+    clamped = clamp_probs(probs)
+    return clamped.log() - (-clamped).log1p() if is_binary else clamped.log()
+
+
+def softplus(x):
+    """log(1 + exp(x)) to full precision for every x; its gradient is sigmoid(x), also at 0."""
+    # NOTE: exp only of the non-positive value; the gradient of where(x > 0, -x, x) is never 0, unlike -|x|'s at 0
+    small = api.where(x > 0, -x, x).exp().log1p()
+    return api.where(x > 0, x + small, small)
+
+
+def sum_rightmost(value, dims: int):
+    """value summed over its `dims` rightmost dimensions."""
+    if dims == 0:
+        return value
+    kept = tuple(value.shape[:value.ndim - dims])
+    return value.reshape(kept + (math.prod(value.shape[value.ndim - dims:]),)).sum(-1)
+
+
+class lazy_property:
+    """A parameter computed from another on first use (under enable_grad, so it stays differentiable), then cached
+    on the instance. Read on the class, it is the descriptor itself: argument validation skips such parameters."""
+
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+        self.__name__ = wrapped.__name__
+        self.__doc__ = wrapped.__doc__
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        with enable_grad():
+            value = self.wrapped(instance)
+        setattr(instance, self.wrapped.__name__, value)
+        return value
+
+
+def _tril_mask(n: int, diag: int) -> np.ndarray:
+    rows = np.arange(n)
+    return rows[None, :] < rows[:, None] + (diag + 1)
+
+
+def tril_matrix_to_vec(mat, diag: int = 0):
+    """The entries of mat's lower triangle (below diagonal `diag`), row by row, as the last dimension."""
+    n = mat.shape[-1]
+    if not -n <= diag < n:
+        raise ValueError(f"diag ({diag}) provided is outside [{-n}, {n - 1}].")
+    rows, cols = np.nonzero(_tril_mask(n, diag))
+    flat = mat.reshape(tuple(mat.shape[:-2]) + (n * n,))
+    return flat[..., mat.new_tensor(rows * n + cols, dtype=dt.int64)]
+
+
+def vec_to_tril_matrix(vec, diag: int = 0):
+    """The inverse of tril_matrix_to_vec: a square matrix with vec's entries in its lower triangle, zeros elsewhere."""
+    k = vec.shape[-1]
+    n = round((-(1 + 2 * diag) + ((1 + 2 * diag) ** 2 + 8 * k + 4 * abs(diag) * (diag + 1)) ** 0.5) / 2)
+    rows, cols = np.nonzero(_tril_mask(n, diag))
+    if len(rows) != k:
+        raise ValueError(f"The size of last dimension is {k} which cannot be expressed as the lower triangular part "
+                         "of a square D x D matrix.")
+    # NOTE: a scatter into the flattened matrix (a gather's adjoint), so the result stays differentiable in vec
+    flat = vec.new_zeros(tuple(vec.shape[:-1]) + (n * n,))
+    index = vec.new_tensor(rows * n + cols, dtype=dt.int64).expand(tuple(vec.shape))
+    return flat.scatter_add(-1, index, vec).reshape(tuple(vec.shape[:-1]) + (n, n))

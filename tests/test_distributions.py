@@ -1,0 +1,495 @@
+"""runtime.distributions against torch.distributions (values and parameter gradients in float64, shapes, validation
+errors), and without torch: sampling statistics, repeatability under manual_seed and reparameterized gradients."""
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import pytest
+
+import runtime
+import runtime.distributions as D
+from helpers import needs_torch, torch
+
+RNG = np.random.default_rng(1234)
+
+
+def ours(values, grad=True):
+    return runtime.tensor(np.asarray(values, np.float64), requires_grad=grad)
+
+
+def theirs(values, grad=True):
+    return torch.tensor(np.asarray(values, np.float64), requires_grad=grad)
+
+
+def real(*shape):
+    return RNG.normal(size=shape)
+
+
+def positive(*shape):
+    return RNG.uniform(0.5, 2.0, size=shape)
+
+
+def unit(*shape):
+    return RNG.uniform(0.1, 0.9, size=shape)
+
+
+def close(got, want, tol=1e-10):
+    assert tuple(got.shape) == tuple(want.shape)
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=tol, atol=tol)
+
+
+def check_against_torch(build, params, compute, tol=1e-10):
+    """compute(distribution, module) on both sides, build(module's distributions, *params) making the distribution:
+    equal values, and equal gradients of a random weighting of them with respect to every parameter."""
+    our_params, their_params = [ours(p) for p in params], [theirs(p) for p in params]
+    got = compute(build(D, *our_params), runtime)
+    want = compute(build(torch.distributions, *their_params), torch)
+    close(got, want, tol)
+    if not want.requires_grad:
+        assert not got.requires_grad
+        return
+    weights = RNG.normal(size=tuple(want.shape))
+    got_grads = runtime.autograd.grad((got * ours(weights, False)).sum(), our_params, allow_unused=True)
+    want_grads = torch.autograd.grad((want * theirs(weights, False)).sum(), their_params, allow_unused=True)
+    for got_grad, want_grad in zip(got_grads, want_grads):
+        assert (got_grad is None) == (want_grad is None)
+        if want_grad is not None:
+            close(got_grad, want_grad, tol)
+
+
+def scored(values):
+    return lambda d, m: d.log_prob(m.tensor(values))
+
+
+def at_cdf(values):
+    return lambda d, m: d.cdf(m.tensor(values))
+
+
+def at_icdf(shape):
+    levels = RNG.uniform(0.05, 0.95, size=shape)
+    return lambda d, m: d.icdf(m.tensor(levels))
+
+
+def attribute(name):
+    return lambda d, m: getattr(d, name)
+
+
+def called(name):
+    return lambda d, m: getattr(d, name)()
+
+
+MOMENTS = ("mean", "variance", "stddev", "mode")
+UNIFORM_LOW, UNIFORM_WIDTH = real(3), positive(3)
+
+# name: (build(module, *params), params, values to score, what else to compare)
+CASES = {
+    "Normal": (lambda m, loc, scale: m.Normal(loc, scale), [real(3), positive(3)], real(4, 3),
+               MOMENTS + ("entropy", "cdf", "icdf")),
+    "Laplace": (lambda m, loc, scale: m.Laplace(loc, scale), [real(3), positive(3)], real(4, 3),
+                MOMENTS + ("entropy", "cdf", "icdf")),
+    "Uniform": (lambda m, low, width: m.Uniform(low, low + width), [UNIFORM_LOW, UNIFORM_WIDTH],
+                UNIFORM_LOW + 0.3 * UNIFORM_WIDTH, MOMENTS + ("entropy", "cdf", "icdf")),
+    "Exponential": (lambda m, rate: m.Exponential(rate), [positive(3)], positive(4, 3),
+                    MOMENTS + ("entropy", "cdf", "icdf")),
+    "Bernoulli(probs)": (lambda m, p: m.Bernoulli(probs=p), [unit(2, 3)], (real(4, 2, 3) > 0).astype(float),
+                         MOMENTS + ("entropy",)),
+    "Bernoulli(logits)": (lambda m, logits: m.Bernoulli(logits=logits), [real(2, 3)],
+                          (real(2, 3) > 0).astype(float), MOMENTS + ("entropy",)),
+    "Poisson": (lambda m, rate: m.Poisson(rate), [positive(3)], np.floor(3 * positive(4, 3)), MOMENTS),
+    "Binomial(probs)": (lambda m, p: m.Binomial(5, probs=p), [unit(3)], np.array([0.0, 2.0, 5.0]),
+                        MOMENTS + ("entropy",)),
+    "Binomial(logits)": (lambda m, logits: m.Binomial(logits.new_tensor([3.0, 4.0, 5.0]), logits=logits),
+                         [real(3)], np.array([[0.0, 4.0, 1.0], [3.0, 0.0, 5.0]]), ("mean", "variance", "mode")),
+    "Categorical(probs)": (lambda m, p: m.Categorical(probs=p), [positive(2, 4)], np.array([[0, 3], [2, 1], [3, 3]]),
+                           ("mode", "entropy", "perplexity", "enumerate_support")),
+    "Categorical(logits)": (lambda m, logits: m.Categorical(logits=logits), [real(2, 4)], np.array([1, 0]),
+                            ("mean", "variance", "mode", "entropy")),
+    "OneHotCategorical": (lambda m, p: m.OneHotCategorical(probs=p), [positive(2, 4)], np.eye(4)[[[0, 3], [1, 1]]],
+                          MOMENTS + ("entropy", "enumerate_support")),
+    "Independent(Normal)": (lambda m, loc, scale: m.Independent(m.Normal(loc, scale), 1), [real(2, 3), positive(2, 3)],
+                            real(5, 2, 3), MOMENTS + ("entropy",)),
+}
+
+
+def comparisons():
+    for name, (build, params, values, extras) in CASES.items():
+        yield pytest.param(build, params, scored(values), id=f"{name}.log_prob")
+        for extra in extras:
+            compute = {"cdf": at_cdf(values), "icdf": at_icdf(np.shape(values)), "entropy": called("entropy"),
+                       "perplexity": called("perplexity"), "enumerate_support": called("enumerate_support")}
+            yield pytest.param(build, params, compute.get(extra, attribute(extra)), id=f"{name}.{extra}")
+
+
+@needs_torch
+@pytest.mark.parametrize("build, params, compute", comparisons())
+def test_matches_torch(build, params, compute):
+    check_against_torch(build, params, compute)
+
+
+@contextlib.contextmanager
+def torch_validation_off():
+    """torch's own argument checks reshape with -1, which fails on empty tensors: its side runs without them."""
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(True)
+
+
+def _spd(*batch, n=3):
+    a = RNG.normal(size=batch + (n, n))
+    return a @ np.swapaxes(a, -1, -2) + np.eye(n)
+
+
+@needs_torch
+@pytest.mark.parametrize("kind", ["covariance_matrix", "precision_matrix", "scale_tril"])
+@pytest.mark.parametrize("what", ["log_prob", "entropy", "mean", "variance", "covariance_matrix", "precision_matrix",
+                                  "scale_tril"])
+def test_multivariate_normal_matches_torch(kind, what):
+    matrix = _spd(2)
+    matrix = np.linalg.cholesky(matrix) if kind == "scale_tril" else matrix
+    compute = {"log_prob": scored(real(5, 2, 3)), "entropy": called("entropy")}.get(what, attribute(what))
+
+    def build(m, loc, matrix):
+        return m.MultivariateNormal(loc, **{kind: matrix})
+
+    if kind == "scale_tril" and what == "precision_matrix":
+        # NOTE: torch's cholesky_inverse also sends gradient to scale_tril's (zero) upper triangle: compare values
+        # and the lower triangle's gradient only
+        build_lower = lambda m, loc, lower: build(m, loc, lower.tril())  # noqa: E731
+        return check_against_torch(build_lower, [real(2, 3), matrix], compute)
+    check_against_torch(build, [real(2, 3), matrix], compute)
+
+
+@needs_torch
+@pytest.mark.parametrize("loc_shape, matrix_batch, value_shape", [((3,), (2,), (4, 1, 3)), ((2, 3), (), (4, 2, 3)),
+                                                                   ((1, 3), (2,), (3,)), ((3,), (), (0, 3))])
+def test_multivariate_normal_broadcasts_loc_matrix_and_value_as_torch(loc_shape, matrix_batch, value_shape):
+    values = real(*value_shape)
+    build = lambda m, loc, cov: m.MultivariateNormal(loc, covariance_matrix=cov)  # noqa: E731
+    with torch_validation_off():
+        check_against_torch(build, [real(*loc_shape), _spd(*matrix_batch)], scored(values))
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes: batch_shape / event_shape as torch's; sample and rsample shapes for several sample and batch shapes.
+# ---------------------------------------------------------------------------------------------
+
+def _filled(m, shape, value):
+    return m.full(shape, value, dtype=m.float64)
+
+
+SHAPED = {  # name: build(module, batch_shape)
+    "Normal": lambda m, b: m.distributions.Normal(_filled(m, b, 0.5), _filled(m, b, 2.0)),
+    "Uniform": lambda m, b: m.distributions.Uniform(_filled(m, b, -1.0), _filled(m, b, 2.0)),
+    "Laplace": lambda m, b: m.distributions.Laplace(_filled(m, b, 0.0), _filled(m, b, 1.0)),
+    "Exponential": lambda m, b: m.distributions.Exponential(_filled(m, b, 1.5)),
+    "Bernoulli": lambda m, b: m.distributions.Bernoulli(_filled(m, b, 0.3)),
+    "Poisson": lambda m, b: m.distributions.Poisson(_filled(m, b, 2.0)),
+    "Binomial": lambda m, b: m.distributions.Binomial(_filled(m, b, 4.0), _filled(m, b, 0.4)),
+    "Categorical": lambda m, b: m.distributions.Categorical(_filled(m, tuple(b) + (3,), 1.0)),
+    "OneHotCategorical": lambda m, b: m.distributions.OneHotCategorical(_filled(m, tuple(b) + (3,), 1.0)),
+    "MultivariateNormal": lambda m, b: m.distributions.MultivariateNormal(
+        _filled(m, tuple(b) + (2,), 0.0), scale_tril=m.eye(2, dtype=m.float64).expand(tuple(b) + (2, 2))),
+    "Independent": lambda m, b: m.distributions.Independent(
+        m.distributions.Normal(_filled(m, tuple(b) + (2,), 0.0), 1.0), 1),
+}
+BATCH_SHAPES = [(), (1,), (3,), (2, 3), (0,), (2, 0)]
+SAMPLE_SHAPES = [(), (1,), (4,), (2, 5), (0,)]
+
+
+@needs_torch
+@pytest.mark.parametrize("name", SHAPED)
+@pytest.mark.parametrize("batch", BATCH_SHAPES, ids=str)
+def test_batch_and_event_shapes_match_torch(name, batch):
+    with torch_validation_off():
+        got, want = SHAPED[name](runtime, batch), SHAPED[name](torch, batch)
+    assert tuple(got.batch_shape) == tuple(want.batch_shape) and tuple(got.event_shape) == tuple(want.event_shape)
+    assert isinstance(got.batch_shape, runtime.Size) and isinstance(got.event_shape, runtime.Size)
+    assert got.has_rsample == want.has_rsample and got.has_enumerate_support == want.has_enumerate_support
+
+
+@pytest.mark.parametrize("name", SHAPED)
+@pytest.mark.parametrize("batch", BATCH_SHAPES, ids=str)
+@pytest.mark.parametrize("sample_shape", SAMPLE_SHAPES, ids=str)
+def test_sample_shapes(name, batch, sample_shape):
+    d = SHAPED[name](runtime, batch)
+    expected = tuple(sample_shape) + tuple(d.batch_shape) + tuple(d.event_shape)
+    draws = d.sample(sample_shape)
+    assert tuple(draws.shape) == expected and not draws.requires_grad
+    assert tuple(d.log_prob(draws).shape) == tuple(sample_shape) + tuple(d.batch_shape)
+    if d.has_rsample:
+        assert tuple(d.rsample(runtime.Size(sample_shape)).shape) == expected
+
+
+@pytest.mark.parametrize("name", SHAPED)
+def test_expand_views_parameters_with_a_larger_batch(name):
+    d = SHAPED[name](runtime, (3,))
+    wide = d.expand((2, 3))
+    assert tuple(wide.batch_shape) == (2, 3) and wide.event_shape == d.event_shape
+    draws = d.sample((2,))
+    np.testing.assert_allclose(wide.log_prob(draws).numpy(), d.log_prob(draws).numpy())
+    assert type(wide) is type(d) and wide._validate_args == d._validate_args
+
+
+def test_sample_draws_from_runtimes_generator():
+    for name, build in SHAPED.items():
+        d = build(runtime, (3,))
+        runtime.manual_seed(7)
+        first = d.sample((4,))
+        runtime.manual_seed(7)
+        again = d.sample((4,))
+        np.testing.assert_array_equal(first.numpy(), again.numpy(), err_msg=name)
+    runtime.manual_seed(7)
+    first = D.Normal(0.0, 1.0).sample((8,))
+    assert not np.array_equal(first.numpy(), D.Normal(0.0, 1.0).sample((8,)).numpy())
+
+
+def test_numbers_take_the_default_dtype_and_tensors_keep_theirs():
+    assert D.Normal(0.0, 1.0).sample().dtype is runtime.float32 and D.Normal(0.0, 1.0).batch_shape == ()
+    assert D.Normal(ours(0.0), 1.0).rsample((2,)).dtype is runtime.float64
+    assert D.Categorical(runtime.ones(3)).sample().dtype is runtime.int64
+    assert D.Bernoulli(0.3).sample().dtype is runtime.float32
+
+
+@pytest.mark.parametrize("name", ["Bernoulli", "Categorical", "OneHotCategorical", "Binomial"])
+@pytest.mark.parametrize("expand", [True, False])
+@needs_torch
+def test_enumerate_support_matches_torch(name, expand):
+    got = SHAPED[name](runtime, (2, 3)).enumerate_support(expand=expand)
+    want = SHAPED[name](torch, (2, 3)).enumerate_support(expand=expand)
+    assert tuple(got.shape) == tuple(want.shape)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling statistics (no torch): the mean and variance of many draws agree with the distribution's own.
+# ---------------------------------------------------------------------------------------------
+
+def f64(*values):
+    return [runtime.tensor(v, dtype=runtime.float64) for v in values]
+
+
+STATISTICS = {
+    "Normal": lambda: D.Normal(*f64([0.5, -2.0], [1.0, 3.0])),
+    "Uniform": lambda: D.Uniform(*f64([0.0, -3.0], [1.0, 5.0])),
+    "Laplace": lambda: D.Laplace(*f64([1.0, -1.0], [0.5, 2.0])),
+    "Exponential": lambda: D.Exponential(*f64([0.5, 4.0])),
+    "Bernoulli": lambda: D.Bernoulli(*f64([0.1, 0.7])),
+    "Poisson": lambda: D.Poisson(*f64([0.3, 12.0])),
+    "Binomial": lambda: D.Binomial(*f64([3.0, 20.0], [0.2, 0.9])),
+    "OneHotCategorical": lambda: D.OneHotCategorical(*f64([[0.2, 0.3, 0.5], [0.9, 0.05, 0.05]])),
+    "MultivariateNormal": lambda: D.MultivariateNormal(*f64([1.0, -1.0], [[2.0, 0.6], [0.6, 1.0]])),
+}
+
+
+def assert_moments_match(draws, mean, variance, sigmas=5.0):
+    """Sample mean and variance within `sigmas` standard errors of the expected ones (the variance's standard error
+    from the sample's fourth central moment)."""
+    draws, mean, variance = draws.numpy(), mean.numpy(), variance.numpy()
+    n = draws.shape[0]
+    np.testing.assert_array_less(np.abs(draws.mean(0) - mean), sigmas * np.sqrt(variance / n) + 1e-12)
+    centered = draws - draws.mean(0)
+    fourth = (centered ** 4).mean(0)
+    variance_error = np.sqrt((fourth - variance ** 2) / n)
+    np.testing.assert_array_less(np.abs(draws.var(0) - variance), sigmas * variance_error + 1e-12)
+
+
+@pytest.mark.parametrize("name", STATISTICS)
+def test_sample_moments_match_mean_and_variance(name):
+    d = STATISTICS[name]()
+    assert_moments_match(d.sample((40000,)), d.mean, d.variance)
+
+
+def test_categorical_draws_follow_the_probabilities():
+    probs = runtime.tensor([[0.1, 0.2, 0.7], [0.5, 0.5, 0.0]], dtype=runtime.float64)
+    draws = D.Categorical(probs * 3).sample((30000,)).numpy()
+    counts = np.stack([(draws == k).mean(0) for k in range(3)], -1)
+    np.testing.assert_array_less(np.abs(counts - probs.numpy()), 5 * np.sqrt(0.25 / 30000))
+    assert not (draws[:, 1] == 2).any()
+
+
+def test_multivariate_normal_draws_have_its_covariance():
+    cov = runtime.tensor([[2.0, 0.6, 0.0], [0.6, 1.0, -0.3], [0.0, -0.3, 0.5]], dtype=runtime.float64)
+    draws = D.MultivariateNormal(runtime.zeros(3, dtype=runtime.float64), precision_matrix=runtime.linalg.inv(cov))
+    np.testing.assert_allclose(np.cov(draws.sample((50000,)).numpy().T), cov.numpy(), atol=0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reparameterized sampling: gradients of rsample by finite differences (the same noise under one seed).
+# ---------------------------------------------------------------------------------------------
+
+RSAMPLED = {
+    "Normal": (lambda loc, scale: D.Normal(loc, scale), [real(3), positive(3)]),
+    "Uniform": (lambda low, width: D.Uniform(low, low + width), [real(3), positive(3)]),
+    "Laplace": (lambda loc, scale: D.Laplace(loc, scale), [real(3), positive(3)]),
+    "Exponential": (lambda rate: D.Exponential(rate), [positive(3)]),
+    "MultivariateNormal": (lambda loc, lower: D.MultivariateNormal(loc, scale_tril=lower.tril()),
+                           [real(3), np.linalg.cholesky(_spd())]),
+    "Independent": (lambda loc, scale: D.Independent(D.Normal(loc, scale), 1), [real(3), positive(3)]),
+}
+
+
+def rsample_objective(build, params, weights):
+    runtime.manual_seed(11)
+    return (build(*params).rsample((5,)) * weights).sum()
+
+
+def finite_difference_gradient(build, arrays, weights, index, h=1e-6):
+    grad = np.zeros_like(arrays[index])
+    for pos in np.ndindex(grad.shape):
+        values = []
+        for step in (h, -h):
+            shifted = [a.copy() for a in arrays]
+            shifted[index][pos] += step
+            values.append(rsample_objective(build, [ours(a, False) for a in shifted], weights).item())
+        grad[pos] = (values[0] - values[1]) / (2 * h)
+    return grad
+
+
+@pytest.mark.parametrize("name", RSAMPLED)
+def test_rsample_gradients_match_finite_differences(name):
+    build, arrays = RSAMPLED[name]
+    params = [ours(a) for a in arrays]
+    weights = ours(real(*build(*params).rsample((5,)).shape), False)
+    grads = runtime.autograd.grad(rsample_objective(build, params, weights), params)
+    for index, grad in enumerate(grads):
+        expected = finite_difference_gradient(build, arrays, weights, index)
+        if name == "MultivariateNormal" and index == 1:
+            expected = np.tril(expected)
+        np.testing.assert_allclose(grad.numpy(), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_sample_is_outside_autograd_and_rsample_inside():
+    loc = ours([0.0, 1.0])
+    d = D.Normal(loc, 1.0)
+    assert not d.sample().requires_grad and d.rsample().requires_grad
+    with pytest.raises(NotImplementedError):
+        D.Bernoulli(0.5).rsample()
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: torch's ValueError messages for bad parameters and values (torch.Size printed as runtime.Size).
+# ---------------------------------------------------------------------------------------------
+
+BAD_PARAMETERS = {
+    "Normal scale": lambda m: m.distributions.Normal(0.0, -1.0),
+    "Normal vector scale": lambda m: m.distributions.Normal(m.tensor([0.0, 1.0]), m.tensor([-1.0, 1.0])),
+    "Uniform low": lambda m: m.distributions.Uniform(1.0, 0.0),
+    "Exponential rate": lambda m: m.distributions.Exponential(m.tensor([0.0, 1.0])),
+    "Laplace scale": lambda m: m.distributions.Laplace(0.0, m.tensor([[2.0], [-2.0]])),
+    "Bernoulli probs": lambda m: m.distributions.Bernoulli(probs=1.5),
+    "Bernoulli nan logits": lambda m: m.distributions.Bernoulli(logits=m.tensor([0.0, float("nan")])),
+    "Poisson rate": lambda m: m.distributions.Poisson(-1.0),
+    "Binomial count": lambda m: m.distributions.Binomial(m.tensor(2.5), probs=0.5),
+    "Categorical probs": lambda m: m.distributions.Categorical(probs=m.tensor([-0.1, 1.1])),
+    "Categorical logits": lambda m: m.distributions.Categorical(logits=m.tensor([0.0, float("nan")])),
+    "OneHotCategorical probs": lambda m: m.distributions.OneHotCategorical(m.tensor([-0.5, 0.5, 1.0]),
+                                                                           validate_args=True),
+    "MultivariateNormal covariance": lambda m: m.distributions.MultivariateNormal(
+        m.zeros(2), covariance_matrix=m.tensor([[1.0, 2.0], [2.0, 1.0]])),
+    "MultivariateNormal asymmetric": lambda m: m.distributions.MultivariateNormal(
+        m.zeros(2), precision_matrix=m.tensor([[1.0, 0.5], [0.0, 1.0]])),
+    "MultivariateNormal scale_tril": lambda m: m.distributions.MultivariateNormal(
+        m.zeros(2), scale_tril=m.tensor([[1.0, 0.0], [1.0, -1.0]])),
+}
+
+BAD_VALUES = {
+    "not a tensor": lambda m: m.distributions.Normal(0.0, 1.0).log_prob(1.0),
+    "Bernoulli non-boolean": lambda m: m.distributions.Bernoulli(0.3).log_prob(m.tensor(0.5)),
+    "Categorical out of range": lambda m: m.distributions.Categorical(m.tensor([0.3, 0.7])).log_prob(m.tensor([1, 2])),
+    "Exponential negative": lambda m: m.distributions.Exponential(1.0).log_prob(m.tensor([-1.0, 1.0])),
+    "Uniform outside": lambda m: m.distributions.Uniform(0.0, 1.0).log_prob(m.tensor(2.0)),
+    "Uniform outside cdf": lambda m: m.distributions.Uniform(0.0, 1.0).cdf(m.tensor(2.0)),
+    "Poisson fraction": lambda m: m.distributions.Poisson(1.0).log_prob(m.tensor([1.5])),
+    "OneHot not one-hot": lambda m: m.distributions.OneHotCategorical(m.ones(3)).log_prob(m.tensor([1.0, 1.0, 0.0])),
+    "not broadcastable": lambda m: m.distributions.Normal(m.zeros(3), 1.0).log_prob(m.zeros(2)),
+    "wrong event shape": lambda m: m.distributions.MultivariateNormal(
+        m.zeros(3), m.eye(3)).log_prob(m.zeros(2)),
+    "Independent support": lambda m: m.distributions.Independent(
+        m.distributions.Exponential(m.ones(2)), 1).log_prob(m.tensor([1.0, -1.0])),
+}
+
+
+def raised(make, module):
+    with pytest.raises(Exception) as info:
+        make(module)
+    return info
+
+
+@needs_torch
+@pytest.mark.parametrize("make", list(BAD_PARAMETERS.values()) + list(BAD_VALUES.values()),
+                         ids=list(BAD_PARAMETERS) + list(BAD_VALUES))
+def test_validation_errors_match_torch(make):
+    got, want = raised(make, runtime), raised(make, torch)
+    assert got.type is want.type is ValueError
+    assert str(got.value) == str(want.value).replace("torch.", "runtime.")
+
+
+def test_validation_can_be_switched_off():
+    assert math.isnan(D.Normal(0.0, -1.0, validate_args=False).log_prob(runtime.tensor(0.0)).item())
+    assert D.Bernoulli(0.3, validate_args=False).log_prob(runtime.tensor(0.5)).shape == ()
+    D.Distribution.set_default_validate_args(False)
+    try:
+        D.Exponential(-1.0)
+        with pytest.raises(ValueError, match="constraint GreaterThan"):
+            D.Exponential(-1.0, validate_args=True)
+    finally:
+        D.Distribution.set_default_validate_args(True)
+    with pytest.raises(ValueError):
+        D.Exponential(-1.0)
+    with pytest.raises(ValueError):
+        D.Distribution.set_default_validate_args("yes")
+
+
+@needs_torch
+def test_constructor_errors_match_torch():
+    for make in (lambda m: m.distributions.Categorical(m.tensor(0.5)),
+                 lambda m: m.distributions.Bernoulli(0.3, logits=0.1),
+                 lambda m: m.distributions.Categorical(),
+                 lambda m: m.distributions.MultivariateNormal(m.zeros(2)),
+                 lambda m: m.distributions.MultivariateNormal(m.tensor(0.0), m.eye(2)),
+                 lambda m: m.distributions.Independent(m.distributions.Normal(0.0, 1.0), 1)):
+        got, want = raised(make, runtime), raised(make, torch)
+        assert got.type is want.type and str(got.value) == str(want.value)
+
+
+@needs_torch
+def test_reprs_match_torch():
+    for make in (lambda m: m.distributions.Normal(0.0, 1.0), lambda m: m.distributions.Normal(m.zeros(2), 1.0),
+                 lambda m: m.distributions.Categorical(logits=m.zeros(2, 3)),
+                 lambda m: m.distributions.Independent(m.distributions.Bernoulli(m.full((2,), 0.5)), 1),
+                 lambda m: m.distributions.MultivariateNormal(m.zeros(2), scale_tril=m.eye(2))):
+        assert repr(make(runtime)) == repr(make(torch)).replace("torch.", "runtime.")
+
+
+@needs_torch
+def test_constraints_match_torch():
+    names = ["real", "positive", "nonnegative", "unit_interval", "boolean", "simplex", "real_vector",
+             "nonnegative_integer", "positive_integer", "one_hot", "lower_cholesky", "positive_definite"]
+    values = runtime.tensor([[0.0, 1.0, 0.5], [0.2, 0.3, 0.5], [-1.0, 2.0, 0.0]], dtype=runtime.float64)
+    for name in names:
+        ours_c, theirs_c = getattr(D.constraints, name), getattr(torch.distributions.constraints, name)
+        assert repr(ours_c) == repr(theirs_c)
+        assert (ours_c.event_dim, ours_c.is_discrete) == (theirs_c.event_dim, theirs_c.is_discrete)
+        if ours_c.event_dim < 2:
+            np.testing.assert_array_equal(ours_c.check(values).numpy(),
+                                          theirs_c.check(torch.tensor(values.numpy())).numpy())
+    for make in (lambda c: c.interval(0.0, 1.0), lambda c: c.integer_interval(0, 3),
+                 lambda c: c.independent(c.greater_than(-1.0), 1), lambda c: c.half_open_interval(0, 1)):
+        assert repr(make(D.constraints)) == repr(make(torch.distributions.constraints))
+    matrices = np.stack([_spd(), -_spd(), np.linalg.cholesky(_spd())])
+    for name in ("positive_definite", "lower_cholesky", "symmetric"):
+        got = getattr(D.constraints, name).check(ours(matrices, False))
+        want = getattr(torch.distributions.constraints, name).check(theirs(matrices, False))
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_runtime_distributions_is_torch_distributions_after_import_runtime():
+    assert runtime.distributions.Normal is D.Normal
+    from runtime.distributions.categorical import Categorical
+    from runtime.distributions.normal import Normal
+
+    assert Normal is D.Normal and Categorical is D.Categorical
