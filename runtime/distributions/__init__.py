@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from . import constraints  # noqa: F401
 from .bernoulli import Bernoulli
+from .beta import Beta
 from .binomial import Binomial
 from .categorical import Categorical
+from .dirichlet import Dirichlet
 from .distribution import Distribution
 from .exponential import Exponential
+from .gamma import Gamma
 from .independent import Independent
 from .laplace import Laplace
 from .multivariate_normal import MultivariateNormal
@@ -17,6 +20,6 @@ from .one_hot_categorical import OneHotCategorical, OneHotCategoricalStraightThr
 from .poisson import Poisson
 from .uniform import Uniform
 
-__all__ = ["Bernoulli", "Binomial", "Categorical", "Distribution", "Exponential", "Independent", "Laplace",
-           "MultivariateNormal", "Normal", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson",
-           "Uniform", "constraints"]
+__all__ = ["Bernoulli", "Beta", "Binomial", "Categorical", "Dirichlet", "Distribution", "Exponential", "Gamma",
+           "Independent", "Laplace", "MultivariateNormal", "Normal", "OneHotCategorical",
+           "OneHotCategoricalStraightThrough", "Poisson", "Uniform", "constraints"]
