@@ -119,6 +119,32 @@ CASES = {
                   MOMENTS + ("entropy",)),
     "Dirichlet(below one)": (lambda m, a: m.Dirichlet(a), [unit(2, 3)], RNG.dirichlet([0.5, 0.5, 0.5], size=2),
                              ("mode", "entropy")),
+    "LogNormal": (lambda m, loc, scale: m.LogNormal(loc, scale), [real(3), positive(3) / 2], positive(4, 3),
+                  MOMENTS + ("entropy", "cdf", "icdf")),
+    "Tanh(Normal)": (lambda m, loc, scale: m.TransformedDistribution(m.Normal(loc, scale), [m.TanhTransform()]),
+                     [real(3), positive(3)], 0.99 * np.tanh(real(4, 3)), ("cdf", "icdf")),
+    "SAC policy": (lambda m, loc, scale: m.TransformedDistribution(
+        m.Independent(m.Normal(loc, scale), 1), [m.TanhTransform(), m.AffineTransform(1.0, 2.0)]),
+        [real(2, 3), positive(2, 3)], 1 + 1.98 * np.tanh(real(5, 2, 3)), ()),
+    "Sigmoid(Normal)": (lambda m, loc, scale: m.TransformedDistribution(m.Normal(loc, scale), m.SigmoidTransform()),
+                        [real(3), positive(3)], unit(4, 3), ("cdf", "icdf")),
+    "Exp then decreasing affine": (lambda m, loc, scale: m.TransformedDistribution(m.Normal(loc, scale), [
+        m.ExpTransform(), m.AffineTransform(loc.new_tensor(2.0), loc.new_tensor([-1.0, -0.5, -3.0]))]),
+        [real(3), positive(3)], 2 - positive(4, 3), ("cdf", "icdf")),
+    "StickBreaking(Normal)": (lambda m, loc, scale: m.TransformedDistribution(m.Normal(loc, scale),
+                                                                             m.StickBreakingTransform()),
+                              [real(2, 3), positive(2, 3)], RNG.dirichlet([1.0, 2.0, 1.0, 0.5], size=(3, 2)), ()),
+    "Softplus(Normal)": (lambda m, loc, scale: m.TransformedDistribution(m.Normal(loc, scale), m.SoftplusTransform()),
+                         [real(3), positive(3)], positive(4, 3), ()),
+    "Power(LogNormal)": (lambda m, loc, scale: m.TransformedDistribution(m.LogNormal(loc, scale),
+                                                                        m.PowerTransform(loc.new_tensor(-2.5))),
+                         [real(3), positive(3)], positive(4, 3), ("cdf", "icdf")),
+    "Reshape(Normal)": (lambda m, loc, scale: m.TransformedDistribution(
+        m.Normal(loc, scale), m.ReshapeTransform((2, 3), (3, 2))), [real(4, 2, 3), positive(4, 2, 3)],
+        real(5, 4, 3, 2), ()),
+    "Affine(event_dim=1)": (lambda m, loc, scale: m.TransformedDistribution(
+        m.Independent(m.Normal(loc, scale), 1), m.AffineTransform(loc, scale, event_dim=1)),
+        [real(2, 3), positive(2, 3)], real(5, 2, 3), ()),
 }
 
 
@@ -297,6 +323,7 @@ STATISTICS = {
     "Gamma": lambda: D.Gamma(*f64([0.05, 1.0, 30.0], [1.0, 0.5, 3.0])),
     "Beta": lambda: D.Beta(*f64([0.3, 2.0, 50.0], [0.5, 5.0, 20.0])),
     "Dirichlet": lambda: D.Dirichlet(*f64([[0.2, 1.0, 3.0], [10.0, 10.0, 0.5]])),
+    "LogNormal": lambda: D.LogNormal(*f64([0.0, 1.0], [0.3, 0.5])),
 }
 
 
@@ -344,6 +371,9 @@ RSAMPLED = {
     "MultivariateNormal": (lambda loc, lower: D.MultivariateNormal(loc, scale_tril=lower.tril()),
                            [real(3), np.linalg.cholesky(_spd())]),
     "Independent": (lambda loc, scale: D.Independent(D.Normal(loc, scale), 1), [real(3), positive(3)]),
+    "LogNormal": (lambda loc, scale: D.LogNormal(loc, scale), [real(3) / 2, positive(3) / 2]),
+    "Tanh(Normal)": (lambda loc, scale: D.TransformedDistribution(D.Normal(loc, scale), D.TanhTransform()),
+                     [real(3), positive(3)]),
 }
 
 
@@ -413,6 +443,11 @@ BAD_PARAMETERS = {
     "Gamma concentration": lambda m: m.distributions.Gamma(m.tensor([1.0, -2.0]), 1.0),
     "Beta": lambda m: m.distributions.Beta(-1.0, 1.0),
     "Dirichlet": lambda m: m.distributions.Dirichlet(m.tensor([[1.0, 2.0], [0.0, 1.0]])),
+    "LogNormal": lambda m: m.distributions.LogNormal(0.0, -1.0),
+    "TransformedDistribution transforms": lambda m: m.distributions.TransformedDistribution(
+        m.distributions.Normal(0.0, 1.0), "tanh"),
+    "TransformedDistribution list": lambda m: m.distributions.TransformedDistribution(
+        m.distributions.Normal(0.0, 1.0), [m.tanh]),
 }
 
 BAD_VALUES = {
@@ -433,6 +468,9 @@ BAD_VALUES = {
     "Gamma negative": lambda m: m.distributions.Gamma(1.0, 1.0).log_prob(m.tensor(-0.5)),
     "Dirichlet off simplex": lambda m: m.distributions.Dirichlet(m.ones(3)).log_prob(m.tensor([0.5, 0.5, 0.5])),
     "Dirichlet event shape": lambda m: m.distributions.Dirichlet(m.ones(3)).log_prob(m.tensor([0.5, 0.5])),
+    "LogNormal negative": lambda m: m.distributions.LogNormal(0.0, 1.0).log_prob(m.tensor([-1.0])),
+    "Tanh outside": lambda m: m.distributions.TransformedDistribution(
+        m.distributions.Normal(0.0, 1.0), m.distributions.TanhTransform()).log_prob(m.tensor(1.5)),
 }
 
 
@@ -637,3 +675,124 @@ def test_gamma_cdf_gradients():
     h = 1e-6 * a
     expected = (gammainc(a + h, rate * value) - gammainc(a - h, rate * value)) / (2 * h)
     np.testing.assert_allclose(concentration.grad.numpy(), expected, rtol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transforms: forward, inverse and log|det J| against torch and against autograd's derivative.
+# ---------------------------------------------------------------------------------------------
+
+def _scalar(m, value):
+    return m.tensor(value, dtype=m.float64)
+
+
+TRANSFORMS = {  # name: (make(module's distributions, module), points of the domain)
+    "Exp": (lambda d, m: d.ExpTransform(), real(3, 4)),
+    "Tanh": (lambda d, m: d.TanhTransform(), 4 * real(3, 4)),
+    "Sigmoid": (lambda d, m: d.SigmoidTransform(), 3 * real(3, 4)),
+    "Softplus": (lambda d, m: d.SoftplusTransform(), 3 * real(3, 4)),
+    "Affine": (lambda d, m: d.AffineTransform(0.5, -2.0), real(3, 4)),
+    "Affine(tensors)": (lambda d, m: d.AffineTransform(_scalar(m, [1.0, 2.0, 3.0, 4.0]), _scalar(m, 0.5)), real(3, 4)),
+    "Power": (lambda d, m: d.PowerTransform(_scalar(m, 3.0)), positive(3, 4)),
+    "Tanh.inv": (lambda d, m: d.TanhTransform().inv, 0.99 * np.tanh(real(3, 4))),
+    "Compose": (lambda d, m: d.ComposeTransform([d.AffineTransform(0.3, 2.0), d.TanhTransform()]), real(3, 4)),
+    "Independent(Exp)": (lambda d, m: d.IndependentTransform(d.ExpTransform(), 1), real(3, 4)),
+    "StickBreaking": (lambda d, m: d.StickBreakingTransform(), real(3, 4)),
+    "Reshape": (lambda d, m: d.ReshapeTransform((3, 4), (2, 6)), real(5, 3, 4)),
+    "Compose(event dims)": (lambda d, m: d.ComposeTransform([d.ExpTransform(), d.StickBreakingTransform(),
+                                                              d.AffineTransform(0.0, 2.0)]), real(3, 4)),
+}
+ELEMENTWISE = ["Exp", "Tanh", "Sigmoid", "Softplus", "Affine", "Affine(tensors)", "Power", "Tanh.inv", "Compose"]
+
+
+@needs_torch
+@pytest.mark.parametrize("name", TRANSFORMS)
+def test_transforms_match_torch(name):
+    make, points = TRANSFORMS[name]
+    ours_t, theirs_t = make(D, runtime), make(torch.distributions, torch)
+    x, tx = ours(points), theirs(points)
+    y, ty = ours_t(x), theirs_t(tx)
+    close(y, ty, 1e-12)
+    close(ours_t.inv(ours(y.detach().numpy(), False)), theirs_t.inv(theirs(ty.detach().numpy(), False)), 1e-9)
+    ladj, tladj = ours_t.log_abs_det_jacobian(x, y), theirs_t.log_abs_det_jacobian(tx, ty)
+    close(ladj, tladj, 1e-10)
+    assert ladj.requires_grad == tladj.requires_grad
+    if tladj.requires_grad:
+        close(runtime.autograd.grad(ladj.sum(), x)[0], torch.autograd.grad(tladj.sum(), tx)[0], 1e-10)
+    assert repr(ours_t) == repr(theirs_t)
+    if name in ELEMENTWISE:
+        assert np.array_equal(np.asarray(ours_t.sign), np.asarray(theirs_t.sign))
+    for side in ("domain", "codomain"):
+        assert repr(getattr(ours_t, side)) == repr(getattr(theirs_t, side))
+    x_shape, y_shape = (7,) + tuple(points.shape), (7,) + tuple(ty.shape)
+    assert tuple(ours_t.forward_shape(x_shape)) == tuple(theirs_t.forward_shape(x_shape)) == y_shape
+    assert tuple(ours_t.inverse_shape(y_shape)) == tuple(theirs_t.inverse_shape(y_shape)) == x_shape
+
+
+@pytest.mark.parametrize("name", ELEMENTWISE)
+def test_log_abs_det_jacobian_is_the_log_of_autograds_derivative(name):
+    make, points = TRANSFORMS[name]
+    transform = make(D, runtime)
+    x = ours(points)
+    y = transform(x)
+    (derivative,) = runtime.autograd.grad(y.sum(), x)
+    np.testing.assert_allclose(transform.log_abs_det_jacobian(x, y).detach().numpy(),
+                               np.log(np.abs(derivative.numpy())), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", [n for n in TRANSFORMS if n != "Tanh.inv"])
+def test_inverse_undoes_the_transform(name):
+    make, points = TRANSFORMS[name]
+    transform = make(D, runtime)
+    x = ours(points, False)
+    np.testing.assert_allclose(transform.inv(transform(x)).numpy(), points, rtol=1e-9, atol=1e-9)
+    assert transform.inv.inv is transform
+
+
+def test_cached_transform_inverts_its_own_output_exactly():
+    transform = D.TanhTransform(cache_size=1)
+    x = ours([0.5, 30.0, -40.0], False)
+    y = transform(x)
+    assert transform.inv(y) is x and transform(x) is y
+    assert not np.isfinite(D.TanhTransform().inv(y).numpy()).all()  # tanh(30) rounds to 1: atanh gives inf
+    assert D.TanhTransform().with_cache(1)._cache_size == 1
+    with pytest.raises(ValueError, match="cache_size must be 0 or 1"):
+        D.ExpTransform(cache_size=2)
+    compose = D.ComposeTransform([D.ExpTransform(), D.TanhTransform()], cache_size=1)
+    assert all(part._cache_size == 1 for part in compose.parts)
+
+
+def test_squashed_gaussian_policy_log_prob_stays_finite_at_saturation():
+    loc, scale = ours([0.0, 25.0, -3.0]), ours([1.0, 0.5, 2.0])
+    policy = D.TransformedDistribution(D.Normal(loc, scale), [D.TanhTransform(cache_size=1)])
+    action = policy.rsample((64,))
+    log_prob = policy.log_prob(action)
+    pre_tanh = D.TanhTransform().inv(action.clamp(-0.999999, 0.999999))
+    assert np.isfinite(log_prob.detach().numpy()).all()
+    expected = D.Normal(loc, scale).log_prob(pre_tanh) - (1 - pre_tanh.tanh() ** 2).log()
+    np.testing.assert_allclose(log_prob[:, 0].detach().numpy(), expected[:, 0].detach().numpy(), rtol=1e-6)
+    log_prob.sum().backward()
+    assert np.isfinite(loc.grad.numpy()).all() and np.isfinite(scale.grad.numpy()).all()
+
+
+@needs_torch
+@pytest.mark.parametrize("make", [
+    lambda d, m: d.TransformedDistribution(d.Normal(m.zeros(2, 3), 1.0), d.StickBreakingTransform()),
+    lambda d, m: d.TransformedDistribution(d.Normal(m.zeros(2, 3), 1.0), d.IndependentTransform(d.ExpTransform(), 1)),
+    lambda d, m: d.TransformedDistribution(d.Normal(m.zeros(4, 6), 1.0), d.ReshapeTransform((6,), (2, 3))),
+    lambda d, m: d.TransformedDistribution(d.Normal(0.0, 1.0), d.AffineTransform(m.zeros(3), m.ones(2, 1))),
+    lambda d, m: d.TransformedDistribution(d.Normal(m.zeros(3), 1.0), []),
+    lambda d, m: d.LogNormal(m.zeros(3), 1.0).expand((2, 3)),
+])
+def test_transformed_distribution_shapes_and_support_match_torch(make):
+    got, want = make(D, runtime), make(torch.distributions, torch)
+    assert tuple(got.batch_shape) == tuple(want.batch_shape) and tuple(got.event_shape) == tuple(want.event_shape)
+    assert repr(got.support) == repr(want.support)
+    assert tuple(got.sample((2,)).shape) == tuple(want.sample((2,)).shape)
+    assert tuple(got.log_prob(got.sample((2,))).shape) == (2,) + tuple(want.batch_shape)
+
+
+@needs_torch
+def test_transform_reprs_match_torch():
+    for make in (lambda d: d.ComposeTransform([d.ExpTransform(), d.TanhTransform()]), lambda d: d.ExpTransform().inv,
+                 lambda d: d.IndependentTransform(d.SigmoidTransform(), 2), lambda d: d.identity_transform):
+        assert repr(make(D)) == repr(make(torch.distributions))

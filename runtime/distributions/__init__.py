@@ -1,9 +1,9 @@
-"""runtime.distributions: torch.distributions' probability distributions (more to come: transforms, KL), written
+"""runtime.distributions: torch.distributions' probability distributions and transforms (KL to come), written
 with runtime's tensor ops (so they are differentiable) and drawing from runtime's generator (so manual_seed repeats
 them)."""
 from __future__ import annotations
 
-from . import constraints  # noqa: F401
+from . import constraints, transforms  # noqa: F401
 from .bernoulli import Bernoulli
 from .beta import Beta
 from .binomial import Binomial
@@ -14,12 +14,22 @@ from .exponential import Exponential
 from .gamma import Gamma
 from .independent import Independent
 from .laplace import Laplace
+from .log_normal import LogNormal
 from .multivariate_normal import MultivariateNormal
 from .normal import Normal
 from .one_hot_categorical import OneHotCategorical, OneHotCategoricalStraightThrough
 from .poisson import Poisson
+from .transformed_distribution import TransformedDistribution
+from .transforms import (AbsTransform, AffineTransform, ComposeTransform, CumulativeDistributionTransform,
+                         ExpTransform, IndependentTransform, LowerCholeskyTransform, PowerTransform, ReshapeTransform,
+                         SigmoidTransform, SoftmaxTransform, SoftplusTransform, StickBreakingTransform, TanhTransform,
+                         Transform, identity_transform)
 from .uniform import Uniform
 
-__all__ = ["Bernoulli", "Beta", "Binomial", "Categorical", "Dirichlet", "Distribution", "Exponential", "Gamma",
-           "Independent", "Laplace", "MultivariateNormal", "Normal", "OneHotCategorical",
-           "OneHotCategoricalStraightThrough", "Poisson", "Uniform", "constraints"]
+__all__ = ["AbsTransform", "AffineTransform", "Bernoulli", "Beta", "Binomial", "Categorical", "ComposeTransform",
+           "CumulativeDistributionTransform", "Dirichlet", "Distribution", "ExpTransform", "Exponential", "Gamma",
+           "Independent", "IndependentTransform", "Laplace", "LogNormal", "LowerCholeskyTransform",
+           "MultivariateNormal", "Normal", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson",
+           "PowerTransform", "ReshapeTransform", "SigmoidTransform", "SoftmaxTransform", "SoftplusTransform",
+           "StickBreakingTransform", "TanhTransform", "Transform", "TransformedDistribution", "Uniform",
+           "constraints", "identity_transform", "transforms"]
