@@ -796,3 +796,200 @@ def test_transform_reprs_match_torch():
     for make in (lambda d: d.ComposeTransform([d.ExpTransform(), d.TanhTransform()]), lambda d: d.ExpTransform().inv,
                  lambda d: d.IndependentTransform(d.SigmoidTransform(), 2), lambda d: d.identity_transform):
         assert repr(make(D)) == repr(make(torch.distributions))
+
+
+# ---------------------------------------------------------------------------------------------
+# kl_divergence: closed forms against torch (values and gradients), against Monte Carlo without torch, dispatch.
+# ---------------------------------------------------------------------------------------------
+
+KL_PAIRS = {  # name: (build(module, *params), parameters of p, parameters of q)
+    "Normal": (lambda m, loc, scale: m.Normal(loc, scale), [real(3), positive(3)], [real(3), positive(3)]),
+    "Laplace": (lambda m, loc, scale: m.Laplace(loc, scale), [real(3), positive(3)], [real(3), positive(3)]),
+    "Exponential": (lambda m, rate: m.Exponential(rate), [positive(3)], [positive(3)]),
+    "Poisson": (lambda m, rate: m.Poisson(rate), [positive(3)], [positive(3)]),
+    "Gamma": (lambda m, a, rate: m.Gamma(a, rate), [positive(3), positive(3)], [positive(3), positive(3)]),
+    "Beta": (lambda m, a, b: m.Beta(a, b), [positive(3), positive(3)], [positive(3), positive(3)]),
+    "Dirichlet": (lambda m, a: m.Dirichlet(a), [positive(2, 4)], [positive(4)]),
+    "Bernoulli": (lambda m, p: m.Bernoulli(p), [[0.2, 0.0, 1.0, 0.5, 0.3]], [[0.3, 0.4, 0.6, 0.0, 1.0]]),
+    "Bernoulli(logits)": (lambda m, logits: m.Bernoulli(logits=logits), [real(3)], [real(3)]),
+    "Categorical": (lambda m, p: m.Categorical(p), [[[0.2, 0.0, 0.8], [0.3, 0.3, 0.4]]],
+                    [[[0.3, 0.4, 0.3], [0.0, 0.5, 0.5]]]),
+    "Categorical(logits)": (lambda m, logits: m.Categorical(logits=logits), [real(2, 5)], [real(5)]),
+    "OneHotCategorical": (lambda m, p: m.OneHotCategorical(p), [positive(2, 3)], [positive(2, 3)]),
+    "Uniform": (lambda m, low, high: m.Uniform(low, high), [[0.0, 0.5, 0.0], [1.0, 1.0, 2.0]],
+                [[-1.0, 0.0, 0.5], [2.0, 2.0, 3.0]]),
+    "Binomial": (lambda m, p: m.Binomial(4, p), [unit(3)], [unit(3)]),
+    "Independent": (lambda m, loc, scale: m.Independent(m.Normal(loc, scale), 1), [real(2, 3), positive(2, 3)],
+                    [real(2, 3), positive(2, 3)]),
+    "LogNormal": (lambda m, loc, scale: m.LogNormal(loc, scale), [real(3), positive(3)], [real(3), positive(3)]),
+    "MultivariateNormal": (lambda m, loc, cov: m.MultivariateNormal(loc, covariance_matrix=cov), [real(2, 3), _spd(2)],
+                           [real(3), _spd()]),
+    "MultivariateNormal(scale_tril)": (lambda m, loc, lower: m.MultivariateNormal(loc, scale_tril=lower.tril()),
+                                       [real(3), np.linalg.cholesky(_spd())],
+                                       [real(2, 3), np.linalg.cholesky(_spd(2))]),
+}
+
+
+def _kl_with_finite_weights(p, q, weights, module):
+    kl = module.distributions.kl_divergence(p, q)
+    finite = module.isfinite(kl)
+    return kl, (module.where(finite, kl, module.zeros_like(kl)) * weights).sum()
+
+
+@needs_torch
+@pytest.mark.parametrize("name", KL_PAIRS)
+def test_kl_divergence_matches_torch(name):
+    build, p_params, q_params = KL_PAIRS[name]
+    params = p_params + q_params
+    split = len(p_params)
+    our_params, their_params = [ours(v) for v in params], [theirs(v) for v in params]
+    got_p, got_q = build(D, *our_params[:split]), build(D, *our_params[split:])
+    want_p = build(torch.distributions, *their_params[:split])
+    want_q = build(torch.distributions, *their_params[split:])
+    weights = real(*runtime.distributions.kl_divergence(got_p, got_q).shape)
+    got, got_total = _kl_with_finite_weights(got_p, got_q, ours(weights, False), runtime)
+    want, want_total = _kl_with_finite_weights(want_p, want_q, theirs(weights, False), torch)
+    close(got, want)
+    for got_grad, want_grad in zip(runtime.autograd.grad(got_total, our_params),
+                                   torch.autograd.grad(want_total, their_params)):
+        close(got_grad, want_grad)
+
+
+MONTE_CARLO_KL = {
+    "Normal": (lambda: D.Normal(*f64([0.0, 1.0], [1.0, 0.5])), lambda: D.Normal(*f64([0.5, 0.0], [2.0, 1.0]))),
+    "Gamma": (lambda: D.Gamma(*f64([2.0, 0.7], [1.0, 3.0])), lambda: D.Gamma(*f64([1.5, 1.0], [0.5, 2.0]))),
+    "Beta": (lambda: D.Beta(*f64([2.0, 0.7], [1.0, 3.0])), lambda: D.Beta(*f64([1.5, 1.0], [0.5, 2.0]))),
+    "Dirichlet": (lambda: D.Dirichlet(*f64([1.0, 2.0, 3.0])), lambda: D.Dirichlet(*f64([2.0, 2.0, 0.5]))),
+    "Categorical": (lambda: D.Categorical(*f64([0.1, 0.6, 0.3])), lambda: D.Categorical(*f64([0.3, 0.3, 0.4]))),
+    "Laplace": (lambda: D.Laplace(*f64([0.0, 1.0], [1.0, 0.5])), lambda: D.Laplace(*f64([0.5, 0.0], [2.0, 1.0]))),
+    "MultivariateNormal": (lambda: D.MultivariateNormal(*f64([0.0, 1.0], [[1.0, 0.3], [0.3, 0.5]])),
+                           lambda: D.MultivariateNormal(*f64([0.5, 0.0], [[2.0, 0.0], [0.0, 1.0]]))),
+}
+
+
+@pytest.mark.parametrize("name", MONTE_CARLO_KL)
+def test_kl_divergence_is_the_expected_log_ratio(name):
+    make_p, make_q = MONTE_CARLO_KL[name]
+    p, q = make_p(), make_q()
+    draws = p.sample((40000,))
+    ratios = (p.log_prob(draws) - q.log_prob(draws)).numpy()
+    mean, error = mean_and_error(ratios)
+    np.testing.assert_array_less(np.abs(D.kl_divergence(p, q).numpy() - mean), 5 * error)
+    np.testing.assert_allclose(D.kl_divergence(p, p).numpy(), 0.0, atol=1e-12)
+
+
+@needs_torch
+def test_unregistered_pairs_raise_torchs_error():
+    for make_p, make_q in ((lambda m: m.distributions.Categorical(m.ones(3)),
+                            lambda m: m.distributions.Normal(0.0, 1.0)),
+                           (lambda m: m.distributions.Independent(m.distributions.Normal(m.zeros(2), 1.0), 1),
+                            lambda m: m.distributions.Normal(m.zeros(2), 1.0))):
+        got = raised(lambda m: m.distributions.kl_divergence(make_p(m), make_q(m)), runtime)
+        want = raised(lambda m: m.distributions.kl_divergence(make_p(m), make_q(m)), torch)
+        assert got.type is want.type is NotImplementedError and str(got.value) == str(want.value)
+
+
+def test_kl_refuses_what_it_cannot_compute():
+    normal = D.Normal(runtime.zeros(2, 3), 1.0)
+    with pytest.raises(NotImplementedError):
+        D.kl_divergence(D.Independent(normal, 1), D.Independent(normal, 2))
+    with pytest.raises(NotImplementedError):
+        D.kl_divergence(D.TransformedDistribution(normal, D.ExpTransform()),
+                        D.TransformedDistribution(normal, D.TanhTransform()))
+    with pytest.raises(NotImplementedError, match="q.total_count > p.total_count"):
+        D.kl_divergence(D.Binomial(2, 0.5), D.Binomial(3, 0.5))
+    assert D.kl_divergence(D.Binomial(3, 0.5), D.Binomial(2, 0.5)).item() == math.inf
+
+
+@pytest.fixture
+def restored_kl_registry():
+    """register_kl changes a process-wide table: put it back after the test."""
+    saved = dict(D.kl._KL_REGISTRY)
+    yield
+    D.kl._KL_REGISTRY.clear()
+    D.kl._KL_REGISTRY.update(saved)
+    D.kl._KL_DISPATCH_CACHE.clear()
+
+
+def test_register_kl_dispatches_to_the_most_specific_pair(restored_kl_registry):
+    class Wide(D.Normal):
+        pass
+
+    class Narrow(D.Normal):
+        pass
+
+    @D.register_kl(Wide, D.Normal)
+    def _wide_normal(p, q):
+        return runtime.tensor(1.0)
+
+    assert D.kl_divergence(Wide(0.0, 1.0), D.Normal(0.0, 1.0)).item() == 1.0
+    assert D.kl_divergence(Wide(0.0, 1.0), Narrow(0.0, 1.0)).item() == 1.0
+    assert D.kl_divergence(Narrow(0.0, 1.0), Wide(0.0, 1.0)).item() == 0.0  # Normal-Normal's closed form
+
+    @D.register_kl(D.Normal, Narrow)
+    def _normal_narrow(p, q):
+        return runtime.tensor(2.0)
+
+    with pytest.warns(RuntimeWarning, match=r"Ambiguous kl_divergence\(Wide, Narrow\)"):
+        assert D.kl_divergence(Wide(0.0, 1.0), Narrow(0.0, 1.0)).item() == 1.0
+    with pytest.raises(TypeError, match="Distribution subclass"):
+        D.register_kl(int, D.Normal)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training programs as torch users write them, run with `import runtime as torch`.
+# ---------------------------------------------------------------------------------------------
+
+def test_reinforce_learns_a_contextual_bandit():
+    nn = runtime.nn
+    runtime.manual_seed(3)
+    policy = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 3))
+    optimizer = runtime.optim.Adam(policy.parameters(), lr=0.03)
+
+    def rewards(states, actions):
+        best = (states[:, 0] > 0).long() * 2  # action 2 pays when the first feature is positive, action 0 otherwise
+        return (actions == best).float()
+
+    def average_reward():
+        with runtime.no_grad():
+            states = runtime.randn(2000, 2)
+            return rewards(states, D.Categorical(logits=policy(states)).sample()).mean().item()
+
+    before = average_reward()
+    for _ in range(150):
+        states = runtime.randn(32, 2)
+        dist = D.Categorical(logits=policy(states))
+        actions = dist.sample()
+        advantage = rewards(states, actions) - rewards(states, actions).mean()
+        loss = -(dist.log_prob(actions) * advantage).mean() - 0.01 * dist.entropy().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert before < 0.5 and average_reward() > 0.9
+
+
+def test_vae_trains_with_rsample_and_kl_divergence():
+    nn, F = runtime.nn, runtime.nn.functional
+    runtime.manual_seed(5)
+    bits = (runtime.rand(64, 4) > 0.5).float()
+    data = runtime.cat([bits, bits], 1)  # two copies of 4 bits: a 3-dim code can hold them
+    encoder, decoder = nn.Linear(8, 2 * 3), nn.Linear(3, 8)
+    optimizer = runtime.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()), lr=0.05)
+    prior = D.Independent(D.Normal(runtime.zeros(3), runtime.ones(3)), 1)
+
+    def loss_terms():
+        loc, log_scale = encoder(data).chunk(2, -1)
+        posterior = D.Independent(D.Normal(loc, log_scale.exp()), 1)
+        code = posterior.rsample()
+        reconstruction = F.binary_cross_entropy_with_logits(decoder(code), data, reduction="none").sum(-1)
+        return reconstruction.mean(), D.kl_divergence(posterior, prior).mean()
+
+    first = sum(loss_terms()).item()
+    for _ in range(150):
+        reconstruction, kl = loss_terms()
+        optimizer.zero_grad()
+        (reconstruction + kl).backward()
+        assert encoder.weight.grad.abs().sum().item() > 0
+        optimizer.step()
+    reconstruction, kl = loss_terms()
+    assert kl.item() > 0.1 and (reconstruction + kl).item() < 0.75 * first

@@ -1,4 +1,4 @@
-"""runtime.distributions: torch.distributions' probability distributions and transforms (KL to come), written
+"""runtime.distributions: torch.distributions' probability distributions, transforms and KL divergences, written
 with runtime's tensor ops (so they are differentiable) and drawing from runtime's generator (so manual_seed repeats
 them)."""
 from __future__ import annotations
@@ -13,6 +13,7 @@ from .distribution import Distribution
 from .exponential import Exponential
 from .gamma import Gamma
 from .independent import Independent
+from .kl import kl_divergence, register_kl
 from .laplace import Laplace
 from .log_normal import LogNormal
 from .multivariate_normal import MultivariateNormal
@@ -32,4 +33,4 @@ __all__ = ["AbsTransform", "AffineTransform", "Bernoulli", "Beta", "Binomial", "
            "MultivariateNormal", "Normal", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson",
            "PowerTransform", "ReshapeTransform", "SigmoidTransform", "SoftmaxTransform", "SoftplusTransform",
            "StickBreakingTransform", "TanhTransform", "Transform", "TransformedDistribution", "Uniform",
-           "constraints", "identity_transform", "transforms"]
+           "constraints", "identity_transform", "kl_divergence", "register_kl", "transforms"]
