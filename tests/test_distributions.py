@@ -548,6 +548,37 @@ def test_constraints_match_torch():
         np.testing.assert_array_equal(got.numpy(), want.numpy())
 
 
+@needs_torch
+@pytest.mark.parametrize("diag", [0, -1, 1])
+def test_tril_vector_helpers_match_torch(diag):
+    from torch.distributions.utils import tril_matrix_to_vec
+
+    matrices = real(2, 4, 4)
+    vectors = D.utils.tril_matrix_to_vec(ours(matrices, False), diag)
+    close(vectors, tril_matrix_to_vec(theirs(matrices, False), diag))
+    check_against_torch(lambda m, v: m.utils.vec_to_tril_matrix(v, diag), [vectors.numpy()], lambda built, m: built)
+    with pytest.raises(ValueError, match="cannot be expressed as the lower triangular part"):
+        D.utils.vec_to_tril_matrix(runtime.zeros(5))
+
+
+def test_straight_through_one_hot_passes_gradients_to_probs():
+    probs = ours([0.2, 0.3, 0.5])
+    d = D.OneHotCategoricalStraightThrough(probs)
+    sample = d.rsample((4,))
+    assert set(sample.detach().numpy().sum(-1)) == {1.0} and d.has_rsample
+    weights = np.array([1.0, 2.0, 3.0])
+    (sample * ours(weights, False)).sum().backward()
+    # NOTE: probs are normalized (they sum to 1 here), so the gradient is the weights' deviation from their mean
+    np.testing.assert_allclose(probs.grad.numpy(), 4 * (weights - weights @ [0.2, 0.3, 0.5]), rtol=1e-12)
+
+
+def test_sample_n_warns_and_independent_refuses_enumeration():
+    with pytest.warns(FutureWarning, match="sample_n"):
+        assert tuple(D.Normal(0.0, 1.0).sample_n(3).shape) == (3,)
+    with pytest.raises(NotImplementedError, match="cartesian product"):
+        D.Independent(D.Bernoulli(runtime.full((2,), 0.5)), 1).enumerate_support()
+
+
 def test_runtime_distributions_is_torch_distributions_after_import_runtime():
     assert runtime.distributions.Normal is D.Normal
     from runtime.distributions.categorical import Categorical
