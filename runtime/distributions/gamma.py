@@ -1,10 +1,11 @@
 """Gamma(concentration, rate): the gamma distribution, with implicit reparameterization gradients."""
 from __future__ import annotations
 
+from ..typeinfo import finfo
 from . import constraints
 from ._standard_gamma import regularized_gamma_p, standard_gamma
 from .distribution import Distribution
-from .utils import broadcast_all, finfo, is_number
+from .utils import broadcast_all, is_number
 
 __all__ = ["Gamma"]
 

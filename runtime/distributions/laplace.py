@@ -4,9 +4,10 @@ from __future__ import annotations
 import math
 
 from .. import factories
+from ..typeinfo import finfo
 from . import constraints
 from .distribution import Distribution
-from .utils import broadcast_all, finfo, is_number
+from .utils import broadcast_all, is_number
 
 __all__ = ["Laplace"]
 

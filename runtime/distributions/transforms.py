@@ -9,8 +9,9 @@ from .. import factories
 from ..nn import functional as F
 from ..ops import broadcast_shapes
 from ..tensor import Size
+from ..typeinfo import finfo
 from . import constraints
-from .utils import broadcast_all, finfo, lazy_property, softplus, sum_rightmost
+from .utils import broadcast_all, lazy_property, softplus, sum_rightmost
 
 __all__ = ["AbsTransform", "AffineTransform", "ComposeTransform", "CumulativeDistributionTransform", "ExpTransform",
            "IndependentTransform", "LowerCholeskyTransform", "PowerTransform", "ReshapeTransform",

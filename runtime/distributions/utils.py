@@ -11,6 +11,7 @@ from .. import dtypes as dt
 from ..autograd.grad_mode import enable_grad
 from ..factories import tensor
 from ..tensor import Size, Tensor
+from ..typeinfo import finfo
 
 __all__ = ["broadcast_all", "logits_to_probs", "clamp_probs", "probs_to_logits", "lazy_property",
            "tril_matrix_to_vec", "vec_to_tril_matrix"]
@@ -40,11 +41,6 @@ def broadcast_all(*values):
     options = {"dtype": dt.get_default_dtype()} if like is None else {"dtype": like.dtype, "device": like.device}
     tensors = [v if isinstance(v, Tensor) else tensor(v, **options) for v in values]
     return tuple(api.broadcast_tensors(*tensors))
-
-
-def finfo(dtype) -> np.finfo:
-    """Machine limits of a floating dtype (eps, tiny, min, max)."""
-    return np.finfo(dtype.np)
 
 
 def clamp_probs(probs):
