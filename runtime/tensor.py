@@ -37,6 +37,23 @@ class Size(tuple):
             n *= s
         return n
 
+    # NOTE: as torch.Size, concatenating, repeating and slicing give a Size (a tuple on either side of + too)
+    def __add__(self, other):
+        return Size(tuple(self) + tuple(other)) if isinstance(other, tuple) else NotImplemented
+
+    def __radd__(self, other):
+        return Size(tuple(other) + tuple(self)) if isinstance(other, tuple) else NotImplemented
+
+    def __mul__(self, count):
+        return Size(tuple(self) * count)
+
+    __rmul__ = __mul__
+
+    def __getitem__(self, key, _item=tuple.__getitem__):
+        if key.__class__ is slice:
+            return Size(_item(self, key))
+        return _item(self, key)
+
 
 class Tensor:
     """An n-dimensional array with reverse-mode autograd; the API follows torch.Tensor."""
@@ -263,6 +280,8 @@ class Tensor:
 
     def dim(self) -> int:
         return self._data.ndim
+
+    ndimension = dim
 
     def numel(self) -> int:
         return self._data.size

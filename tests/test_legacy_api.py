@@ -150,3 +150,14 @@ def test_sampling_with_replacement_is_lazy_and_repeatable():
     small = runtime.utils.data.RandomSampler(data, replacement=True, num_samples=45)
     drawn = list(small)
     assert len(drawn) == 45 and set(drawn) <= set(data)
+
+
+@needs_torch
+def test_size_arithmetic_and_slices_stay_sizes_as_torchs():
+    ours, theirs = runtime.zeros(2, 3, 4).shape, torch.zeros(2, 3, 4).shape
+    for op in (lambda s: s + (5,), lambda s: (5,) + s, lambda s: s + s, lambda s: s * 2, lambda s: s[1:],
+               lambda s: s[::2]):
+        got, want = op(ours), op(theirs)
+        assert isinstance(got, runtime.Size) == isinstance(want, torch.Size) and tuple(got) == tuple(want)
+    assert ours[1:].numel() == theirs[1:].numel() == 12 and ours[0] == 2 and ours[-1] == 4
+    assert runtime.zeros(2, 3).ndimension() == 2
