@@ -338,9 +338,7 @@ class Tracer:
         """A buffer, or a constant tensor made in forward, that does not require grad."""
         if getattr(node, "op", None) != "get_attr":
             return False
-        value = self.constants.get(node.target)
-        if value is None:
-            value = fetch_attr(self.root, node.target)
+        value = self.constants.get(node.target, self._state_tensors.get(node.target))
         return isinstance(value, Tensor) and not value.requires_grad
 
     def _to_graph_args(self, value):
@@ -409,7 +407,10 @@ class Tracer:
         self._symbolic, self._replay = {}, None
         self._module_paths = {id(m): name for name, m in root.named_modules(remove_duplicate=False)}
         self._tensor_paths = {}
-        for name, t in [*root.named_parameters(remove_duplicate=False), *root.named_buffers(remove_duplicate=False)]:
+        # NOTE: the state tensors by path, read while Module.__getattr__ answers with proxies
+        self._state_tensors = dict([*root.named_parameters(remove_duplicate=False),
+                                    *root.named_buffers(remove_duplicate=False)])
+        for name, t in self._state_tensors.items():
             self._tensor_paths.setdefault(id(t), name)  # a tied tensor is named by its first path, as torch does
         self._attr_nodes, self._module_stack, self._assigned = {}, [""], {}
         # NOTE: tensors a runtime function made during this trace (runtime.zeros(3) in forward): eager makes them

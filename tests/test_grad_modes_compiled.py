@@ -210,3 +210,26 @@ def test_trace_marks_only_nodes_recorded_under_no_grad():
     with runtime.no_grad():  # traced for inference: nothing needs marking
         graph = nnc.symbolic_trace(NoGradBranch()).graph
     assert not any(n.meta.get("no_grad") for n in graph.nodes)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["root", "in_sequential"])
+def test_batchnorm_cumulative_average_compiles_and_matches_eager(nested):
+    """momentum=None divides by num_batches_tracked right after incrementing it under no_grad: the root's trace
+    keeps that buffer write, and a nested layer's replay reads the incremented count, not the stale one."""
+    runtime.manual_seed(0)
+    layer = nn.BatchNorm1d(4, momentum=None)
+    eager = (nn.Sequential(layer, nn.Linear(4, 2)) if nested else layer).double()
+    compiled_model = copy.deepcopy(eager)
+    compiled = nnc.compile(compiled_model)
+    bn = (lambda m: m[0]) if nested else (lambda m: m)
+    for _ in range(3):
+        x = runtime.randn(8, 4, dtype=runtime.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # compiled, not a fallback to eager
+            (compiled(x) ** 2).sum().backward()
+        (eager(x) ** 2).sum().backward()
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            np.testing.assert_allclose(getattr(bn(compiled_model), name).numpy(), getattr(bn(eager), name).numpy(),
+                                       rtol=1e-12)
+        for a, b in zip(compiled_model.parameters(), eager.parameters()):
+            np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-10, atol=1e-12)

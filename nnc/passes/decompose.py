@@ -256,7 +256,14 @@ class GraphBuilder:
         return node
 
     def value_of_attr(self, path: str, obj):
-        return MetaValue(self.attr_node(path, obj), self) if isinstance(obj, Tensor) else obj
+        """A parameter or buffer read as a graph value: its current contents, a write earlier in the graph included
+        (BatchNorm reads num_batches_tracked right after incrementing it)."""
+        if not isinstance(obj, Tensor):
+            return obj
+        value = MetaValue(self.attr_node(path, obj), self)
+        if value.storage.written:
+            value.seen = -1  # its node is read through the storage, as after any write
+        return value
 
 
 class _ShapeOnly:

@@ -503,7 +503,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                 if num_batches_tracked is None:
                     raise TypeError("batch_norm: momentum=None (a cumulative moving average) needs "
                                     "num_batches_tracked, the number of batches seen including this one")
-                factor = 1.0 / float(num_batches_tracked)
+                # NOTE: a tensor, not float(): a compiled forward then keeps it in the graph (no value read)
+                factor = 1.0 / num_batches_tracked.to((running_mean if running_mean is not None else running_var).dtype)
             else:
                 factor = float(momentum)
             with no_grad():

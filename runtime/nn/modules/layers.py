@@ -351,15 +351,16 @@ class _BatchNorm(Module):
             raise ValueError(f"expected {' or '.join(f'{d}D' for d in self._expected_dims)} input "
                              f"(got {input.ndim}D input)")
         momentum = 0.0 if self.momentum is None else self.momentum
+        counted = None
         if self.training and self.track_running_stats:
             with grad_mode.no_grad():
                 self.num_batches_tracked.add_(1)
-            if self.momentum is None:  # cumulative moving average
-                momentum = 1.0 / float(self.num_batches_tracked)
+            if self.momentum is None:  # cumulative moving average: F.batch_norm divides by the count
+                momentum, counted = None, self.num_batches_tracked
         use_batch_stats = self.training or self.running_mean is None
         return F.batch_norm(input, self.running_mean if not self.training or self.track_running_stats else None,
                             self.running_var if not self.training or self.track_running_stats else None,
-                            self.weight, self.bias, use_batch_stats, momentum, self.eps)
+                            self.weight, self.bias, use_batch_stats, momentum, self.eps, num_batches_tracked=counted)
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
