@@ -503,8 +503,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                 if num_batches_tracked is None:
                     raise TypeError("batch_norm: momentum=None (a cumulative moving average) needs "
                                     "num_batches_tracked, the number of batches seen including this one")
-                # NOTE: a tensor, not float(): a compiled forward then keeps it in the graph (no value read)
-                factor = 1.0 / num_batches_tracked.to((running_mean if running_mean is not None else running_var).dtype)
+                running = running_mean if running_mean is not None else running_var
+                factor = _cumulative_factor(num_batches_tracked, running)
             else:
                 factor = float(momentum)
             with no_grad():
@@ -524,6 +524,14 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     if bias is not None:
         out = out + bias.reshape(shape)
     return out
+
+
+def _cumulative_factor(num_batches_tracked, running):
+    """1 / the count of batches seen: a number for a number; for nn.BatchNorm's count buffer a tensor in the running
+    stats' dtype, not float(), so a compiled forward keeps it in the graph (no value read while tracing)."""
+    if isinstance(num_batches_tracked, (int, float)):
+        return 1.0 / num_batches_tracked
+    return 1.0 / num_batches_tracked.to(running.dtype)
 
 
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
