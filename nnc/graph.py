@@ -9,6 +9,8 @@ import operator
 import re
 from typing import Any, Callable
 
+from . import pytree
+
 # NOTE: generated code refers to these by name, so nodes never take them (nor builtins' names).
 _CODE_NAMES = {"self", "runtime", "F", "prims", "operator", "builtins", "inf", "nan", "getattr"}
 _RESERVED = _CODE_NAMES | set(dir(builtins))
@@ -25,8 +27,7 @@ def map_arg(value, fn: Callable[["Node"], Any]):
     if isinstance(value, Node):
         return fn(value)
     if isinstance(value, tuple):
-        items = [map_arg(v, fn) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)  # a namedtuple keeps its type
+        return pytree.like(value, [map_arg(v, fn) for v in value])  # a namedtuple keeps its type
     if isinstance(value, list):
         return [map_arg(v, fn) for v in value]
     if isinstance(value, dict):

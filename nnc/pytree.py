@@ -40,6 +40,13 @@ def _is_namedtuple(value) -> bool:
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
 
 
+def like(value, items):
+    """`items` in a container of `value`'s kind: a list, a tuple, or the same named tuple."""
+    if isinstance(value, list):
+        return list(items)
+    return type(value)(*items) if _is_namedtuple(value) else tuple(items)
+
+
 def flatten(value) -> tuple[list, Spec]:
     """(leaves in order, spec): tuples, lists, dicts (keys in insertion order) and namedtuples are containers."""
     leaves: list = []

@@ -347,10 +347,7 @@ class Tracer:
         if isinstance(value, Tensor):
             return self._tensor_node(value)
         if isinstance(value, (tuple, list)):
-            converted = [self._to_graph_args(v) for v in value]
-            if hasattr(value, "_fields"):  # a namedtuple (a model's output type) keeps its type
-                return type(value)(*converted)
-            return tuple(converted) if isinstance(value, tuple) else converted
+            return pytree.like(value, [self._to_graph_args(v) for v in value])  # a namedtuple keeps its type
         if isinstance(value, dict):
             return {k: self._to_graph_args(v) for k, v in value.items()}
         if isinstance(value, slice):

@@ -50,9 +50,16 @@ def compile(model=None, **options):
 
 __version__ = "0.1.0"
 from . import optim  # noqa: E402,F401
-from .legacy import (BoolTensor, DoubleTensor, FloatTensor, HalfTensor, IntTensor, LongTensor,  # noqa: E402,F401
-                     TensorType)
+from .legacy import BoolTensor, DoubleTensor, FloatTensor, HalfTensor, IntTensor, LongTensor  # noqa: E402,F401
 from .serialization import load, load_safetensors, save, save_safetensors  # noqa: E402,F401
 from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)
 from . import distributed  # noqa: E402,F401
-from . import distributions  # noqa: E402,F401
+
+
+def __getattr__(name):
+    # NOTE: runtime.distributions (30 ms of imports) loads on first use, as `import runtime.distributions` would
+    if name == "distributions":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.distributions")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,7 +42,6 @@ float32 = dtype("float32", np.float32, FLOAT)
 float64 = dtype("float64", np.float64, FLOAT)
 
 
-
 class _UnstorableDtype(dtype):
     """A torch dtype runtime cannot store (numpy has no such type): it exists so that scripts naming it run (nanoGPT
     builds {'float32': ..., 'bfloat16': ..., 'float16': ...} at import), and anything that would hold data in it
@@ -56,9 +55,11 @@ class _UnstorableDtype(dtype):
 
     @property
     def np(self):
-        raise TypeError(f"runtime has no {self.name} tensors (numpy has no {self.name} type): use float32 or "
-                        f"float16")
+        raise self.unstorable()
 
+    def unstorable(self) -> TypeError:
+        return TypeError(f"runtime has no {self.name} tensors (numpy has no {self.name} type): use float32 or "
+                         f"float16")
 
 
 bfloat16 = _UnstorableDtype("bfloat16", FLOAT, 2)
@@ -107,7 +108,7 @@ def set_default_dtype(d) -> None:
     global _default_float
     d = as_dtype(d)
     if isinstance(d, _UnstorableDtype):
-        d.np  # raises: runtime has no tensors of this dtype
+        raise d.unstorable()
     if not d.is_floating_point:
         raise TypeError(f"only floating-point types are supported as the default type, got {d}")
     _default_float = d

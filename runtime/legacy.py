@@ -62,7 +62,6 @@ HalfTensor = _tensor_type("HalfTensor", dt.float16)
 LongTensor = _tensor_type("LongTensor", dt.int64)
 IntTensor = _tensor_type("IntTensor", dt.int32)
 BoolTensor = _tensor_type("BoolTensor", dt.bool_)
-TENSOR_TYPES = (FloatTensor, DoubleTensor, HalfTensor, LongTensor, IntTensor, BoolTensor)
 
 
 class _VariableMeta(type):

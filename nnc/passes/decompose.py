@@ -22,6 +22,7 @@ from runtime.nn import Module
 from runtime.ops import OPS, Kind
 from runtime.tensor import Tensor
 
+from .. import pytree
 from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
@@ -419,8 +420,7 @@ def _detached(value):
     if isinstance(value, MetaValue):
         return api.detach(value)
     if isinstance(value, (tuple, list)):
-        items = [_detached(v) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # a named tuple's fields
+        return pytree.like(value, [_detached(v) for v in value])
     return value
 
 

@@ -105,7 +105,7 @@ class OpNode(Node):
         else:
             self.out_data = None
         self.packed = None
-        if saved_hooks.current() is not None:
+        if saved_hooks.state.stack:  # NOTE: one attribute read per recorded op when no hooks are set
             self._pack_saved()
 
     def _pack_saved(self) -> None:

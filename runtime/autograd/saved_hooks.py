@@ -3,18 +3,20 @@ from __future__ import annotations
 
 import threading
 
+from . import grad_mode
+
 
 class _HookState(threading.local):
     stack: tuple = ()  # (pack_hook, unpack_hook) pairs, the innermost last: only that one applies
     disabled: str | None = None  # while hooks are disabled: the error to raise on registering one
 
 
-_state = _HookState()
+state = _HookState()
 
 
 def current():
     """The (pack_hook, unpack_hook) pair that applies to tensors saved now, or None."""
-    return _state.stack[-1] if _state.stack else None
+    return state.stack[-1] if state.stack else None
 
 
 class saved_tensors_hooks:
@@ -25,13 +27,13 @@ class saved_tensors_hooks:
         self.pack_hook, self.unpack_hook = pack_hook, unpack_hook
 
     def __enter__(self):
-        if _state.disabled is not None:
-            raise RuntimeError(_state.disabled)
-        _state.stack = _state.stack + ((self.pack_hook, self.unpack_hook),)
+        if state.disabled is not None:
+            raise RuntimeError(state.disabled)
+        state.stack = state.stack + ((self.pack_hook, self.unpack_hook),)
         return self
 
     def __exit__(self, *exc):
-        _state.stack = _state.stack[:-1]
+        state.stack = state.stack[:-1]
         return False
 
 
@@ -42,11 +44,11 @@ class disable_saved_tensors_hooks:
         self.error_message = error_message
 
     def __enter__(self):
-        self._previous, _state.disabled = _state.disabled, self.error_message
+        self._previous, state.disabled = state.disabled, self.error_message
         return self
 
     def __exit__(self, *exc):
-        _state.disabled = self._previous
+        state.disabled = self._previous
         return False
 
 
@@ -70,8 +72,6 @@ def pack_all(tensors):
     if hooks is None:
         return None
     pack, unpack = hooks
-    from . import grad_mode
-
     with grad_mode.no_grad():  # as torch: what a pack hook computes is not recorded (nor packed again)
         return [pack(t) if t is not None else None for t in tensors], unpack
 

@@ -373,11 +373,14 @@ def dropout(input, p=0.5, training=True, inplace=False):
     return input.mul_(mask) if inplace else input * mask
 
 
-def _feature_dropout(name, input, p, training, inplace, spatial):
-    _check_p(p)
-    if name != "dropout2d" and input.ndim not in (spatial + 1, spatial + 2):
+def _check_feature_rank(name, input, spatial) -> None:
+    if input.ndim not in (spatial + 1, spatial + 2):
         raise RuntimeError(f"{name}: Expected {spatial + 1}D or {spatial + 2}D input, but received a "
                            f"{input.ndim}D input of shape {list(input.shape)}")
+
+
+def _feature_dropout(input, p, training, inplace, spatial):
+    _check_p(p)
     if not training or p == 0.0:
         return input
     # One draw per (sample, channel), broadcast over the spatial dims.
@@ -387,7 +390,8 @@ def _feature_dropout(name, input, p, training, inplace, spatial):
 
 
 def dropout1d(input, p=0.5, training=True, inplace=False):
-    return _feature_dropout("dropout1d", input, p, training, inplace, 1)
+    _check_feature_rank("dropout1d", input, 1)
+    return _feature_dropout(input, p, training, inplace, 1)
 
 
 def dropout2d(input, p=0.5, training=True, inplace=False):
@@ -407,11 +411,12 @@ def dropout2d(input, p=0.5, training=True, inplace=False):
                       "This behavior will change in a future release to interpret the input as one without a batch "
                       "dimension, i.e. shape (C, H, W). To maintain the 1D channel-wise dropout behavior, please "
                       "switch to using dropout1d instead.", UserWarning, stacklevel=2)
-    return _feature_dropout("dropout2d", input, p, training, inplace, input.ndim - 2)
+    return _feature_dropout(input, p, training, inplace, input.ndim - 2)
 
 
 def dropout3d(input, p=0.5, training=True, inplace=False):
-    return _feature_dropout("dropout3d", input, p, training, inplace, 3)
+    _check_feature_rank("dropout3d", input, 3)
+    return _feature_dropout(input, p, training, inplace, 3)
 
 
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
