@@ -4,8 +4,8 @@ from __future__ import annotations
 import math as _math
 
 from . import api as _api
-from .dtypes import (ALL_DTYPES as _ALL_DTYPES, bfloat16, dtype, float16, float32, float64, int32, int64,  # noqa: F401
-                     get_default_dtype, promote_types, set_default_dtype)
+from .dtypes import (ALL_DTYPES as _ALL_DTYPES, bfloat16, dtype, float16, float32, float64, int8, int16,  # noqa: F401
+                     int32, int64, uint8, get_default_dtype, promote_types, set_default_dtype)
 from .dtypes import bool_ as bool  # noqa: F401  (runtime.bool, as torch.bool)
 from .typeinfo import finfo, iinfo  # noqa: F401
 from .device import device  # noqa: F401
@@ -21,10 +21,11 @@ from .backends import (are_deterministic_algorithms_enabled, get_float32_matmul_
                        is_deterministic_algorithms_warn_only_enabled, set_float32_matmul_precision,
                        use_deterministic_algorithms)
 
-half, float, double, long, int = float16, float32, float64, int64, int32
+half, float, double, long, int, short = float16, float32, float64, int64, int32, int16
 
 # Every public API function is also a module-level function: runtime.exp(x), runtime.cat([...]).
-_METHOD_ONLY = {"float", "double", "half", "bfloat16", "long", "int", "bool", "type_as"}  # runtime.float etc.: dtypes
+# runtime.float etc. are dtypes, not the methods of those names
+_METHOD_ONLY = {"float", "double", "half", "bfloat16", "long", "int", "short", "byte", "char", "bool", "type_as"}
 _MODULE_FUNCTIONS = {name: fn for name, fn in _api.METHODS.items()
                      if not name.startswith("new_") and name not in _METHOD_ONLY}
 _MODULE_FUNCTIONS.update(where=_api.where, cat=_api.cat, concat=_api.cat, concatenate=_api.cat, stack=_api.stack,
@@ -50,7 +51,8 @@ def compile(model=None, **options):
 
 __version__ = "0.1.0"
 from . import optim  # noqa: E402,F401
-from .legacy import BoolTensor, DoubleTensor, FloatTensor, HalfTensor, IntTensor, LongTensor  # noqa: E402,F401
+from .legacy import (BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor, HalfTensor,  # noqa: E402,F401
+                     IntTensor, LongTensor, ShortTensor)
 from .serialization import load, load_safetensors, save, save_safetensors  # noqa: E402,F401
 from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)
 from . import distributed  # noqa: E402,F401

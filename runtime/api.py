@@ -528,11 +528,16 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
 
 
 def all(input, dim=None, keepdim=False):
-    return apply("all", input, dims=wrap_dims(dim, input.ndim), keepdim=keepdim)
+    return _uint8_stays_uint8(input, apply("all", input, dims=wrap_dims(dim, input.ndim), keepdim=keepdim))
 
 
 def any(input, dim=None, keepdim=False):
-    return apply("any", input, dims=wrap_dims(dim, input.ndim), keepdim=keepdim)
+    return _uint8_stays_uint8(input, apply("any", input, dims=wrap_dims(dim, input.ndim), keepdim=keepdim))
+
+
+def _uint8_stays_uint8(input, result):
+    """torch's all() and any() of a uint8 tensor give uint8 (0 or 1), a rule kept from before bool tensors."""
+    return result.to(dt.uint8) if input.dtype is dt.uint8 else result
 
 
 def _surely_equal(a: tuple, b: tuple) -> bool:
@@ -902,6 +907,7 @@ def _conversion(dtype_name: str):
 
     convert.__name__ = convert.__qualname__ = {"float32": "float", "float64": "double", "float16": "half",
                                                "bfloat16": "bfloat16", "int64": "long", "int32": "int",
+                                               "int16": "short", "int8": "char", "uint8": "byte",
                                                "bool_": "bool"}[dtype_name]
     return convert
 
@@ -2533,7 +2539,7 @@ METHODS = {name: globals()[name] for name in """
     index_select clone detach repeat new_full new_zeros new_ones new_empty tril triu topk multinomial
 """.split()}
 METHODS.update({f.__name__: f for f in map(_conversion, ("float32", "float64", "float16", "bfloat16", "int64", "int32",
-                                                         "bool_"))})
+                                                         "int16", "int8", "uint8", "bool_"))})
 METHODS.update(type_as=type_as, multiply=mul, subtract=sub, divide=div, true_divide=div, greater=gt, less=lt,
                greater_equal=ge, less_equal=le, not_equal=ne)
 METHODS.update({name: globals()[name] for name in """

@@ -16,7 +16,7 @@ class dtype:
         self.category = category
         self.is_floating_point = category == FLOAT
         self.itemsize = self.np.itemsize
-        self.is_signed = category != BOOL  # every runtime integer dtype is signed
+        self.is_signed = category != BOOL and self.np.kind != "u"
 
     @property
     def is_complex(self) -> bool:
@@ -35,6 +35,9 @@ class dtype:
 BOOL, INT, FLOAT = 0, 1, 2
 
 bool_ = dtype("bool", np.bool_, BOOL)
+uint8 = dtype("uint8", np.uint8, INT)
+int8 = dtype("int8", np.int8, INT)
+int16 = dtype("int16", np.int16, INT)
 int32 = dtype("int32", np.int32, INT)
 int64 = dtype("int64", np.int64, INT)
 float16 = dtype("float16", np.float16, FLOAT)
@@ -64,7 +67,7 @@ class _UnstorableDtype(dtype):
 
 bfloat16 = _UnstorableDtype("bfloat16", FLOAT, 2)
 
-ALL_DTYPES = (bool_, int32, int64, float16, float32, float64)
+ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, float32, float64)
 NP_TO_DTYPE = {d.np: d for d in ALL_DTYPES}
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 
@@ -120,6 +123,9 @@ def promote_types(a: dtype, b: dtype) -> dtype:
         return a
     if a.category != b.category:
         return a if a.category > b.category else b
+    if a.is_signed != b.is_signed:  # uint8 with a signed integer: a signed type that holds 0..255
+        signed = a if a.is_signed else b
+        return signed if signed.itemsize > 1 else int16
     return a if a.itemsize >= b.itemsize else b
 
 

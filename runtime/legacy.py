@@ -55,12 +55,14 @@ def _tensor_type(name: str, dtype) -> TensorType:
     return TensorType(name, (), {"dtype": dtype, "__module__": "torch", "__doc__": f"torch.{name}: {dtype.name}."})
 
 
-# NOTE: runtime has no int8, uint8 or int16 dtype, so ByteTensor, CharTensor and ShortTensor do not exist here
 FloatTensor = _tensor_type("FloatTensor", dt.float32)
 DoubleTensor = _tensor_type("DoubleTensor", dt.float64)
 HalfTensor = _tensor_type("HalfTensor", dt.float16)
 LongTensor = _tensor_type("LongTensor", dt.int64)
 IntTensor = _tensor_type("IntTensor", dt.int32)
+ShortTensor = _tensor_type("ShortTensor", dt.int16)
+CharTensor = _tensor_type("CharTensor", dt.int8)
+ByteTensor = _tensor_type("ByteTensor", dt.uint8)
 BoolTensor = _tensor_type("BoolTensor", dt.bool_)
 
 

@@ -635,12 +635,12 @@ def _np_rsqrt(x):
 
 
 def _np_sum(x, dims, keepdim):
-    acc = np.float32 if x.dtype == np.float16 else (np.int64 if x.dtype.kind in "bi" else None)
+    acc = np.float32 if x.dtype == np.float16 else (np.int64 if x.dtype.kind in "biu" else None)
     return x.sum(axis=dims, keepdims=keepdim, dtype=acc)
 
 
 def _np_prod(x, dims, keepdim):
-    acc = np.float32 if x.dtype == np.float16 else (np.int64 if x.dtype.kind in "bi" else None)
+    acc = np.float32 if x.dtype == np.float16 else (np.int64 if x.dtype.kind in "biu" else None)
     return x.prod(axis=dims, keepdims=keepdim, dtype=acc)
 
 
@@ -1257,12 +1257,12 @@ _math("bitwise_right_shift", np.right_shift, dtype_rule=_integral, arity=2)
 # ---------------------------------------------------------------------------------------------
 
 def _np_cumsum(x, dim):
-    acc = np.int64 if x.dtype.kind in "bi" else None
+    acc = np.int64 if x.dtype.kind in "biu" else None
     return np.cumsum(x, axis=dim, dtype=acc)
 
 
 def _np_cumprod(x, dim):
-    acc = np.int64 if x.dtype.kind in "bi" else None
+    acc = np.int64 if x.dtype.kind in "biu" else None
     return np.cumprod(x, axis=dim, dtype=acc)
 
 

@@ -490,8 +490,7 @@ class Tensor:
         """The same memory read as another dtype (torch's view(dtype)): not differentiable, as in torch."""
         if dtype is self.dtype:
             return api._alias(self)
-        names = {"float32": "Float", "float64": "Double", "float16": "Half", "int64": "Long", "int32": "Int",
-                 "bool": "Bool"}
+        names = {name: legacy.removesuffix("Tensor") for name, legacy in _TYPE_NAMES.items()}
         what = f"to view {names[self.dtype.name]} as {names[dtype.name]} (different element sizes)"
         if self._rg or (self._base is not None and self._base._rg):
             raise RuntimeError("Viewing a tensor as a new dtype with a different number of bytes per element is not "
@@ -642,6 +641,7 @@ class Tensor:
         if contiguous and isinstance(op.forward, np.ufunc) and all(
                 not isinstance(a, Tensor) or a.dtype.category <= self.dtype.category for a in args):
             arrays = [a._data if isinstance(a, Tensor) else a for a in args]
+            _wrap_int_scalars(arrays, out_dtype.np)
             start = _perf_counter() if _op_observers else None
             _wrap_numpy_errors(op, inputs, attrs, lambda: op.forward(self._data, *arrays, out=self._data,
                                                                        casting="unsafe"))
@@ -974,7 +974,8 @@ class Tensor:
 
 
 _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor", "int64": "LongTensor",
-               "int32": "IntTensor", "bool": "BoolTensor"}
+               "int32": "IntTensor", "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor",
+               "bool": "BoolTensor"}
 _INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_view_fn", "_view_version",
                    "_no_grad_view", "_version_counter", "_backward_hooks", "_acc_ref"}
 
@@ -1116,6 +1117,21 @@ def _cast_to_compute(arrays, np_dtype, positions) -> None:
     for i, a in enumerate(arrays):
         if type(a) is np.ndarray and a.dtype != np_dtype and (positions is None or i in positions):
             arrays[i] = a.astype(np_dtype)
+    _wrap_int_scalars(arrays, np_dtype)
+
+
+def _wrap_int_scalars(arrays, np_dtype) -> None:
+    if np_dtype.kind in "iu" and np_dtype.itemsize < 8:
+        for i, a in enumerate(arrays):
+            if type(a) is int:
+                arrays[i] = _wrap_int(a, np_dtype)
+
+
+def _wrap_int(value: int, np_dtype) -> int:
+    """A Python int operand of a narrow integer op as torch casts it: wrapped modulo 2**bits (uint8 + 300 adds 44)."""
+    bits = 8 * np_dtype.itemsize
+    low = -(1 << (bits - 1)) if np_dtype.kind == "i" else 0
+    return (value - low) % (1 << bits) + low
 
 
 def _describe(inputs) -> str:

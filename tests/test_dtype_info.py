@@ -22,7 +22,7 @@ def test_finfo_matches_torch(name):
 
 
 @needs_torch
-@pytest.mark.parametrize("name", ["int32", "int64", "bool"])
+@pytest.mark.parametrize("name", ["uint8", "int8", "int16", "int32", "int64", "bool"])
 def test_iinfo_matches_torch(name):
     if name == "bool":
         assert runtime.iinfo(runtime.bool).max == 255  # torch refuses bool; runtime reads it as a byte
@@ -30,6 +30,17 @@ def test_iinfo_matches_torch(name):
     ours, theirs = runtime.iinfo(getattr(runtime, name)), torch.iinfo(getattr(torch, name))
     assert (ours.bits, ours.min, ours.max, ours.dtype) == (theirs.bits, theirs.min, theirs.max, theirs.dtype)
     assert repr(ours) == repr(theirs)
+
+
+@pytest.mark.parametrize("name, bits, low, signed", [("uint8", 8, 0, False), ("int8", 8, -128, True),
+                                                     ("int16", 16, -32768, True), ("bool", 8, 0, False)])
+def test_narrow_integer_limits_and_signedness(name, bits, low, signed):
+    d = getattr(runtime, name)
+    info = runtime.iinfo(d)
+    assert (info.bits, info.min, info.max) == (bits, low, low + 2 ** bits - 1)
+    assert d.is_signed is signed and not d.is_floating_point and d.itemsize == bits // 8
+    if torch is not None:
+        assert getattr(torch, name).is_signed is signed
 
 
 def test_finfo_and_iinfo_refuse_the_other_kind():

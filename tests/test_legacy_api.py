@@ -16,7 +16,8 @@ from runtime import nn
 from helpers import needs_torch, torch
 
 
-LEGACY_TYPES = ["FloatTensor", "DoubleTensor", "HalfTensor", "LongTensor", "IntTensor", "BoolTensor"]
+LEGACY_TYPES = ["FloatTensor", "DoubleTensor", "HalfTensor", "LongTensor", "IntTensor", "ShortTensor", "CharTensor",
+                "ByteTensor", "BoolTensor"]
 
 
 @needs_torch
@@ -29,12 +30,26 @@ def test_typed_tensor_classes_construct_and_check_as_torchs(name):
         if args and not all(isinstance(a, int) for a in args):  # data, not sizes: the values too
             np.testing.assert_array_equal(got.numpy(), want.numpy())
     assert tuple(ours(runtime.Size([2, 3])).shape) == (2, 3)
-    for dtype in (runtime.float32, runtime.int64, runtime.bool):
+    for dtype in (runtime.float32, runtime.int64, runtime.uint8, runtime.bool):
         t = runtime.zeros(2, dtype=dtype)
         assert isinstance(t, ours) == isinstance(torch.zeros(2, dtype=getattr(torch, dtype.name)), theirs)
     assert runtime.zeros(2).type(ours).dtype is ours.dtype
+    assert runtime.zeros(2).type(ours).type() == torch.zeros(2).type(theirs).type() == f"torch.{name}"
+    assert runtime.zeros(2).type(f"torch.{name}").dtype is ours.dtype
     with pytest.raises(TypeError, match="data must be a sequence"):
         ours(2.5)
+
+
+def test_byte_char_and_short_conversions_wrap_as_torchs():
+    values = [-129.0, -1.5, 0.0, 200.7, 300.0, 70000.0]
+    expected = {"byte": ("uint8", [127, 255, 0, 200, 44, 112]), "char": ("int8", [127, -1, 0, -56, 44, 112]),
+                "short": ("int16", [-129, -1, 0, 200, 300, 4464])}
+    for method, (name, want) in expected.items():
+        got = getattr(runtime.tensor(values, dtype=runtime.float64).long(), method)()
+        assert got.dtype is getattr(runtime, name) and got.tolist() == want, method
+        legacy = {"uint8": "ByteTensor", "int8": "CharTensor", "int16": "ShortTensor"}[name]
+        assert got.type() == f"torch.{legacy}" and isinstance(got, getattr(runtime, legacy))
+    assert runtime.short is runtime.int16
 
 
 def test_typed_class_of_a_tensor_shares_its_memory_and_refuses_another_dtype():

@@ -12,7 +12,7 @@ from helpers import dname, needs_torch, torch
 
 pytestmark = needs_torch  # every test here compares with torch
 
-DTYPES = ["bool", "int32", "int64", "float16", "float32", "float64"]
+DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
 SCALARS = {"pybool": True, "pyint": 2, "pyfloat": 2.5}
 DATA_RNG = np.random.default_rng(20240611)
 
@@ -21,7 +21,7 @@ def _values(dtype, shape):
     """Nonzero, positive data (so division and floor division are defined everywhere)."""
     if dtype == "bool":
         return np.ones(shape, dtype=bool)
-    if dtype.startswith("int"):
+    if dtype.startswith(("int", "uint")):
         return DATA_RNG.integers(1, 5, size=shape).astype(dtype)
     return (DATA_RNG.random(shape) * 3 + 0.5).astype(dtype)
 

@@ -35,6 +35,9 @@ def sample_tensors():
             "f16": runtime.from_numpy(rng.standard_normal((2, 2)).astype(np.float16)),
             "i32": runtime.tensor([[1, -2], [3, 2**31 - 1]], dtype=runtime.int32),
             "i64": runtime.tensor([2**62, -5]),
+            "i16": runtime.tensor([-(2**15), 2**15 - 1], dtype=runtime.int16),
+            "i8": runtime.tensor([[-128], [127]], dtype=runtime.int8),
+            "u8": runtime.tensor([0, 7, 255], dtype=runtime.uint8),
             "bool": runtime.tensor([True, False, True]),
             "scalar": runtime.tensor(2.5),
             "empty": runtime.zeros(0, 3)}
@@ -421,6 +424,8 @@ def test_torch_views_offsets_and_shared_storage(tmp_path, torch):
 def test_torch_dtypes_and_shapes(tmp_path, torch):
     obj = {"f16": torch.randn(3).half(), "f32": torch.randn(2, 2), "f64": torch.randn(2).double(),
            "i32": torch.tensor([1, -7], dtype=torch.int32), "i64": torch.tensor([2**40]),
+           "i16": torch.tensor([-(2**15), 300], dtype=torch.int16), "i8": torch.tensor([-128, 127], dtype=torch.int8),
+           "u8": torch.arange(256, dtype=torch.uint8).reshape(16, 16)[::2, 1:], "u8_scalar": torch.tensor(200).byte(),
            "bool": torch.tensor([True, False]), "scalar": torch.tensor(3.5), "empty": torch.zeros(0, 2)}
     buffer = io.BytesIO()
     torch.save(obj, buffer)
@@ -447,7 +452,7 @@ def test_torch_parameters_and_optimizer_state(tmp_path, torch):
             assert_matches_torch(loaded["optim"]["state"][index][name], value)
 
 
-@pytest.mark.parametrize("dtype_name", ["uint8", "bfloat16"])
+@pytest.mark.parametrize("dtype_name", ["complex64", "bfloat16"])
 def test_torch_unsupported_dtype_is_clear(tmp_path, torch, dtype_name):
     torch.save({"w": torch.ones(2, dtype=getattr(torch, dtype_name))}, tmp_path / "w.pt")
     with pytest.raises(RuntimeError, match=f"holds {dtype_name} tensors"):
@@ -555,7 +560,9 @@ def test_package_safetensors_read_by_runtime(tmp_path, st_numpy):
 def test_safetensors_torch_both_directions(tmp_path, torch):
     st_torch = pytest.importorskip("safetensors.torch")
     tensors = {"w": torch.randn(3, 4), "b": torch.randn(4).double(), "h": torch.randn(2).half(),
-               "n": torch.tensor([1, 2], dtype=torch.int32), "m": torch.tensor([True])}
+               "n": torch.tensor([1, 2], dtype=torch.int32), "m": torch.tensor([True]),
+               "u8": torch.tensor([0, 255], dtype=torch.uint8), "i8": torch.tensor([-128, 5], dtype=torch.int8),
+               "i16": torch.tensor([-(2**15), 9], dtype=torch.int16)}
     st_torch.save_file(tensors, str(tmp_path / "torch.safetensors"))
     loaded = load_safetensors(tmp_path / "torch.safetensors")
     for key, value in tensors.items():

@@ -1,0 +1,73 @@
+"""nnc.compile on models with narrow integer inputs: compiled == eager, forward and backward, with every kernel
+compiled (no interpreter fallback)."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+
+import nnc
+import runtime
+from runtime import nn
+
+
+class ScaledImage(nn.Module):
+    """A uint8 image scaled to [0, 1) then a Linear, plus a mask read from the same bytes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 3)
+
+    def forward(self, image):
+        return self.fc(image.float() / 255 - 0.5) * (image[:, :3] > 128)
+
+
+class WrappingArithmetic(nn.Module):
+    """uint8 + int8 promotes to int16, whose product by 300 wraps; a uint8 plus a Python int stays uint8."""
+
+    def forward(self, u, c):
+        return (u + c) * 3 - u // 3, u.to(runtime.int16) * 300, u + 250, c * c
+
+
+def _plans(compiled):
+    return [getattr(a, label) for a in compiled._cache.values()
+            for label in ("forward_plan", "training_plan", "backward_plan") if getattr(a, label, None) is not None]
+
+
+def _bytes(shape, dtype, seed):
+    info = np.iinfo(dtype)
+    return runtime.from_numpy(np.random.default_rng(seed).integers(info.min, info.max + 1, shape).astype(dtype))
+
+
+def test_uint8_input_model_compiles_and_matches_eager_with_gradients():
+    runtime.manual_seed(0)
+    eager = ScaledImage()
+    compiled = nnc.compile(copy.deepcopy(eager))
+    image = _bytes((5, 12), np.uint8, 0)
+    grads = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a kernel that falls back to the interpreter would warn
+        for model in (eager, compiled):
+            out = model(image)
+            out.pow(2).sum().backward()
+            grads.append((out.detach().numpy(), [p.grad.numpy() for p in model.parameters()]))
+    (want, want_grads), (got, got_grads) = grads
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert _plans(compiled) and all(not p.fallbacks for p in _plans(compiled))
+
+
+def test_narrow_integer_kernels_wrap_as_eager():
+    u, c = _bytes((300,), np.uint8, 1), _bytes((300,), np.int8, 2)
+    compiled = nnc.compile(WrappingArithmetic())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = compiled(u, c)
+    want = WrappingArithmetic()(u, c)
+    for a, b, dtype in zip(got, want, (runtime.int16, runtime.int16, runtime.uint8, runtime.int8)):
+        assert a.dtype is b.dtype is dtype
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert all(not p.fallbacks for p in _plans(compiled))
+    assert int(want[1].numpy().max()) <= 32767 and (u.numpy().astype(np.int64) * 300 > 32767).any()  # it wrapped
