@@ -51,7 +51,7 @@ def compile(model=None, **options):
 
 __version__ = "0.1.0"
 from . import optim  # noqa: E402,F401
-from .legacy import (BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor, HalfTensor,  # noqa: E402,F401
+from .legacy import (BFloat16Tensor, BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor, HalfTensor,  # noqa: E402,F401
                      IntTensor, LongTensor, ShortTensor)
 from .serialization import load, load_safetensors, save, save_safetensors  # noqa: E402,F401
 from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)

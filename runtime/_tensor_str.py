@@ -109,6 +109,8 @@ def format_tensor(data: "np.ndarray", dtype_name: str, is_default_dtype: bool,
     """Return the repr, e.g. 'tensor([1., 2.], requires_grad=True)'; `device` (["device='cuda:0'"]) comes first
     among the suffixes, as in torch."""
     data = np.asarray(data)
+    if data.dtype.name == "bfloat16":  # ml_dtypes' type: printed from its exact float32 values
+        data = data.astype(np.float32)
     extra = list(device)
     if data.size == 0:
         if data.ndim != 1:

@@ -1,11 +1,10 @@
 """runtime.amp: autocast and GradScaler.
 
-autocast('cpu', dtype=runtime.float16) does what torch's CPU autocast does for matmul-like ops: every primitive of
-kind matmul (matmul, linear, and through them bmm, conv and attention) runs on float16 copies of its floating
-inputs, and other ops follow the ordinary promotion rules. torch's CPU default dtype is bfloat16, which runtime does
-not have: autocast('cpu') without dtype (or with bfloat16) raises a TypeError saying so. As in torch, a dtype CPU
-autocast does not support (float32, ...) gives a warning and disables it, a 'cuda' autocast warns and is disabled
-(there is no CUDA), and enabled=False is a no-op.
+autocast('cpu') does what torch's CPU autocast does for matmul-like ops: every primitive of kind matmul (matmul,
+linear, and through them bmm, conv and attention) runs on copies of its floating inputs in the autocast dtype
+(bfloat16 unless dtype=runtime.float16 is given, as in torch), and other ops follow the ordinary promotion rules. As
+in torch, a dtype CPU autocast does not support (float32, ...) gives a warning and disables it, a 'cuda' autocast
+warns and is disabled (there is no CUDA), and enabled=False is a no-op.
 """
 from __future__ import annotations
 
@@ -29,9 +28,10 @@ def is_autocast_enabled(device_type: str = "cpu") -> bool:
 
 
 def get_autocast_dtype(device_type: str = "cpu"):
+    """The dtype CPU autocast computes in: the active one, else torch's default for the CPU, bfloat16."""
     if device_type == "cpu" and state.dtype is not None:
         return state.dtype
-    raise TypeError("runtime has no bfloat16: autocast's default CPU dtype does not exist here")
+    return dt.bfloat16
 
 
 class autocast:
@@ -50,11 +50,8 @@ class autocast:
             return
         if device_type != "cpu":
             raise RuntimeError(f"User specified an unsupported autocast device_type '{device_type}'")
-        if dtype is None or getattr(dtype, "name", None) == "bfloat16" or dtype == "bfloat16":
-            raise TypeError("autocast('cpu') computes in bfloat16 by default, and runtime has no bfloat16: pass "
-                            "dtype=runtime.float16, or enabled=False")
-        dtype = dt.as_dtype(dtype)
-        if dtype is not dt.float16:
+        dtype = dt.bfloat16 if dtype is None else dt.as_dtype(dtype)
+        if dtype not in (dt.bfloat16, dt.float16):
             warnings.warn("In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
                           "CPU Autocast only supports dtypes of torch.bfloat16, torch.float16 currently.", UserWarning,
                           stacklevel=2)
@@ -75,7 +72,7 @@ class autocast:
     def __call__(self, fn):
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
-            with self.__class__(self.device_type, self.fast_dtype or dt.float16, self.enabled):
+            with self.__class__(self.device_type, self.fast_dtype, self.enabled):
                 return fn(*args, **kwargs)
 
         return wrapped

@@ -104,15 +104,52 @@ def _numel(x) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# bfloat16 composites
+# ---------------------------------------------------------------------------------------------
+
+def rounds_bfloat16_once(fn):
+    """Decorate a composite op so that on a bfloat16 input it computes in float32 and rounds its result to bfloat16
+    once, as torch's fused kernel for it does (its steps would otherwise each round to bfloat16)."""
+
+    @functools.wraps(fn)
+    def composite(input, *args, **kwargs):
+        if getattr(input, "dtype", None) is not dt.bfloat16:
+            return fn(input, *args, **kwargs)
+        out = fn(_widened(input), *map(_widened, args), **{k: _widened(v) for k, v in kwargs.items()})
+        return out.to(dt.bfloat16) if is_tensor_like(out) and out.dtype is dt.float32 else out
+
+    return composite
+
+
+def _widened(value):
+    return value.float() if is_tensor_like(value) and value.dtype is dt.bfloat16 else value
+
+
+# ---------------------------------------------------------------------------------------------
 # Elementwise
 # ---------------------------------------------------------------------------------------------
 
 def add(input, other, *, alpha=1):
-    return apply("add", input, other if alpha == 1 else other * alpha)
+    if alpha == 1:
+        return apply("add", input, other)
+    return _scaled_add(input, other, alpha, "add")
 
 
 def sub(input, other, *, alpha=1):
-    return apply("sub", input, other if alpha == 1 else other * alpha)
+    if alpha == 1:
+        return apply("sub", input, other)
+    return _scaled_add(input, other, alpha, "sub")
+
+
+def _scaled_add(input, other, alpha, name):
+    if getattr(input, "dtype", None) is dt.bfloat16 and type(alpha) in (int, float):
+        alpha = float(dt.bfloat16.np.type(alpha))  # torch casts alpha to the op's dtype, then computes in float32
+    return _add_scaled_other(input, other, alpha, name)
+
+
+@rounds_bfloat16_once
+def _add_scaled_other(input, other, alpha, name):
+    return apply(name, input, other * alpha)
 
 
 def mul(input, other):
@@ -392,6 +429,7 @@ def clamp(input, min=None, max=None):
 clip = clamp
 
 
+@rounds_bfloat16_once
 def softmax(input, dim, dtype=None):
     # NOTE: subtract the row max first so exp never overflows; detaching it is exact, since
     # softmax is invariant to the shift and its gradient through the max cancels.
@@ -408,6 +446,7 @@ def log_softmax(input, dim, dtype=None):
     return apply("log_softmax", input, dim=wrap_dim(dim, input.ndim))
 
 
+@rounds_bfloat16_once
 def logsumexp(input, dim, keepdim=False):
     # NOTE: stable form m + log(sum(exp(x - m))); an infinite max is replaced by 0 so that rows of
     # all -inf give -inf (not nan) and a +inf gives +inf, as in torch.
@@ -418,14 +457,17 @@ def logsumexp(input, dim, keepdim=False):
     return out if keepdim else _own(out.squeeze(dims))
 
 
+@rounds_bfloat16_once
 def addcmul(input, tensor1, tensor2, *, value=1):
     return input + tensor1 * tensor2 * value if value != 1 else input + tensor1 * tensor2
 
 
+@rounds_bfloat16_once
 def addcdiv(input, tensor1, tensor2, *, value=1):
     return input + tensor1 / tensor2 * value if value != 1 else input + tensor1 / tensor2
 
 
+@rounds_bfloat16_once
 def lerp(input, end, weight):
     return input + (end - input) * weight
 
@@ -447,6 +489,7 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):
     return apply("sum", input, dims=wrap_dims(dim, input.ndim), keepdim=keepdim)
 
 
+@rounds_bfloat16_once
 def mean(input, dim=None, keepdim=False, *, dtype=None):
     if dtype is not None:
         input = input.to(dtype)
@@ -466,6 +509,7 @@ def _var_args(dim, unbiased, correction):
     return dim, correction
 
 
+@rounds_bfloat16_once
 def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     dim, correction = _var_args(dim, unbiased, correction)
     dims = wrap_dims(dim, input.ndim)
@@ -474,6 +518,7 @@ def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     return (centered * centered).sum(dims, keepdim=keepdim) / builtins.max(count - correction, 0)
 
 
+@rounds_bfloat16_once
 def std(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     # NOTE: sqrt's gradient is infinite at 0 (inf * 0 = nan for equal values); torch's std_backward gives 0 there.
     # The inner where keeps the gradient finite, the outer one stops it, and the value is sqrt(v) everywhere.

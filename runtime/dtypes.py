@@ -1,6 +1,7 @@
 """Tensor dtypes (runtime.float32, ...), the default dtype, and torch's type-promotion rules."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 
@@ -41,33 +42,14 @@ int16 = dtype("int16", np.int16, INT)
 int32 = dtype("int32", np.int32, INT)
 int64 = dtype("int64", np.int64, INT)
 float16 = dtype("float16", np.float16, FLOAT)
+# NOTE: ml_dtypes gives numpy a bfloat16 whose ufuncs compute in float32 and round once, as torch's elementwise ops
+# do; reductions and matmul would accumulate in bfloat16, so eager ops widen bfloat16 operands to float32 (as torch's
+# kernels do) and round the result once (runtime.tensor._widen_bfloat16)
+bfloat16 = dtype("bfloat16", ml_dtypes.bfloat16, FLOAT)
 float32 = dtype("float32", np.float32, FLOAT)
 float64 = dtype("float64", np.float64, FLOAT)
 
-
-class _UnstorableDtype(dtype):
-    """A torch dtype runtime cannot store (numpy has no such type): it exists so that scripts naming it run (nanoGPT
-    builds {'float32': ..., 'bfloat16': ..., 'float16': ...} at import), and anything that would hold data in it
-    raises a TypeError saying so."""
-
-    __slots__ = ()
-
-    def __init__(self, name: str, category: int, itemsize: int):
-        self.name, self.category, self.itemsize = name, category, itemsize
-        self.is_floating_point, self.is_signed = category == FLOAT, True
-
-    @property
-    def np(self):
-        raise self.unstorable()
-
-    def unstorable(self) -> TypeError:
-        return TypeError(f"runtime has no {self.name} tensors (numpy has no {self.name} type): use float32 or "
-                         f"float16")
-
-
-bfloat16 = _UnstorableDtype("bfloat16", FLOAT, 2)
-
-ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, float32, float64)
+ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
 NP_TO_DTYPE = {d.np: d for d in ALL_DTYPES}
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 
@@ -75,7 +57,7 @@ _default_float = float32
 
 
 def _dtype_by_name(name: str) -> dtype:
-    return bfloat16 if name == "bfloat16" else _BY_NAME[name]
+    return _BY_NAME[name]
 
 
 def from_numpy_dtype(np_dtype) -> dtype:
@@ -110,8 +92,6 @@ def get_default_dtype() -> dtype:
 def set_default_dtype(d) -> None:
     global _default_float
     d = as_dtype(d)
-    if isinstance(d, _UnstorableDtype):
-        raise d.unstorable()
     if not d.is_floating_point:
         raise TypeError(f"only floating-point types are supported as the default type, got {d}")
     _default_float = d
@@ -126,6 +106,8 @@ def promote_types(a: dtype, b: dtype) -> dtype:
     if a.is_signed != b.is_signed:  # uint8 with a signed integer: a signed type that holds 0..255
         signed = a if a.is_signed else b
         return signed if signed.itemsize > 1 else int16
+    if a.itemsize == b.itemsize:  # float16 with bfloat16: neither holds the other
+        return float32
     return a if a.itemsize >= b.itemsize else b
 
 

@@ -58,6 +58,7 @@ def _tensor_type(name: str, dtype) -> TensorType:
 FloatTensor = _tensor_type("FloatTensor", dt.float32)
 DoubleTensor = _tensor_type("DoubleTensor", dt.float64)
 HalfTensor = _tensor_type("HalfTensor", dt.float16)
+BFloat16Tensor = _tensor_type("BFloat16Tensor", dt.bfloat16)
 LongTensor = _tensor_type("LongTensor", dt.int64)
 IntTensor = _tensor_type("IntTensor", dt.int32)
 ShortTensor = _tensor_type("ShortTensor", dt.int16)

@@ -621,9 +621,10 @@ class _TorchStorage(NamedTuple):
 
 
 _TORCH_STORAGES = {"DoubleStorage": dt.float64, "FloatStorage": dt.float32, "HalfStorage": dt.float16,
+                   "BFloat16Storage": dt.bfloat16,
                    "LongStorage": dt.int64, "IntStorage": dt.int32, "ShortStorage": dt.int16,
                    "CharStorage": dt.int8, "ByteStorage": dt.uint8, "BoolStorage": dt.bool_}
-_TORCH_UNSUPPORTED_STORAGES = {"BFloat16Storage": "bfloat16", "ComplexFloatStorage": "complex64",
+_TORCH_UNSUPPORTED_STORAGES = {"ComplexFloatStorage": "complex64",
                                "ComplexDoubleStorage": "complex128"}
 
 
@@ -745,8 +746,8 @@ def _check_pickle(pickled: bytes, entry: str) -> None:
 # safetensors: 8-byte little-endian header size, JSON header, then one byte buffer
 # ----------------------------------------------------------------------------------------------
 
-_SAFETENSORS_DTYPES = {"F16": dt.float16, "F32": dt.float32, "F64": dt.float64, "U8": dt.uint8, "I8": dt.int8,
-                       "I16": dt.int16, "I32": dt.int32, "I64": dt.int64, "BOOL": dt.bool_}
+_SAFETENSORS_DTYPES = {"F16": dt.float16, "BF16": dt.bfloat16, "F32": dt.float32, "F64": dt.float64, "U8": dt.uint8,
+                       "I8": dt.int8, "I16": dt.int16, "I32": dt.int32, "I64": dt.int64, "BOOL": dt.bool_}
 _SAFETENSORS_CODES = {d: code for code, d in _SAFETENSORS_DTYPES.items()}
 _MAX_HEADER_SIZE = 100_000_000  # the reference implementation's limit
 

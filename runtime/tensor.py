@@ -21,6 +21,7 @@ from .utils import state_version
 
 _SCALARS = (int, float, bool)
 _NP_TO_DTYPE = dt.NP_TO_DTYPE
+_BFLOAT16, _BFLOAT16_NP = dt.bfloat16, dt.bfloat16.np
 _grad_state = grad_mode.state
 _amp_state = amp.state
 
@@ -129,6 +130,8 @@ class Tensor:
         else:
             if compute is not None:
                 _cast_to_compute(arrays, compute.np, op.cast_inputs)
+            if (out_dtype is _BFLOAT16 or compute is _BFLOAT16) and not op.is_view:
+                _widen_bfloat16(op, arrays)
             try:
                 out = op.forward(*arrays, **attrs)
             except Exception as e:  # numpy's message alone would not name the op or the shapes
@@ -638,7 +641,7 @@ class Tensor:
         # NOTE: numpy 2.4's negative computes wrong values in place on strided memory (a column: x[:, 1].neg_()),
         # so the ufunc writes in place only into contiguous memory
         contiguous = not self.is_cuda and (self._data.flags.c_contiguous or self._data.flags.f_contiguous)
-        if contiguous and isinstance(op.forward, np.ufunc) and all(
+        if contiguous and isinstance(op.forward, np.ufunc) and out_dtype is not _BFLOAT16 and all(
                 not isinstance(a, Tensor) or a.dtype.category <= self.dtype.category for a in args):
             arrays = [a._data if isinstance(a, Tensor) else a for a in args]
             _wrap_int_scalars(arrays, out_dtype.np)
@@ -973,7 +976,8 @@ class Tensor:
         return self.div_(other)
 
 
-_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor", "int64": "LongTensor",
+_TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
+               "bfloat16": "BFloat16Tensor", "int64": "LongTensor",
                "int32": "IntTensor", "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor",
                "bool": "BoolTensor"}
 _INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_view_fn", "_view_version",
@@ -1118,6 +1122,21 @@ def _cast_to_compute(arrays, np_dtype, positions) -> None:
         if type(a) is np.ndarray and a.dtype != np_dtype and (positions is None or i in positions):
             arrays[i] = a.astype(np_dtype)
     _wrap_int_scalars(arrays, np_dtype)
+
+
+def _widen_bfloat16(op, arrays) -> None:
+    """bfloat16 operands as float32: the op computes in float32 and its result is rounded to bfloat16 once, as torch
+    does (numpy's bfloat16 sums and products would round at every step). A Python number is first rounded to
+    bfloat16, as torch casts it to the op's dtype, except the scale of mul and div (torch keeps it in float32)."""
+    for i, a in enumerate(arrays):
+        if type(a) is np.ndarray:
+            if a.dtype == _BFLOAT16_NP:
+                arrays[i] = a.astype(np.float32)
+        elif (type(a) is float or type(a) is int) and not (i == 1 and op.name in _UNROUNDED_SCALE_OPS):
+            arrays[i] = float(_BFLOAT16_NP.type(a))
+
+
+_UNROUNDED_SCALE_OPS = ("mul", "div", "floordiv")
 
 
 def _wrap_int_scalars(arrays, np_dtype) -> None:

@@ -7,13 +7,13 @@ import numbers
 
 import numpy as np
 
-from .dtypes import NP_TO_DTYPE, float16, float32, float64
+from .dtypes import NP_TO_DTYPE, bfloat16, float16, float32, float64
 from .tensor import Size, Tensor
 
 __all__ = ["assert_close"]
 
 # (rtol, atol) by dtype when neither is given, as torch.testing documents them; other dtypes compare exactly
-_TOLERANCES = {float16: (1e-3, 1e-5), float32: (1.3e-6, 1e-5), float64: (1e-7, 1e-7)}
+_TOLERANCES = {float16: (1e-3, 1e-5), bfloat16: (1.6e-2, 1e-5), float32: (1.3e-6, 1e-5), float64: (1e-7, 1e-7)}
 
 
 class _Mismatch(AssertionError):
@@ -196,7 +196,8 @@ def _number_dtype(value):
 
 
 def _array(value) -> np.ndarray:
-    return value.detach().numpy() if isinstance(value, Tensor) else np.asarray(value)
+    array = value.detach().numpy() if isinstance(value, Tensor) else np.asarray(value)
+    return array.astype(np.float32) if array.dtype == bfloat16.np else array  # its values exactly, as numpy floats
 
 
 def _dtype_of(value):

@@ -67,8 +67,10 @@ def test_autocast_disabled_forms_are_no_ops():
         ctx = runtime.autocast("cpu", dtype=runtime.float32)
     with ctx:
         assert (x @ x.T).dtype is runtime.float32
-    with pytest.raises(TypeError, match="no bfloat16"):
-        runtime.autocast("cpu")
+    assert runtime.get_autocast_dtype("cpu") is runtime.bfloat16  # torch's CPU default, outside autocast too
+    with runtime.autocast("cpu"):
+        assert runtime.get_autocast_dtype("cpu") is runtime.bfloat16 and (x @ x.T).dtype is runtime.bfloat16
+        assert (x + 1).dtype is runtime.float32
 
     @runtime.autocast("cpu", dtype=runtime.float16)
     def f(t):

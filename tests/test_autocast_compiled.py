@@ -20,39 +20,55 @@ def _model(lib):
                              lib.nn.Linear(4 * 5 * 5, 6), lib.nn.Tanh(), lib.nn.Linear(6, 3))
 
 
+LOW = ["float16", "bfloat16"]
+
+
 @needs_torch
-def test_layers_inside_autocast_give_torchs_dtypes_and_values():
+@pytest.mark.parametrize("low", LOW)
+def test_layers_inside_autocast_give_torchs_dtypes_and_values(low):
     ours, theirs = _model(runtime), _model(torch)
     theirs.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in ours.state_dict().items()})
     x = np.random.default_rng(0).standard_normal((2, 2, 5, 5)).astype(np.float32)
-    with runtime.autocast("cpu", dtype=runtime.float16):
+    with runtime.autocast("cpu", dtype=getattr(runtime, low)):
         got = [ours[0](runtime.tensor(x)), ours(runtime.tensor(x))]
-    with torch.autocast("cpu", dtype=torch.float16):
+    with torch.autocast("cpu", dtype=getattr(torch, low)):
         want = [theirs[0](torch.tensor(x)), theirs(torch.tensor(x))]
     for a, b in zip(got, want):
-        assert a.dtype.name == str(b.dtype).removeprefix("torch.") == "float16"
-        np.testing.assert_allclose(a.detach().numpy().astype(np.float32), b.detach().numpy().astype(np.float32),
-                                   rtol=2e-2, atol=2e-2)  # float16 rounding: torch accumulates differently
+        assert a.dtype.name == str(b.dtype).removeprefix("torch.") == low
+        np.testing.assert_allclose(a.detach().float().numpy(), b.detach().float().numpy(),
+                                   rtol=2e-2, atol=2e-2)  # low-precision rounding: torch accumulates differently
 
 
-def _step(model, x, autocast):
+@needs_torch
+def test_cpu_autocast_defaults_to_bfloat16_as_torchs():
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    with runtime.autocast("cpu"):
+        ours = runtime.tensor(x) @ runtime.tensor(x).T
+    with torch.autocast("cpu"):
+        theirs = torch.tensor(x) @ torch.tensor(x).T
+    assert ours.dtype is runtime.bfloat16 and theirs.dtype == torch.bfloat16
+    np.testing.assert_array_equal(ours.float().numpy(), theirs.float().numpy())
+
+
+def _step(model, x, autocast, low="float16"):
     for p in model.parameters():
         p.grad = None
-    with runtime.autocast("cpu", dtype=runtime.float16, enabled=autocast):
+    with runtime.autocast("cpu", dtype=getattr(runtime, low), enabled=autocast):
         out = model(x)
     out.float().pow(2).sum().backward()
     return [out.detach().float().numpy()] + [p.grad.numpy().copy() for p in model.parameters()] + [str(out.dtype)]
 
 
-def test_compiled_model_matches_eager_inside_and_after_autocast():
+@pytest.mark.parametrize("low", LOW)
+def test_compiled_model_matches_eager_inside_and_after_autocast(low):
     eager = _model(runtime)
     compiled = nnc.compile(copy.deepcopy(eager))
     x = runtime.randn(2, 2, 5, 5)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # float16 kernels run in the interpreter on the CPU
+        warnings.simplefilter("ignore", RuntimeWarning)  # low-precision kernels run in the interpreter on the CPU
         for autocast in (True, False, True):  # each mode compiles once; the first is reused after the second
-            got, want = _step(compiled, x, autocast), _step(eager, x, autocast)
-            assert got[-1] == want[-1] == ("runtime.float16" if autocast else "runtime.float32")
+            got, want = _step(compiled, x, autocast, low), _step(eager, x, autocast, low)
+            assert got[-1] == want[-1] == (f"runtime.{low}" if autocast else "runtime.float32")
             for a, b in zip(got[:-1], want[:-1]):  # float16 rounding, if lost, is ~1e-3 relative
                 np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert len(compiled._cache) == 2

@@ -71,3 +71,37 @@ def test_narrow_integer_kernels_wrap_as_eager():
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert all(not p.fallbacks for p in _plans(compiled))
     assert int(want[1].numpy().max()) <= 32767 and (u.numpy().astype(np.int64) * 300 > 32767).any()  # it wrapped
+
+
+class Block(nn.Module):
+    """Linear, LayerNorm, GELU and a softmax: composites that on bfloat16 compute in float32 and round once."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.norm = nn.Linear(8, 6), nn.LayerNorm(6)
+
+    def forward(self, x):
+        h = nn.functional.gelu(self.norm(self.fc(x)))
+        return h.softmax(-1) * 2 + h.sum(-1, keepdim=True).exp()
+
+
+def test_bfloat16_model_falls_back_with_a_warning_and_matches_eager():
+    runtime.manual_seed(0)
+    eager = Block().to(runtime.bfloat16)
+    compiled = nnc.compile(copy.deepcopy(eager))
+    x = runtime.randn(4, 8).to(runtime.bfloat16)
+    results = []
+    for model in (eager, compiled):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = model(x.detach().requires_grad_())
+            out.float().pow(2).sum().backward()
+        results.append((out, [p.grad for p in model.parameters()], caught))
+    (want, want_grads, _), (got, got_grads, caught) = results
+    assert any("bfloat16" in str(w.message) and "interpreter" in str(w.message) for w in caught)
+    assert got.dtype is want.dtype is runtime.bfloat16
+    np.testing.assert_array_equal(got.detach().float().numpy(), want.detach().float().numpy())
+    for a, b in zip(got_grads, want_grads):
+        assert a.dtype is b.dtype is runtime.bfloat16
+        np.testing.assert_array_equal(a.float().numpy(), b.float().numpy())
+    assert any(p.fallbacks for p in _plans(compiled))

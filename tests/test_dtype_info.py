@@ -1,4 +1,4 @@
-"""torch.finfo / torch.iinfo against torch, and bfloat16: a dtype scripts can name, never one that holds data."""
+"""torch.finfo / torch.iinfo against torch, and the dtype objects themselves (pickling, signedness)."""
 from __future__ import annotations
 
 import pickle
@@ -51,15 +51,14 @@ def test_finfo_and_iinfo_refuse_the_other_kind():
     assert runtime.finfo(runtime.float32).eps == float(np.finfo(np.float32).eps)
 
 
-def test_bfloat16_can_be_named_but_holds_no_data():
+def test_bfloat16_is_a_storable_dtype():
     table = {"float32": runtime.float32, "bfloat16": runtime.bfloat16, "float16": runtime.float16}  # nanoGPT's
-    assert table["float32"] is runtime.float32 and runtime.bfloat16.is_floating_point
+    assert table["bfloat16"].is_floating_point and runtime.bfloat16.itemsize == 2
     assert pickle.loads(pickle.dumps(runtime.bfloat16)) is runtime.bfloat16
     for make in (lambda: runtime.zeros(2, dtype=runtime.bfloat16), lambda: runtime.ones(2).to(runtime.bfloat16),
-                 lambda: runtime.ones(2).bfloat16(), lambda: runtime.tensor([1.0], dtype=runtime.bfloat16)):
-        with pytest.raises(TypeError, match="runtime has no bfloat16 tensors"):
-            make()
-    with pytest.raises(TypeError, match="runtime has no bfloat16 tensors"):
-        runtime.set_default_dtype(runtime.bfloat16)
-    assert runtime.get_default_dtype() is runtime.float32
+                 lambda: runtime.ones(2).bfloat16(), lambda: runtime.tensor([1.0, 1.0], dtype=runtime.bfloat16)):
+        t = make()
+        assert t.dtype is runtime.bfloat16 and t.float().tolist() == [t.tolist()[0]] * 2
     assert runtime.promote_types(runtime.float32, runtime.bfloat16) is runtime.float32
+    assert runtime.promote_types(runtime.float16, runtime.bfloat16) is runtime.float32
+    assert runtime.promote_types(runtime.int64, runtime.bfloat16) is runtime.bfloat16

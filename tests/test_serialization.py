@@ -33,6 +33,7 @@ def sample_tensors():
     return {"f32": runtime.from_numpy(rng.standard_normal((3, 4)).astype(np.float32)),
             "f64": runtime.from_numpy(rng.standard_normal(5)),
             "f16": runtime.from_numpy(rng.standard_normal((2, 2)).astype(np.float16)),
+            "bf16": runtime.from_numpy(rng.standard_normal((2, 3)).astype(np.float32)).bfloat16(),
             "i32": runtime.tensor([[1, -2], [3, 2**31 - 1]], dtype=runtime.int32),
             "i64": runtime.tensor([2**62, -5]),
             "i16": runtime.tensor([-(2**15), 2**15 - 1], dtype=runtime.int16),
@@ -373,7 +374,17 @@ class TinyNet:
 def assert_matches_torch(loaded, expected):
     assert loaded.dtype.name == str(expected.dtype).split(".")[-1]
     assert tuple(loaded.shape) == tuple(expected.shape)
+    if loaded.dtype is runtime.bfloat16:  # torch has no numpy bfloat16: compare the exact float32 values and bits
+        np.testing.assert_array_equal(loaded.detach().float().numpy(), expected.detach().float().numpy())
+        assert loaded.detach().numpy().view(np.int16).tolist() == expected.detach().view(torch_int16()).tolist()
+        return
     np.testing.assert_array_equal(loaded.detach().numpy(), expected.detach().numpy())
+
+
+def torch_int16():
+    import torch
+
+    return torch.int16
 
 
 def test_torch_state_dict_loads(tmp_path, torch):
@@ -426,6 +437,8 @@ def test_torch_dtypes_and_shapes(tmp_path, torch):
            "i32": torch.tensor([1, -7], dtype=torch.int32), "i64": torch.tensor([2**40]),
            "i16": torch.tensor([-(2**15), 300], dtype=torch.int16), "i8": torch.tensor([-128, 127], dtype=torch.int8),
            "u8": torch.arange(256, dtype=torch.uint8).reshape(16, 16)[::2, 1:], "u8_scalar": torch.tensor(200).byte(),
+           "bf16": torch.randn(4, 3).bfloat16().t(),
+           "bf16_special": torch.tensor([float("inf"), -0.0, 1e-40]).bfloat16(),
            "bool": torch.tensor([True, False]), "scalar": torch.tensor(3.5), "empty": torch.zeros(0, 2)}
     buffer = io.BytesIO()
     torch.save(obj, buffer)
@@ -452,7 +465,7 @@ def test_torch_parameters_and_optimizer_state(tmp_path, torch):
             assert_matches_torch(loaded["optim"]["state"][index][name], value)
 
 
-@pytest.mark.parametrize("dtype_name", ["complex64", "bfloat16"])
+@pytest.mark.parametrize("dtype_name", ["complex64", "complex128"])
 def test_torch_unsupported_dtype_is_clear(tmp_path, torch, dtype_name):
     torch.save({"w": torch.ones(2, dtype=getattr(torch, dtype_name))}, tmp_path / "w.pt")
     with pytest.raises(RuntimeError, match=f"holds {dtype_name} tensors"):
@@ -562,7 +575,7 @@ def test_safetensors_torch_both_directions(tmp_path, torch):
     tensors = {"w": torch.randn(3, 4), "b": torch.randn(4).double(), "h": torch.randn(2).half(),
                "n": torch.tensor([1, 2], dtype=torch.int32), "m": torch.tensor([True]),
                "u8": torch.tensor([0, 255], dtype=torch.uint8), "i8": torch.tensor([-128, 5], dtype=torch.int8),
-               "i16": torch.tensor([-(2**15), 9], dtype=torch.int16)}
+               "i16": torch.tensor([-(2**15), 9], dtype=torch.int16), "bf": torch.randn(5).bfloat16()}
     st_torch.save_file(tensors, str(tmp_path / "torch.safetensors"))
     loaded = load_safetensors(tmp_path / "torch.safetensors")
     for key, value in tensors.items():
@@ -582,7 +595,7 @@ F32_2 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
     ({"a": F32_2}, bytes(12), "4 trailing bytes"),
     ({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8), "span 8 bytes"),
     ({"a": F32_2}, bytes(4), "beyond the 4-byte data buffer"),
-    ({"a": {"dtype": "BF16", "shape": [4], "data_offsets": [0, 8]}}, bytes(8), "dtype 'BF16'"),
+    ({"a": {"dtype": "F8_E4M3", "shape": [4], "data_offsets": [0, 4]}}, bytes(4), "dtype 'F8_E4M3'"),
     ({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8), "malformed"),
     ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}}, bytes(8), "malformed"),
     ({"a": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}}, bytes(8), "malformed"),

@@ -60,8 +60,9 @@ def np_dtype(d) -> np.dtype:
 def check_dtype(d: np.dtype, what: str) -> np.dtype:
     if d.kind == "b" or (d.kind in "iu") or (d.kind == "f" and d.itemsize in (4, 8)):
         return d
+    lacking = {"float16": " (numba has no float16 arithmetic on CPU)", "bfloat16": " (numba has no bfloat16 type)"}
     raise Unsupported(f"{what} has dtype {d}, which the numba CPU backend does not support"
-                      + (" (numba has no float16 arithmetic on CPU)" if d == np.float16 else ""))
+                      + lacking.get(d.name, ""))
 
 
 def ctor(d: np.dtype) -> str:

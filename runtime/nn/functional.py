@@ -119,6 +119,7 @@ def _same_shape(name: str, input, target, exc=ValueError) -> None:
 # Linear layers
 # ---------------------------------------------------------------------------------------------
 
+@api.rounds_bfloat16_once
 def linear(input, weight, bias=None):
     """y = x W^T + b."""
     out = apply("linear", input, weight)
@@ -207,6 +208,7 @@ _SQRT_HALF = math.sqrt(0.5)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
+@api.rounds_bfloat16_once
 def gelu(input, approximate="none"):
     if approximate == "none":
         return input * 0.5 * (1 + (input * _SQRT_HALF).erf())
@@ -216,6 +218,7 @@ def gelu(input, approximate="none"):
     raise ValueError(f"approximate argument must be either none or tanh, got {approximate!r}")
 
 
+@api.rounds_bfloat16_once
 def silu(input, inplace=False):
     if inplace:
         return _inplace(input, lambda x: x * x.sigmoid())
@@ -464,6 +467,7 @@ def _embedding_renorm_(weight, indices, max_norm, norm_type) -> None:
 # Normalisation
 # ---------------------------------------------------------------------------------------------
 
+@api.rounds_bfloat16_once
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
@@ -539,6 +543,7 @@ def _cumulative_factor(num_batches_tracked, running):
     return 1.0 / num_batches_tracked.to(running.dtype)
 
 
+@api.rounds_bfloat16_once
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     if input.ndim < 2:
         raise RuntimeError(f"Expected at least 2 dimensions for input tensor but received {input.ndim}")
@@ -1325,6 +1330,7 @@ _EPS = {"float16": 0.0009765625, "bfloat16": 0.0078125, "float32": 1.19209289550
         "float64": 2.220446049250313e-16}
 
 
+@api.rounds_bfloat16_once
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     k = len(shape)
