@@ -419,3 +419,16 @@ def test_a_write_after_detach_gives_the_tensor_the_writes_history():
     assert e_same and same and e_rg and rg
     np.testing.assert_allclose(out, e_out)
     np.testing.assert_allclose(grad, e_grad)
+
+
+@pytest.mark.parametrize("name, call", [
+    ("setitem", lambda z: z.data.__setitem__(0, 7.0)), ("mul_", lambda z: z.data.mul_(2)),
+    ("zero_", lambda z: z.data.zero_()), ("augmented", lambda z: z.data[0, 1:].__iadd__(3)),
+])
+def test_a_write_through_data_reaches_the_tensor_without_history(name, call):
+    def body(self, h, x):
+        z = h * 2
+        call(z)
+        return z + h
+
+    _compare(body)

@@ -120,6 +120,11 @@ class MetaValue:
     def detach(self):
         return api.detach(self)
 
+    @property
+    def data(self):
+        """`x.data` in forward: the same memory without history, as detach() (a write through it reaches x)."""
+        return api.detach(self)
+
     def new_tensor(self, data, dtype=None, **kwargs):
         return factories.tensor(data, dtype=dtype if dtype is not None else self.dtype)
 
