@@ -558,8 +558,12 @@ class Tracer:
             buffer = name in module._buffers and (value is None or isinstance(value, (Proxy, Tensor)))
             if buffer and threading.get_ident() == owner:
                 tracer.assign_buffer(module, name, value)
-            else:
-                original_setattr(module, name, value)
+                return
+            if threading.get_ident() == owner and _changes_state(module, name, value):
+                raise TraceError(f"forward sets {type(module).__name__}.{name} {_where()}: the compiled graph would "
+                                 f"not repeat that on later calls, so this forward runs eagerly (a tensor kept "
+                                 f"across calls can be a buffer)")
+            original_setattr(module, name, value)
 
         patches = [(Module, "__call__", traced_call), (Module, "__getattr__", traced_getattr),
                    (Module, "__setattr__", traced_setattr)]
@@ -586,6 +590,24 @@ class Tracer:
             _set_all(self._patches)
 
 
+def _changes_state(module: Module, name: str, value) -> bool:
+    """Whether `module.name = value` in forward changes what later calls see: any traced value, tensor or module,
+    or a plain value different from the one held (re-setting the same flag is harmless)."""
+    if isinstance(value, (Proxy, Tensor, Module)):
+        return True
+    if name in module.__dict__:
+        current = module.__dict__[name]
+        return not (current is value or (type(current) is type(value) and _same_plain_value(current, value)))
+    return True
+
+
+def _same_plain_value(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # an object whose == is not a plain answer
+        return False
+
+
 # One thread traces at a time: tracing patches runtime's functions and Module's methods process-wide.
 _TRACING = threading.RLock()
 
@@ -598,7 +620,8 @@ def _set_all(assignments) -> None:
 @contextlib.contextmanager
 def _state_kept(root: Module, active: bool):
     """Running nodes on example values must leave the model as it was: its buffers (BatchNorm's running stats, a
-    buffer assigned in forward) and the random stream (dropout) are restored afterwards."""
+    buffer assigned in forward), its modules' attributes (a submodule run as a call may keep a tensor or count its
+    calls) and the random stream (dropout) are restored afterwards."""
     if not active:
         yield
         return
@@ -606,7 +629,8 @@ def _state_kept(root: Module, active: bool):
                for m in root.modules()]
     rng = runtime.get_rng_state()
     try:
-        yield
+        with attributes_kept(root):
+            yield
     finally:
         runtime.set_rng_state(rng)
         for module, registry, arrays in buffers:
@@ -615,6 +639,21 @@ def _state_kept(root: Module, active: bool):
             for buffer, array in zip(registry.values(), arrays):
                 if buffer is not None and not np.array_equal(buffer._data, array, equal_nan=True):
                     buffer._data[...] = array
+
+
+@contextlib.contextmanager
+def attributes_kept(root: Module):
+    """Undo attribute assignments made while a compiler runs the model's code on example values (a submodule run as a
+    call may count its calls or keep a tensor for the next one): the model's real calls make them."""
+    saved = [(m, dict(m.__dict__)) for m in root.modules()]
+    try:
+        yield
+    finally:
+        for module, before in saved:
+            now = module.__dict__
+            if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
+                now.clear()
+                now.update(before)
 
 
 class _Args:

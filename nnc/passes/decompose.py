@@ -458,6 +458,8 @@ def _replay_node(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
         result = _run_symbolically(node, module, args, kwargs)
         if snapshot.changed():
             raise DecomposeError("the module changes its own state (buffers) in forward")
+        if snapshot.attributes_changed():
+            raise DecomposeError("the module sets its own attributes in forward, which must happen on every call")
         return result
     except FunctionalizeError:
         raise
@@ -478,19 +480,34 @@ def _writes_in_place(node: Node) -> bool:
 
 
 class _StateSnapshot:
-    """A module's buffers before a symbolic replay, to detect and undo real mutations."""
+    """A module's buffers and attributes before a symbolic replay, to detect and undo real mutations."""
 
     def __init__(self, module):
         buffers = list(module.buffers()) if module is not None else []
         self.saved = [(t, t._vc()[0], t._data.copy()) for t in buffers]
+        modules = list(module.modules()) if module is not None else []
+        self.attributes = [(m, dict(m.__dict__)) for m in modules]
 
     def changed(self) -> bool:
         return any(t._vc()[0] != version for t, version, _ in self.saved)
+
+    def attributes_changed(self) -> bool:
+        """Whether forward rebound an attribute of a module (a counter, a tensor kept for the next call); the
+        attributes are put back, so the replay leaves no graph value in the model."""
+        changed = False
+        for m, before in self.attributes:
+            now = m.__dict__
+            if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
+                changed = True
+                now.clear()
+                now.update(before)
+        return changed
 
     def restore(self) -> None:
         for t, version, data in self.saved:
             if t._vc()[0] != version:
                 t._data[...] = data
+        self.attributes_changed()
 
 
 def _erase_new_nodes(builder: GraphBuilder, existing: set) -> None:

@@ -7,6 +7,7 @@ from runtime.tensor import Tensor
 
 from ..interpreter import Interpreter
 from ..symbolic import hint_of
+from ..trace import attributes_kept
 
 
 def tensor_meta(value):
@@ -64,12 +65,13 @@ def propagate_shapes(gm, *example_inputs):
 
 @contextlib.contextmanager
 def buffers_kept(root):
-    """Undo what running the graph does to buffers (BatchNorm's running stats, a buffer assigned in forward):
-    shape propagation is an analysis, so it must not advance the model's state."""
+    """Undo what running the graph does to buffers (BatchNorm's running stats, a buffer assigned in forward) and to
+    attributes: shape propagation is an analysis, so it must not advance the model's state."""
     saved = [(m, dict(m._buffers), [b.clone() if b is not None else None for b in m._buffers.values()])
              for m in root.modules()]
     try:
-        yield
+        with attributes_kept(root):
+            yield
     finally:
         for module, registry, values in saved:
             module._buffers.clear()

@@ -1,0 +1,86 @@
+"""More model shapes people train, compiled vs eager: state a forward keeps on the module across calls."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+import nnc
+import runtime
+from runtime import nn
+
+
+def outputs_and_grads(model, inputs):
+    """Each call's output, then the parameters' gradients of the last output's sum."""
+    outs = [model(x) for x in inputs]
+    outs[-1].sum().backward()
+    return [o.detach().numpy() for o in outs], [p.grad.numpy() for p in model.parameters()]
+
+
+def assert_calls_match(model, inputs):
+    """A compiled copy gives every call's output and the last call's gradients as eager does."""
+    compiled = nnc.compile(copy.deepcopy(model))
+    got_outs, got_grads = outputs_and_grads(compiled, inputs)
+    want_outs, want_grads = outputs_and_grads(model, inputs)
+    for got, want in zip(got_outs + got_grads, want_outs + want_grads):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    return compiled
+
+
+class StepScaled(nn.Module):
+    """A warm-up factor from a Python counter the forward advances."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        return self.lin(x) * min(self.step, 3)
+
+
+def test_a_python_counter_advanced_in_forward_advances_on_every_compiled_call():
+    runtime.manual_seed(0)
+    inputs = [runtime.randn(2, 4, dtype=runtime.float64) for _ in range(3)]
+    compiled = assert_calls_match(StepScaled(), inputs)
+    assert compiled.step == 3
+
+
+class KeepsAttention(nn.Module):
+    """Attention that keeps its last map on the module (for plotting) and adds the previous call's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Linear(4, 4).double()
+        self.attention_map = None
+        self.previous = None
+
+    def forward(self, x):
+        weights = (self.query(x) @ x.t()).softmax(-1)
+        self.attention_map = weights.detach()
+        out = weights @ x
+        if self.previous is not None:
+            out = out + self.previous
+        self.previous = out.detach()
+        return out
+
+
+class WithKeptState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attend = KeepsAttention()
+        self.head = nn.Linear(4, 2).double()
+
+    def forward(self, x):
+        return self.head(self.attend(x))
+
+
+def test_a_submodule_keeping_tensors_across_calls_keeps_real_ones_compiled():
+    runtime.manual_seed(0)
+    model = WithKeptState()
+    inputs = [runtime.randn(3, 4, dtype=runtime.float64) for _ in range(3)]
+    compiled = assert_calls_match(model, inputs)
+    kept = compiled.attend.attention_map
+    assert isinstance(kept, runtime.Tensor)
+    np.testing.assert_allclose(kept.numpy(), model.attend.attention_map.numpy(), rtol=1e-12)
