@@ -310,3 +310,17 @@ def test_row_kernel_with_a_cast_along_the_row():
     report = nnc.explain(CastSoftmax(), x.clone().requires_grad_(), backward=True)
     assert [k.kind for k in compute_kernels(report.kernels)] == ["row"]
     assert_matches_eager(CastSoftmax(), x)
+
+
+class DistillationLoss(nn.Module):
+    """KL divergence of a student's log-probabilities from a teacher's probabilities, per batch row."""
+
+    def forward(self, student, teacher):
+        return torch.nn.functional.kl_div(torch.log_softmax(student, -1), torch.softmax(teacher, -1),
+                                          reduction="batchmean")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_kernel_reading_one_scalar_through_two_views(dtype):
+    """The backward's row kernel reads the batchmean divisor through two folded views: each is loaded."""
+    assert_matches_eager(DistillationLoss(), torch.randn(3, 4, dtype=dtype), torch.randn(3, 4, dtype=dtype))

@@ -235,8 +235,8 @@ def _row_loads(kb: KernelBuilder, io: _RowIO, env) -> list[str]:
     """Loads of the inputs read once per row (read per row, or constant along it)."""
     lines, loaded = [], set()
     for a in [a for a in io.along_ins if id(a) in io.hoisted] + io.row_ins:
-        if a.arg not in loaded:
-            loaded.add(a.arg)
+        if a.node not in loaded:  # NOTE: by node: two folded views of one argument are two values
+            loaded.add(a.node)
             env[a.node] = Value(kb.value_name(a.node), a.dtype)
             lines.append(f"{env[a.node].name} = {a.arg}[{io.row_refs[id(a)]}]")
     return lines
