@@ -746,6 +746,13 @@ def _compares_safely(value) -> bool:
         return False
 
 
+def unwrapped(module: Module) -> Module:
+    """The model a CompiledModule runs (it shares its state and hooks); any other module as it is.
+    NOTE: a CompiledModule's own forward takes *args, which cannot be traced: compiling or explaining it would
+    run its root eagerly and retrace every submodule, with misleading warnings."""
+    return module._module if isinstance(module, CompiledModule) else module
+
+
 def compile(module: Module, target: str | None = None, recompile_limit: int = 8, codegen: bool = True,
             whole_graph: bool | None = None, dynamic: bool | None = None) -> CompiledModule:
     """Compile `module`: same parameters and state_dict, same results, faster (see docs/architecture.md).
@@ -763,5 +770,6 @@ def compile(module: Module, target: str | None = None, recompile_limit: int = 8,
     """
     if not isinstance(module, Module):
         raise TypeError(f"nnc.compile expects a runtime.nn.Module, got {type(module).__name__}")
+    module = unwrapped(module)
     return CompiledModule(module, target=target, recompile_limit=recompile_limit, codegen=codegen,
                           whole_graph=whole_graph, dynamic=dynamic)

@@ -139,9 +139,10 @@ def explain(module: Module, *args, backward: bool = False, target: str | None = 
     kernels with their launches, and the kernels run as eager CUDA ops). target="cuda" for a module on the CPU
     reports each kernel's CUDA source, launch configuration and ptxas's registers instead (nothing runs)."""
     from .codegen.targets import check_target
-    from .compile import bind_arguments, marked_placeholder_dims, root_trace_error, split_arguments
+    from .compile import bind_arguments, marked_placeholder_dims, root_trace_error, split_arguments, unwrapped
     from .pipeline import compile_arguments
 
+    module = unwrapped(module)
     arguments = bind_arguments(module, args, kwargs)
     concrete, examples = split_arguments(arguments)
     on_device = _on_device(module, examples)

@@ -410,3 +410,17 @@ def test_view_nodes_between_kernels_fold_into_the_matmuls():
     assert sum(len(k.meta["views"]) for k in artifact.backward_plan.kernels) >= 3
     report = nnc.explain(models.MLP(), runtime.randn(4, 784), backward=True)
     assert not any(k.view for k in report.backward_kernels) and "(numpy view)" not in str(report)
+
+
+def test_compiling_or_explaining_a_compiled_module_compiles_the_model_it_wraps():
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    compiled = nnc.compile(model)
+    x = runtime.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no submodule falling back to eager
+        report = nnc.explain(compiled, x)
+        again = nnc.compile(compiled)
+        out = again(x)
+    assert report.graph_breaks == [] and next(again.parameters()) is model[0].weight
+    np.testing.assert_allclose(out.detach().numpy(), model(x).detach().numpy(), rtol=1e-6)
