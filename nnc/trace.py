@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import copy
 import dis
+import functools
 import inspect
 import linecache
 import operator
@@ -415,11 +417,17 @@ class Tracer:
         self._made: dict[int, Tensor] = {}
         self.fresh_constants: set[str] = set()
         args = self._placeholders(root, concrete_args or {}, example_inputs)
+        containers = ContainersKept(root)
         with self._patched(), _state_kept(root, self.specializes_sizes):
             try:
                 result = root.forward(*args.positional, **args.keyword)
+                changed = containers.changed()
+                if changed:
+                    raise TraceError(f"forward changes the {changed} its module holds (append, item assignment): "
+                                     f"the compiled graph would not repeat that on later calls, so it runs eagerly")
             except TraceError as error:
                 error.module_path = getattr(error, "module_path", "")
+                containers.restore()
                 raise
         self.graph.output(self._to_graph_args(result))
         self.graph.meta.update(training=root.training, constants=self.constants,
@@ -641,14 +649,58 @@ def _state_kept(root: Module, active: bool):
                     buffer._data[...] = array
 
 
+class ContainersKept:
+    """The lists, dicts and sets a model's modules hold as plain attributes, to find and undo changes a run of the
+    model's code on traced values made to them (`self.seen.append(h)`)."""
+
+    def __init__(self, root: Module):
+        own = _module_registry_names()
+        self.saved = [(f"{path}.{name}".lstrip("."), value, copy.copy(value))
+                      for path, m in root.named_modules() for name, value in m.__dict__.items()
+                      if type(value) in (list, dict, set) and name not in own]
+
+    def changed(self) -> str | None:
+        """The first changed container's path, if any."""
+        for path, value, before in self.saved:
+            if len(value) != len(before) or not _same_items(value, before):
+                return path
+        return None
+
+    def restore(self) -> None:
+        for _, value, before in self.saved:
+            value.clear()
+            if isinstance(value, list):
+                value.extend(before)
+            else:
+                value.update(before)
+
+
+def _same_items(value, before) -> bool:
+    if isinstance(value, dict):
+        return value.keys() == before.keys() and all(value[k] is before[k] for k in before)
+    if isinstance(value, set):
+        return {id(v) for v in value} == {id(v) for v in before}
+    return all(a is b for a, b in zip(value, before))
+
+
+@functools.cache
+def _module_registry_names() -> frozenset:
+    """The attributes every Module has (its registries and hook tables): not the model's own containers."""
+    return frozenset(Module().__dict__)
+
+
 @contextlib.contextmanager
 def attributes_kept(root: Module):
-    """Undo attribute assignments made while a compiler runs the model's code on example values (a submodule run as a
-    call may count its calls or keep a tensor for the next one): the model's real calls make them."""
+    """Undo attribute assignments, and changes to lists, dicts and sets modules hold, made while a compiler runs the
+    model's code on example values (a submodule run as a call may count its calls or keep a tensor for the next
+    one): the model's real calls make them."""
     saved = [(m, dict(m.__dict__)) for m in root.modules()]
+    containers = ContainersKept(root)
     try:
         yield
     finally:
+        if containers.changed() is not None:
+            containers.restore()
         for module, before in saved:
             now = module.__dict__
             if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):

@@ -84,3 +84,41 @@ def test_a_submodule_keeping_tensors_across_calls_keeps_real_ones_compiled():
     kept = compiled.attend.attention_map
     assert isinstance(kept, runtime.Tensor)
     np.testing.assert_allclose(kept.numpy(), model.attend.attention_map.numpy(), rtol=1e-12)
+
+
+class CollectsFeatures(nn.Module):
+    """Keeps each call's features in a list and counts calls in a dict, then branches on the features' values."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+        self.features = []
+        self.calls = {}
+
+    def forward(self, x):
+        h = self.lin(x)
+        self.features.append(h.detach())
+        self.calls["forward"] = self.calls.get("forward", 0) + 1
+        return h if h.sum() > 0 else -h
+
+
+class WithCollector(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.collect = CollectsFeatures()
+        self.head = nn.Linear(4, 2).double()
+
+    def forward(self, x):
+        return self.head(self.collect(x))
+
+
+def test_lists_and_dicts_a_forward_fills_are_filled_by_every_compiled_call():
+    runtime.manual_seed(0)
+    model = WithCollector()
+    inputs = [runtime.randn(3, 4, dtype=runtime.float64) for _ in range(3)]
+    compiled = assert_calls_match(model, inputs)
+    kept = compiled.collect.features
+    assert compiled.collect.calls == model.collect.calls == {"forward": 3}
+    assert len(kept) == 3 and all(isinstance(t, runtime.Tensor) for t in kept)
+    for got, want in zip(kept, model.collect.features):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
