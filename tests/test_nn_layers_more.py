@@ -126,6 +126,10 @@ CASES = {
     "Upsample-nearest-exact": (lambda nn: nn.Upsample(size=7, mode="nearest-exact"), [x(1, 2, 5)]),
     "UpsamplingBilinear2d": (lambda nn: nn.UpsamplingBilinear2d(scale_factor=2), [x(1, 2, 3, 3)]),
     "Upsample-trilinear": (lambda nn: nn.Upsample(scale_factor=(2, 1, 1.5), mode="trilinear"), [x(1, 1, 2, 3, 2)]),
+    "Upsample-bicubic": (lambda nn: nn.Upsample(size=(7, 3), mode="bicubic"), [x(1, 2, 4, 5)]),
+    "Upsample-bicubic-align": (lambda nn: nn.Upsample(scale_factor=2.5, mode="bicubic", align_corners=True),
+                               [x(2, 1, 3, 2)]),
+    "Upsample-area": (lambda nn: nn.Upsample(size=(2, 3), mode="area"), [x(1, 2, 5, 7)]),
     "PixelShuffle": (lambda nn: nn.PixelShuffle(2), [x(2, 8, 3, 4)]),
     "PixelUnshuffle": (lambda nn: nn.PixelUnshuffle(2), [x(2, 2, 4, 6)]),
     "ChannelShuffle": (lambda nn: nn.ChannelShuffle(2), [x(2, 6, 3)]),
@@ -202,6 +206,10 @@ def test_conv_padding_mode_errors():
     ("softshrink", (x(3, 4),)), ("tanhshrink", (x(3, 4),)), ("logsigmoid", (x(3, 4),)),
     ("rms_norm", (x(3, 4), (4,))), ("pixel_shuffle", (x(1, 4, 2, 2), 2)),
     ("interpolate", (x(1, 2, 3, 4), (6, 5), None, "bilinear", False)),
+    ("interpolate", (x(1, 2, 9, 8), (4, 3), None, "bicubic", False, None, True)),  # antialiased downscaling
+    ("interpolate", (x(1, 2, 9, 8), (5, 2), None, "bilinear", True, None, True)),
+    ("interpolate", (x(1, 2, 3, 5), None, (0.7, 1.6), "bicubic", None, None, True)),
+    ("interpolate", (x(2, 3, 7), None, 0.5, "area")),
     ("pairwise_distance", (x(3, 4), x(3, 4))), ("conv_transpose1d", (x(1, 2, 4), x(2, 3, 3))),
     ("unfold", (x(1, 2, 4, 4), 2)), ("fold", (x(1, 8, 9), 4, 2)),
     ("margin_ranking_loss", (x(5), x(5), sign(5))), ("poisson_nll_loss", (x(4), Const(pos(4)))),
@@ -221,6 +229,8 @@ def test_gradients_by_finite_differences_without_torch():
     checks = [
         lambda a: F.celu(a, 0.7), lambda a: F.conv_transpose1d(a, weight),
         lambda a: F.interpolate(a.reshape(1, 1, 2, 6), scale_factor=1.5, mode="bilinear"),
+        lambda a: F.interpolate(a.reshape(1, 1, 3, 4), size=(4, 2), mode="bicubic"),
+        lambda a: F.interpolate(a.reshape(1, 1, 3, 4), size=(2, 3), mode="bicubic", antialias=True),
         lambda a: F.fold(a.reshape(1, 4, 3), (2, 4), 2, stride=(1, 1)),
         lambda a: F.local_response_norm(a.reshape(1, 4, 3), 3), lambda a: F.rms_norm(a, (6,)),
         lambda a: F.gaussian_nll_loss(a, a * 0.5, a.abs() + 1),
@@ -260,3 +270,17 @@ def test_embedding_from_pretrained_matches_torch(torch):
     assert bag.weight.requires_grad
     out = bag(runtime.tensor(ids)).detach().numpy()
     np.testing.assert_allclose(out, their_bag(torch.tensor(ids)).detach().numpy(), rtol=1e-12)
+
+
+def test_interpolate_names_bad_sizes_and_keeps_infinities_where_torch_does(torch):
+    with pytest.raises(RuntimeError, match=r"greater than 0, but got input \(H: 4, W: 4\) output \(H: 0, W: 3\)"):
+        F.interpolate(runtime.zeros(1, 1, 4, 4), size=(0, 3), mode="bicubic")
+    with pytest.raises(NotImplementedError, match="Anti-alias option is restricted"):
+        F.interpolate(runtime.zeros(1, 1, 2, 2, 2), size=(1, 1, 1), mode="trilinear", antialias=True)
+    data = x(1, 2, 6, 7)
+    data[0, 0, 2, 3] = np.inf  # an antialiased output with fewer taps than its neighbours must not read it as inf * 0
+    for kw in (dict(size=(3, 2), mode="bicubic", antialias=True), dict(size=(9, 4), mode="bicubic"),
+               dict(size=(2, 5), mode="bilinear", antialias=True)):
+        got = F.interpolate(runtime.tensor(data), **kw).numpy()
+        want = torch.nn.functional.interpolate(torch.tensor(data), **kw).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -1531,7 +1531,10 @@ def lp_pool2d(input, norm_type, kernel_size, stride=None, ceil_mode=False):
 
 # --- resampling -------------------------------------------------------------------------------------
 
-_INTERP_DIMS = {"linear": 1, "bilinear": 2, "trilinear": 3}
+_INTERP_DIMS = {"linear": 1, "bilinear": 2, "bicubic": 2, "trilinear": 3}
+_INTERP_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "bicubic", "trilinear", "area")
+_CUBIC_A = -0.75  # the cubic convolution's parameter of torch's bicubic (Keys' kernel)
+_CUBIC_A_ANTIALIAS = -0.5  # the antialiased bicubic's parameter (PIL's)
 
 
 def _source_positions(mode, in_size, out_size, scale, align_corners):
@@ -1548,19 +1551,92 @@ def _source_positions(mode, in_size, out_size, scale, align_corners):
     return rows
 
 
+def _cubic_weight(x, a):
+    """Keys' cubic convolution kernel at distance |x|."""
+    x = abs(x)
+    if x <= 1.0:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+    if x < 2.0:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return 0.0
+
+
+def _cubic_taps(in_size, out_size, scale, align_corners):
+    """(indices, weights) per output position along one dim: four taps around the source position, indices
+    clamped to the edge (an edge value counts for each tap past it), weights from the cubic kernel. Unlike the
+    linear modes, a source position before the first element is not moved onto it."""
+    taps = []
+    for o in range(out_size):
+        if align_corners:
+            src = o * (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+        else:
+            src = (o + 0.5) * scale - 0.5
+        base = math.floor(src)
+        t = src - base
+        indices = [min(max(base - 1 + k, 0), in_size - 1) for k in range(4)]
+        weights = [_cubic_weight(t + 1, _CUBIC_A), _cubic_weight(t, _CUBIC_A), _cubic_weight(1 - t, _CUBIC_A),
+                   _cubic_weight(2 - t, _CUBIC_A)]
+        taps.append((indices, weights))
+    return taps
+
+
+def _antialias_taps(mode, in_size, out_size, scale, align_corners):
+    """(indices, weights) per output position of an antialiased resize along one dim: the filter (triangle for
+    bilinear, cubic with a = -0.5 for bicubic) is stretched by the downscaling factor so that every input element
+    within its support contributes, and the weights are normalised to sum to 1 (as PIL resizes)."""
+    if align_corners:
+        scale = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    half_width = 1.0 if mode == "bilinear" else 2.0
+    support = half_width * scale if scale >= 1.0 else half_width
+    stretch = 1.0 / scale if scale >= 1.0 else 1.0
+    taps = []
+    for o in range(out_size):
+        center = scale * (o + 0.5)  # align_corners changes only the scale here, as in torch's antialiased kernels
+        first = max(int(center - support + 0.5), 0)
+        count = min(int(center + support + 0.5), in_size) - first
+        weights = [_antialias_filter(mode, (first + j - center + 0.5) * stretch) for j in range(count)]
+        total = sum(weights)
+        taps.append(([first + j for j in range(count)], [w / total if total != 0 else 0.0 for w in weights]))
+    return taps
+
+
+def _antialias_filter(mode, x):
+    if mode == "bilinear":
+        return max(0.0, 1.0 - abs(x))
+    return _cubic_weight(x, _CUBIC_A_ANTIALIAS)
+
+
+def _weighted_taps(x, d, taps):
+    """sum_k x[..., indices[o][k], ...] * weights[o][k] along dim d, in the taps' order; a position with fewer taps
+    than the others adds exact zeros (not x * 0, which is nan for an infinite x)."""
+    width = max(len(indices) for indices, _ in taps)
+    shape = [1] * x.ndim
+    shape[d] = len(taps)
+    out = None
+    for k in range(width):
+        index = _index(indices[min(k, len(indices) - 1)] for indices, _ in taps)
+        weight = factories.tensor([w[k] if k < len(w) else 0.0 for _, w in taps], dtype=x.dtype).reshape(tuple(shape))
+        term = x.index_select(d, index) * weight
+        short = [len(indices) <= k for indices, _ in taps]
+        if any(short):
+            term = term.masked_fill(factories.tensor(short).reshape(tuple(shape)), 0.0)
+        out = term if out is None else out + term
+    return out
+
+
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
     nd = input.ndim - 2
     if nd < 1:
         raise ValueError(f"interpolate: expected an input with batch and channel dims, got shape {list(input.shape)}")
-    if antialias:
-        raise NotImplementedError("interpolate(antialias=True) is not supported")
-    if mode not in ("nearest", "nearest-exact", "linear", "bilinear", "trilinear"):
-        raise NotImplementedError(f"interpolate: mode {mode!r} is not supported (nearest, nearest-exact, linear, "
-                                  f"bilinear, trilinear are)")
+    if mode not in _INTERP_MODES:
+        raise NotImplementedError(f"interpolate: mode {mode!r} is not supported ({', '.join(_INTERP_MODES)} are)")
+    if antialias and not (mode in ("bilinear", "bicubic") and nd == 2):
+        raise NotImplementedError("Anti-alias option is restricted to bilinear and bicubic modes and requires a "
+                                  "4-D tensor as input")
     if mode in _INTERP_DIMS and _INTERP_DIMS[mode] != nd:
         raise ValueError(f"Got {input.ndim}D input, but {mode} mode needs {_INTERP_DIMS[mode] + 2}D input")
-    if mode.startswith("nearest") and align_corners is not None:
+    if (mode.startswith("nearest") or mode == "area") and align_corners is not None:
         raise ValueError("align_corners option can only be set with the interpolating modes: linear | bilinear | "
                          "bicubic | trilinear")
     if (size is None) == (scale_factor is None):
@@ -1568,6 +1644,7 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
     in_sizes = tuple(input.shape[2:])
     if size is not None:
         out_sizes = _ntuple(size, nd, "size")
+        _check_interpolation_sizes(in_sizes, out_sizes)
         scales = [i / o for i, o in zip(in_sizes, out_sizes)]
     else:
         factors = scale_factor if isinstance(scale_factor, (tuple, list)) else (scale_factor,) * nd
@@ -1575,7 +1652,12 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
             raise ValueError(f"scale_factor shape must match input shape. Input is {nd}D, scale_factor size is "
                              f"{len(factors)}")
         out_sizes = tuple(int(math.floor(i * f)) for i, f in zip(in_sizes, factors))
+        _check_interpolation_sizes(in_sizes, out_sizes)
         scales = [i / o for i, o in zip(in_sizes, out_sizes)] if recompute_scale_factor else [1.0 / f for f in factors]
+    if mode == "area":  # torch's area mode is adaptive average pooling to the output size
+        return _adaptive_avg("interpolate", nd, input, out_sizes)
+    if mode == "bicubic" or antialias:
+        return _interpolate_separable(input, mode, in_sizes, out_sizes, scales, bool(align_corners), antialias)
     x = input
     for i, (n_in, n_out, scale) in enumerate(zip(in_sizes, out_sizes, scales)):
         d = 2 + i
@@ -1593,6 +1675,27 @@ def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corne
             lo = x.index_select(d, _index(r[0] for r in rows))
             hi = x.index_select(d, _index(r[1] for r in rows))
             x = lo + (hi - lo) * w1
+    return x
+
+
+def _check_interpolation_sizes(in_sizes, out_sizes) -> None:
+    if min(in_sizes + out_sizes) <= 0:
+        names = "DHW"[-len(in_sizes):]
+        given = lambda sizes: ", ".join(f"{n}: {v}" for n, v in zip(names, sizes))  # noqa: E731
+        raise RuntimeError(f"Input and output sizes should be greater than 0, but got input ({given(in_sizes)}) "
+                           f"output ({given(out_sizes)})")
+
+
+def _interpolate_separable(x, mode, in_sizes, out_sizes, scales, align_corners, antialias):
+    """Bicubic and antialiased resizes, one dim at a time from the last (as torch's kernels sum: along the width
+    first, then along the height)."""
+    for i in reversed(range(len(in_sizes))):
+        n_in, n_out, scale = in_sizes[i], out_sizes[i], scales[i]
+        if antialias:
+            taps = _antialias_taps(mode, n_in, n_out, scale, align_corners)
+        else:
+            taps = _cubic_taps(n_in, n_out, scale, align_corners)
+        x = _weighted_taps(x, 2 + i, taps)
     return x
 
 
