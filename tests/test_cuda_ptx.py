@@ -1,7 +1,8 @@
 """Real compilation of nnc's CUDA kernels, no GPU needed: every kernel the test models make (MLP, CNN, transformer
 block; training forward and backward) and the hand-built edge cases compile to PTX for sm_90 with
 numba.cuda.compile_ptx (the CUDA toolkit's NVVM from numba-cuda's wheels), and assemble with the toolkit's ptxas
-without spilling registers; for sm_80, the hand-built cases and one kernel of each kind do. This catches code numba's simulator would run but the real compiler rejects.
+without spilling registers; for sm_80, the hand-built cases and one kernel of each kind do. This catches code
+numba's simulator would run but the real compiler rejects.
 Skips where numba-cuda is not installed, and under the simulator (which has no compiler)."""
 from __future__ import annotations
 
