@@ -1,11 +1,11 @@
-"""runtime.nn.utils: skip_init, gradient clipping, parameter vectors, and the rnn packing helpers."""
+"""runtime.nn.utils: skip_init, gradient clipping, parameter vectors, pruning, and the rnn packing helpers."""
 from __future__ import annotations
 
 import warnings
 
 from ...autograd import grad_mode
 from . import rnn  # noqa: F401
-from . import parametrizations, parametrize  # noqa: F401,E402
+from . import parametrizations, parametrize, prune  # noqa: F401,E402
 from .clip_grad import clip_grads_with_norm_, get_total_norm  # noqa: F401
 from .fusion import fuse_conv_bn_eval, fuse_conv_bn_weights, fuse_linear_bn_eval, fuse_linear_bn_weights  # noqa: F401,E501
 
