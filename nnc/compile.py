@@ -157,6 +157,15 @@ class CompiledModule(Module):
 
     # -- running ---------------------------------------------------------------------------------------
 
+    def _run_forward_pre_hooks(self, args, kwargs):
+        """The root's forward pre-hooks, given the wrapped model as their module (as torch.compile's do), so one
+        that sets an attribute (torch.nn.utils.prune's `module.weight`) sets it where forward reads it."""
+        return self._module._run_forward_pre_hooks(args, kwargs)
+
+    def _run_forward_hooks(self, args, kwargs, result, only_always_called: bool = False):
+        """The root's forward hooks, given the wrapped model as their module."""
+        return self._module._run_forward_hooks(args, kwargs, result, only_always_called)
+
     def __call__(self, *args, **kwargs):
         """Module.__call__. A call that no hook on this module nor a global one sees looks its fast-path entry up
         here (forward's first lines, without the frames of Module.__call__ and forward: ~0.2 us of a batch-1 call)."""
