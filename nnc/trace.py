@@ -360,6 +360,7 @@ class Tracer:
         """A parameter/buffer of the root becomes get_attr by path; other tensors become named constants."""
         path = self._tensor_paths.get(id(tensor))
         if path is None:
+            self._check_constant(tensor)
             path = f"_tensor_constant{len(self.constants)}"
             self.constants[path] = tensor
             self._tensor_paths[id(tensor)] = path
@@ -369,6 +370,19 @@ class Tracer:
         if node is None:
             node = self._attr_nodes[path] = self._create_attr_node(path)
         return node
+
+    def _check_constant(self, tensor: Tensor) -> None:
+        """A tensor computed before forward from others (with a grad_fn), or a plain attribute of a module whose
+        forward pre-hooks may set it anew (torch.nn.utils.prune's `module.weight`), is not a constant: eager reads a
+        fresh value on every call and sends gradients through it, so the trace must not freeze it."""
+        if self._made.get(id(tensor)) is tensor:
+            return
+        if tensor.grad_fn is not None:
+            raise TraceError(f"a tensor computed outside forward (it has a grad_fn) is read {_where()}: a compiled "
+                             f"graph would freeze its value and cut its gradient")
+        if id(tensor) in self._hook_set_tensors:
+            raise TraceError(f"a tensor attribute that a forward pre-hook sets is read {_where()}: a compiled graph "
+                             f"would freeze its value")
 
     def _create_attr_node(self, path: str, name: str | None = None):
         """get_attr nodes go right after the placeholders and earlier get_attrs, in order of first use."""
@@ -415,6 +429,8 @@ class Tracer:
         # NOTE: tensors a runtime function made during this trace (runtime.zeros(3) in forward): eager makes them
         # anew on every call, so a constant holding one is fresh per call (functionalize need not write it back)
         self._made: dict[int, Tensor] = {}
+        self._hook_set_tensors = {id(v) for m in root.modules() if m._forward_pre_hooks
+                                  for v in vars(m).values() if isinstance(v, Tensor)}
         self.fresh_constants: set[str] = set()
         args = self._placeholders(root, concrete_args or {}, example_inputs)
         containers = ContainersKept(root)
