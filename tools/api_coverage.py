@@ -111,10 +111,10 @@ NN_NOT_MODULES = {"Module", "RNNBase", "RNNCellBase", "LinearCrossEntropyOptions
 TENSOR_EXCLUDED = {
     "is_cuda", "is_cpu", "is_meta", "is_mkldnn", "is_quantized", "is_sparse", "device",
     "new", "sspaddmm", "untyped_storage", "storage_offset", "storage_type", "nbytes",
-    "itemsize", "ndimension", "dim_order", "is_inference", "bfloat16", "cfloat", "cdouble", "chalf", "byte", "char",
-    "short", "as_subclass", "to_padded_tensor", "to_mkldnn", "is_set_to", "positive", "put", "put_", "index_put",
+    "itemsize", "ndimension", "dim_order", "is_inference", "cfloat", "cdouble", "chalf", "as_subclass",
+    "to_padded_tensor", "to_mkldnn", "is_set_to", "positive", "put", "put_", "index_put",
     "index_put_", "coalesce", "is_coalesced", "retains_grad", "register_post_accumulate_grad_hook",
-    "module_load", "as_strided", "as_strided_", "as_strided_scatter", "resize_", "resize_as_", "resize_as_sparse_",
+    "module_load", "as_strided", "as_strided_", "as_strided_scatter", "resize_as_sparse_",
     "set_", "data_ptr", "ipu", "xpu", "hpu", "mtia", "new_empty_strided",
     "is_nonzero", "is_same_size", "prelu", "hardshrink", "smm", "index", "indices", "values", "dense_dim", "to_dense",
     "ccol_indices", "col_indices", "crow_indices", "row_indices", "qscheme", "reinforce", "const_data_ptr",
@@ -283,7 +283,10 @@ def _to_numpy(value):
     import numpy as np
 
     if hasattr(value, "detach") and hasattr(value, "numpy"):
-        return np.asarray(value.detach().numpy())
+        value = value.detach()
+        if str(value.dtype).endswith("bfloat16"):  # torch's numpy() refuses bfloat16; its values are float32's
+            value = value.float()
+        return np.asarray(value.numpy())
     return value
 
 
