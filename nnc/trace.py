@@ -705,23 +705,37 @@ def _module_registry_names() -> frozenset:
     return frozenset(Module().__dict__)
 
 
+class AttributesKept:
+    """The attributes of a model's modules, and the lists, dicts and sets they hold, to find and undo the changes that
+    running the model's code on traced or example values made (a submodule run as a call may count its calls or
+    keep a tensor for the next one): the model's real calls make them."""
+
+    def __init__(self, root: Module):
+        self.saved = [(m, dict(m.__dict__)) for m in root.modules()]
+        self.containers = ContainersKept(root)
+
+    def restore(self) -> bool:
+        """Put back whatever changed; whether anything had."""
+        changed = self.containers.changed() is not None
+        if changed:
+            self.containers.restore()
+        for module, before in self.saved:
+            now = module.__dict__
+            if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
+                changed = True
+                now.clear()
+                now.update(before)
+        return changed
+
+
 @contextlib.contextmanager
 def attributes_kept(root: Module):
-    """Undo attribute assignments, and changes to lists, dicts and sets modules hold, made while a compiler runs the
-    model's code on example values (a submodule run as a call may count its calls or keep a tensor for the next
-    one): the model's real calls make them."""
-    saved = [(m, dict(m.__dict__)) for m in root.modules()]
-    containers = ContainersKept(root)
+    """Undo, on leaving, what running the model's code did to its modules' attributes and containers."""
+    kept = AttributesKept(root)
     try:
         yield
     finally:
-        if containers.changed() is not None:
-            containers.restore()
-        for module, before in saved:
-            now = module.__dict__
-            if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
-                now.clear()
-                now.update(before)
+        kept.restore()
 
 
 class _Args:

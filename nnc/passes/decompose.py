@@ -27,7 +27,7 @@ from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
 from ..symbolic import has_symbols, is_symbolic
-from ..trace import RANDOM_FACTORIES, ContainersKept, has_hooks
+from ..trace import RANDOM_FACTORIES, AttributesKept, has_hooks
 from . import functionalize
 from .functionalize import FunctionalizeError
 from .shapes import propagate_shapes
@@ -485,26 +485,15 @@ class _StateSnapshot:
     def __init__(self, module):
         buffers = list(module.buffers()) if module is not None else []
         self.saved = [(t, t._vc()[0], t._data.copy()) for t in buffers]
-        modules = list(module.modules()) if module is not None else []
-        self.attributes = [(m, dict(m.__dict__)) for m in modules]
-        self.containers = ContainersKept(module) if module is not None else None
+        self.attributes = AttributesKept(module) if module is not None else None
 
     def changed(self) -> bool:
         return any(t._vc()[0] != version for t, version, _ in self.saved)
 
     def attributes_changed(self) -> bool:
-        """Whether forward rebound an attribute of a module (a counter, a tensor kept for the next call); the
-        attributes are put back, so the replay leaves no graph value in the model."""
-        changed = self.containers is not None and self.containers.changed() is not None
-        if changed:
-            self.containers.restore()
-        for m, before in self.attributes:
-            now = m.__dict__
-            if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
-                changed = True
-                now.clear()
-                now.update(before)
-        return changed
+        """Whether forward rebound an attribute of a module (a counter, a tensor kept for the next call) or changed
+        a container it holds; they are put back, so the replay leaves no graph value in the model."""
+        return self.attributes is not None and self.attributes.restore()
 
     def restore(self) -> None:
         for t, version, data in self.saved:

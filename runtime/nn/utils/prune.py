@@ -201,38 +201,43 @@ class Identity(BasePruningMethod):
         return super().apply(module, name)
 
 
-class RandomUnstructured(BasePruningMethod):
-    """Prunes `amount` entries (a count, or a fraction of the tensor) chosen uniformly at random."""
+class _ByEntryScore(BasePruningMethod):
+    """Unstructured pruning of `amount` entries (a count, or a fraction of the tensor): the ones topk picks from a
+    score per entry, the largest or the smallest."""
 
     PRUNING_TYPE = "unstructured"
+    PRUNES_LARGEST = False
 
     def __init__(self, amount) -> None:
         _validate_amount_init(amount)
         self.amount = amount
 
+    def _entry_scores(self, t):
+        raise NotImplementedError
+
     def compute_mask(self, t, default_mask):
         count = _count_to_prune(self.amount, t.nelement())
-        _validate_amount(count, t.nelement())
-        return _zero_smallest(factories.rand_like(t), default_mask, count, largest=True)
+        return _zero_smallest(self._entry_scores(t), default_mask, count, largest=self.PRUNES_LARGEST)
+
+
+class RandomUnstructured(_ByEntryScore):
+    """Prunes `amount` entries (a count, or a fraction of the tensor) chosen uniformly at random."""
+
+    PRUNES_LARGEST = True
+
+    def _entry_scores(self, t):
+        return factories.rand_like(t)
 
     @classmethod
     def apply(cls, module, name, amount):
         return super().apply(module, name, amount=amount)
 
 
-class L1Unstructured(BasePruningMethod):
+class L1Unstructured(_ByEntryScore):
     """Prunes the `amount` entries (a count, or a fraction of the tensor) of smallest magnitude."""
 
-    PRUNING_TYPE = "unstructured"
-
-    def __init__(self, amount) -> None:
-        _validate_amount_init(amount)
-        self.amount = amount
-
-    def compute_mask(self, t, default_mask):
-        count = _count_to_prune(self.amount, t.nelement())
-        _validate_amount(count, t.nelement())
-        return _zero_smallest(api.abs(t), default_mask, count, largest=False)
+    def _entry_scores(self, t):
+        return api.abs(t)
 
     @classmethod
     def apply(cls, module, name, amount, importance_scores=None):
@@ -263,7 +268,6 @@ class RandomStructured(BasePruningMethod):
         _validate_structured(t)
         channels = t.shape[self.dim]
         count = _count_to_prune(self.amount, channels)
-        _validate_amount(count, channels)
         if count == 0:
             return default_mask
         scores = factories.rand(channels)
@@ -290,7 +294,6 @@ class LnStructured(BasePruningMethod):
         _validate_structured(t)
         channels = t.shape[self.dim]
         count = _count_to_prune(self.amount, channels)
-        _validate_amount(count, channels)
         if count == 0:
             return default_mask
         with grad_mode.no_grad():
@@ -345,15 +348,14 @@ def _validate_amount_init(amount) -> None:
         raise ValueError(f"amount={amount} should either be a float in the range [0, 1] or a non-negative integer")
 
 
-def _validate_amount(amount, tensor_size: int) -> None:
-    """torch's check that a count of entries to prune fits in the tensor."""
-    if isinstance(amount, numbers.Integral) and amount > tensor_size:
-        raise ValueError(f"amount={amount} should be smaller than the number of parameters to prune={tensor_size}")
-
-
 def _count_to_prune(amount, tensor_size: int) -> int:
-    """How many entries `amount` means: itself when an int, else that fraction of the tensor, rounded."""
-    return amount if isinstance(amount, numbers.Integral) else round(amount * tensor_size)
+    """How many entries `amount` means: itself when an int (torch's check: at most the tensor's size), else that
+    fraction of the tensor, rounded."""
+    if not isinstance(amount, numbers.Integral):
+        return round(amount * tensor_size)
+    if amount > tensor_size:
+        raise ValueError(f"amount={amount} should be smaller than the number of parameters to prune={tensor_size}")
+    return amount
 
 
 def _validate_structured(t) -> None:
