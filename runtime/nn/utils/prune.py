@@ -254,15 +254,14 @@ def _zero_smallest(scores, default_mask, count: int, largest: bool):
     return mask
 
 
-class RandomStructured(BasePruningMethod):
-    """Prunes `amount` whole channels along `dim` (a count, or a fraction of them) chosen at random."""
+class _ByChannel(BasePruningMethod):
+    """Structured pruning of `amount` whole channels along `dim` (a count, or a fraction of them)."""
 
     PRUNING_TYPE = "structured"
 
-    def __init__(self, amount, dim=-1) -> None:
-        _validate_amount_init(amount)
-        self.amount = amount
-        self.dim = dim
+    def _kept_channels(self, t, channels: int, count: int):
+        """The channels to keep, as a bool mask or indices, when `count` of them are pruned."""
+        raise NotImplementedError
 
     def compute_mask(self, t, default_mask):
         _validate_structured(t)
@@ -270,19 +269,28 @@ class RandomStructured(BasePruningMethod):
         count = _count_to_prune(self.amount, channels)
         if count == 0:
             return default_mask
+        return _channel_mask(t, self.dim, self._kept_channels(t, channels, count)) * default_mask.to(dtype=t.dtype)
+
+
+class RandomStructured(_ByChannel):
+    """Prunes `amount` whole channels along `dim` (a count, or a fraction of them) chosen at random."""
+
+    def __init__(self, amount, dim=-1) -> None:
+        _validate_amount_init(amount)
+        self.amount = amount
+        self.dim = dim
+
+    def _kept_channels(self, t, channels, count):
         scores = factories.rand(channels)
-        keep = scores > api.kthvalue(scores, k=count).values
-        return _channel_mask(t, self.dim, keep) * default_mask.to(dtype=t.dtype)
+        return scores > api.kthvalue(scores, k=count).values
 
     @classmethod
     def apply(cls, module, name, amount, dim=-1):
         return super().apply(module, name, amount=amount, dim=dim)
 
 
-class LnStructured(BasePruningMethod):
+class LnStructured(_ByChannel):
     """Prunes the `amount` channels along `dim` with the smallest L`n` norm (a count, or a fraction of them)."""
-
-    PRUNING_TYPE = "structured"
 
     def __init__(self, amount, n, dim=-1) -> None:
         _validate_amount_init(amount)
@@ -290,16 +298,10 @@ class LnStructured(BasePruningMethod):
         self.n = n
         self.dim = dim
 
-    def compute_mask(self, t, default_mask):
-        _validate_structured(t)
-        channels = t.shape[self.dim]
-        count = _count_to_prune(self.amount, channels)
-        if count == 0:
-            return default_mask
+    def _kept_channels(self, t, channels, count):
         with grad_mode.no_grad():
             norms = _channel_norms(t, self.n, self.dim)
-            kept = api.topk(norms, k=channels - count, largest=True).indices
-        return _channel_mask(t, self.dim, kept) * default_mask.to(dtype=t.dtype)
+            return api.topk(norms, k=channels - count, largest=True).indices
 
     @classmethod
     def apply(cls, module, name, amount, n, dim, importance_scores=None):
