@@ -176,11 +176,11 @@ def _batch_on_numba_threads(launch: list[str], function: str) -> list[str]:
     return out
 
 
-def _on_numba_threads(line: str, function: str) -> str:
-    """A launcher line `np.dot(a, b, out=c)` as `function(a, b, c, get_num_threads())`; any other line as it is."""
+def _on_numba_threads(line: str, function: str, threads: str = "get_num_threads()") -> str:
+    """A launcher line `np.dot(a, b, out=c)` as `function(a, b, c, threads)`; any other line as it is."""
     if not (line.startswith("np.dot(") and line.endswith(")") and line.count(", out=") == 1):
         return line
-    return f"{function}({line[len('np.dot('):-1].replace(', out=', ', ')}, get_num_threads())"
+    return f"{function}({line[len('np.dot('):-1].replace(', out=', ', ')}, {threads})"
 
 
 def blas_threads_used(kernel: Kernel, source: str) -> str | None:
@@ -194,24 +194,35 @@ def blas_threads_used(kernel: Kernel, source: str) -> str | None:
     return "openblas" if large and ("np.dot(" in source or "np.matmul(" in source) else None
 
 
-# A whole graph whose OpenBLAS products are all below this many multiply-adds runs them on one OpenBLAS thread: its
-# threads join after every product, and beside busy processes a descheduled worker holds that join for a scheduler
-# slice. NOTE: a trade, measured with tools/bench_blas_threads.py (a linear's layout, medians of 7): on a quiet
-# machine two threads take 0.62-0.64x one thread's time from 0.8 M multiply-adds (64 x 64 x 192: 9.2 against
-# 14.4 us) and 0.52-0.54x from 8 M; beside one CPU-bound process they take 1.4-6.2x, single calls up to 7.6 ms, at
-# every size. Below 2^22 a product saves at most ~7 us on two threads: the GPT's batch-1 forward (64-row linears of
-# 0.26-1 M) takes 141 against 115 us quiet on one thread, and beside other jobs 0.15 ms against 1.2 ms.
+# In a whole graph, a product below this many multiply-adds (all of a batch's) runs on the calling thread: a
+# parallel region joins its threads after every product, and beside busy processes a descheduled worker holds that
+# join for a scheduler slice. NOTE: a trade, measured with tools/bench_blas_threads.py (a linear's layout, medians
+# of 7): on a quiet machine two threads take 0.62-0.64x one thread's time from 0.8 M multiply-adds (64 x 64 x 192:
+# 9.2 against 14.4 us) and 0.52-0.54x from 8 M; beside one CPU-bound process they take 1.4-6.2x, single calls up to
+# 7.6 ms, at every size. Below 2^22 a product saves at most ~7 us on two threads: the GPT's batch-1 forward
+# (64-row linears of 0.26-1 M) takes 141 against 115 us quiet on one thread, and beside other jobs 0.15 ms against
+# 1.2 ms. Larger products split over numba's threads (whole_graph_threaded_dtype).
 SERIAL_BLAS_MAX_WORK = 2 ** 22
 
 
+def whole_graph_threaded_dtype(kernel: Kernel):
+    """The dtype of a matmul kernel whose products a whole graph runs on numba's threads (threaded_dtype, from
+    SERIAL_BLAS_MAX_WORK multiply-adds in all), or None: it runs them on the calling thread."""
+    product = _product_work(kernel)
+    if product is None or product[0] * product[2] < SERIAL_BLAS_MAX_WORK:
+        return None
+    return threaded_dtype(kernel)
+
+
 def whole_graph_serial_blas(kernels: list[Kernel]) -> bool:
-    """Whether a whole graph of these kernels should hold OpenBLAS to one thread while it runs: some product would
-    wake OpenBLAS's threads and none reaches SERIAL_BLAS_MAX_WORK multiply-adds. (A whole graph calls OpenBLAS
-    for the products a kernel alone splits over numba's threads too: blas_threads_used "numba" or "openblas".)"""
-    works = [_product_work(k) for k in kernels if blas_threads_used(k, k.meta.get("source", "")) is not None]
-    if not works or not cblas.THREADS_SETTABLE:
+    """Whether a whole graph of these kernels holds OpenBLAS to one thread while it runs: some product would wake
+    OpenBLAS's threads. The graph's large products then split over numba's threads (whole_graph_threaded_dtype), so
+    numba's pool is the only one, as for a plan run kernel by kernel (nnc.executor.one_thread_pool).
+    NOTE: with OpenBLAS's own threads beside a parallel numba kernel, both pools spin against each other: a
+    Linear(64, 512) + GELU forward over 512 rows took 8.3 ms against torch's 0.5 ms."""
+    if not cblas.THREADS_SETTABLE:
         return False
-    return all(work is not None and work[0] < SERIAL_BLAS_MAX_WORK for work in works)
+    return any(blas_threads_used(k, k.meta.get("source", "")) is not None for k in kernels)
 
 
 def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSchedule | MatmulSchedule

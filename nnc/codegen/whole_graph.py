@@ -27,13 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numba
 import numpy as np
 
 from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
 from ..passes.views import view_maps
 from . import cache, cblas, nowait
-from .cpu import COMPILE_LOCK, Generated, compile_generated, generate, numba_signature_nd
+from .cpu import (COMPILE_LOCK, THREADED_NAMES, Generated, _batch_on_numba_threads, _on_numba_threads,
+                  compile_generated, generate, numba_signature_nd, whole_graph_threaded_dtype)
 from .cpu_elementwise import py_name
 from .cpu_matmul import _same_batch_3d, matmul_schedule
 from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shape, np_dtype, op_and_attrs
@@ -216,7 +218,16 @@ class _Emitter:
         outs += [self.var[node] for node in kernel.meta.get("writes_into", [])]  # a cat's slices (passes/stores)
         mm = f"mm_{py_name(kernel.name)}"
         dot = _cblas_dot(kernel)
-        for line in generated.launch:
+        launch = generated.launch
+        threaded = whole_graph_threaded_dtype(kernel) if dot is not None else None
+        if threaded is not None:  # a large product: on numba's threads (OpenBLAS on one, whole_graph_serial_blas)
+            # NOTE: numba's pool size, written in: get_num_threads() in compiled code keeps numba from caching it
+            # (a ctypes pointer); under set_num_threads(1) prange runs the blocks one after another
+            threads = str(numba.config.NUMBA_NUM_THREADS)
+            launch = [_on_numba_threads(line, cblas.DOT_THREADED[threaded], threads) for line in launch]
+            launch = _batch_on_numba_threads(launch, cblas.DOT_BATCH_THREADED[threaded])
+            self.blas.update(name for name in THREADED_NAMES if any(line.startswith(f"{name}(") for line in launch))
+        for line in launch:
             if dot is not None and "np.dot(" in line:
                 line = line.replace("np.dot(", f"{dot}(")
                 self.blas.add(dot)
