@@ -21,7 +21,7 @@ import nnc
 import runtime as torch
 from nnc.codegen import cache
 from nnc.codegen.cpu import KernelCompileError, compile_kernel, schedule
-from nnc.codegen.cpu_elementwise import PARALLEL_MIN_ELEMENTS, ElementwiseSchedule
+from nnc.codegen.cpu_elementwise import PARALLEL_MIN_ELEMENTS, ElementwiseSchedule, parallel_work
 from nnc.codegen.cpu_matmul import FEW_COLUMNS, FEW_ROWS
 from nnc.graph import Graph
 from nnc.kernel import Kernel
@@ -446,7 +446,9 @@ def test_float32_column_sums_are_at_least_as_accurate_as_numpy(shape):
 @pytest.mark.parametrize("op,shape,dims,keepdim,skeleton", REDUCTIONS)
 def test_reduction_with_prologue_and_epilogue(op, shape, dims, keepdim, skeleton):
     case, kernel = compiled(("red", op, shape, dims, keepdim), lambda: reduction_case(op, shape, dims, keepdim))
-    assert kernel.parallel == (math.prod(shape) >= PARALLEL_MIN_ELEMENTS)
+    prologue = [n for n in case.kernel.nodes if n.target.op.name in ("mul", "add")]  # x * 0.01 + 1, times w
+    assert len(prologue) == 3
+    assert kernel.parallel == parallel_work(math.prod(shape), prologue)
     assert schedule(case.kernel).parallel == kernel.parallel
     assert skeleton_name(case.kernel) == skeleton
     for got, want in zip(kernel.run(case.inputs), case.expected()):

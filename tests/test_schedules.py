@@ -55,6 +55,50 @@ def test_elementwise_goes_parallel_at_the_threshold():
     assert (below.parallel, at.parallel) == (False, True)
 
 
+def _elementwise_nodes(numel: int, ops: list[str]):
+    """A chain of unary elementwise ops (a draw first when "dropout" is asked) over `numel` float32 elements."""
+    g = Graph()
+    x = g.placeholder("x")
+    value = x
+    for op in ops:
+        if op == "dropout":
+            seed = g.call_function(prims.random_seed, ())
+            draw = g.call_function(prims.philox_uniform, (seed,), {"shape": (numel,), "dtype": torch.float32,
+                                                                    "stream": 0})
+            value = g.call_function(prims.mul, (value, g.call_function(prims.ge, (draw, 0.1))))
+        else:
+            value = g.call_function(prims[op], (value,))
+    g.output((value,))
+    propagate_shapes(nnc.GraphModule(nn.Module(), g), torch.zeros(numel))
+    return [n for n in g.nodes if n.op == "call_function" and n.target.op.name != "random_seed"]
+
+
+@pytest.mark.parametrize("ops,parallel_from", [
+    ([], PARALLEL_MIN_ELEMENTS),                     # a copy: the element threshold
+    (["neg", "abs", "neg", "abs"], PARALLEL_MIN_ELEMENTS // 2),  # four cheap ops: twice a copy's work
+    (["exp"], -(-PARALLEL_MIN_ELEMENTS * 4 // 12)),      # a transcendental: three cheap elements
+    (["erf"], -(-PARALLEL_MIN_ELEMENTS * 4 // 32)),      # erf: eight
+    (["dropout"], -(-PARALLEL_MIN_ELEMENTS * 4 // 70)),  # a Philox draw and the mask: about seventeen
+])
+def test_elementwise_goes_parallel_by_its_work_not_its_elements(ops, parallel_from):
+    """Work per element counts: a gelu's erf or a dropout's draw makes a loop worth two threads at a fraction of
+    the elements a copy needs (measured: tools/bench_parallel.py)."""
+    below, at = parallel_from - 1, parallel_from
+    got = [elementwise_schedule((n,), [(n,)], None, _elementwise_nodes(n, ops)).parallel for n in (below, at)]
+    assert got == [False, True]
+
+
+def test_a_row_kernels_passes_and_draws_count_towards_its_work():
+    """Softmax with dropout (attention at batch 8: 8 x 2 x 64 rows of 64) goes parallel; its plain rows at the same
+    size do not until three passes over them reach the threshold."""
+    from nnc.codegen.cpu_rows import row_schedule
+
+    shape = (1024, 64)
+    assert not row_schedule(shape, (1,), 1).parallel
+    assert row_schedule(shape, (1,), 3, along=_elementwise_nodes(64 * 1024, ["exp", "dropout"])).parallel
+    assert row_schedule((PARALLEL_MIN_ELEMENTS // 3 // 64 + 1, 64), (1,), 3).parallel
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Reductions
 # ---------------------------------------------------------------------------------------------------------------

@@ -247,7 +247,8 @@ def schedule(kernel: Kernel) -> (ElementwiseSchedule | ReductionSchedule | RowSc
     if kernel.kind == "elementwise":
         kb = KernelBuilder(kernel)
         arrays, shape = kb.reads + kb.outs, tuple(kernel.shape)
-        return elementwise_schedule(shape, [a.shape for a in arrays], [a.strides_in(shape) for a in arrays])
+        return elementwise_schedule(shape, [a.shape for a in arrays], [a.strides_in(shape) for a in arrays],
+                                    kernel.nodes)
     raise Unsupported(f"kernel kind {kernel.kind!r} has no code generation (run it as is)")
 
 

@@ -20,12 +20,24 @@ from ..kernel import Kernel
 from ..symbolic import Shape
 from .cpu_dialect import CpuDialect
 from .indexing import broadcast_strides, broadcast_shape, collapse, emit_offsets, shifted, view_strides
-from .scalar import ScalarBody, Unsupported, Value, ctor, node_dtype, node_shape, op_and_attrs
+from .scalar import ScalarBody, Unsupported, Value, ctor, expensive, node_dtype, node_shape, op_and_attrs
 
 # NOTE: a warm parallel kernel costs ~1.6 µs, which alone would put the crossover near 2**16 elements; but between
 # BLAS calls numba's and OpenBLAS's spinning thread pools contend on a 2-core machine (a 10 µs kernel took 2-4 ms
-# in an MLP training step), so parallel loops start at 2**18 elements (tools/bench_compile.py, case 4a).
+# in an MLP training step), so parallel loops start at 2**18 elements (tools/bench_compile.py, case 4a), or at
+# as many cheap elements of work (parallel_work).
 PARALLEL_MIN_ELEMENTS = 2 ** 18
+
+# What an op adds to the work of one element, in quarters of an element of a cheap loop (a load, an add, a store:
+# _ELEMENT_COST), integers so that a symbolic size times a cost stays a polynomial (nnc.symbolic).
+# NOTE: measured single-threaded over 2**18 float32 elements (2 cores, Zen 3): x * 2 + 1 53 us, exp 162 us, gelu
+# (erf) 455 us, dropout (a Philox draw) 933 us; two threads won from 2**17 elements for x * 2 + 1, from 2**13-2**14
+# for gelu and dropout (tools/bench_parallel.py).
+_ELEMENT_COST = 4
+_CHEAP_OP_COST = 1
+_CALL_COST = 8  # a function other than a cheap one (exp, log, tanh, a power: scalar.expensive)
+_OP_COST = {"erf": 28, "erfc": 28, "erfinv": 28}
+_DRAW_COST = 64  # an op that needs its element's index: a counter-based random draw (Philox-4x32-10)
 
 # A parallel elementwise kernel with broadcasting runs prange over rows when it has at least this many.
 _MIN_PARALLEL_ROWS = 64
@@ -191,7 +203,8 @@ class KernelBuilder:
         # shape: their offsets are computed with the arrays' (after them), and never loaded
         indexed = [n for n in nodes if op_and_attrs(n)[0].needs_index]
         strides = [a.strides_in(shape) for a in arrays] + [broadcast_strides(node_shape(n), shape) for n in indexed]
-        schedule = elementwise_schedule(shape, [a.shape for a in arrays] + [node_shape(n) for n in indexed], strides)
+        schedule = elementwise_schedule(shape, [a.shape for a in arrays] + [node_shape(n) for n in indexed], strides,
+                                        nodes)
         loop = schedule.loop
         index_of: dict[Node, str] = {}
         hoisted: set[int] = set()
@@ -330,11 +343,27 @@ class ElementwiseSchedule(ParallelLoop):
         return self.rows > 0
 
 
-def elementwise_schedule(shape, array_shapes, stride_lists=None) -> ElementwiseSchedule:
-    """The schedule of an elementwise loop over `shape` reading and writing arrays of `array_shapes` (C-contiguous,
-    or read with the given element `stride_lists` over `shape`: folded views)."""
+def node_cost(node: Node) -> int:
+    """What computing `node` adds to the work of one element, in quarters of a cheap element (_ELEMENT_COST)."""
+    op, _, _ = op_and_attrs(node)
+    if op.needs_index:
+        return _DRAW_COST
+    if op.name in _OP_COST:
+        return _OP_COST[op.name]
+    return _CALL_COST if expensive(node) else _CHEAP_OP_COST
+
+
+def parallel_work(numel, nodes=(), passes: int = 1) -> bool:
+    """Whether a loop computing `nodes` at each of `numel` elements, walking them `passes` times, runs as a prange:
+    its work reaches PARALLEL_MIN_ELEMENTS cheap elements."""
+    return numel * (passes * _ELEMENT_COST + sum(node_cost(n) for n in nodes)) >= PARALLEL_MIN_ELEMENTS * _ELEMENT_COST
+
+
+def elementwise_schedule(shape, array_shapes, stride_lists=None, nodes=()) -> ElementwiseSchedule:
+    """The schedule of an elementwise loop over `shape` computing `nodes`, reading and writing arrays of
+    `array_shapes` (C-contiguous, or read with the given element `stride_lists` over `shape`: folded views)."""
     numel = math.prod(shape)
-    parallel = numel >= PARALLEL_MIN_ELEMENTS
+    parallel = parallel_work(numel, nodes)
     if stride_lists is None:
         stride_lists = [view_strides(s, None, shape) for s in array_shapes]
     sizes, _ = collapse(list(shape), stride_lists)

@@ -22,7 +22,7 @@ from ..symbolic import is_symbolic
 from ..graph import Node
 from ..kernel import Kernel
 from ..prims import Prim
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, ParallelLoop, indent, launch_line
+from .cpu_elementwise import Function, KernelBuilder, ParallelLoop, indent, launch_line, parallel_work
 from .indexing import broadcast_strides, collapse, emit_offsets, shifted
 from .scalar import Dialect, Unsupported, Value, ctor, format_literal, node_dtype, node_shape, op_and_attrs
 
@@ -62,7 +62,7 @@ class ReductionSchedule(ParallelLoop):
     """
 
     layout: str     # "rows" or "columns"
-    parallel: bool  # the task loop is a prange (the input has >= PARALLEL_MIN_ELEMENTS elements)
+    parallel: bool  # the task loop is a prange (cpu_elementwise.parallel_work)
     n_outer: int    # kept positions (the reduced result's size)
     n_red: int      # reduced positions per kept position
     chunks: int     # the reduced range is split into this many chunks (> 1: partial results, then a combine)
@@ -78,13 +78,14 @@ class ReductionSchedule(ParallelLoop):
         return (self.tiles if self.layout == "columns" else self.n_outer) * self.chunks
 
 
-def reduction_schedule(shape, dims, blockable: bool = True) -> ReductionSchedule:
-    """The schedule of a reduction pass over `shape` reducing `dims`; blockable: every accumulator has a block helper
-    (so blocks of at least _MIN_BLOCKED values go through it)."""
+def reduction_schedule(shape, dims, blockable: bool = True, prologue=()) -> ReductionSchedule:
+    """The schedule of a reduction pass over `shape` reducing `dims`, computing the `prologue` nodes at every
+    element; blockable: every accumulator has a block helper (so blocks of at least _MIN_BLOCKED values go through
+    it)."""
     ndim = len(shape)
     n_outer = math.prod(shape[d] for d in range(ndim) if d not in dims)
     n_red = math.prod(shape[d] for d in dims)
-    parallel = n_outer * n_red >= PARALLEL_MIN_ELEMENTS
+    parallel = parallel_work(n_outer * n_red, prologue)
     # NOTE: reducing outer dims while the last dim is kept (a bias gradient: sum over the batch) walks columns:
     # the column skeleton keeps a tile of accumulators and sweeps the input row by row, contiguous and
     # vectorized, instead of striding down one column per accumulator.
@@ -109,7 +110,8 @@ def reduction_schedule(shape, dims, blockable: bool = True) -> ReductionSchedule
 def reduction_schedule_of(kernel: Kernel) -> ReductionSchedule:
     """The schedule of a reduction kernel (after checking its reductions can share one pass)."""
     accs = accumulators(kernel, Dialect())
-    return reduction_schedule(tuple(kernel.shape), accs[0].dims, blockable(accs))
+    prologue, _ = _split_reduction_kernel(kernel.nodes, [a.node for a in accs])
+    return reduction_schedule(tuple(kernel.shape), accs[0].dims, blockable(accs), prologue)
 
 
 def blockable(accs) -> bool:
@@ -155,7 +157,7 @@ def gen_reduction(kb: KernelBuilder) -> None:
     epi_outs = [a for a in kb.outs if a.node not in prologue_set]
 
     kept = [d for d in range(ndim) if d not in dims]
-    schedule = reduction_schedule(shape, dims, blockable(accs))
+    schedule = reduction_schedule(shape, dims, blockable(accs), prologue)
 
     # epilogue over the reduced shape at flat index o
     e_lines, e_offs = emit_offsets(out_shape, [a.strides_in(out_shape) for a in epi_ins + epi_outs], "o", "e_")

@@ -10,16 +10,15 @@ buffer per task when it is expensive (RowPlan.held: softmax's exp) and the row i
 recomputed there from the kernel's inputs (LayerNorm's x - mean: a load and a subtraction). So softmax is max, then
 the sum of exp (kept), then exp / sum, in three loops over each row of one kernel.
 
-The schedule (`row_schedule`, a pure value of the shapes): prange over rows once the input has
-PARALLEL_MIN_ELEMENTS elements; a pass with reductions fills blocks of values that a vectorized helper reduces
+The schedule (`row_schedule`, a pure value of the shapes): prange over rows once the rows' work
+reaches PARALLEL_MIN_ELEMENTS cheap elements (cpu_elementwise.parallel_work: the passes over each element and what
+they compute); a pass with reductions fills blocks of values that a vectorized helper reduces
 (cpu_reduction's block helpers), as the row reduction skeleton does. A kernel with buffers runs tasks of runs of
 rows, each allocating its buffers once.
 """
 from __future__ import annotations
 
-import ast
 import math
-import string
 from dataclasses import dataclass
 
 from runtime.ops import Kind
@@ -27,11 +26,11 @@ from runtime.ops import Kind
 from ..graph import Node
 from ..kernel import Kernel
 from ..symbolic import is_symbolic
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, ParallelLoop, indent, launch_line
+from .cpu_elementwise import Array, Function, KernelBuilder, ParallelLoop, indent, launch_line, parallel_work
 from .cpu_reduction import (_BLOCK, _MIN_BLOCKED, _Accumulator, _acc_term, _block_helper_of, _combine,
                             accumulators, blockable)
 from .indexing import collapse, emit_offsets, shifted
-from .scalar import Dialect, Unsupported, Value, ctor, node_shape, op_and_attrs
+from .scalar import Dialect, Unsupported, Value, ctor, expensive, node_shape, op_and_attrs
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,12 @@ _MAX_HELD = 2 ** 14
 _ROW_TASKS = 64
 
 
-def row_schedule(shape, dims, passes: int, blockable_: bool = True) -> RowSchedule:
-    """The schedule of a row kernel over `shape` whose rows run along `dims`, walked `passes` times."""
+def row_schedule(shape, dims, passes: int, blockable_: bool = True, along=()) -> RowSchedule:
+    """The schedule of a row kernel over `shape` whose rows run along `dims`, walked `passes` times, computing the
+    nodes `along` the row."""
     n_outer = math.prod(shape[d] for d in range(len(shape)) if d not in dims)
     n_red = math.prod(shape[d] for d in dims)
-    parallel = n_outer * n_red >= PARALLEL_MIN_ELEMENTS
+    parallel = parallel_work(n_outer * n_red, along, passes)
     if is_symbolic(n_red):
         return RowSchedule(parallel, n_outer, n_red, passes, blockable_, _BLOCK)
     blocked = blockable_ and n_red >= _MIN_BLOCKED
@@ -114,7 +114,7 @@ class RowPlan:
         for p in range(self.passes):
             for n in self.pass_nodes(p, stored_in(p))[0]:
                 computed_in.setdefault(n, set()).add(p)
-        return [n for n in self.along if _expensive(n) and len(computed_in.get(n, ())) > 1
+        return [n for n in self.along if expensive(n) and len(computed_in.get(n, ())) > 1
                 and self.level[n] in computed_in[n]]
 
 
@@ -146,14 +146,14 @@ def plan_rows(kernel: Kernel, dialect: Dialect) -> RowPlan:
 
 def row_schedule_of(kernel: Kernel) -> RowSchedule:
     plan = plan_rows(kernel, Dialect())
-    return row_schedule(tuple(kernel.shape), plan.accs[0].dims, plan.passes, blockable(plan.accs))
+    return row_schedule(tuple(kernel.shape), plan.accs[0].dims, plan.passes, blockable(plan.accs), plan.along)
 
 
 def gen_rows(kb: KernelBuilder) -> None:
     """The row skeleton: per row, the values per row of each stage, then a loop over the row per pass."""
     plan = plan_rows(kb.kernel, kb.dialect)
     shape, dims = tuple(kb.kernel.shape), plan.accs[0].dims
-    schedule = row_schedule(shape, dims, plan.passes, blockable(plan.accs))
+    schedule = row_schedule(shape, dims, plan.passes, blockable(plan.accs), plan.along)
     io = _row_io(kb, plan, shape, dims)
     # NOTE: a row buffer per task keeps what a recomputation would cost most (softmax's exp: 1.4x the kernel)
     held = plan.held(lambda p: [a.node for a in io.stored_in(p)]) \
@@ -303,26 +303,6 @@ def _row_pass(kb: KernelBuilder, schedule: RowSchedule, accs, env, loads: list[s
         env[a.node] = Value(kb.value_name(a.node), a.out_dtype)
         lines.append(f"{env[a.node].name} = {kb.dialect.cast(a.acc, a.out_dtype)}")
     return lines
-
-
-def _expensive(node: Node) -> bool:
-    """Whether a node's op template calls a function other than a cast and the cheap ones (_CHEAP_CALLS), or
-    raises to a power (exp, log, erf, sqrt, ...): worth keeping rather than computing again."""
-    op, _, _ = op_and_attrs(node)
-    if not op.template:
-        return False
-    text = "".join(literal + ("_field" if field is not None else "")  # a field as a callee is a cast
-                   for literal, field, _, _ in string.Formatter().parse(op.template))
-    try:
-        tree = ast.parse(text, mode="eval")
-    except SyntaxError:
-        return False
-    return any((isinstance(t, ast.Call) and not (isinstance(t.func, ast.Name) and t.func.id in _CHEAP_CALLS))
-               or (isinstance(t, ast.BinOp) and isinstance(t.op, ast.Pow)) for t in ast.walk(tree))
-
-
-# Template functions as cheap as the arithmetic around them (and "_field": a cast to the dtype attribute).
-_CHEAP_CALLS = ("_field", "max", "min", "abs", "clamp", "sign", "floor", "ceil", "trunc")
 
 
 def _row_addressing(arrays: list[Array], shape, kept, dims):

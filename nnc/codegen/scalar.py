@@ -358,3 +358,23 @@ def _strip(expr: str) -> str:
                 return expr
         return expr[1:-1]
     return expr
+
+
+def expensive(node: Node) -> bool:
+    """Whether a node's op template calls a function other than a cast and the cheap ones (_CHEAP_CALLS), or
+    raises to a power (exp, log, erf, sqrt, ...): worth keeping rather than computing again."""
+    op, _, _ = op_and_attrs(node)
+    if not op.template:
+        return False
+    text = "".join(literal + ("_field" if field is not None else "")  # a field as a callee is a cast
+                   for literal, field, _, _ in string.Formatter().parse(op.template))
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return False
+    return any((isinstance(t, ast.Call) and not (isinstance(t.func, ast.Name) and t.func.id in _CHEAP_CALLS))
+               or (isinstance(t, ast.BinOp) and isinstance(t.op, ast.Pow)) for t in ast.walk(tree))
+
+
+# Template functions as cheap as the arithmetic around them (and "_field": a cast to the dtype attribute).
+_CHEAP_CALLS = ("_field", "max", "min", "abs", "clamp", "sign", "floor", "ceil", "trunc")
