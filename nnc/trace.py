@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import copy
 import dis
-import functools
 import inspect
 import linecache
 import operator
@@ -27,6 +25,7 @@ from runtime.tensor import Tensor
 from . import pytree
 from .graph import Graph, fetch_attr, has_side_effect, map_arg
 from .prims import prims
+from .python_state import AttributesKept, ReachableState
 from .symbolic import has_symbols, hint_of
 
 
@@ -292,13 +291,37 @@ class Tracer:
             return self.create_proxy("call_module", qualified_name, args, kwargs, module_path=qualified_name)
         self._module_stack.append(qualified_name)
         try:
-            return forward(*args, **kwargs)
+            return self._run_watched(module, qualified_name, forward, args, kwargs)
         except TraceError as error:  # the innermost module that failed: a graph break can make it a call
             if not hasattr(error, "module_path"):
                 error.module_path = qualified_name
             raise
         finally:
             self._module_stack.pop()
+
+    def _run_watched(self, module: Module, path: str, forward, args, kwargs, names=None):
+        """forward(*args, **kwargs), raising TraceError when it changed Python state that later calls would see: a
+        list, dict, set or plain object its module's attributes or its arguments reach (a call counter in a config
+        object, a cache passed in). The graph would not repeat that, so such a forward runs eagerly; what the trace
+        changed is put back (it may hold traced values)."""
+        names = names or [f"argument {k}" for k in range(len(args))] + [f"argument {k}" for k in kwargs]
+        roots = list(zip(names, [*args, *kwargs.values()]))
+        state = ReachableState(roots)
+        own = ReachableState.of_module(module, path)
+        try:
+            result = forward(*args, **kwargs)
+            changed = own.changed() or state.changed()
+        except BaseException:
+            own.restore()
+            state.restore()
+            raise
+        if changed:
+            own.restore()
+            state.restore()
+            where = f"{type(module).__name__}.forward" + (f" ({path})" if path else "")
+            raise TraceError(f"{where} changes {changed}: the compiled graph would not repeat that on later calls, "
+                             f"so this forward runs eagerly")
+        return result
 
     def path_of(self, module: Module) -> str:
         path = self._module_paths.get(id(module))
@@ -433,17 +456,12 @@ class Tracer:
                                   for v in vars(m).values() if isinstance(v, Tensor)}
         self.fresh_constants: set[str] = set()
         args = self._placeholders(root, concrete_args or {}, example_inputs)
-        containers = ContainersKept(root)
         with self._patched(), _state_kept(root, self.specializes_sizes):
             try:
-                result = root.forward(*args.positional, **args.keyword)
-                changed = containers.changed()
-                if changed:
-                    raise TraceError(f"forward changes the {changed} its module holds (append, item assignment): "
-                                     f"the compiled graph would not repeat that on later calls, so it runs eagerly")
+                result = self._run_watched(root, "", root.forward, args.positional, args.keyword,
+                                           args.names)
             except TraceError as error:
                 error.module_path = getattr(error, "module_path", "")
-                containers.restore()
                 raise
         self.graph.output(self._to_graph_args(result))
         self.graph.meta.update(training=root.training, constants=self.constants,
@@ -472,7 +490,9 @@ class Tracer:
                 keyword[name] = value
             else:
                 positional.append(value)
-        return _Args(positional, keyword)
+        names = [f"argument {name}" for name, param in signature.parameters.items()
+                 if param.kind != param.KEYWORD_ONLY] + [f"argument {name}" for name in keyword]
+        return _Args(positional, keyword, names)
 
     def _placeholder(self, name: str, default=inspect.Parameter.empty, example=None) -> Proxy:
         proxy = Proxy(self.graph.placeholder(name, default), self)
@@ -665,69 +685,6 @@ def _state_kept(root: Module, active: bool):
                     buffer._data[...] = array
 
 
-class ContainersKept:
-    """The lists, dicts and sets a model's modules hold as plain attributes, to find and undo changes a run of the
-    model's code on traced values made to them (`self.seen.append(h)`)."""
-
-    def __init__(self, root: Module):
-        own = _module_registry_names()
-        self.saved = [(f"{path}.{name}".lstrip("."), value, copy.copy(value))
-                      for path, m in root.named_modules() for name, value in m.__dict__.items()
-                      if type(value) in (list, dict, set) and name not in own]
-
-    def changed(self) -> str | None:
-        """The first changed container's path, if any."""
-        for path, value, before in self.saved:
-            if len(value) != len(before) or not _same_items(value, before):
-                return path
-        return None
-
-    def restore(self) -> None:
-        for _, value, before in self.saved:
-            value.clear()
-            if isinstance(value, list):
-                value.extend(before)
-            else:
-                value.update(before)
-
-
-def _same_items(value, before) -> bool:
-    if isinstance(value, dict):
-        return value.keys() == before.keys() and all(value[k] is before[k] for k in before)
-    if isinstance(value, set):
-        return {id(v) for v in value} == {id(v) for v in before}
-    return all(a is b for a, b in zip(value, before))
-
-
-@functools.cache
-def _module_registry_names() -> frozenset:
-    """The attributes every Module has (its registries and hook tables): not the model's own containers."""
-    return frozenset(Module().__dict__)
-
-
-class AttributesKept:
-    """The attributes of a model's modules, and the lists, dicts and sets they hold, to find and undo the changes that
-    running the model's code on traced or example values made (a submodule run as a call may count its calls or
-    keep a tensor for the next one): the model's real calls make them."""
-
-    def __init__(self, root: Module):
-        self.saved = [(m, dict(m.__dict__)) for m in root.modules()]
-        self.containers = ContainersKept(root)
-
-    def restore(self) -> bool:
-        """Put back whatever changed; whether anything had."""
-        changed = self.containers.changed() is not None
-        if changed:
-            self.containers.restore()
-        for module, before in self.saved:
-            now = module.__dict__
-            if now.keys() != before.keys() or any(now[k] is not v for k, v in before.items()):
-                changed = True
-                now.clear()
-                now.update(before)
-        return changed
-
-
 @contextlib.contextmanager
 def attributes_kept(root: Module):
     """Undo, on leaving, what running the model's code did to its modules' attributes and containers."""
@@ -739,8 +696,9 @@ def attributes_kept(root: Module):
 
 
 class _Args:
-    def __init__(self, positional, keyword):
+    def __init__(self, positional, keyword, names):
         self.positional, self.keyword = positional, keyword
+        self.names = names  # "argument NAME" for each positional, then each keyword argument
 
 
 def _is_api_function(namespace, name: str, fn) -> bool:

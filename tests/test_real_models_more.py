@@ -122,3 +122,141 @@ def test_lists_and_dicts_a_forward_fills_are_filled_by_every_compiled_call():
     assert len(kept) == 3 and all(isinstance(t, runtime.Tensor) for t in kept)
     for got, want in zip(kept, model.collect.features):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
+
+
+class Settings:
+    """A plain config object, as scripts pass one to their modules."""
+
+    def __init__(self):
+        self.calls = 0
+        self.last = None
+        self.scale = 2.0
+
+
+class CountsInItsConfig(nn.Module):
+    """A block that counts its calls and keeps its last output in a shared config object."""
+
+    def __init__(self, settings):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+        self.settings = settings
+
+    def forward(self, x):
+        self.settings.calls += 1
+        h = self.lin(x) * self.settings.scale
+        self.settings.last = h.detach()
+        return h
+
+
+class ReadsItsConfig(nn.Module):
+    def __init__(self, settings):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+        self.settings = settings
+
+    def forward(self, x):
+        return self.lin(x) * self.settings.scale
+
+
+class ConfiguredModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        settings = Settings()
+        self.counted, self.read = CountsInItsConfig(settings), ReadsItsConfig(settings)
+
+    def forward(self, x):
+        return self.read(self.counted(x))
+
+
+def test_a_config_object_a_submodule_changes_is_changed_by_every_compiled_call():
+    """Only the block that writes the config runs eagerly (a graph break); its neighbour still compiles, and the
+    config holds real tensors, never traced values."""
+    runtime.manual_seed(0)
+    model = ConfiguredModel()
+    inputs = [runtime.randn(3, 4, dtype=runtime.float64) for _ in range(3)]
+    compiled = assert_calls_match(model, inputs)
+    settings = compiled.counted.settings
+    assert settings.calls == 3 and isinstance(settings.last, runtime.Tensor)
+    np.testing.assert_allclose(settings.last.numpy(), model.counted.settings.last.numpy(), rtol=1e-12)
+    (breaks,) = [c.graph_breaks for c in compiled.compilations]
+    assert [b.path for b in breaks] == ["counted"] and "settings.calls" in breaks[0].reason
+
+
+def test_a_forward_that_only_reads_a_config_object_compiles_whole():
+    runtime.manual_seed(0)
+    model = ReadsItsConfig(Settings())
+    compiled = assert_calls_match(model, [runtime.randn(3, 4, dtype=runtime.float64) for _ in range(2)])
+    (variant,) = compiled.compilations
+    assert variant.graph_breaks == [] and "_partly" not in vars(compiled)
+
+
+class KeepsPerKeyHistory(nn.Module):
+    """Appends to lists held in a dict: a change two containers deep."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+        self.history = {"outputs": [], "norms": []}
+
+    def forward(self, x):
+        h = self.lin(x)
+        self.history["outputs"].append(h.detach())
+        self.history["norms"].append(float(h.detach().norm()))
+        return h
+
+
+def test_lists_inside_a_dict_are_filled_by_every_compiled_call():
+    runtime.manual_seed(0)
+    model = KeepsPerKeyHistory()
+    compiled = assert_calls_match(model, [runtime.randn(3, 4, dtype=runtime.float64) for _ in range(3)])
+    kept = compiled.history
+    assert len(kept["outputs"]) == 3 and all(isinstance(t, runtime.Tensor) for t in kept["outputs"])
+    np.testing.assert_allclose(kept["norms"], model.history["norms"], rtol=1e-12)
+
+
+class AppendsToItsArgument(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+
+    def forward(self, x, seen):
+        h = self.lin(x)
+        seen.append(h.detach())
+        return h * len(seen)
+
+
+class GrowingCache:
+    """A key cache as generation loops pass one: each call adds its keys and attends over all of them."""
+
+    def __init__(self):
+        self.keys = []
+
+    def update(self, k):
+        self.keys.append(k)
+        return runtime.cat(self.keys, 0)
+
+
+class AttendsOverACache(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.key = nn.Linear(4, 4).double()
+
+    def forward(self, x, cache):
+        keys = cache.update(self.key(x))
+        return (x @ keys.t()).softmax(-1) @ keys
+
+
+def test_a_list_or_cache_object_passed_to_forward_is_changed_by_every_compiled_call():
+    """The compiled calls fill the caller's list and cache object with real tensors and see them grow, as eager
+    calls do (the trace saw one call's change, which a compiled graph would not repeat)."""
+    runtime.manual_seed(0)
+    inputs = [runtime.randn(2, 4, dtype=runtime.float64) for _ in range(3)]
+    for model, make in ((AppendsToItsArgument(), list), (AttendsOverACache(), GrowingCache)):
+        compiled = nnc.compile(copy.deepcopy(model))
+        got_state, want_state = make(), make()
+        got = [compiled(x, got_state).detach().numpy() for x in inputs]
+        want = [model(x, want_state).detach().numpy() for x in inputs]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+        held = got_state if isinstance(got_state, list) else got_state.keys
+        assert len(held) == 3 and all(isinstance(t, runtime.Tensor) for t in held)

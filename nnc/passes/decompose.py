@@ -27,7 +27,8 @@ from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
 from ..symbolic import has_symbols, is_symbolic
-from ..trace import RANDOM_FACTORIES, AttributesKept, has_hooks
+from ..python_state import AttributesKept
+from ..trace import RANDOM_FACTORIES, has_hooks
 from . import functionalize
 from .functionalize import FunctionalizeError
 from .shapes import propagate_shapes
