@@ -1,8 +1,12 @@
 """The Python state a forward can change besides tensors (lists, dicts, sets and plain objects reachable from a
-module's attributes or its arguments), snapshot so that a trace can tell when forward changed it, and undo that."""
+module's attributes, its arguments or the globals its code names), snapshot so that a trace can tell when forward
+changed it, and undo that."""
 from __future__ import annotations
 
+import collections
 import functools
+import inspect
+import sys
 import types
 
 import numpy as np
@@ -57,6 +61,16 @@ class ReachableState:
         roots = [(f"{path}.{name}".lstrip("."), value) for name, value in vars(module).items() if name not in own]
         return cls(roots)
 
+    @classmethod
+    def of_globals(cls, function) -> "ReachableState":
+        """The globals `function`'s code names (a counter it rebinds with `global`, a list it appends to), and
+        what they reach."""
+        function = inspect.unwrap(getattr(function, "__func__", function))
+        namespace, code = getattr(function, "__globals__", None), getattr(function, "__code__", None)
+        if not isinstance(namespace, dict) or code is None:
+            return cls([])
+        return cls([("global", _Names(namespace, [n for n in _code_names(code) if n in namespace]))])
+
     def changed(self) -> str | None:
         """The path of the first value that changed since the snapshot, or None."""
         for path, value, before in self.saved:
@@ -75,19 +89,49 @@ class ReachableState:
         return changed
 
 
+class _Names:
+    """Some names of a namespace (a module's globals): rebinding one is a change, adding others is not."""
+
+    def __init__(self, namespace: dict, names: list[str]):
+        self.namespace, self.names = namespace, names
+
+    def view(self) -> dict:
+        return {name: self.namespace.get(name, _UNBOUND) for name in self.names}
+
+
+_UNBOUND = object()
+
+
+def _code_names(code) -> list[str]:
+    """The global and attribute names a code object and the code nested in it (comprehensions, lambdas) use."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names += _code_names(const)
+    return list(dict.fromkeys(names))
+
+
 def _contents(value):
     """A container's items, a user object's attributes (its __dict__), or None for anything else. Objects of
     runtime's and nnc's own classes are not the model's state (a GraphModule's graph, whose nodes an analysis
     annotates)."""
     if isinstance(value, (list, tuple, dict, set, frozenset)):
         return value
-    if type(value).__module__.partition(".")[0] in _OWN_PACKAGES:
+    if isinstance(value, _Names):
+        return value.view()
+    if isinstance(value, collections.deque):
+        return value
+    package = type(value).__module__.partition(".")[0]
+    if package in _OWN_PACKAGES or (package in sys.stdlib_module_names and package not in _STDLIB_NAMESPACES):
         return None
     attributes = getattr(value, "__dict__", None)
     return attributes if isinstance(attributes, dict) else None
 
 
+# NOTE: objects of the standard library's classes keep caches of their own (a logging.Logger fills `_cache` the
+# first time a level is asked for), so only its plain namespaces count as the model's state.
 _OWN_PACKAGES = ("runtime", "nnc")
+_STDLIB_NAMESPACES = ("types", "argparse")
 
 
 def _copy(contents):
@@ -95,12 +139,14 @@ def _copy(contents):
 
 
 def _children(path: str, value, contents):
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, collections.deque)):
         return ((f"{path}[{k}]", item) for k, item in enumerate(contents))
     if isinstance(value, (set, frozenset)):
         return ((f"{path} (an item)", item) for item in contents)
     if isinstance(value, dict):
         return ((f"{path}[{key!r}]", item) for key, item in contents.items())
+    if isinstance(value, _Names):
+        return ((f"global {name}", item) for name, item in contents.items() if item is not _UNBOUND)
     return ((f"{path}.{name}", item) for name, item in contents.items())
 
 
@@ -111,25 +157,43 @@ def _same(a, b) -> bool:
 
 def _difference(path: str, value, before) -> str | None:
     """How `value` differs from its snapshot `before`, as the path of what changed; None when it does not."""
-    if isinstance(value, list):
+    if isinstance(value, (list, collections.deque)):
         if len(value) != len(before) or not all(_same(a, b) for a, b in zip(value, before)):
             return f"{path} (its items)"
         return None
     if isinstance(value, set):
         return None if {id(v) for v in value} == {id(v) for v in before} else f"{path} (its items)"
-    now = value if isinstance(value, dict) else vars(value)
+    now = _namespace(value)
     for key in [*before, *(k for k in now if k not in before)]:  # in order: the first change is named
         if key not in now or key not in before or not _same(now[key], before[key]):
+            if isinstance(value, _Names):
+                return f"global {key}"
             return f"{path}[{key!r}]" if isinstance(value, dict) else f"{path}.{key}".lstrip(".")
     return None
+
+
+def _namespace(value) -> dict:
+    """What a dict, an object or some global names hold now."""
+    if isinstance(value, dict):
+        return value
+    return value.view() if isinstance(value, _Names) else vars(value)
 
 
 def _put_back(value, before) -> None:
     if isinstance(value, list):
         value[:] = before
+    elif isinstance(value, collections.deque):
+        value.clear()
+        value.extend(before)
     elif isinstance(value, set):
         value.clear()
         value.update(before)
+    elif isinstance(value, _Names):
+        for name, item in before.items():
+            if item is _UNBOUND:
+                value.namespace.pop(name, None)
+            else:
+                value.namespace[name] = item
     else:
         now = value if isinstance(value, dict) else vars(value)
         now.clear()

@@ -301,23 +301,22 @@ class Tracer:
 
     def _run_watched(self, module: Module, path: str, forward, args, kwargs, names=None):
         """forward(*args, **kwargs), raising TraceError when it changed Python state that later calls would see: a
-        list, dict, set or plain object its module's attributes or its arguments reach (a call counter in a config
-        object, a cache passed in). The graph would not repeat that, so such a forward runs eagerly; what the trace
-        changed is put back (it may hold traced values)."""
+        list, dict, set or plain object its module's attributes, its arguments or the globals its code names reach
+        (a call counter in a config object, a cache passed in, a global step). The graph would not repeat that, so
+        such a forward runs eagerly; what the trace changed is put back (it may hold traced values)."""
         names = names or [f"argument {k}" for k in range(len(args))] + [f"argument {k}" for k in kwargs]
         roots = list(zip(names, [*args, *kwargs.values()]))
-        state = ReachableState(roots)
-        own = ReachableState.of_module(module, path)
+        watched = [ReachableState.of_module(module, path), ReachableState(roots), ReachableState.of_globals(forward)]
         try:
             result = forward(*args, **kwargs)
-            changed = own.changed() or state.changed()
+            changed = next((what for what in (state.changed() for state in watched) if what), None)
         except BaseException:
-            own.restore()
-            state.restore()
+            for state in watched:
+                state.restore()
             raise
         if changed:
-            own.restore()
-            state.restore()
+            for state in watched:
+                state.restore()
             where = f"{type(module).__name__}.forward" + (f" ({path})" if path else "")
             raise TraceError(f"{where} changes {changed}: the compiled graph would not repeat that on later calls, "
                              f"so this forward runs eagerly")

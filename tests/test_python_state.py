@@ -53,3 +53,34 @@ def test_a_module_snapshot_leaves_out_its_registries_and_submodules():
     model.notes = {"runs": 0}
     state = ReachableState.of_module(model, "model")
     assert [path for path, _, _ in state.saved] == ["model.notes"]
+
+
+COUNTER = 0
+RECORD: list = []
+
+
+def _bumps():
+    global COUNTER
+    COUNTER += 1
+    RECORD.append([COUNTER])
+    return [x for x in RECORD]  # a comprehension's code names globals too
+
+
+def test_globals_a_function_names_are_watched_and_put_back():
+    state = ReachableState.of_globals(_bumps)
+    _bumps()
+    assert state.changed() == "global COUNTER"
+    assert state.restore() and (COUNTER, RECORD) == (0, [])
+
+
+def test_standard_library_objects_other_than_namespaces_are_not_walked():
+    import argparse
+    import logging
+
+    logger = logging.getLogger("nnc.tests.python_state")
+    args, spaces = argparse.Namespace(lr=0.1), types.SimpleNamespace(step=0)
+    state = ReachableState([("objects", [logger, args, spaces])])
+    logger.isEnabledFor(logging.DEBUG)  # fills the logger's own cache
+    assert state.changed() is None
+    args.lr = 0.2
+    assert state.changed() == "objects[1].lr"

@@ -1,7 +1,9 @@
 """More model shapes people train, compiled vs eager: state a forward keeps on the module across calls."""
 from __future__ import annotations
 
+import collections
 import copy
+import logging
 
 import numpy as np
 
@@ -260,3 +262,74 @@ def test_a_list_or_cache_object_passed_to_forward_is_changed_by_every_compiled_c
             np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
         held = got_state if isinstance(got_state, list) else got_state.keys
         assert len(held) == 3 and all(isinstance(t, runtime.Tensor) for t in held)
+
+
+CALLS = 0
+KEPT: list = []
+LOG = logging.getLogger("nnc.tests.real_models_more")
+
+
+class UsesGlobals(nn.Module):
+    """Counts its calls in a global and keeps outputs in a global list, as quick scripts do."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+
+    def forward(self, x):
+        global CALLS
+        CALLS += 1
+        h = self.lin(x)
+        KEPT.append(h.detach())
+        return h * CALLS
+
+
+def test_globals_a_forward_rebinds_or_fills_change_on_every_compiled_call():
+    global CALLS
+    runtime.manual_seed(0)
+    model, inputs = UsesGlobals(), [runtime.randn(2, 4, dtype=runtime.float64) for _ in range(3)]
+    compiled = nnc.compile(copy.deepcopy(model))
+    CALLS = 0
+    KEPT.clear()
+    got = [compiled(x).detach().numpy() for x in inputs]
+    assert CALLS == 3 and len(KEPT) == 3 and all(isinstance(t, runtime.Tensor) for t in KEPT)
+    CALLS = 0
+    want = [model(x).detach().numpy() for x in inputs]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+class LogsAndKeepsADeque(nn.Module):
+    """Logs in forward (a logging.Logger fills its own cache: not the model's state) and keeps recent outputs in a
+    deque (which is)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).double()
+        self.recent = collections.deque(maxlen=2)
+
+    def forward(self, x):
+        LOG.debug("forward")
+        h = self.lin(x)
+        self.recent.append(h.detach())
+        return h
+
+
+def test_a_deque_is_state_and_a_logger_is_not():
+    runtime.manual_seed(0)
+    inputs = [runtime.randn(2, 4, dtype=runtime.float64) for _ in range(3)]
+    compiled = assert_calls_match(LogsAndKeepsADeque(), inputs)
+    assert len(compiled.recent) == 2 and all(isinstance(t, runtime.Tensor) for t in compiled.recent)
+    assert "recent" in vars(compiled)["_partly"].reason
+
+    class OnlyLogs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4).double()
+
+        def forward(self, x):
+            LOG.debug("forward")
+            return self.lin(x)
+
+    compiled = assert_calls_match(OnlyLogs(), inputs)
+    assert "_partly" not in vars(compiled) and compiled.compilations[0].graph_breaks == []
