@@ -21,7 +21,7 @@ STAGES = ("trace", "shapes", "decompose", "functionalize", "simplify", "split", 
 STAGE_ALIASES = {"traced": "trace", "decomposed": "simplify", "backward": "simplify_backward", "fused": "fuse",
                  "kernels": "codegen"}
 GRAPH_STAGES = STAGES[:STAGES.index("fuse")]
-DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+DTYPES = ("bfloat16", "float16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
 SEED = 0
 MAX_INPUT_BYTES = 4 * 2**30  # example inputs are for shapes: a bigger one is a typo, not a model
 
@@ -54,9 +54,9 @@ a Module (classes and callables are instantiated/called with no arguments); it m
 neighbours.
 
 Each --input gives one positional argument of forward(), in order, as DTYPE[DIMS] with DTYPE one of
-float16, float32, float64, int32, int64, bool ('float32[]' is a scalar). Floating inputs are drawn
-from a standard normal distribution with a fixed seed, integer and bool inputs are zeros. Inputs do
-not require grad; the backward stages differentiate the parameters, as a training step does.
+bfloat16, float16, float32, float64, uint8, int8, int16, int32, int64, bool ('float32[]' is a scalar).
+Floating inputs are drawn from a standard normal distribution with a fixed seed, integer and bool inputs
+are zeros. Inputs do not require grad; the backward stages differentiate the parameters, as a training step does.
 
 Stages, in the order nnc.compile runs them (graph stages print in any --format):
   trace              the traced graph; without --input, traced symbolically (sizes stay symbolic)
@@ -211,7 +211,7 @@ def make_inputs(specs: list[tuple[str, tuple[int, ...]]], seed: int = SEED) -> l
             raise CliError(f"--input {format_spec(dtype_name, dims)} would take {nbytes / 2**30:.3g} GiB; example "
                            f"inputs are limited to {MAX_INPUT_BYTES // 2**30} GiB (shapes are what matter here).")
         try:
-            if dtype_name.startswith("float"):
+            if dtype_name.startswith(("float", "bfloat")):
                 tensors.append(runtime.randn(*dims, generator=generator, dtype=dtype))
             else:
                 tensors.append(runtime.zeros(*dims, dtype=dtype))
