@@ -115,12 +115,10 @@ def _contents(value):
     """A container's items, a user object's attributes (its __dict__), or None for anything else. Objects of
     runtime's and nnc's own classes are not the model's state (a GraphModule's graph, whose nodes an analysis
     annotates)."""
-    if isinstance(value, (list, tuple, dict, set, frozenset)):
+    if isinstance(value, (list, tuple, dict, set, frozenset, collections.deque)):
         return value
     if isinstance(value, _Names):
         return value.view()
-    if isinstance(value, collections.deque):
-        return value
     package = type(value).__module__.partition(".")[0]
     if package in _OWN_PACKAGES or (package in sys.stdlib_module_names and package not in _STDLIB_NAMESPACES):
         return None
@@ -195,7 +193,7 @@ def _put_back(value, before) -> None:
             else:
                 value.namespace[name] = item
     else:
-        now = value if isinstance(value, dict) else vars(value)
+        now = _namespace(value)
         now.clear()
         now.update(before)
 

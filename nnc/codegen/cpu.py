@@ -93,13 +93,11 @@ def _generate(kernel: Kernel) -> Generated:
     definitions = list(kb.helpers.values()) + [f.source() for f in kb.functions]
     own_launch = kb.launch
     threaded = threaded_dtype(kernel) if kind == "matmul" else None
-    if threaded is not None:  # the module's own launcher (a whole graph calls cblas.dot_f32 from numba instead)
-        own_launch = [_on_numba_threads(line, cblas.DOT_THREADED[threaded]) for line in kb.launch]
-        own_launch = _batch_on_numba_threads(own_launch, cblas.DOT_BATCH_THREADED[threaded])
-    if own_launch != kb.launch:
-        called = sorted({name for name in THREADED_NAMES
-                         if any(line.startswith(f"{name}(") for line in own_launch)})
-        header += ["from numba import get_num_threads", "", f"from nnc.codegen.cblas import {', '.join(called)}"]
+    if threaded is not None:  # the module's own launcher (a whole graph decides for itself: whole_graph_threaded_dtype)
+        own_launch, called = launch_on_numba_threads(kb.launch, threaded)
+        if called:
+            header += ["from numba import get_num_threads", "",
+                       f"from nnc.codegen.cblas import {', '.join(sorted(called))}"]
     parts = ["\n".join(header + preamble)] + definitions
     symbols = symbols_in(kb.launch)
     if symbols:  # a kernel over symbolic sizes (nnc.symbolic) takes each call's sizes
@@ -160,6 +158,14 @@ def threaded_dtype(kernel: Kernel):
     if not cblas.THREADS_SETTABLE or product is None or product[0] * product[2] < cblas.THREAD_MIN_WORK:
         return None
     return product[1] if product[1] in cblas.DOT_THREADED else None
+
+
+def launch_on_numba_threads(launch: list[str], dtype, threads: str = "get_num_threads()") -> tuple[list, set]:
+    """A launcher's lines with its products of `dtype` split over numba's threads (cblas.DOT_THREADED with
+    `threads`, the batch loop as cblas.DOT_BATCH_THREADED), and the cblas functions they now call."""
+    lines = [_on_numba_threads(line, cblas.DOT_THREADED[dtype], threads) for line in launch]
+    lines = _batch_on_numba_threads(lines, cblas.DOT_BATCH_THREADED[dtype])
+    return lines, {name for name in THREADED_NAMES if any(line.startswith(f"{name}(") for line in lines)}
 
 
 def _batch_on_numba_threads(launch: list[str], function: str) -> list[str]:

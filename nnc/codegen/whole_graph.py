@@ -34,8 +34,8 @@ from ..graph import Graph, Node, nodes_in
 from ..kernel import Kernel, matmul_nodes, view_node
 from ..passes.views import view_maps
 from . import cache, cblas, nowait
-from .cpu import (COMPILE_LOCK, THREADED_NAMES, Generated, _batch_on_numba_threads, _on_numba_threads,
-                  compile_generated, generate, numba_signature_nd, whole_graph_threaded_dtype)
+from .cpu import (COMPILE_LOCK, Generated, compile_generated, generate, launch_on_numba_threads, numba_signature_nd,
+                  whole_graph_threaded_dtype)
 from .cpu_elementwise import py_name
 from .cpu_matmul import _same_batch_3d, matmul_schedule
 from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shape, np_dtype, op_and_attrs
@@ -223,10 +223,8 @@ class _Emitter:
         if threaded is not None:  # a large product: on numba's threads (OpenBLAS on one, whole_graph_serial_blas)
             # NOTE: numba's pool size, written in: get_num_threads() in compiled code keeps numba from caching it
             # (a ctypes pointer); under set_num_threads(1) prange runs the blocks one after another
-            threads = str(numba.config.NUMBA_NUM_THREADS)
-            launch = [_on_numba_threads(line, cblas.DOT_THREADED[threaded], threads) for line in launch]
-            launch = _batch_on_numba_threads(launch, cblas.DOT_BATCH_THREADED[threaded])
-            self.blas.update(name for name in THREADED_NAMES if any(line.startswith(f"{name}(") for line in launch))
+            launch, called = launch_on_numba_threads(launch, threaded, str(numba.config.NUMBA_NUM_THREADS))
+            self.blas |= called
         for line in launch:
             if dot is not None and "np.dot(" in line:
                 line = line.replace("np.dot(", f"{dot}(")
