@@ -481,9 +481,7 @@ def test_float_block_max_and_min_helpers_match_numpy_on_special_values(op, dtype
 
     kb = SimpleNamespace(helpers={})
     name = block_helper(kb, op, OPS[op].reducer, np.dtype(dtype), np.dtype(dtype))
-    namespace = {}
-    exec("import numpy as np\nfrom numba import njit\n" + kb.helpers[name], namespace)
-    helper = namespace[name]
+    helper = getattr(cache.load_module("import numpy as np\nfrom numba import njit\n" + kb.helpers[name])[0], name)
     info = np.finfo(dtype)
     special = np.array([np.inf, -np.inf, 0.0, -0.0, info.tiny / 4, -info.tiny / 4, info.max, -info.max, 1.0, -1.0],
                        dtype=dtype)

@@ -49,7 +49,9 @@ MODULES_ENV_VAR = "NNC_KERNEL_MODULES"
 DEFAULT_MODULES = 128
 
 _modules: OrderedDict[tuple[str, str], ModuleType] = OrderedDict()  # (directory, digest) -> module, LRU order
-_lock = threading.Lock()
+# NOTE: reentrant: running a kernel's module imports its libraries, which loads them while the kernel's load holds it
+_lock = threading.RLock()
+_sources: dict[str, str] = {}  # module name -> source, for what this process loaded or registered (library)
 
 _PYCACHE = "__pycache__"  # numba's in-tree cache directory next to the sources
 _dir_lock = threading.Lock()
@@ -256,6 +258,7 @@ def load_module(source: str, keep: int = 0) -> tuple[ModuleType, Path, bool]:
             return module, Path(module.__file__), True
         path = write_source(source, directory)
         name = module_name(source)
+        _sources[name] = source
         spec = importlib.util.spec_from_loader(name, _SourceTextLoader(source, path), origin=str(path))
         module = importlib.util.module_from_spec(spec)
         module.__file__ = str(path)  # set by hand: a spec "with a location" would also name a .pyc as __cached__
@@ -269,6 +272,45 @@ def load_module(source: str, keep: int = 0) -> tuple[ModuleType, Path, bool]:
         _modules[key] = module
         _evict(max(module_limit(), keep))
         return module, path, False
+
+
+def library(source: str) -> str:
+    """The module name under which a kernel module imports `source`, a library: numba functions that several kernels
+    call (a reduction's block helper, the epilogue that kernels of different products share). It is compiled once
+    per process and cached on disk once, instead of once in each kernel that calls it.
+
+    The name is registered for this process only: an import of it loads this text through load_module (the kernel
+    cache, its trust rules and its LRU), and nothing else is ever imported under such a name. Every module
+    load_module ran is registered too, so an import by name finds a module the LRU has dropped."""
+    name = module_name(source)
+    with _lock:
+        _sources[name] = source
+    return name
+
+
+class _LibraryFinder(importlib.abc.MetaPathFinder):
+    """Finds the kernel modules and libraries this process loaded or registered (`library`), and nothing else."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        with _lock:
+            source = _sources.get(fullname)
+        return None if source is None else importlib.util.spec_from_loader(fullname, _LibraryLoader(source))
+
+
+class _LibraryLoader(importlib.abc.Loader):
+    """Imports a library as load_module does (memoized, from its text), so the import gets that very module."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def create_module(self, spec):
+        return load_module(self.source)[0]
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass
+
+
+sys.meta_path.append(_LibraryFinder())
 
 
 def ensure_imported(sources: list) -> None:

@@ -139,7 +139,7 @@ class _Worker:
                 key = cache.digest(g.source)
                 _pending[key] = threading.Event()
                 self.jobs.add(key)
-                jobs.append(json.dumps({"digest": key, "dir": directory, "source": g.source,
+                jobs.append(json.dumps({"digest": key, "dir": directory, "source": g.source, "libraries": g.libraries,
                                         "signatures": {f: [_encode(d) for d in ds] for f, ds in g.signatures.items()}}))
         try:
             self.process.stdin.write("".join(line + "\n" for line in jobs))
@@ -218,6 +218,8 @@ def _serve(lines, answer) -> None:
         job = json.loads(line)
         os.environ[cache.ENV_VAR] = job["dir"]
         try:
+            for library in job.get("libraries", []):
+                cache.library(library)
             module, _, _ = cache.load_module(job["source"])
             for fname, encoded in job["signatures"].items():
                 getattr(module, fname).compile(_numba_types(encoded))

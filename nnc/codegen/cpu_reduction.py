@@ -413,6 +413,10 @@ def column_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept
     return lines + indent(finish_lines([a.total for a in accs]))
 
 
+# A block helper's numba flags (cached: a library, nnc.codegen.cache.library)
+_HELPER_FLAGS = "cache=True, error_model='numpy'"
+
+
 def block_helper(kb: KernelBuilder, op_name: str, reducer: Reducer, in_dtype: np.dtype, acc_dtype: np.dtype) -> str:
     """The name of a module-level helper reducing buf[:n] (buf of in_dtype) into acc_dtype; defines it once."""
     name = f"block_{op_name}_{in_dtype.name}"
@@ -421,7 +425,7 @@ def block_helper(kb: KernelBuilder, op_name: str, reducer: Reducer, in_dtype: np
     one = ctor(acc_dtype)
     if reducer.block == "fold":
         value = kb.dialect.cast("buf[q]", acc_dtype)
-        lines = ["@njit(fastmath={'reassoc'}, error_model='numpy')", f"def {name}(buf, n):",
+        lines = [f"@njit({_HELPER_FLAGS}, fastmath={{'reassoc'}})", f"def {name}(buf, n):",
                  f'    """{op_name} of buf[:n] in {acc_dtype} (reassociated, so it vectorizes)."""',
                  f"    acc = {kb.dialect.literal(reducer.identity(acc_dtype), acc_dtype)}",
                  "    for q in range(n):",
@@ -438,7 +442,7 @@ def block_helper(kb: KernelBuilder, op_name: str, reducer: Reducer, in_dtype: np
         pick = ">" if reducer.block == "max" else "<"
         lanes = [f"a{k}" for k in range(8)]
         pick_into = lambda a, v: f"{a} = {v} if {v} {pick} {a} else {a}"  # noqa: E731
-        lines = ["@njit(error_model='numpy', forceinline=True)", f"def {name}(buf, n):",
+        lines = [f"@njit({_HELPER_FLAGS}, forceinline=True)", f"def {name}(buf, n):",
                  f'    """{op_name} of buf[:n] (n >= 1), eight accumulators wide'
                  + (", nan if any is nan (numpy's)." if in_dtype.kind == "f" else ".") + '"""',
                  f"    {' = '.join(lanes)} = buf[0]", "    full = n - n % 8", "    for q in range(0, full, 8):"]
@@ -479,7 +483,7 @@ def _float_extreme_helper(name: str, op_name: str, block: str, dtype: np.dtype) 
     width = 8 * dtype.itemsize
     key = lambda v: f"{i}({v} ^ (({v} >> {i}({width - 1})) & {i}({mask})))"  # noqa: E731 (its own inverse)
     result = "hi" if block == "max" else "lo"
-    return ["@njit(error_model='numpy', forceinline=True)", f"def {name}(buf, n):",
+    return [f"@njit({_HELPER_FLAGS}, forceinline=True)", f"def {name}(buf, n):",
             f'    """{op_name} of buf[:n] (n >= 1), nan if any is nan (numpy\'s): the {block} of integer keys '
             'ordered as the floats."""',
             f"    hi = {i}({-(1 << (width - 1))})", f"    lo = {i}({(1 << (width - 1)) - 1})",
