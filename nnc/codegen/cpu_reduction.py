@@ -413,8 +413,9 @@ def column_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept
     return lines + indent(finish_lines([a.total for a in accs]))
 
 
-# A block helper's numba flags (cached: a library, nnc.codegen.cache.library)
-_HELPER_FLAGS = "cache=True, error_model='numpy'"
+# A block helper's numba flags. NOTE: no_cfunc_wrapper: nothing takes a generated function's address, and the C
+# wrapper numba builds for that otherwise costs ~5% of a kernel's compile time
+_HELPER_FLAGS = "cache=True, error_model='numpy', no_cfunc_wrapper=True"
 
 
 def block_helper(kb: KernelBuilder, op_name: str, reducer: Reducer, in_dtype: np.dtype, acc_dtype: np.dtype) -> str:

@@ -326,7 +326,7 @@ def _module_source(name: str, n_kernels: int, emitter: _Emitter, arg_nodes: list
     checks = _shape_checks([emitter.var[n] for n in arg_nodes], arg_nodes)
     body = ([f"    # {doc}"] + ["    " + line for line in checks + emitter.lines]
             + [f"    return {_tuple(results)}"])
-    entry = "\n".join(["@njit(cache=True, error_model='numpy')",
+    entry = "\n".join(["@njit(cache=True, error_model='numpy', no_cfunc_wrapper=True)",
                        f"def run_graph({', '.join(emitter.var[n] for n in arg_nodes)}):"] + body)
     header = [f'"""nnc whole graph {name}: {n_kernels} kernels as one numba function."""',
               "import numpy as np", "from numba import njit", ""] + imports
