@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import threading
 
 import numpy as np
 from numba import njit, prange, types
@@ -127,8 +128,7 @@ def _prepare(a, b, out):
 
 # NOTE: one function per dtype: each calls its own external BLAS symbol, which numba binds at compile time.
 # In a gemv, b is w.T for a C-ordered w (n, k) when tb (y = w x), else C-ordered (k, n) (y = b^T x).
-@njit(cache=True)
-def dot_f32(a, b, out):
+def _dot_f32(a, b, out):
     """out = a @ b for float32 2-D arrays (out C-contiguous, of a's rows and b's columns)."""
     call, a, b, ta, lda, tb, ldb, ldc, inc = _prepare(a, b, out)
     k, n, one, zero = a.shape[1], b.shape[1], np.float32(1.0), np.float32(0.0)
@@ -140,8 +140,7 @@ def dot_f32(a, b, out):
                a.ctypes.data, lda, b.ctypes.data, ldb, zero, out.ctypes.data, ldc)
 
 
-@njit(cache=True)
-def dot_f64(a, b, out):
+def _dot_f64(a, b, out):
     """out = a @ b for float64 2-D arrays (out C-contiguous, of a's rows and b's columns)."""
     call, a, b, ta, lda, tb, ldb, ldc, inc = _prepare(a, b, out)
     k, n, one, zero = a.shape[1], b.shape[1], np.float64(1.0), np.float64(0.0)
@@ -181,50 +180,84 @@ def _bounds(block, blocks, extent):
     return min(extent, block * step), min(extent, (block + 1) * step)
 
 
-@njit(cache=True, parallel=True)
-def dot_threaded_f32(a, b, out, threads):
+def _dot_threaded_f32(a, b, out, threads):
     """dot_f32 with the output split in blocks of rows or columns, a block per thread of numba's `threads`."""
     blocks, along_rows = _blocks(out.shape[0], out.shape[1], a.shape[1], threads)
     if blocks == 1:
-        dot_f32(a, b, out)
+        dot_f32(a, b, out)  # noqa: F821 (_public defines it)
         return
     extent = out.shape[0] if along_rows else out.shape[1]
     for block in prange(blocks):
         lo, hi = _bounds(block, blocks, extent)
         if along_rows:
-            dot_f32(a[lo:hi], b, out[lo:hi])
+            dot_f32(a[lo:hi], b, out[lo:hi])  # noqa: F821 (_public defines it)
         else:
-            dot_f32(a, b[:, lo:hi], out[:, lo:hi])
+            dot_f32(a, b[:, lo:hi], out[:, lo:hi])  # noqa: F821 (_public defines it)
 
 
-@njit(cache=True, parallel=True)
-def dot_threaded_f64(a, b, out, threads):
+def _dot_threaded_f64(a, b, out, threads):
     """dot_f64 with the output split in blocks of rows or columns, a block per thread of numba's `threads`."""
     blocks, along_rows = _blocks(out.shape[0], out.shape[1], a.shape[1], threads)
     if blocks == 1:
-        dot_f64(a, b, out)
+        dot_f64(a, b, out)  # noqa: F821 (_public defines it)
         return
     extent = out.shape[0] if along_rows else out.shape[1]
     for block in prange(blocks):
         lo, hi = _bounds(block, blocks, extent)
         if along_rows:
-            dot_f64(a[lo:hi], b, out[lo:hi])
+            dot_f64(a[lo:hi], b, out[lo:hi])  # noqa: F821 (_public defines it)
         else:
-            dot_f64(a, b[:, lo:hi], out[:, lo:hi])
+            dot_f64(a, b[:, lo:hi], out[:, lo:hi])  # noqa: F821 (_public defines it)
 
 
-@njit(cache=True, parallel=True)
-def dot_batch_threaded_f32(a, b, out):
+def _dot_batch_threaded_f32(a, b, out):
     """out[i] = a[i] @ b[i] for 3-D float32 arrays, the batch's products spread over numba's threads."""
     for i in prange(out.shape[0]):
-        dot_f32(a[i], b[i], out[i])
+        dot_f32(a[i], b[i], out[i])  # noqa: F821 (_public defines it)
 
 
-@njit(cache=True, parallel=True)
-def dot_batch_threaded_f64(a, b, out):
+def _dot_batch_threaded_f64(a, b, out):
     """out[i] = a[i] @ b[i] for 3-D float64 arrays, the batch's products spread over numba's threads."""
     for i in prange(out.shape[0]):
-        dot_f64(a[i], b[i], out[i])
+        dot_f64(a[i], b[i], out[i])  # noqa: F821 (_public defines it)
+
+
+# --- the public products: compiled once per dtype, for operands of any layout, on first use ---
+
+# NOTE: numba compiles a function once per argument type, and a C-ordered, a Fortran-ordered (a transposed view)
+# and a strided array are three types: every mix of layouts compiled anew (a test run compiled 21 overloads of
+# _prepare and 11 of the threaded products, seconds each). Each public function has one signature of any-layout
+# ('A') arrays, which the others convert to (no copy; BLAS reads the strides either way). A read-only array does
+# not convert: numba refuses it with a TypeError, and the callers copy it (codegen.cpu.CompiledKernel.run).
+_FUNCTIONS = {  # name -> (function, dtype, dimensions, parallel, the public functions its body calls)
+    "dot_f32": (_dot_f32, types.float32, 2, False, ()),
+    "dot_f64": (_dot_f64, types.float64, 2, False, ()),
+    "dot_threaded_f32": (_dot_threaded_f32, types.float32, 2, True, ("dot_f32",)),
+    "dot_threaded_f64": (_dot_threaded_f64, types.float64, 2, True, ("dot_f64",)),
+    "dot_batch_threaded_f32": (_dot_batch_threaded_f32, types.float32, 3, True, ("dot_f32",)),
+    "dot_batch_threaded_f64": (_dot_batch_threaded_f64, types.float64, 3, True, ("dot_f64",)),
+}
+_compile_lock = threading.Lock()
+
+
+def __getattr__(name: str):
+    """A public product (`_FUNCTIONS`), compiled (or loaded from numba's cache) on first use."""
+    if name not in _FUNCTIONS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _compile_lock:
+        return _public(name)
+
+
+def _public(name: str):
+    if name in globals():
+        return globals()[name]
+    function, dtype, ndim, parallel, calls = _FUNCTIONS[name]
+    for callee in calls:  # in the module's namespace before numba types the body that calls it
+        _public(callee)
+    array = types.Array(dtype, ndim, "A")
+    arguments = (array, array, array) + ((types.int64,) if name.startswith("dot_threaded") else ())
+    globals()[name] = njit([types.void(*arguments)], cache=True, parallel=parallel)(function)
+    return globals()[name]
 
 
 # the functions a kernel's launcher calls for a product (a batch of products) of this numpy dtype run on numba's
