@@ -55,6 +55,7 @@ class Node:
         self.meta: dict[str, Any] = {}
         self._args: tuple = ()
         self._kwargs: dict = {}
+        self._inputs: tuple = ()  # nodes_in((args, kwargs)), kept by _update_args: passes ask for it very often
         self._update_args(tuple(args), dict(kwargs))
 
     # -- arguments, kept in sync with users ---------------------------------------------------------
@@ -77,16 +78,16 @@ class Node:
 
     @property
     def all_input_nodes(self) -> list["Node"]:
-        return nodes_in((self._args, self._kwargs))
+        return list(self._inputs)
 
     def _update_args(self, args: tuple, kwargs: dict) -> None:
         new_inputs = nodes_in((args, kwargs))
         for new in new_inputs:  # checked before anything changes, so a refused edit leaves the node as it was
             if new.graph is not self.graph:
                 raise GraphError(f"node {self.name} would read {new.name}, which belongs to another graph")
-        for old in self.all_input_nodes:
+        for old in self._inputs:
             old.users.pop(self, None)
-        self._args, self._kwargs = args, kwargs
+        self._args, self._kwargs, self._inputs = args, kwargs, tuple(new_inputs)
         for new in new_inputs:
             new.users[self] = None
 
