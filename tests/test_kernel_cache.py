@@ -1,8 +1,10 @@
 """nnc.codegen.cache keeps a bounded number of imported kernel modules (an LRU); evicted ones come back from disk."""
+import importlib
 import sys
 import warnings
 
 import numpy as np
+import pytest
 
 import nnc
 import runtime
@@ -81,3 +83,38 @@ def test_a_whole_graph_with_more_kernels_than_the_limit_still_imports_them(monke
     (artifact,) = compiled._cache.values()
     assert artifact.forward_plan.whole_graph and len(artifact.forward_plan.kernels) > 1
     np.testing.assert_allclose(got.numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_only_modules_this_process_generated_or_loaded_import_by_name(monkeypatch, tmp_path):
+    """A kernel module imports its libraries by name; a file in the cache that this process never generated is not
+    importable that way, whatever its name."""
+    monkeypatch.setenv("NNC_CACHE_DIR", str(tmp_path))
+    planted = "PLANTED = True\n"
+    cache.write_source(planted)  # on disk under the name its text hashes to, never generated here
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(cache.module_name(planted))
+    library = "VALUE = 7\n"
+    name = cache.library(library)
+    kernel, _, _ = cache.load_module(f"from {name} import VALUE\nDOUBLE = 2 * VALUE\n")
+    assert kernel.DOUBLE == 14 and sys.modules[name] is cache.load_module(library)[0]
+
+
+def test_kernels_of_other_shapes_share_one_compiled_block_helper(monkeypatch, tmp_path):
+    """Two row sums of different lengths are two kernel modules, but one block_sum library: numba compiles it once."""
+    monkeypatch.setenv("NNC_CACHE_DIR", str(tmp_path))
+    helpers = []
+    for width in (80, 96):
+        model = nnc.compile(_RowSum(), whole_graph=False)
+        x = runtime.randn(3, width)
+        with runtime.no_grad():
+            np.testing.assert_allclose(model(x).numpy(), x.numpy().sum(1), rtol=1e-5, atol=1e-5)
+        (artifact,) = model._cache.values()
+        (step,) = [s for p in artifact.plans for s in p.steps if hasattr(s, "compiled")]
+        module = sys.modules[cache.module_name(step.compiled.path.read_text())]
+        helpers.append(module.block_sum_float32)
+    assert helpers[0] is helpers[1] and len(helpers[0].overloads) == 1
+
+
+class _RowSum(nn.Module):
+    def forward(self, x):
+        return x.sum(1)
