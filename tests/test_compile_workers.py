@@ -50,19 +50,36 @@ def _run(compiled, cols: int) -> np.ndarray:
     return got
 
 
-def test_helpers_compile_all_but_the_first_share_into_the_disk_cache(fresh_cache, monkeypatch):
+def test_helpers_compile_the_queued_modules_into_the_disk_cache(fresh_cache, monkeypatch):
     monkeypatch.setenv(compile_workers.ENV_VAR, "1")
     kernels = [_kernel(cols) for cols in range(10, 18)]
     generated = [generate(k) for k in kernels]
-    sent = compile_workers.precompile(generated)
-    assert sent == len(generated) // 2  # one helper: this process keeps the first half
-    for g in generated[-sent:]:
-        compile_workers.wait_for(g.source)
-    assert len(_index_files(fresh_cache)) >= sent  # the helper's modules are in numba's disk cache
+    queued = compile_workers.precompile(generated)
+    assert queued == len(generated) - 1  # this process keeps the first
+    for g in generated[1:]:  # left to the helper: wait for its answers, taking nothing from the queue
+        with compile_workers._lock:
+            event = compile_workers._pending[cache.digest(g.source)]
+        assert event.wait(300)
+    assert len(_index_files(fresh_cache)) >= queued  # the helper's modules are in numba's disk cache
     results = [compile_generated(k, g) for k, g in zip(kernels, generated)]
-    assert [r.cache_hit for r in results] == [False] * (len(kernels) - sent) + [True] * sent
+    assert [r.cache_hit for r in results] == [False] + [True] * queued
     for r, cols in zip(results, range(10, 18)):
         _run(r, cols)
+
+
+def test_this_process_takes_the_queued_modules_no_helper_has_started(fresh_cache, monkeypatch):
+    """Work splits by who gets there first: a module still queued when this process reaches it is compiled here."""
+    monkeypatch.setenv(compile_workers.ENV_VAR, "1")
+    monkeypatch.setattr(compile_workers, "_worker", lambda k: None)  # no helper takes anything
+    kernels = [_kernel(cols) for cols in range(50, 56)]
+    generated = [generate(k) for k in kernels]
+    assert compile_workers.precompile(generated) == len(generated) - 1
+    assert len(compile_workers._queue) == len(generated) - 1
+    for k, g, cols in zip(kernels, generated, range(50, 56)):
+        compile_workers.wait_for(g.source)  # returns at once: the module leaves the queue
+        assert cache.digest(g.source) not in compile_workers._pending
+        _run(compile_generated(k, g), cols)
+    assert not compile_workers._queue and not compile_workers._pending
 
 
 def test_kernels_already_compiled_are_not_sent(fresh_cache, monkeypatch):

@@ -1,12 +1,15 @@
 """Compile a compilation's new kernels in parallel: helper processes fill numba's disk cache while this process
-compiles its own share, then this process loads theirs from that cache.
+compiles too, then this process loads theirs from that cache.
 
 numba compiles one function at a time per process (a global lock, and most of the work holds the GIL), so a cold
 compile of a model with many kernels runs on one core. `precompile(kernels)` runs before a compilation's plans are
-generated: it generates every kernel's source, keeps those numba has not compiled to disk yet, and sends all but the
-first share to helper processes (`python -m nnc.codegen.compile_workers`, kept for the life of this process). The
-plans are then generated as usual; `wait_for(source)` (called by codegen.cpu before compiling a module) waits until a
-helper has finished that module, so numba loads it from the disk cache instead of compiling it again.
+generated: it generates every kernel's source and queues those numba has not compiled to disk yet. This process then
+compiles them in plan order, from the front of the queue, while each helper process (`python -m
+nnc.codegen.compile_workers`, kept for the life of this process) takes one module at a time from the back. Whoever
+comes first takes a module, so the work splits by what each side gets done, not by a count fixed in advance:
+`wait_for(source)` (called by codegen.cpu before compiling a module) takes a module no helper has started out of the
+queue (this process compiles it), or waits until the helper working on it is done, so numba loads it from the disk
+cache instead of compiling it again.
 
 A helper is a fresh interpreter running only this module (never the user's script, which multiprocessing's spawn
 would import again), reads jobs as JSON lines on stdin and answers each with one line when its module is in the cache
@@ -20,6 +23,7 @@ off). Fewer than MIN_NEW_KERNELS new kernels compile here alone: a helper's star
 from __future__ import annotations
 
 import atexit
+import collections
 import json
 import os
 import subprocess
@@ -39,6 +43,7 @@ SIZE = "size"    # a size symbol's argument type (codegen.cpu.SIZE)
 
 _lock = threading.Lock()
 _pending: dict[str, threading.Event] = {}  # source digest -> set once a helper is done with it (or gone)
+_queue: collections.deque = collections.deque()  # (digest, job line) no helper has taken yet; helpers take the last
 _workers: list["_Worker"] = []
 
 
@@ -55,33 +60,48 @@ def worker_count() -> int:
 
 
 def precompile(generated: list) -> int:
-    """Send the modules of `generated` (codegen.cpu.Generated, in the order they will be compiled) that numba has not
-    compiled to disk to helper processes, keeping the first share for this process; returns how many were sent."""
+    """Queue the modules of `generated` (codegen.cpu.Generated, in the order they will be compiled) that numba has
+    not compiled to disk, for this process from the front and helper processes from the back (the first stays
+    this process's); returns how many were queued."""
     count = worker_count()
     new = _not_on_disk(generated)
     if count == 0 or len(new) < MIN_NEW_KERNELS:
         return 0
-    shares = [new[len(new) * k // (count + 1):len(new) * (k + 1) // (count + 1)] for k in range(count + 1)]
     directory = str(cache.cache_dir())
-    sent = 0
-    for k, share in enumerate(shares[1:]):
+    with _lock:
+        for g in new[1:]:
+            key = cache.digest(g.source)
+            _pending[key] = threading.Event()
+            _queue.append((key, json.dumps({"digest": key, "dir": directory, "source": g.source,
+                                            "libraries": g.libraries,
+                                            "signatures": {f: [_encode(d) for d in ds]
+                                                           for f, ds in g.signatures.items()}})))
+    for k in range(count):
         worker = _worker(k)
         if worker is None:
             break
-        sent += worker.send(share, directory)
-    return sent
+        worker.feed()
+    return len(new) - 1
 
 
 def wait_for(source: str) -> None:
-    """Return once no helper is working on `source`'s module (at once when none was asked to)."""
+    """Return once no helper is working on `source`'s module: at once when none was asked to or none has started
+    it (it leaves the queue: this process compiles it), else when the helper is done."""
     if not _pending:
         return
+    key = cache.digest(source)
     with _lock:
-        event = _pending.get(cache.digest(source))
+        event = _pending.get(key)
+        queued = [job for job in _queue if job[0] == key]
+        for job in queued:
+            _queue.remove(job)
+        if queued:
+            _pending.pop(key, None)
+            return
     if event is not None:
         event.wait(_WAIT_S)
         with _lock:
-            _pending.pop(cache.digest(source), None)
+            _pending.pop(key, None)
 
 
 def _not_on_disk(generated: list) -> list:
@@ -132,22 +152,18 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def send(self, share: list, directory: str) -> int:
-        jobs = []
+    def feed(self) -> None:
+        """Hand this helper the last queued module when it has none (one at a time, so the rest stay takeable)."""
         with _lock:
-            for g in share:
-                key = cache.digest(g.source)
-                _pending[key] = threading.Event()
-                self.jobs.add(key)
-                jobs.append(json.dumps({"digest": key, "dir": directory, "source": g.source, "libraries": g.libraries,
-                                        "signatures": {f: [_encode(d) for d in ds] for f, ds in g.signatures.items()}}))
+            if self.jobs or not _queue:
+                return
+            key, line = _queue.pop()
+            self.jobs.add(key)
         try:
-            self.process.stdin.write("".join(line + "\n" for line in jobs))
+            self.process.stdin.write(line + "\n")
             self.process.stdin.flush()
-        except OSError:  # the helper is gone: this process compiles them
+        except (OSError, ValueError):  # the helper is gone: this process compiles it
             self._release_all()
-            return 0
-        return len(jobs)
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -156,6 +172,7 @@ class _Worker:
             except (ValueError, KeyError, TypeError):
                 continue
             self._release(key)
+            self.feed()
         self._release_all()
 
     def _release(self, key: str) -> None:
