@@ -175,6 +175,13 @@ class GraphModule(Module):
         self.__dict__["_graph"] = graph
         self.recompile()
 
+    def invalidate(self) -> None:
+        """Mark `.code` and the forward that runs it stale after the graph changed: they are generated again when next
+        used. NOTE: passes edit a graph many times before anything runs it; generating the code after each edit
+        took 0.3 s of a 2-layer GPT's 2 s compile from the disk cache."""
+        self.__dict__["_code"] = None
+        self.__dict__["_forward_fn"] = None
+
     def recompile(self) -> PythonCode:
         """Regenerate `.code` and the forward that runs it from the current graph."""
         code = PythonCode(self.graph)
@@ -188,10 +195,16 @@ class GraphModule(Module):
 
     @property
     def code(self) -> str:
+        if self.__dict__["_code"] is None:
+            self.recompile()
         return self.__dict__["_code"]
 
     def forward(self, *args, **kwargs):
-        return self.__dict__["_forward_fn"](self, *args, **kwargs)
+        run = self.__dict__["_forward_fn"]
+        if run is None:
+            self.recompile()
+            run = self.__dict__["_forward_fn"]
+        return run(self, *args, **kwargs)
 
     def _get_name(self) -> str:
         return self._class_name

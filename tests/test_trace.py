@@ -710,6 +710,23 @@ def test_tensor_constants_become_get_attr_and_stay_out_of_the_state_dict():
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def test_a_pass_leaves_code_that_is_generated_again_when_next_used():
+    """Passes mark the code stale (GraphModule.invalidate) instead of generating it after every edit; the next
+    `.code` or call generates it from the edited graph."""
+
+    class Dead(nn.Module):
+        def forward(self, x):
+            unused = torch.exp(x)  # noqa: F841 (dead code for dce to remove)
+            return x * 2
+
+    gm = nnc.symbolic_trace(Dead())
+    assert "exp" in gm.code
+    nnc.passes.simplify.dce(gm)
+    assert "exp" not in gm.code and "x * 2" in gm.code
+    x = torch.randn(3)
+    assert_same(gm(x), x * 2)
+
+
 def test_recompile_regenerates_code_after_editing_the_graph():
     net = Net()
     gm = nnc.symbolic_trace(net)

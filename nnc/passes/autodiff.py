@@ -381,7 +381,7 @@ def _build(forward: GraphModule, wrt: list[Node], saved_leaves: set) -> Backward
     gm.graph.eliminate_dead_code()
     saved = _drop_unread_saved(gm.graph, diff.saved)
     recomputed = [n.name for n, new in diff.recomputed.items() if new.graph is gm.graph]
-    gm.recompile()
+    gm.invalidate()
     gm.graph.lint(gm)
     return BackwardGraph(gm, saved, outputs, list(wrt), recomputed)
 

@@ -350,7 +350,7 @@ def writes_as_outputs(gm, needs_grad: bool) -> list[Write]:
         output = graph.output_node
         output.args = ((output.args[0], tuple(values)),)
     _check_pure(graph)
-    gm.recompile()
+    gm.invalidate()
     return writes
 
 

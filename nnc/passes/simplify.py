@@ -52,7 +52,7 @@ def remove_noops(gm):
         if _is_noop(node) and not _returns_a_new_view_of_an_input(node):
             node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
-    gm.recompile()
+    gm.invalidate()
     return gm
 
 
@@ -69,7 +69,7 @@ def fold_broadcasts(gm):
                 user.replace_input_with(node, source)
         if not node.users:
             gm.graph.erase_node(node)
-    gm.recompile()
+    gm.invalidate()
     return gm
 
 
@@ -110,14 +110,14 @@ def cse(gm):
             node.replace_all_uses_with(first)
             gm.graph.erase_node(node)
     gm.graph.eliminate_dead_code(is_impure=lambda n: "opaque_reason" in n.meta)  # opaque calls may write state
-    gm.recompile()
+    gm.invalidate()
     return gm
 
 
 def dce(gm):
     """Erase nodes nobody reads (side-effecting and opaque nodes stay)."""
     gm.graph.eliminate_dead_code(is_impure=lambda n: "opaque_reason" in n.meta)
-    gm.recompile()
+    gm.invalidate()
     return gm
 
 
@@ -155,5 +155,5 @@ def fold_constants(gm):
         constants.add(replacement)
         values[replacement] = result
     graph.eliminate_dead_code(is_impure=lambda n: "opaque_reason" in n.meta)
-    gm.recompile()
+    gm.invalidate()
     return gm

@@ -31,7 +31,7 @@ def hoist_slices(gm):
     for node in reversed(list(graph.nodes)):  # users first: a slice moved above a node meets that node's inputs
         if node.graph is graph and node.users:
             _hoist_through(graph, node)
-    gm.recompile()
+    gm.invalidate()
     return gm
 
 

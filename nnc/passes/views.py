@@ -193,5 +193,5 @@ def copy_strided_reshapes(gm):
                 copy = graph.call_function(prims.clone, (source,))
             copy.meta.update(shape=source.meta["shape"], dtype=source.meta["dtype"])
             node.replace_input_with(source, copy)
-    gm.recompile()
+    gm.invalidate()
     return gm

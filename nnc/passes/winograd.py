@@ -188,5 +188,5 @@ def rewrite_winograd(gm):
             _erase_unused(graph, [relu, conv, reshape, reshape.args[0], node, bias])
         if not cols.users:
             graph.erase_node(cols)
-    gm.recompile()
+    gm.invalidate()
     return gm
