@@ -96,6 +96,27 @@ def _library(doc: str, stamp: str, imports: list[str], definitions: list[str]) -
     return text.replace(KERNEL_NAME, prefix), prefix
 
 
+def _libraries_of(kb: KernelBuilder, stamp: str, preamble: list[str]) -> tuple[list, list, list, str | None]:
+    """(library sources, the kernel module's lines importing them, the definitions left in the kernel module, the
+    function-name prefix of a matmul kernel's library or None).
+
+    NOTE: a reduction's block helpers (the same few in most kernels) and a matmul kernel's numba functions (the same
+    epilogue after products of other operands, whose launchers differ) are libraries: each compiles once, not once
+    per kernel that calls it."""
+    libraries, imports = [], []
+    for helper, text in kb.helpers.items():
+        source, _ = _library(f"nnc library: {helper}.", _stamp(None), [], [text])
+        libraries.append(source)
+        imports.append(f"from {cache.library(source)} import {helper}")
+    definitions = [f.source() for f in kb.functions]
+    if kb.kernel.kind != "matmul" or not kb.functions:
+        return libraries, imports, definitions, None
+    source, prefix = _library("nnc library: the numba functions of a matmul kernel.", stamp, preamble + imports,
+                              definitions)
+    names = ", ".join(f.name.replace(KERNEL_NAME, prefix) for f in kb.functions)
+    return libraries + [source], [f"from {cache.library(source)} import {names}"], [], prefix
+
+
 def _generate(kernel: Kernel) -> Generated:
     kind = kernel.kind
     kb = KernelBuilder(kernel)
@@ -105,22 +126,7 @@ def _generate(kernel: Kernel) -> Generated:
     ops = ", ".join(n.target.op.name for n in kernel.nodes)
     preamble = kb.dialect.preamble()  # NOTE: before the stamp: it records which approx.py functions are called
     stamp = _stamp(kb.dialect.approx_digest)
-    # NOTE: a reduction's block helpers (the same few in most kernels) and a matmul kernel's numba functions (the
-    # same epilogue after products of other operands) are libraries: each one compiles once, not once per kernel
-    libraries, imports = [], []
-    for helper, text in kb.helpers.items():
-        source, _ = _library(f"nnc library: {helper}.", _stamp(None), [], [text])
-        libraries.append(source)
-        imports.append(f"from {cache.library(source)} import {helper}")
-    definitions = [f.source() for f in kb.functions]
-    library_prefix = None
-    if kind == "matmul" and kb.functions:
-        source, library_prefix = _library("nnc library: the numba functions of a matmul kernel.", stamp,
-                                          preamble + imports, definitions)
-        libraries.append(source)
-        imports = [f"from {cache.library(source)} import "
-                   f"{', '.join(f.name.replace(KERNEL_NAME, library_prefix) for f in kb.functions)}"]
-        definitions = []
+    libraries, imports, definitions, library_prefix = _libraries_of(kb, stamp, preamble)
     header = [f'"""nnc {kind} kernel: {ops} over {list(kernel.shape)}."""', stamp] + _IMPORTS
     header += ([] if library_prefix else preamble) + imports
     own_launch = kb.launch
