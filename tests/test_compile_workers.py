@@ -21,6 +21,9 @@ def fresh_cache(tmp_path, monkeypatch):
     directory = tmp_path / "kernels"
     monkeypatch.setenv(cache.ENV_VAR, str(directory))
     cache.forget()
+    with compile_workers._lock:  # modules an earlier compilation in this process queued and never needed
+        compile_workers._queue.clear()
+        compile_workers._pending.clear()
     yield directory
     cache.forget()
 
@@ -56,10 +59,11 @@ def test_helpers_compile_the_queued_modules_into_the_disk_cache(fresh_cache, mon
     generated = [generate(k) for k in kernels]
     queued = compile_workers.precompile(generated)
     assert queued == len(generated) - 1  # this process keeps the first
-    for g in generated[1:]:  # left to the helper: wait for its answers, taking nothing from the queue
-        with compile_workers._lock:
-            event = compile_workers._pending[cache.digest(g.source)]
-        assert event.wait(300)
+    with compile_workers._lock:  # None: the helper is done with it already
+        events = [compile_workers._pending.get(cache.digest(g.source)) for g in generated[1:]]
+    for event in events:  # left to the helper: wait for its answers, taking nothing from the queue
+        assert event is None or event.wait(300)
+    assert not compile_workers._pending  # a finished module is no longer waited for
     assert len(_index_files(fresh_cache)) >= queued  # the helper's modules are in numba's disk cache
     results = [compile_generated(k, g) for k, g in zip(kernels, generated)]
     assert [r.cache_hit for r in results] == [False] + [True] * queued

@@ -176,9 +176,10 @@ class _Worker:
         self._release_all()
 
     def _release(self, key: str) -> None:
+        """The helper is done with `key`'s module (or gone): its waiters wake, and later callers need not wait."""
         with _lock:
             self.jobs.discard(key)
-            event = _pending.get(key)
+            event = _pending.pop(key, None)
         if event is not None:
             event.set()
 
