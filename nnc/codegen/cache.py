@@ -245,9 +245,8 @@ class _SourceTextLoader(importlib.abc.Loader):
         return self.source
 
 
-def load_module(source: str, keep: int = 0) -> tuple[ModuleType, Path, bool]:
-    """Import the module for `source` from the cache; returns (module, path, already_loaded_in_this_process).
-    `keep`: keep at least this many modules imported for now (a module about to import others by name)."""
+def load_module(source: str) -> tuple[ModuleType, Path, bool]:
+    """Import the module for `source` from the cache; returns (module, path, already_loaded_in_this_process)."""
     directory = cache_dir()
     key = (str(directory), digest(source))
     with _lock:
@@ -270,7 +269,7 @@ def load_module(source: str, keep: int = 0) -> tuple[ModuleType, Path, bool]:
             sys.modules.pop(name, None)
             raise
         _modules[key] = module
-        _evict(max(module_limit(), keep))
+        _evict(module_limit())
         return module, path, False
 
 
@@ -288,17 +287,17 @@ def library(source: str) -> str:
     return name
 
 
-class _LibraryFinder(importlib.abc.MetaPathFinder):
+class _KnownSourceFinder(importlib.abc.MetaPathFinder):
     """Finds the kernel modules and libraries this process loaded or registered (`library`), and nothing else."""
 
     def find_spec(self, fullname, path=None, target=None):
         with _lock:
             source = _sources.get(fullname)
-        return None if source is None else importlib.util.spec_from_loader(fullname, _LibraryLoader(source))
+        return None if source is None else importlib.util.spec_from_loader(fullname, _KnownSourceLoader(source))
 
 
-class _LibraryLoader(importlib.abc.Loader):
-    """Imports a library as load_module does (memoized, from its text), so the import gets that very module."""
+class _KnownSourceLoader(importlib.abc.Loader):
+    """Imports a known module as load_module does (memoized, from its text), so the import gets that very module."""
 
     def __init__(self, source: str):
         self.source = source
@@ -310,14 +309,7 @@ class _LibraryLoader(importlib.abc.Loader):
         pass
 
 
-sys.meta_path.append(_LibraryFinder())
-
-
-def ensure_imported(sources: list) -> None:
-    """Make the modules of `sources` importable by name until the next load (re-importing evicted ones from the
-    disk cache): a whole-graph module imports its kernels' modules that way."""
-    for source in sources:
-        load_module(source, keep=len(sources) + 1)
+sys.meta_path.append(_KnownSourceFinder())
 
 
 def _keep_numba_caches_private(module: ModuleType, pycache: Path) -> None:

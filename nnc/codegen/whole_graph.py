@@ -351,9 +351,9 @@ def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> C
     source, arg_nodes, returned, generated = generate_graph(kernels, graph, name)
     compiled = [compile_generated(kernel, g) for kernel, g in generated]  # imports (and compiles) them
     hits = [c.cache_hit for c in compiled]
-    # NOTE: run_graph imports the kernels' modules by name; loading many can have evicted early ones (the LRU)
-    cache.ensure_imported([g.source for _, g in generated])
-    module, path, _ = cache.load_module(source, keep=len(generated) + 1)
+    # NOTE: run_graph imports the kernels' modules by name; one the LRU dropped meanwhile is loaded again by that
+    # import (cache._KnownSourceFinder)
+    module, path, _ = cache.load_module(source)
     function = module.run_graph
     specs = [(tuple(int(d) for d in n.meta["shape"]), np_dtype(n.meta["dtype"])) for n in arg_nodes]
     signature = numba_signature_nd(specs)
