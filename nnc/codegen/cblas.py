@@ -229,13 +229,15 @@ def _dot_batch_threaded_f64(a, b, out):
 # _prepare and 11 of the threaded products, seconds each). Each public function has one signature of any-layout
 # ('A') arrays, which the others convert to (no copy; BLAS reads the strides either way). A read-only array does
 # not convert: numba refuses it with a TypeError, and the callers copy it (codegen.cpu.CompiledKernel.run).
-_FUNCTIONS = {  # name -> (function, dtype, dimensions, parallel, the public functions its body calls)
-    "dot_f32": (_dot_f32, types.float32, 2, False, ()),
-    "dot_f64": (_dot_f64, types.float64, 2, False, ()),
-    "dot_threaded_f32": (_dot_threaded_f32, types.float32, 2, True, ("dot_f32",)),
-    "dot_threaded_f64": (_dot_threaded_f64, types.float64, 2, True, ("dot_f64",)),
-    "dot_batch_threaded_f32": (_dot_batch_threaded_f32, types.float32, 3, True, ("dot_f32",)),
-    "dot_batch_threaded_f64": (_dot_batch_threaded_f64, types.float64, 3, True, ("dot_f64",)),
+_THREADS = (types.int64,)  # the threaded products' last argument
+# name -> (function, dtype, dimensions, arguments after the arrays, parallel, the public functions it calls)
+_FUNCTIONS = {
+    "dot_f32": (_dot_f32, types.float32, 2, (), False, ()),
+    "dot_f64": (_dot_f64, types.float64, 2, (), False, ()),
+    "dot_threaded_f32": (_dot_threaded_f32, types.float32, 2, _THREADS, True, ("dot_f32",)),
+    "dot_threaded_f64": (_dot_threaded_f64, types.float64, 2, _THREADS, True, ("dot_f64",)),
+    "dot_batch_threaded_f32": (_dot_batch_threaded_f32, types.float32, 3, (), True, ("dot_f32",)),
+    "dot_batch_threaded_f64": (_dot_batch_threaded_f64, types.float64, 3, (), True, ("dot_f64",)),
 }
 _compile_lock = threading.Lock()
 
@@ -251,12 +253,11 @@ def __getattr__(name: str):
 def _public(name: str):
     if name in globals():
         return globals()[name]
-    function, dtype, ndim, parallel, calls = _FUNCTIONS[name]
+    function, dtype, ndim, extra, parallel, calls = _FUNCTIONS[name]
     for callee in calls:  # in the module's namespace before numba types the body that calls it
         _public(callee)
     array = types.Array(dtype, ndim, "A")
-    arguments = (array, array, array) + ((types.int64,) if name.startswith("dot_threaded") else ())
-    globals()[name] = njit([types.void(*arguments)], cache=True, parallel=parallel)(function)
+    globals()[name] = njit([types.void(array, array, array, *extra)], cache=True, parallel=parallel)(function)
     return globals()[name]
 
 
