@@ -651,18 +651,52 @@ def test_random_graphs_keep_the_invariants(seed):
             assert not {a for n in epilogue for a in n.all_input_nodes} & prologue
 
 
-def test_cycle_search_bound_changes_nothing(monkeypatch):
-    """The cycle search skips nodes past a bound (nnc.passes.fusion._Fuser.search_bound); without it, the same
-    kernels come out."""
+def _merge_closes_a_cycle(fuser, group, other) -> bool:
+    """The cycle check from its definition: the kernel DAG of the current groups, with the two merged, has a cycle."""
+    import networkx as nx
+
+    def key(node):
+        owner = fuser.group_of[node]
+        return id(group) if owner is other else id(owner)
+
+    dag = nx.DiGraph()
+    for node, owner in fuser.group_of.items():
+        dag.add_node(key(node))
+        dag.add_edges_from((key(node), key(u)) for u in node.users if u in fuser.group_of and key(u) != key(node))
+    return not nx.is_directed_acyclic_graph(dag)
+
+
+def block_graphs() -> list:
+    """examples/models.py's transformer block at [2, 16, 32]: its forward and backward graphs, as fusion sees them."""
+    from examples.models import TransformerBlock
+    from nnc import pipeline
+
+    torch.manual_seed(0)
+    c = pipeline.Compilation(TransformerBlock(), {}, {"x": torch.randn(2, 16, 32)}, needs_grad=True)
+    pipeline.run_stages(c, until="simplify_backward")
+    return [gm for _, gm in pipeline.stage_graphs(c, "split") + pipeline.stage_graphs(c, "simplify_backward")]
+
+
+def test_cycle_search_by_group_rank_changes_nothing(monkeypatch):
+    """The cycle search walks only the groups ranked between the two being merged (nnc.passes.fusion._Fuser keeps
+    the ranks a topological order as groups merge); checking the whole kernel DAG instead gives the same kernels,
+    and after fusion the ranks still order every edge between kernels."""
     from nnc.passes import fusion
 
     def signature(kernels):
         return [(k.kind, [n.name for n in k.nodes]) for k in kernels]
 
     graphs = [build(random_body(seed), X48(), torch.zeros(4, 8, dtype=torch.int64))[0] for seed in range(40)]
-    bounded = [signature(fuse(gm.graph)) for gm in graphs]
-    monkeypatch.setattr(fusion._Fuser, "search_bound", lambda self, last: len(self.position))
-    assert [signature(fuse(gm.graph)) for gm in graphs] == bounded
+    graphs += block_graphs()
+    ranked = [signature(fuse(gm.graph)) for gm in graphs]
+    for gm in graphs:
+        fuser = fusion._Fuser(gm.graph)
+        groups = fuser.run()
+        for g in groups:
+            assert all(g.rank < s.rank for s in g.succs) and all(p.rank < g.rank for p in g.preds)
+            assert g.succs == {fuser.group_of[u] for n in g.nodes for u in n.users if u in fuser.group_of} - {g}
+    monkeypatch.setattr(fusion._Fuser, "creates_cycle", _merge_closes_a_cycle)
+    assert [signature(fuse(gm.graph)) for gm in graphs] == ranked
 
 
 def test_expensive_nodes_are_computed_once():

@@ -61,7 +61,9 @@ Rules, applied in this order (each step only ever assigns *whole nodes* to *one*
      result or an epilogue value (it is only ready after the pass), when an epilogue node would read a prologue
      value, or when it would create a cycle.
   7. No cycles. Every merge or join is refused if some path leaves the group and comes back into it (the kernel
-     DAG would get a cycle). After grouping, the kernel DAG is built with networkx and checked to be acyclic, and
+     DAG would get a cycle). The groups keep their DAG's edges and a topological order of it, updated on each
+     merge (Pearce and Kelly's dynamic topological sort), so the check walks only the groups ranked between the
+     two being merged. After grouping, the kernel DAG is built with networkx and checked to be acyclic, and
      kernels are ordered topologically (ties by graph position).
 
 Folded views (nnc.passes.views): after grouping, a view whose chain is a strided map of a stored base and whose
@@ -195,29 +197,6 @@ def nbytes(node: Node) -> int:
 # Groups
 # ---------------------------------------------------------------------------------------------------------------
 
-class _PrefixMax:
-    """A Fenwick tree over node positions: raise(i, v) sets value[i] = max(value[i], v); query(i) is the max of
-    value[0..i]. Used to bound the cycle search (see _Fuser.search_bound)."""
-
-    def __init__(self, size: int):
-        self.tree = [-1] * (size + 1)
-
-    def raise_(self, i: int, value: int) -> None:
-        i += 1
-        while i < len(self.tree):
-            if self.tree[i] < value:
-                self.tree[i] = value
-            i += i & -i
-
-    def query(self, i: int) -> int:
-        i += 1
-        best = -1
-        while i > 0:
-            best = max(best, self.tree[i])
-            i -= i & -i
-        return best
-
-
 class _Group:
     """A set of nodes being grown into a kernel."""
 
@@ -226,7 +205,11 @@ class _Group:
         self.nodes: set[Node] = set(nodes)
         self.anchor = anchor  # the matmul, or the reduction the group was started from
         self.anchors: list[Node] = [anchor] if anchor is not None else []  # every reduction of a reduction group
-        self.lo = self.hi = -1  # first and last graph positions of its nodes (kept by _Fuser._move)
+        # the kernel DAG as the groups grow: groups this one reads from and is read by, and a place in a topological
+        # order of that DAG (kept by _Fuser._absorb), which bounds the cycle search
+        self.preds: set[_Group] = set()
+        self.succs: set[_Group] = set()
+        self.rank = -1
         self.prologue: set[Node] = set()
         self.epilogue: set[Node] = set()
 
@@ -241,7 +224,6 @@ class _Fuser:
                     and "tensor_meta" not in node.meta:
                 raise FusionError(f"node {node.name} has no shape meta: run nnc.passes.propagate_shapes first")
         self.group_of: dict[Node, _Group] = {}
-        self.spans = _PrefixMax(len(graph.nodes))  # at each group's first position: its last position
         self.refused: dict[tuple[Node, Node], str] = {}  # (producer, consumer) -> why they were not merged
         self.folded: dict = {}  # view node -> ViewMap, for the views folded into their readers (set by fuse)
         self.ipdom = self._post_dominators()
@@ -250,12 +232,14 @@ class _Fuser:
 
     def _post_dominators(self) -> dict:
         """Immediate post-dominators: immediate dominators of the reversed graph from a virtual exit node."""
-        reverse = self.graph.to_networkx().reverse(copy=True)
+        reverse = nx.DiGraph()
         exit_node = ("<exit>",)
         reverse.add_node(exit_node)
         for node in self.graph.nodes:
+            reverse.add_node(node)
             if not node.users:  # the output node, and dead nodes
                 reverse.add_edge(exit_node, node)
+            reverse.add_edges_from((user, node) for user in node.users)
         ipdom = nx.immediate_dominators(reverse, exit_node)
         ipdom.pop(exit_node, None)
         return ipdom
@@ -271,41 +255,42 @@ class _Fuser:
             n = parent
         return False
 
-    def creates_cycle(self, members: set, extra: set) -> bool:
-        """Whether merging the groups `members` and `extra` would close a cycle in the kernel DAG: some path leaves
-        the merged set and comes back into it. Groups run as units, so the walk is over groups: reaching one node
-        of another group continues from the users of all of that group's nodes (two nodes of one kernel need not
-        be connected by a path of their own, yet the kernel still runs after every input of either)."""
-        union = members | extra
-        bound = self.search_bound(max(self.position[n] for n in union))
-        position = self.position
-        frontier = [u for n in union for u in n.users if u not in union and u.op != "output" and position[u] <= bound]
-        seen_groups: set[int] = set()
-        while frontier:
-            node = frontier.pop()
-            group = self.group_of.get(node)
-            if group is None or id(group) in seen_groups:
-                continue
-            seen_groups.add(id(group))
-            for member in group.nodes:
-                for user in member.users:
-                    if user in union:
-                        return True
-                    if user.op != "output" and position[user] <= bound \
-                            and id(self.group_of.get(user)) not in seen_groups:
-                        frontier.append(user)
-        return False
+    def creates_cycle(self, group: _Group, other: _Group) -> bool:
+        """Whether merging two groups would close a cycle in the kernel DAG: some path from one to the other passes
+        through a third group. Groups run as units, so paths are over groups: a group reads every input of each of
+        its nodes, even of nodes not connected to each other."""
+        lo, hi = sorted((group, other), key=_by_rank)
+        return self._reached_before(lo, hi) is None
 
-    def search_bound(self, last: int) -> int:
-        """A position B >= last such that no group has nodes on both sides of B: then nothing past B reaches back
-        to a position <= last (edges go forward, and a jump inside a group past B stays past B), so the cycle
-        search may skip nodes past B. The least fixed point of B = max(B, last position of groups starting <= B)."""
-        bound = last
-        while True:
-            wider = self.spans.query(bound)
-            if wider <= bound:
-                return bound
-            bound = wider
+    def _reached_before(self, lo: _Group, hi: _Group) -> set | None:
+        """The groups ranked below `hi` that `lo` reaches through at least one other group, or None when one of them
+        reads `hi` (then lo reaches hi through another group). Ranks are a topological order, so no path from lo
+        to hi passes a group ranked above hi: the search stops there."""
+        found: set[_Group] = set()
+        stack = [g for g in lo.succs if g is not hi and g.rank < hi.rank]
+        while stack:
+            g = stack.pop()
+            if g in found:
+                continue
+            found.add(g)
+            for s in g.succs:
+                if s is hi:
+                    return None
+                if s.rank < hi.rank and s not in found:
+                    stack.append(s)
+        return found
+
+    def _reaching_after(self, lo: _Group, hi: _Group) -> set:
+        """The groups ranked above `lo` that reach `hi` through at least one other group."""
+        found: set[_Group] = set()
+        stack = [g for g in hi.preds if g is not lo and g.rank > lo.rank]
+        while stack:
+            g = stack.pop()
+            if g in found:
+                continue
+            found.add(g)
+            stack.extend(p for p in g.preds if p.rank > lo.rank and p not in found)
+        return found
 
     # -- grouping ---------------------------------------------------------------------------------------------
 
@@ -322,7 +307,14 @@ class _Fuser:
                 self.group_of[node] = _Group(own_kernel_kind(node), [node])
             else:
                 self.group_of[node] = _Group("opaque", [node])
-            self.group_of[node].lo = self.group_of[node].hi = self.position[node]
+            self.group_of[node].rank = self.position[node]
+        for node in self.compute:
+            group = self.group_of[node]
+            for user in node.users:
+                reader = self.group_of.get(user)
+                if reader is not None:
+                    group.succs.add(reader)
+                    reader.preds.add(group)
         # 2. reduction prologues, 3. epilogues, 4. elementwise chains
         for node in self.compute:
             if self.group_of[node].kind == "reduction":
@@ -377,11 +369,11 @@ class _Fuser:
                         self.refused[(p, u)] = (f"{p.name} is also read outside the reduction ({readers}), "
                                                 f"so it cannot be a prologue of {reduction.name}")
                 continue
-            if self.creates_cycle(group.nodes, {p}):
+            if self.creates_cycle(group, self.group_of[p]):
                 self.refused[(p, _first_user_in(p, group))] = (
                     f"{p.name} joining {reduction.name}'s kernel as a prologue would create a cycle between kernels")
                 continue
-            self._move(p, group)
+            self._absorb(group, self.group_of[p])
             group.prologue.add(p)
             candidates.update(a for a in p.all_input_nodes if a.op not in _NON_COMPUTE)
 
@@ -411,12 +403,12 @@ class _Fuser:
                 self.refused[(p, c)] = (f"{c.name} reads the prologue value {bad[0].name}; an epilogue may read only "
                                         f"the {group.kind} result and earlier epilogue nodes")
                 continue
-            if self.creates_cycle(group.nodes, {c}):
+            if self.creates_cycle(group, self.group_of[c]):
                 for a in inside:
                     self.refused[(a, c)] = (f"{c.name} joining {anchor.name}'s kernel as an epilogue would create a "
                                             f"cycle between kernels (it also reads a value computed from that kernel)")
                 continue
-            self._move(c, group)
+            self._absorb(group, self.group_of[c])
             group.epilogue.add(c)
             producers.add(c)
             candidates.update(c.users)
@@ -434,9 +426,9 @@ class _Fuser:
                 continue
             if any(u not in group.epilogue for u in p.users) or any(a in group.nodes for a in p.all_input_nodes):
                 continue
-            if self.creates_cycle(group.nodes, {p}):
+            if self.creates_cycle(group, self.group_of[p]):
                 continue
-            self._move(p, group)
+            self._absorb(group, self.group_of[p])
             group.epilogue.add(p)
             candidates.update(p.all_input_nodes)
 
@@ -454,12 +446,11 @@ class _Fuser:
                 self.refused[(p, consumer)] = (f"{p.name} {list(_shape(p))} is read with broadcasting by "
                                                f"{consumer.name} {list(_shape(consumer))}")
                 continue
-            if self.creates_cycle(mine.nodes, other.nodes):
+            if self.creates_cycle(mine, other):
                 self.refused[(p, consumer)] = (f"merging {p.name} and {consumer.name} would create a cycle between "
                                                f"kernels (a path from one to the other leaves both groups)")
                 continue
-            for node in list(other.nodes):
-                self._move(node, mine)
+            self._absorb(mine, other)
 
     def _join_shared_pass(self, group: _Group) -> None:
         """Step 5: grow a reduction kernel by the elementwise kernels of its input shape that it reads or that read
@@ -477,8 +468,7 @@ class _Fuser:
                     continue
                 group.prologue |= other.nodes - other.epilogue - set(other.anchors)
                 group.epilogue |= other.epilogue
-                for node in list(other.nodes):
-                    self._move(node, group)
+                self._absorb(group, other)
                 group.anchors += other.anchors
                 joined = True
                 break
@@ -534,7 +524,7 @@ class _Fuser:
             reader, value = early
             return lambda p, c: (f"{p.name} and {c.name} cannot share the pass of {name}'s kernel: the epilogue "
                                  f"node {reader.name} would read the prologue value {value.name}")
-        if self.creates_cycle(group.nodes, other.nodes):
+        if self.creates_cycle(group, other):
             return lambda p, c: (f"joining {p.name} and {c.name} in the pass of {name}'s kernel would create a "
                                  f"cycle between kernels")
         return None
@@ -554,7 +544,7 @@ class _Fuser:
                     for p, c in edges:
                         self.refused[(p, c)] = _ROW_INDEX_REASON.format(drawn.name)
                     continue
-                if self.creates_cycle(group.nodes, other.nodes):
+                if self.creates_cycle(group, other):
                     for p, c in edges:
                         self.refused[(p, c)] = (f"{p.name} and {c.name} cannot share the row kernel of "
                                                 f"{group.anchor.name}: it would create a cycle between kernels")
@@ -564,8 +554,7 @@ class _Fuser:
                     (group.epilogue if per_row else group.prologue).update(other.nodes)
                 group.prologue |= other.prologue
                 group.epilogue |= other.epilogue
-                for node in list(other.nodes):
-                    self._move(node, group)
+                self._absorb(group, other)
                 group.anchors += other.anchors
                 if group.kind == "row" or other.kind == "row" or _needs_row_skeleton(group):
                     group.kind = "row"
@@ -593,16 +582,42 @@ class _Fuser:
         position = self.position.__getitem__
         return sorted(found.values(), key=lambda item: min(position(c) for _, c in item[1]))
 
-    def _move(self, node: Node, group: _Group) -> None:
-        old = self.group_of[node]
-        old.nodes.discard(node)
-        group.nodes.add(node)
-        self.group_of[node] = group
-        # NOTE: a group only grows, so its span only widens; the entry left by a group that empties is stale but
-        # larger than needed, which keeps search_bound an upper bound.
-        at = self.position[node]
-        group.lo, group.hi = min(group.lo, at), max(group.hi, at)
-        self.spans.raise_(group.lo, group.hi)
+    def _absorb(self, group: _Group, other: _Group) -> None:
+        """Move every node of `other` into `group` (the caller has checked that this closes no cycle), and keep the
+        ranks a topological order of the groups, as Pearce and Kelly's dynamic topological sort does: between the
+        two groups' ranks, what reaches the merged group moves before it and what it reaches moves after it, into
+        the same rank slots."""
+        lo, hi = sorted((group, other), key=_by_rank)
+        after = self._reached_before(lo, hi)
+        if after is None:
+            raise FusionError(f"merging the kernels of {_names(group)} and {_names(other)} would close a cycle")
+        before = self._reaching_after(lo, hi)
+        slots = sorted([g.rank for g in before | after] + [lo.rank, hi.rank])
+        for g, slot in zip(sorted(before, key=_by_rank) + [group] + sorted(after, key=_by_rank), slots):
+            g.rank = slot
+        for node in other.nodes:
+            self.group_of[node] = group
+        group.nodes |= other.nodes
+        other.nodes = set()
+        for reader in other.succs:
+            reader.preds.discard(other)
+            if reader is not group:
+                reader.preds.add(group)
+                group.succs.add(reader)
+        for producer in other.preds:
+            producer.succs.discard(other)
+            if producer is not group:
+                producer.succs.add(group)
+                group.preds.add(producer)
+        other.succs, other.preds = set(), set()
+
+
+def _by_rank(group: _Group) -> int:
+    return group.rank
+
+
+def _names(group: _Group) -> str:
+    return ", ".join(sorted(n.name for n in group.nodes))
 
 
 _INDEX_REASON = "{} draws random numbers by element index, which a reduction kernel's loops do not give"
