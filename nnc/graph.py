@@ -150,6 +150,9 @@ class Graph:
     def __init__(self):
         self.nodes: list[Node] = []
         self._names: set[str] = set()
+        # (base, keep_builtin_names) -> the suffix that base last got: names are never freed, so every earlier
+        # suffix is still taken and the next search starts there (a graph of 4,000 nodes named mul_1, mul_2, ...)
+        self._last_suffix: dict[tuple[str, bool], int] = {}
         self._insert_at: Callable[[Node], None] | None = None
         self.meta: dict[str, Any] = {}
 
@@ -167,11 +170,13 @@ class Graph:
         if base[0].isdigit() or keyword.iskeyword(base):
             base = "_" + base
         reserved = _CODE_NAMES if keep_builtin_names else _RESERVED
-        candidate, i = base, 0
+        i = self._last_suffix.get((base, keep_builtin_names), 0)
+        candidate = f"{base}_{i}" if i else base
         while candidate in self._names or candidate in reserved:
             i += 1
             candidate = f"{base}_{i}"
         self._names.add(candidate)
+        self._last_suffix[base, keep_builtin_names] = i
         return candidate
 
     def create_node(self, op: str, target, args=(), kwargs=None, name: str | None = None) -> Node:

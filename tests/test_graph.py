@@ -99,6 +99,19 @@ def test_unique_names():
     assert len(set(names(g))) == len(g.nodes)
 
 
+def test_unique_names_skip_taken_suffixes_in_any_order():
+    """Suffixes continue from the last one a hint got, past names another hint already took."""
+    g = Graph()
+    x = g.placeholder("x")
+    assert g.create_node("call_function", operator.add, (x, 1), name="add_2").name == "add_2"
+    adds = [g.create_node("call_function", operator.add, (x, 1), name="add").name for _ in range(4)]
+    assert adds == ["add", "add_1", "add_3", "add_4"]
+    assert g.create_node("call_function", operator.add, (x, 1), name="add_4").name == "add_4_1"
+    assert g.create_node("call_function", operator.add, (x, 1), name="input").name == "input_1"  # a builtin
+    assert g.placeholder("input").name == "input"  # free for an argument: the two searches are kept apart
+    assert g.placeholder("input").name == "input_2"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Inserting, replacing, erasing
 # ---------------------------------------------------------------------------------------------------------------
