@@ -306,16 +306,17 @@ class _SizedInterpreter(Interpreter):
 def _seeds_of_gradients(graph, n_seeds: int) -> list[frozenset]:
     """For each gradient the backward graph returns, which of its seed placeholders (the last n_seeds) it reads."""
     seeds = graph.placeholders[len(graph.placeholders) - n_seeds:]
-    position = {node: j for j, node in enumerate(seeds)}
-    reads: dict = {}
+    bit = {node: 1 << j for j, node in enumerate(seeds)}
+    reads: dict = {}  # node -> a bit mask of the seeds it reads
     for node in graph.nodes:
-        found = {position[node]} if node in position else set()
+        mask = bit.get(node, 0)
         for arg in node.all_input_nodes:
-            found |= reads.get(arg, set())
-        reads[node] = found
+            mask |= reads.get(arg, 0)
+        reads[node] = mask
     outputs = graph.output_node.args[0]
     outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
-    return [frozenset(reads.get(out, ())) if isinstance(out, Node) else frozenset() for out in outputs]
+    return [frozenset(j for j in range(n_seeds) if reads.get(out, 0) >> j & 1) if isinstance(out, Node)
+            else frozenset() for out in outputs]
 
 
 def _leaves(value) -> list:

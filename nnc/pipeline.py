@@ -72,7 +72,8 @@ def run_passes(gm: GraphModule, passes, label: str) -> GraphModule:
         except Exception as error:
             error.add_note(f"nnc: in pass {name!r} of {label}")
             raise
-        debug(2, f"{label} after {name}:\n{gm.graph}")
+        if debug_level() >= 2:  # printing a graph of thousands of nodes takes longer than the pass
+            debug(2, f"{label} after {name}:\n{gm.graph}")
     return gm
 
 
