@@ -49,6 +49,18 @@ bfloat16 = dtype("bfloat16", ml_dtypes.bfloat16, FLOAT)
 float32 = dtype("float32", np.float32, FLOAT)
 float64 = dtype("float64", np.float64, FLOAT)
 
+
+
+def astype(array: np.ndarray, np_dtype, **kwargs) -> np.ndarray:
+    """numpy's `array.astype(np_dtype, **kwargs)`, except that a conversion to bfloat16 from anything but float32
+    rounds through float32 first, as torch's conversions do (c10's BFloat16 is built from a float)."""
+    # NOTE: ml_dtypes from 0.7 rounds float64 to bfloat16 once; 1 + 2**-8 + 2**-30 then gives 1.0078125 where
+    # torch's double rounding (to float32, then a tie to even) gives 1.0
+    if np.dtype(np_dtype) == bfloat16.np and array.dtype not in (np.float32, bfloat16.np):
+        array = array.astype(np.float32)
+    return array.astype(np_dtype, **kwargs)
+
+
 ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
 NP_TO_DTYPE = {d.np: d for d in ALL_DTYPES}
 _BY_NAME = {d.name: d for d in ALL_DTYPES}

@@ -66,14 +66,14 @@ def _array_from(data, dtype, copy: bool) -> np.ndarray:
     target = dt.as_dtype(dtype) if dtype is not None else _infer_dtype(data, array)
     if copy and array is source:
         return _copy(array, target.np)
-    return array.astype(target.np, copy=False)
+    return dt.astype(array, target.np, copy=False)
 
 
 def _copy(array: np.ndarray, np_dtype) -> np.ndarray:
     """A copy of `array` as `np_dtype` in the same memory layout (as torch.tensor keeps it), on a cache line when
     it is C-contiguous."""
-    if not array.flags.c_contiguous:
-        return array.astype(np_dtype, copy=True)
+    if not array.flags.c_contiguous or np_dtype == dt.bfloat16.np:
+        return dt.astype(array, np_dtype, copy=True)
     out = aligned_empty(array.shape, np_dtype)
     np.copyto(out, array, casting="unsafe")
     return out
@@ -137,7 +137,7 @@ def _filled(shape, value, np_dtype, requires_grad, device) -> Tensor:
     """A tensor of one value: numpy's full on the CPU, a fill kernel on CUDA."""
     if device is CPU:
         array = aligned_empty(shape, np_dtype)
-        array.fill(value)
+        array.fill(np.float32(value) if np_dtype == dt.bfloat16.np else value)
         return _finish(array, requires_grad)
     from .cuda import dispatch
 

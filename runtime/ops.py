@@ -801,7 +801,7 @@ def _np_nll_loss_backward(g, logp, target, dim, reduction, ignore_index):
 
 def _np_cast(x, dtype):
     # NOTE: numpy's "K" order would give an expanded input's copy a strided layout; torch's copy is contiguous there
-    return x.astype(dtype.np, order="C" if 0 in x.strides else "K")
+    return dt.astype(x, dtype.np, order="C" if 0 in x.strides else "K")
 
 
 def _np_full(shape, value, dtype):

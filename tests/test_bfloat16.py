@@ -148,3 +148,15 @@ def test_conversions_round_as_torchs():
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     assert repr(runtime.tensor([0.1, 2.5], dtype=BF16)) == repr(torch.tensor([0.1, 2.5], dtype=torch.bfloat16)) \
         .replace("torch.", "runtime.")
+
+
+def test_doubles_and_integers_round_through_float32_on_every_path_to_bfloat16():
+    # NOTE: rounding 1 + 2**-8 + 2**-30 to bfloat16 at once goes up; torch rounds to float32 first (giving 1 + 2**-8,
+    # a tie) and then to even, down to 1.0. So do runtime's casts, tensor constructors and fills, whatever
+    # ml_dtypes' own float64 conversion does
+    double, big = 1 + 2 ** -8 + 2 ** -30, 2 ** 25 + 3
+    made = [runtime.tensor([double], dtype=BF16), runtime.tensor(np.array([double]), dtype=BF16),
+            runtime.tensor([double], dtype=runtime.float64).to(BF16), runtime.full((1,), double, dtype=BF16),
+            runtime.tensor([double], dtype=runtime.float64).bfloat16()]
+    assert [t.item() for t in made] == [1.0] * len(made)
+    assert runtime.tensor([big]).to(BF16).item() == runtime.tensor([big], dtype=runtime.float32).to(BF16).item()
