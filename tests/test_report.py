@@ -58,7 +58,7 @@ def block_page(tmp_path_factory):
 def any_block_page(request, tmp_path_factory):
     """The page drawn by each renderer (dot's only where Graphviz is installed)."""
     if request.param == "dot" and shutil.which("dot") is None:
-        pytest.skip("Graphviz's dot is not installed")
+        _missing("Graphviz's dot is not installed")
     return make_page(tmp_path_factory.mktemp("report"), request.param)
 
 
@@ -83,8 +83,9 @@ def test_graph_svg_uses_the_python_layout_when_asked():
     assert 'data-node="fc1"' in graph_svg(gm.graph, renderer="python")
 
 
-@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
 def test_graph_svg_uses_dot_when_installed():
+    if shutil.which("dot") is None:
+        _missing("Graphviz's dot is not installed")
     gm = __import__("nnc").trace(MLP((6, 5, 4, 3)))
     svg = graph_svg(gm.graph, renderer="dot")
     assert svg.startswith("<svg") and "<title>fc1</title>" in svg and "data-node" not in svg
@@ -159,9 +160,9 @@ def test_report_without_gradients_profiles_the_forward(tmp_path):
 
 
 def _missing(reason: str):
-    """CI installs the browser (.ci/run): there a missing one fails the test instead of skipping it."""
+    """CI installs the browser and Graphviz (.ci/run): there a missing one fails the test instead of skipping it."""
     if os.environ.get("CI"):
-        pytest.fail(f"{reason}; .ci/run installs it, so CI must not skip the browser test")
+        pytest.fail(f"{reason}; .ci/run installs it, so CI must not skip this test")
     pytest.skip(reason)
 
 
