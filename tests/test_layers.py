@@ -178,6 +178,30 @@ def test_batchnorm_running_stats_momentum_and_eval():
                                rtol=1e-12)
 
 
+@pytest.mark.parametrize("make", [lambda lib: lib.nn.BatchNorm2d(3), lambda lib: lib.nn.BatchNorm2d(3, momentum=None),
+                                  lambda lib: lib.nn.GroupNorm(3, 3)], ids=["BatchNorm2d", "cumulative", "GroupNorm"])
+def test_an_empty_batch_normalizes_to_nothing_in_training(make):
+    layer = make(runtime)
+    for name, buffer in layer.named_buffers():
+        if buffer.dtype.is_floating_point:
+            buffer.fill_(5.0)  # as torch: an empty batch leaves the running statistics as they were
+    before = {k: v.numpy().copy() for k, v in layer.state_dict().items()}
+    x = runtime.zeros(0, 3, 4, 4, requires_grad=True)
+    out = layer(x)
+    out.sum().backward()
+    assert tuple(out.shape) == (0, 3, 4, 4) and tuple(x.grad.shape) == (0, 3, 4, 4)
+    assert all(float(p.grad.abs().sum()) == 0 for p in layer.parameters())
+    after = layer.state_dict()
+    for k, v in before.items():
+        want = v + 1 if k.endswith("num_batches_tracked") else v
+        np.testing.assert_array_equal(after[k].numpy(), want, err_msg=k)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        nn.BatchNorm1d(3)(runtime.zeros(1, 3))
+    if torch is not None:
+        theirs = make(torch)
+        assert tuple(theirs(torch.zeros(0, 3, 4, 4)).shape) == tuple(out.shape)
+
+
 def test_dropout_train_mode_zeroes_and_scales():
     layer = nn.Dropout(0.25)
     out = layer(runtime.ones(20000)).numpy()

@@ -500,9 +500,11 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             raise RuntimeError(f"{name} should contain {c} elements not {t.numel()}")
     dims = (0,) + tuple(range(2, input.ndim))
     shape = (1, c) + (1,) * (input.ndim - 2)
-    if training:
-        count = input.numel() // c if c else 0
-        if count <= 1:
+    if training and input.numel() == 0:
+        out = input.clone()  # NOTE: as torch's: an empty batch normalizes to nothing and leaves the running stats
+    elif training:
+        count = input.numel() // c
+        if count == 1:
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
         mean = input.mean(dims, keepdim=True)
         centered = input - mean
@@ -551,7 +553,10 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     if num_groups <= 0 or c % num_groups:
         raise RuntimeError(f"Expected number of channels in input to be divisible by num_groups, but got input "
                            f"of shape {list(input.shape)} and num_groups={num_groups}")
-    x = input.reshape(n, num_groups, -1)
+    group_size = c // num_groups
+    for d in input.shape[2:]:
+        group_size = group_size * d
+    x = input.reshape(n, num_groups, group_size)  # not -1: an empty batch leaves -1 undetermined
     mean = x.mean(2, keepdim=True)
     centered = x - mean
     var = (centered * centered).mean(2, keepdim=True)
