@@ -418,6 +418,8 @@ def result_type(operands) -> dt.dtype:
     for x in operands:
         if type(x) in _SCALAR_TYPES:
             scalar_cat = max(scalar_cat, dt.scalar_category(x))
+        elif getattr(type(x), "symbolic_size", False):  # a compiler's symbolic size: a Python int, unknown yet
+            scalar_cat = max(scalar_cat, dt.INT)
         elif x is not None:
             d = x.dtype
             if x.ndim:

@@ -342,6 +342,59 @@ def test_convolutions_and_pooling_take_a_symbolic_batch():
     assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
 
 
+class SizesAsScalars(nn.Module):
+    """A symbolic size used as a number in tensor arithmetic: means over the batch, a loss's mean, `* x.shape[0]`."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, 4)
+
+    def forward(self, x):
+        h = self.proj(x)
+        scaled = h.mean(0) * x.shape[0] + h.sum(0) / (2 * x.shape[0] - 1)
+        return runtime.nn.functional.mse_loss(h, x.sum(1, keepdim=True).expand_as(h) * 0.5) + scaled.sum()
+
+
+def test_sizes_as_numbers_in_tensor_arithmetic_stay_symbolic():
+    runtime.manual_seed(0)
+    model = SizesAsScalars().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batch in (4, 6, 3, 9):
+            _assert_same(compiled, model, runtime.randn(batch, 3, dtype=runtime.float64))
+    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
+    (variants,) = compiled._dynamic_variants.values()
+    sources = "".join(k.meta.get("source", "") for plan in variants[0].plans for k in plan.kernels)
+    assert "np.float64(S0)" in sources  # the batch size reaches the kernels as their size argument
+    with runtime.no_grad():  # inference runs as one function over the same symbols
+        for batch in (5, 8):
+            x = runtime.randn(batch, 3, dtype=runtime.float64)
+            np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-12)
+
+
+def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant():
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.GroupNorm(2, 4),
+                          nn.Flatten(), nn.Linear(64, 3)).double()
+    twin = copy.deepcopy(model)
+    compiled = nnc.compile(twin)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batch in (4, 3, 5, 7, 0, 6):
+            x = runtime.randn(batch, 2, 4, 4, dtype=runtime.float64)
+            got, got_grads = _outputs_and_grads(compiled, x)
+            want, want_grads = _outputs_and_grads(model, x)
+            np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+            for g, w in zip(got_grads, want_grads):
+                np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+            for (name, b), w in zip(twin.named_buffers(), model.buffers()):
+                np.testing.assert_allclose(b.numpy(), w.numpy(), rtol=1e-12, err_msg=name)
+    # 4 static, then one symbolic variant for 3, 5, 7 and 6 (the running variance's n - 1 keeps the size
+    # symbolic), and the empty batch on its own
+    assert compiled.compiled_variants == 3 and compiled._dynamic_dims == {("input", 0): {0}}
+
+
 def test_a_kernel_without_symbolic_code_makes_the_variant_static_without_a_warning():
     runtime.manual_seed(0)
     model = SmallCNN().double()

@@ -109,7 +109,10 @@ class _Operand:
 
 
 def format_literal(value, d: np.dtype | None) -> str:
-    """A Python scalar as generated code, typed to d (None: an untyped Python literal)."""
+    """A Python scalar as generated code, typed to d (None: an untyped Python literal). A symbolic size is its
+    polynomial over the size symbols, which the kernel then takes as arguments."""
+    if is_symbolic(value):
+        return f"({value})" if d is None or d.kind == "b" else f"{ctor(d)}({value})"
     if isinstance(value, (bool, np.bool_)):
         if d is None or d.kind == "b":
             return "True" if value else "False"
@@ -244,7 +247,7 @@ class ScalarBody:
                                       f"computed before it in the kernel")
                 v = env[a]
                 texts.append(self.dialect.cast(v.name, compute) if cast and v.dtype != compute else v.name)
-            elif a is None or isinstance(a, (bool, int, float, np.generic)):
+            elif a is None or isinstance(a, (bool, int, float, np.generic)) or is_symbolic(a):
                 texts.append(self.dialect.literal(a, compute if cast else None) if a is not None else "None")
             else:
                 raise Unsupported(f"node {node.name}: operand {k} is {type(a).__name__}, not a node or a scalar")

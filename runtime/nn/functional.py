@@ -508,7 +508,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
         mean = input.mean(dims, keepdim=True)
         centered = input - mean
-        var = (centered * centered).mean(dims, keepdim=True)
+        squares = (centered * centered).sum(dims, keepdim=True)
+        var = squares / count  # biased, as torch normalizes
         if running_mean is not None or running_var is not None:
             if momentum is None:
                 if num_batches_tracked is None:
@@ -523,7 +524,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                     new_mean = running_mean * (1 - factor) + mean.detach().reshape(c) * factor
                     running_mean.copy_(new_mean)
                 if running_var is not None:
-                    unbiased = var.detach().reshape(c) * (count / (count - 1))
+                    unbiased = squares.detach().reshape(c) / (count - 1)  # torch's; a symbolic count stays one
                     running_var.copy_(running_var * (1 - factor) + unbiased * factor)
         out = centered * (var + eps).rsqrt()
     else:
@@ -1310,7 +1311,8 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
             raise ValueError(f"Expected more than 1 spatial element when training, got input size {input.shape}")
         mean = input.mean(dims, keepdim=True)
         centered = input - mean
-        var = (centered * centered).mean(dims, keepdim=True)
+        squares = (centered * centered).sum(dims, keepdim=True)
+        var = squares / count  # biased, as torch normalizes
         if running_mean is not None or running_var is not None:
             with no_grad():
                 if running_mean is not None:
