@@ -373,6 +373,31 @@ def test_sizes_as_numbers_in_tensor_arithmetic_stay_symbolic():
             np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-12)
 
 
+class LikeFactories(nn.Module):
+    """New tensors shaped like a value of symbolic sizes: a target of ones, masks and fills."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, 4)
+
+    def forward(self, x):
+        h = self.proj(x)
+        loss = runtime.nn.functional.binary_cross_entropy_with_logits(h, runtime.ones_like(h))
+        filled = runtime.full_like(h, 0.25) + runtime.zeros_like(h, dtype=runtime.float64)
+        return loss + (h * filled).sum(1)
+
+
+def test_like_factories_of_symbolic_values_are_graph_nodes():
+    runtime.manual_seed(0)
+    model = LikeFactories().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batch in (4, 6, 3, 9):
+            _assert_same(compiled, model, runtime.randn(batch, 3, dtype=runtime.float64))
+    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
+
+
 def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant():
     runtime.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.GroupNorm(2, 4),

@@ -512,6 +512,9 @@ def _erase_new_nodes(builder: GraphBuilder, existing: set) -> None:
 def _run_symbolically(node: Node, module, args, kwargs):
     if node.op == "call_function" and node.target in _SIZED_FACTORIES and has_symbols((args, kwargs)):
         return _sized_factory(node.target, args, kwargs)
+    if node.op == "call_function" and node.target in _LIKE_FACTORIES and args and isinstance(args[0], MetaValue) \
+            and has_symbols(tuple(args[0].shape)):
+        return _like_factory(node.target, args, kwargs)
     if node.op == "call_function" and node.target in _COMPILED_DRAWS:  # a draw traced as a node of its own
         return _COMPILED_DRAWS[node.target](*args, **kwargs)
     if node.op == "call_function" and getattr(node.target, "__name__", None) in RANDOM_FACTORIES:
@@ -547,6 +550,23 @@ def _sized_factory(fn, args, kwargs):
 
 
 _SIZED_FACTORIES = (factories.arange, factories.zeros, factories.ones, factories.empty, factories.full)
+
+
+def _like_factory(fn, args, kwargs):
+    """`zeros_like(x)` and its kin for a value of symbolic sizes, as a primitive `full` node of x's shape (computed
+    eagerly, the new tensor would have the sizes of the compiling call only)."""
+    if kwargs.get("requires_grad"):
+        raise DecomposeError("a new tensor that requires grad inside forward")
+    like = args[0]
+    if fn is factories.full_like:
+        value = args[1] if len(args) > 1 else kwargs["fill_value"]
+    else:
+        value = 1 if fn is factories.ones_like else 0
+    dtype = dt.as_dtype(kwargs.get("dtype") or like.dtype)
+    return GraphBuilder.current.emit(OPS["full"], (), dict(shape=tuple(like.shape), value=value, dtype=dtype))
+
+
+_LIKE_FACTORIES = (factories.zeros_like, factories.ones_like, factories.empty_like, factories.full_like)
 
 
 def _check_no_real_tensors_from(result, args) -> None:
