@@ -357,8 +357,10 @@ def _index_shape(shape, key, index_shapes) -> tuple:
 
 def _slice_length(size, start, stop, step):
     step = 1 if step is None else step
-    if step <= 0:
+    if step == 0:
         raise ValueError("step must be greater than zero")
+    if step < 0:  # only runtime's own keys (flip); a user's negative step is refused with torch's error before this
+        return _reversed_slice_length(size, start, stop, step)
 
     def clamp(bound, default):
         if bound is None:
@@ -370,6 +372,20 @@ def _slice_length(size, start, stop, step):
 
     length = clamp(stop, size) - clamp(start, 0)
     return (length + step - 1) // step if length > 0 else 0
+
+
+def _reversed_slice_length(size, start, stop, step):
+    """len(range(size)[start:stop:step]) for a negative step, as Python counts it."""
+    def clamp(bound, default):
+        if bound is None:
+            return default
+        if bound < 0:
+            bound = bound + size
+            return bound if bound >= 0 else -1
+        return bound if bound < size else size - 1
+
+    length = clamp(start, size - 1) - clamp(stop, -1)
+    return (length - step - 1) // -step if length > 0 else 0
 
 
 def _gather_rule(op, shapes, attrs, dtypes):

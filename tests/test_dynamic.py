@@ -398,6 +398,32 @@ def test_like_factories_of_symbolic_values_are_graph_nodes():
     assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
 
 
+class Reversals(nn.Module):
+    """flip and cumsum (whose gradient is a reversed cumsum) over a dimension of symbolic size."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(3, 4)
+
+    def forward(self, x):
+        h = self.proj(x)
+        similar = runtime.nn.functional.cosine_similarity(h, h.flip(0), dim=1)
+        return similar + h.cumsum(0).flip(1).sum(1) + h[:, 1:].flip(0, 1).mean(1)
+
+
+def test_flips_and_cumsums_over_symbolic_sizes_compile():
+    runtime.manual_seed(0)
+    model = Reversals().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batch in (4, 6, 3, 9):
+            _assert_same(compiled, model, runtime.randn(batch, 3, dtype=runtime.float64))
+    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
+    with pytest.raises(ValueError, match="step must be greater than zero"):  # a user's negative step, as torch
+        runtime.arange(4)[::-1]
+
+
 def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant():
     runtime.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.GroupNorm(2, 4),
