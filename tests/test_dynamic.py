@@ -424,6 +424,31 @@ def test_flips_and_cumsums_over_symbolic_sizes_compile():
         runtime.arange(4)[::-1]
 
 
+class ColumnSums(nn.Module):
+    """A sum over a middle dim with the last kept: the column skeleton, with a symbolic count of kept positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(runtime.linspace(0.5, 1.5, 300, dtype=runtime.float64))
+
+    def forward(self, x):
+        return (x * self.scale).sum(1) * 2.0
+
+
+def test_column_reductions_over_a_symbolic_number_of_columns():
+    runtime.manual_seed(0)
+    model = ColumnSums()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batch in (3, 2, 5, 7):  # 600 to 2100 kept positions: one partial tile of 1024, then two and three
+            _assert_same(compiled, model, runtime.randn(batch, 4, 300, dtype=runtime.float64))
+    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
+    (variants,) = compiled._dynamic_variants.values()
+    sources = "".join(k.meta.get("source", "") for plan in variants[0].plans for k in plan.kernels)
+    assert "for task in range(-((-300*S0)//1024)):" in sources  # the column skeleton, over whole tiles
+
+
 def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant():
     runtime.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.GroupNorm(2, 4),

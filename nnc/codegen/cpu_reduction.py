@@ -524,6 +524,8 @@ def _column_tasks(n_outer: int, n_red: int, parallel: bool) -> tuple[int, int, i
     """(tile, tiles, chunk, chunks) of the column skeleton: balanced tiles of at most _COLUMN_TILE kept positions
     (a multiple of 16, whole vectors), and when parallel, reduced positions split into chunks until there are
     _COLUMN_TASKS tasks (chunks of at least _MIN_COLUMN_CHUNK positions)."""
+    if is_symbolic(n_outer):  # one schedule for every size: whole tiles, the last one partial, and no row chunks
+        return _COLUMN_TILE, -(-n_outer // _COLUMN_TILE), n_red, 1  # (balancing would pin the size)
     n_tiles = -(-n_outer // _COLUMN_TILE)
     balanced = -(-n_outer // n_tiles)
     tile = min(n_outer, -(-balanced // 16) * 16)
