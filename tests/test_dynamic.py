@@ -333,13 +333,24 @@ class SmallCNN(nn.Module):
 
 def test_convolutions_and_pooling_take_a_symbolic_batch():
     runtime.manual_seed(0)
-    model = SmallCNN().double()
+    _one_symbolic_batch_variant(SmallCNN().double(), (4, 6, 3, 5), 1, 12, 12)  # window kernels, none interpreted
+
+
+def _one_symbolic_batch_variant(model, batches, *rest):
+    """A compiled copy of `model` checked against eager on inputs of shape (batch, *rest) for each batch, with no
+    warning (nothing interpreted or run eagerly): the first batch static, then one variant with it symbolic."""
     compiled = nnc.compile(copy.deepcopy(model))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # window kernels generated, never interpreted with a warning
-        for batch in (4, 6, 3, 5):
-            _assert_same(compiled, model, runtime.randn(batch, 1, 12, 12, dtype=runtime.float64))
+        warnings.simplefilter("error")
+        for batch in batches:
+            _assert_same(compiled, model, runtime.randn(batch, *rest, dtype=runtime.float64))
     assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
+    return compiled
+
+
+def _symbolic_sources(compiled) -> str:
+    (variants,) = compiled._dynamic_variants.values()
+    return "".join(k.meta.get("source", "") for plan in variants[0].plans for k in plan.kernels)
 
 
 class SizesAsScalars(nn.Module):
@@ -358,15 +369,8 @@ class SizesAsScalars(nn.Module):
 def test_sizes_as_numbers_in_tensor_arithmetic_stay_symbolic():
     runtime.manual_seed(0)
     model = SizesAsScalars().double()
-    compiled = nnc.compile(copy.deepcopy(model))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for batch in (4, 6, 3, 9):
-            _assert_same(compiled, model, runtime.randn(batch, 3, dtype=runtime.float64))
-    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
-    (variants,) = compiled._dynamic_variants.values()
-    sources = "".join(k.meta.get("source", "") for plan in variants[0].plans for k in plan.kernels)
-    assert "np.float64(S0)" in sources  # the batch size reaches the kernels as their size argument
+    compiled = _one_symbolic_batch_variant(model, (4, 6, 3, 9), 3)
+    assert "np.float64(S0)" in _symbolic_sources(compiled)  # the batch size reaches the kernels as an argument
     with runtime.no_grad():  # inference runs as one function over the same symbols
         for batch in (5, 8):
             x = runtime.randn(batch, 3, dtype=runtime.float64)
@@ -389,13 +393,7 @@ class LikeFactories(nn.Module):
 
 def test_like_factories_of_symbolic_values_are_graph_nodes():
     runtime.manual_seed(0)
-    model = LikeFactories().double()
-    compiled = nnc.compile(copy.deepcopy(model))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for batch in (4, 6, 3, 9):
-            _assert_same(compiled, model, runtime.randn(batch, 3, dtype=runtime.float64))
-    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
+    _one_symbolic_batch_variant(LikeFactories().double(), (4, 6, 3, 9), 3)
 
 
 class Reversals(nn.Module):
@@ -413,13 +411,7 @@ class Reversals(nn.Module):
 
 def test_flips_and_cumsums_over_symbolic_sizes_compile():
     runtime.manual_seed(0)
-    model = Reversals().double()
-    compiled = nnc.compile(copy.deepcopy(model))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for batch in (4, 6, 3, 9):
-            _assert_same(compiled, model, runtime.randn(batch, 3, dtype=runtime.float64))
-    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
+    _one_symbolic_batch_variant(Reversals().double(), (4, 6, 3, 9), 3)
     with pytest.raises(ValueError, match="step must be greater than zero"):  # a user's negative step, as torch
         runtime.arange(4)[::-1]
 
@@ -438,15 +430,9 @@ class ColumnSums(nn.Module):
 def test_column_reductions_over_a_symbolic_number_of_columns():
     runtime.manual_seed(0)
     model = ColumnSums()
-    compiled = nnc.compile(copy.deepcopy(model))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        for batch in (3, 2, 5, 7):  # 600 to 2100 kept positions: one partial tile of 1024, then two and three
-            _assert_same(compiled, model, runtime.randn(batch, 4, 300, dtype=runtime.float64))
-    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {0}}
-    (variants,) = compiled._dynamic_variants.values()
-    sources = "".join(k.meta.get("source", "") for plan in variants[0].plans for k in plan.kernels)
-    assert "for task in range(-((-300*S0)//1024)):" in sources  # the column skeleton, over whole tiles
+    # 600 to 2100 kept positions: one partial tile of 1024, then two and three
+    compiled = _one_symbolic_batch_variant(model, (3, 2, 5, 7), 4, 300)
+    assert "for task in range(-((-300*S0)//1024)):" in _symbolic_sources(compiled)  # whole tiles of columns
 
 
 def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant():
