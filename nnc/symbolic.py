@@ -277,7 +277,12 @@ class SymInt:
     # -- text ------------------------------------------------------------------------------------------
 
     def __repr__(self) -> str:
-        return _code(self.terms)
+        text = _code(self.terms)
+        if len(self.terms) == 1:  # NOTE: generated code puts sizes into expressions (`o // {size}`), so a product
+            ((monomial, coefficient),) = self.terms  # or a negation is one operand: `o // (2*S0)`, not `o // 2*S0`
+            if coefficient != 1 or len(monomial) > 1:
+                return f"({text})"
+        return text
 
     __str__ = __repr__
 

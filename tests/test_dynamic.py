@@ -3,6 +3,7 @@ policy (automatic dynamic on a size change, dynamic=True, nnc.mark_dynamic), com
 from __future__ import annotations
 
 import copy
+import math
 import operator
 import warnings
 
@@ -72,6 +73,26 @@ def test_evaluation_matches_python_on_the_same_values(coefficients, divisor, x, 
     want = [c0 * x * y + c1 * x + c2 + y, (c0 * x * y + c1 * x + c2 + y) // divisor,
             (c0 * x * y + c1 * x + c2 + y) % divisor, (x + divisor) // divisor * y]
     assert [evaluate(e, {"S0": x, "S1": y}) for e in expressions] == want
+
+
+def test_sizes_put_into_generated_expressions_stay_one_operand():
+    from nnc.codegen.indexing import emit_offsets
+
+    env, (a, b) = _env(5, 3)
+    values = {"S0": 5, "S1": 3}
+    for size in (2 * a, a * b, -a, a + 1, (8 * a) // 3):
+        assert [eval(f"{o} // {size} * {size} + {o} % {size}", values) for o in (0, 7, 40)] == [0, 7, 40]
+    # the flat-index digits of an attention score [3, 2, T, T] read against a [3, 1, 1, T] mask: `o // 2*S0`
+    # once divided by 2 and multiplied by S0, so a kernel wrote far past its rows
+    shape, strides = (3, 2 * a, a), [(2 * a * a, a, 1), (a, 0, 1)]  # the scores, and the mask broadcast to them
+    lines, (at_scores, at_mask) = emit_offsets(shape, strides, "o", "o_")
+    concrete = evaluate((shape, strides), values)
+    for o in range(math.prod(concrete[0])):
+        scope = dict(values, o=o)
+        exec("\n".join(lines), {}, scope)
+        digits = np.unravel_index(o, concrete[0])
+        assert eval(at_scores, {}, scope) == sum(d * st for d, st in zip(digits, concrete[1][0]))
+        assert eval(at_mask, {}, scope) == sum(d * st for d, st in zip(digits, concrete[1][1]))
 
 
 def test_evaluate_reaches_into_attributes():
@@ -432,7 +453,7 @@ def test_column_reductions_over_a_symbolic_number_of_columns():
     model = ColumnSums()
     # 600 to 2100 kept positions: one partial tile of 1024, then two and three
     compiled = _one_symbolic_batch_variant(model, (3, 2, 5, 7), 4, 300)
-    assert "for task in range(-((-300*S0)//1024)):" in _symbolic_sources(compiled)  # whole tiles of columns
+    assert "for task in range((-((-300*S0)//1024))):" in _symbolic_sources(compiled)  # whole tiles of columns
 
 
 def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant():
