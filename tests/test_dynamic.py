@@ -456,6 +456,35 @@ def test_column_reductions_over_a_symbolic_number_of_columns():
     assert "for task in range((-((-300*S0)//1024))):" in _symbolic_sources(compiled)  # whole tiles of columns
 
 
+class PaddedEncoder(nn.Module):
+    """A transformer encoder over a padded batch: its key padding mask becomes a float mask inside the layer."""
+
+    def __init__(self):
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+
+    def forward(self, x, padding):
+        keep = (~padding).unsqueeze(-1).to(x.dtype)
+        return (self.encoder(x, src_key_padding_mask=padding) * keep).sum(1) / keep.sum(1)
+
+
+def test_an_encoder_with_a_padding_mask_takes_a_symbolic_length():
+    runtime.manual_seed(0)
+    model = PaddedEncoder().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for length in (6, 9, 5, 12):
+            x = runtime.randn(3, length, 8, dtype=runtime.float64)
+            padding = runtime.zeros(3, length, dtype=runtime.bool)
+            padding[0, length - 2:] = True
+            got, want = compiled(x, padding), model(x, padding)
+            np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-9, atol=1e-12)
+            (got.sum() + want.sum()).backward()
+    assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {1}, ("padding", 0): {1}}
+
+
 def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant():
     runtime.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.GroupNorm(2, 4),

@@ -363,7 +363,7 @@ def replay_for_tracer(tracer):
             builder._tensor_paths.setdefault(id(tensor), path)
         previous, GraphBuilder.current = GraphBuilder.current, builder
         try:
-            with _compiled_random(builder), _state_as_graph_values(builder):
+            with _as_graph_values(builder):
                 builder.origin = node
                 if node.op == "get_attr" and node.target in tracer.constants:
                     return builder.value_of_attr(node.target, tracer.constants[node.target])
@@ -382,7 +382,7 @@ def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
     env: dict[Node, object] = {}
     previous, GraphBuilder.current = GraphBuilder.current, builder
     try:
-        with _compiled_random(builder), _state_as_graph_values(builder):
+        with _as_graph_values(builder):
             for node in gm.graph.nodes:
                 builder.origin = node
                 env[node] = _replay(builder, gm, node, env)
@@ -510,11 +510,8 @@ def _erase_new_nodes(builder: GraphBuilder, existing: set) -> None:
 
 
 def _run_symbolically(node: Node, module, args, kwargs):
-    if node.op == "call_function" and node.target in _SIZED_FACTORIES and has_symbols((args, kwargs)):
-        return _sized_factory(node.target, args, kwargs)
-    if node.op == "call_function" and node.target in _LIKE_FACTORIES and args and isinstance(args[0], MetaValue) \
-            and has_symbols(tuple(args[0].shape)):
-        return _like_factory(node.target, args, kwargs)
+    if node.op == "call_function" and node.target in _FACTORY_STAND_INS:
+        return _FACTORY_STAND_INS[node.target](*args, **kwargs)
     if node.op == "call_function" and node.target in _COMPILED_DRAWS:  # a draw traced as a node of its own
         return _COMPILED_DRAWS[node.target](*args, **kwargs)
     if node.op == "call_function" and getattr(node.target, "__name__", None) in RANDOM_FACTORIES:
@@ -534,17 +531,18 @@ def _sized_factory(fn, args, kwargs):
     if kwargs.get("requires_grad"):
         raise DecomposeError("a new tensor that requires grad inside forward")
     dtype = kwargs.get("dtype")
-    if fn is factories.arange:
+    name = fn.__name__  # (not `fn is factories.ones`: while decompose runs, that is the stand-in)
+    if name == "arange":
         bounds = (0, args[0], 1) if len(args) == 1 else (tuple(args) + (kwargs.get("step", 1),))[:3]
         if not all(isinstance(b, int) or is_symbolic(b) for b in bounds):
             raise DecomposeError("arange with symbolic sizes takes integer bounds")
         attrs = dict(start=bounds[0], end=bounds[1], step=bounds[2], dtype=dt.as_dtype(dtype or dt.int64))
         return GraphBuilder.current.emit(OPS["arange"], (), attrs)
-    if fn is factories.full:
+    if name == "full":
         shape, value = api.size_args((args[0],)), args[1] if len(args) > 1 else kwargs["fill_value"]
         dtype = dtype or dt.default_for_category(dt.scalar_category(value))
     else:
-        shape, value = api.size_args(args), 1 if fn is factories.ones else 0
+        shape, value = api.size_args(args), 1 if name == "ones" else 0
         dtype = dtype or dt.get_default_dtype()
     return GraphBuilder.current.emit(OPS["full"], (), dict(shape=shape, value=value, dtype=dt.as_dtype(dtype)))
 
@@ -558,15 +556,56 @@ def _like_factory(fn, args, kwargs):
     if kwargs.get("requires_grad"):
         raise DecomposeError("a new tensor that requires grad inside forward")
     like = args[0]
-    if fn is factories.full_like:
+    if fn.__name__ == "full_like":
         value = args[1] if len(args) > 1 else kwargs["fill_value"]
     else:
-        value = 1 if fn is factories.ones_like else 0
+        value = 1 if fn.__name__ == "ones_like" else 0
     dtype = dt.as_dtype(kwargs.get("dtype") or like.dtype)
     return GraphBuilder.current.emit(OPS["full"], (), dict(shape=tuple(like.shape), value=value, dtype=dtype))
 
 
-_LIKE_FACTORIES = (factories.zeros_like, factories.ones_like, factories.empty_like, factories.full_like)
+def _sized_stand_in(fn):
+    def factory(*args, **kwargs):
+        return _sized_factory(fn, args, kwargs) if has_symbols((args, kwargs)) else fn(*args, **kwargs)
+
+    return factory
+
+
+def _like_stand_in(fn):
+    def factory(*args, **kwargs):
+        if args and isinstance(args[0], MetaValue) and has_symbols(tuple(args[0].shape)):
+            return _like_factory(fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    return factory
+
+
+# Factories as decompose runs them: a new tensor of symbolic sizes is a graph node (made eagerly, it would have the
+# compiling call's sizes only, and pin them); any other call makes its tensor as usual
+_FACTORY_STAND_INS = {**{fn: _sized_stand_in(fn) for fn in _SIZED_FACTORIES},
+                      **{fn: _like_stand_in(fn) for fn in (factories.zeros_like, factories.ones_like,
+                                                            factories.empty_like, factories.full_like)}}
+
+
+@contextlib.contextmanager
+def _symbolic_factories():
+    """The factories that code inside a decomposed node calls (a module's forward) are their stand-ins."""
+    saved = [(ns, fn.__name__, fn) for ns in (factories, api, runtime) for fn in _FACTORY_STAND_INS
+             if getattr(ns, fn.__name__, None) is fn]
+    try:
+        for ns, name, fn in saved:
+            setattr(ns, name, _FACTORY_STAND_INS[fn])
+        yield
+    finally:
+        for ns, name, fn in saved:
+            setattr(ns, name, fn)
+
+
+@contextlib.contextmanager
+def _as_graph_values(builder: GraphBuilder):
+    """What code run on graph values records as nodes instead of computing: draws, state, new tensors' sizes."""
+    with _compiled_random(builder), _state_as_graph_values(builder), _symbolic_factories():
+        yield
 
 
 def _check_no_real_tensors_from(result, args) -> None:
