@@ -316,8 +316,15 @@ class CompiledModule(Module):
             # NOTE: where symbolic sizes failed (the reason is in NNC_DEBUG=1's output), kernels are generated for
             # static sizes; a dimension seen with a third value would compile once per value, seconds each. Such
             # calls run eagerly instead, and the variants compiled so far keep serving their sizes.
-            debug(1, f"{self._module._get_name()}: {changing[0][0]}'s dim {changing[1]} keeps changing; running "
-                     f"eagerly for its new sizes")
+            what = f"{changing[0][0]}'s dim {changing[1]}"
+            debug(1, f"{self._module._get_name()}: {what} keeps changing; running eagerly for its new sizes")
+            warned = self.__dict__.setdefault("_changing_warned", set())
+            if changing not in warned:
+                warned.add(changing)
+                why = ("with dynamic=False" if self.dynamic is False else
+                       "it could not be compiled with symbolic sizes (NNC_DEBUG=1 says why)")
+                warnings.warn(f"nnc.compile: {self._module._get_name()}'s {what} took a third size, and {why}; calls "
+                              f"with new sizes of it run eagerly", RuntimeWarning, stacklevel=4)
             self._cache[key] = _EAGER
             return _EAGER
         return self._compile_variant(key, arguments)

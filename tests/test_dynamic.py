@@ -246,10 +246,14 @@ def test_a_pinned_size_falls_back_to_static_variants_and_stays_right():
     runtime.manual_seed(0)
     model = UnrolledOverTime().double()
     compiled = nnc.compile(copy.deepcopy(model), dynamic=True)
-    for t in (3, 4, 5, 3):
-        _assert_same(compiled, model, runtime.randn(2, t, 3, dtype=runtime.float64))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for t in (3, 4, 5, 3, 6):
+            _assert_same(compiled, model, runtime.randn(2, t, 3, dtype=runtime.float64))
     assert compiled._pinned_dims == {("x", 0): {1}} and compiled._dynamic_dims == {("x", 0): {0, 2}}
-    assert compiled.compiled_variants == 2  # lengths 3 and 4; the third length ran eagerly
+    assert compiled.compiled_variants == 2  # lengths 3 and 4; the third and fourth lengths ran eagerly
+    said = [w for w in caught if "third size" in str(w.message)]
+    assert len(said) == 1 and "x's dim 1" in str(said[0].message) and said[0].filename == __file__  # at the caller
 
 
 def test_threads_calling_one_variant_with_different_sizes():
