@@ -50,7 +50,6 @@ float32 = dtype("float32", np.float32, FLOAT)
 float64 = dtype("float64", np.float64, FLOAT)
 
 
-
 def astype(array: np.ndarray, np_dtype, **kwargs) -> np.ndarray:
     """numpy's `array.astype(np_dtype, **kwargs)`, except that a conversion to bfloat16 from anything but float32
     rounds through float32 first, as torch's conversions do (c10's BFloat16 is built from a float)."""

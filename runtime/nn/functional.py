@@ -1311,8 +1311,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
             raise ValueError(f"Expected more than 1 spatial element when training, got input size {input.shape}")
         mean = input.mean(dims, keepdim=True)
         centered = input - mean
-        squares = (centered * centered).sum(dims, keepdim=True)
-        var = squares / count  # biased, as torch normalizes
+        var = (centered * centered).mean(dims, keepdim=True)
         if running_mean is not None or running_var is not None:
             with no_grad():
                 if running_mean is not None:
