@@ -434,10 +434,14 @@ def result_type(operands) -> dt.dtype:
     for x in operands:
         if type(x) in _SCALAR_TYPES:
             scalar_cat = max(scalar_cat, dt.scalar_category(x))
-        elif getattr(type(x), "symbolic_size", False):  # a compiler's symbolic size: a Python int, unknown yet
-            scalar_cat = max(scalar_cat, dt.INT)
         elif x is not None:
-            d = x.dtype
+            try:
+                d = x.dtype
+            except AttributeError:  # NOTE: checked only here, off eager dispatch's path for tensors
+                if not getattr(type(x), "symbolic_size", False):
+                    raise
+                scalar_cat = max(scalar_cat, dt.INT)  # a compiler's symbolic size: a Python int, unknown yet
+                continue
             if x.ndim:
                 dim_t = d if dim_t is None or dim_t is d else dt.promote_types(dim_t, d)
             else:
