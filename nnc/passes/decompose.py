@@ -299,11 +299,18 @@ def _compiled_random(builder: GraphBuilder):
         raise DecomposeError("the code draws random numbers (kept as a call so each run draws anew)")
 
     compiled = {fn.__name__: draw for fn, draw in _COMPILED_DRAWS.items()}
-    saved = [(ns, name, getattr(ns, name)) for ns in (factories, api, runtime) for name in RANDOM_FACTORIES
+    with _runtime_names_replaced({name: compiled.get(name, refuse) for name in RANDOM_FACTORIES}):
+        yield
+
+
+@contextlib.contextmanager
+def _runtime_names_replaced(replacements: dict):
+    """runtime's functions of these names (in runtime, runtime.api and runtime.factories) replaced meanwhile."""
+    saved = [(ns, name, getattr(ns, name)) for ns in (factories, api, runtime) for name in replacements
              if hasattr(ns, name)]
     try:
         for ns, name, _ in saved:
-            setattr(ns, name, compiled.get(name, refuse))
+            setattr(ns, name, replacements[name])
         yield
     finally:
         for ns, name, fn in saved:
@@ -588,23 +595,11 @@ _FACTORY_STAND_INS = {**{fn: _sized_stand_in(fn) for fn in _SIZED_FACTORIES},
 
 
 @contextlib.contextmanager
-def _symbolic_factories():
-    """The factories that code inside a decomposed node calls (a module's forward) are their stand-ins."""
-    saved = [(ns, fn.__name__, fn) for ns in (factories, api, runtime) for fn in _FACTORY_STAND_INS
-             if getattr(ns, fn.__name__, None) is fn]
-    try:
-        for ns, name, fn in saved:
-            setattr(ns, name, _FACTORY_STAND_INS[fn])
-        yield
-    finally:
-        for ns, name, fn in saved:
-            setattr(ns, name, fn)
-
-
-@contextlib.contextmanager
 def _as_graph_values(builder: GraphBuilder):
-    """What code run on graph values records as nodes instead of computing: draws, state, new tensors' sizes."""
-    with _compiled_random(builder), _state_as_graph_values(builder), _symbolic_factories():
+    """What code run on graph values records as nodes instead of computing: draws, state, new tensors' sizes (the
+    factories that code inside a decomposed node calls, a module's forward, are their stand-ins)."""
+    stand_ins = {fn.__name__: stand_in for fn, stand_in in _FACTORY_STAND_INS.items()}
+    with _compiled_random(builder), _state_as_graph_values(builder), _runtime_names_replaced(stand_ins):
         yield
 
 
