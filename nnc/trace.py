@@ -571,7 +571,7 @@ class Tracer:
     def _patched(self):
         """While tracing: module calls, parameter reads and runtime's functions are routed to the tracer, for calls
         from the tracing thread only (other threads' eager code runs as it is); one thread traces at a time."""
-        with _TRACING:
+        with PATCHING:
             with self._patched_here(threading.get_ident()):
                 yield
 
@@ -651,8 +651,21 @@ def _same_plain_value(a, b) -> bool:
         return False
 
 
-# One thread traces at a time: tracing patches runtime's functions and Module's methods process-wide.
-_TRACING = threading.RLock()
+# One thread at a time swaps runtime's functions and Module's methods process-wide (tracing, decompose); the
+# stand-ins serve that thread only, and pass other threads' calls to the originals (see for_thread)
+PATCHING = threading.RLock()
+
+
+def for_thread(owner: int, stand_in, original):
+    """`stand_in` for calls from the thread `owner`, `original` for every other thread's."""
+
+    def call(*args, **kwargs):
+        if threading.get_ident() != owner:
+            return original(*args, **kwargs)
+        return stand_in(*args, **kwargs)
+
+    call.__wrapped__ = original
+    return call
 
 
 def _set_all(assignments) -> None:

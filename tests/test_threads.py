@@ -209,3 +209,73 @@ def test_a_flag_switched_while_threads_call_is_seen_by_every_later_call(final):
     assert not errors and not odd
     for out in after:
         np.testing.assert_allclose(out, (2 if final else 3) * base, rtol=1e-6)
+
+
+class _DropoutBlock(nn.Module):
+    """A block whose decompose swaps runtime's random draws, its factories and Module's attribute reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.drop, self.norm = nn.Linear(8, 8), nn.Dropout(0.5), nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.norm(self.drop(self.fc(x)) + runtime.ones_like(x))
+
+
+def _eager_calls(model, x) -> list:
+    """The types of what runtime's draws, a like-factory and the model's eager forward return in this thread."""
+    return [type(runtime.rand(4)), type(runtime.randn(2, 3)), type(runtime.ones_like(x)), type(model(x))]
+
+
+def test_another_threads_eager_code_is_untouched_while_a_model_decomposes(monkeypatch):
+    """While decompose runs, runtime's functions and Module.__getattr__ are stand-ins process-wide; another
+    thread's calls reach the originals (they returned the compiling graph's MetaValues, or raised DecomposeError
+    for runtime.rand). The other thread runs its calls in the middle of decompose, at its first replayed node."""
+    from nnc import pipeline
+    from nnc.passes import decompose
+
+    model, x = _DropoutBlock(), runtime.randn(3, 8)
+    seen, done = [], threading.Event()
+
+    def other_thread():
+        try:
+            seen.extend(_eager_calls(model, x))
+        except Exception as error:  # noqa: BLE001 - the assertion below reports it
+            seen.append(error)
+        done.set()
+
+    replay_node = decompose._replay_node
+
+    def replay_with_another_thread(*args):
+        if not done.is_set():
+            threading.Thread(target=other_thread).start()
+            assert done.wait(60)
+        return replay_node(*args)
+
+    monkeypatch.setattr(decompose, "_replay_node", replay_with_another_thread)
+    c = pipeline.Compilation(model, {}, {"x": x}, needs_grad=True)
+    pipeline.run_stages(c, until="simplify_backward")
+    assert seen == [runtime.Tensor] * 4
+    assert _eager_calls(model, x) == [runtime.Tensor] * 4  # and every stand-in is gone afterwards
+
+
+def test_threads_decomposing_at_once_each_build_their_own_graphs():
+    """Each thread records into its own GraphBuilder (it was one class attribute for the process): graphs built
+    from four threads at once equal the graphs built alone."""
+    from nnc import pipeline
+
+    def graphs(model, x) -> list:
+        c = pipeline.Compilation(model, {}, {"x": x}, needs_grad=True)
+        pipeline.run_stages(c, until="simplify_backward")
+        return [gm.code for _, gm in pipeline.stage_graphs(c, "split") + pipeline.stage_graphs(c, "autodiff")]
+
+    cases = [(_DropoutBlock(), runtime.randn(3, 8)), (_model(), runtime.randn(5, 32))]
+    alone = [graphs(*case) for case in cases]
+    found = {}
+
+    def work(k):
+        for i in range(4):
+            found[k, i] = graphs(*cases[k % 2])
+
+    run_in_threads(work, 4)
+    assert all(found[k, i] == alone[k % 2] for k, i in found)

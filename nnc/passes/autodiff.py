@@ -46,7 +46,7 @@ from ..graph import Node, nodes_in
 from ..graph_module import GraphModule
 from ..prims import Prim
 from ..symbolic import Shape
-from .decompose import GraphBuilder, MetaValue
+from .decompose import GraphBuilder, MetaValue, building
 from .fusion import nbytes
 from .views import is_view_node
 
@@ -348,8 +348,7 @@ def build_backward(forward: GraphModule, wrt: list[Node]) -> BackwardGraph:
 def _build(forward: GraphModule, wrt: list[Node], saved_leaves: set) -> BackwardGraph:
     diff = _Differentiator(forward, wrt, saved_leaves)
     builder = diff.builder
-    previous, GraphBuilder.current = GraphBuilder.current, builder
-    try:
+    with building(builder):
         outputs = [n for n in nodes_in(forward.graph.output_node.args[0]) if n in diff.requires]
         parts: dict[Node, list] = {}  # node -> its gradient contributions, summed once all are in
         for out in outputs:
@@ -374,8 +373,6 @@ def _build(forward: GraphModule, wrt: list[Node], saved_leaves: set) -> Backward
         builder.origin = None
         results = tuple(results)
         builder.node("output", "output", (results,))
-    finally:
-        GraphBuilder.current = previous
     _move_placeholders_first(builder.graph)
     gm = GraphModule(Module(), builder.graph, class_name="Backward")
     gm.graph.eliminate_dead_code()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
+import threading
 
 import runtime
 import runtime.factories as factories
@@ -28,7 +29,7 @@ from ..graph_module import GraphModule
 from ..prims import prims
 from ..symbolic import has_symbols, is_symbolic
 from ..python_state import AttributesKept
-from ..trace import RANDOM_FACTORIES, has_hooks
+from ..trace import PATCHING, RANDOM_FACTORIES, for_thread, has_hooks
 from . import functionalize
 from .functionalize import FunctionalizeError
 from .shapes import propagate_shapes
@@ -64,7 +65,7 @@ class MetaValue:
             handler = getattr(type(x), "_apply_op", None)
             if handler is not None and not isinstance(x, (MetaValue, Tensor)):
                 return handler(op, inputs, attrs)
-        builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or GraphBuilder.current
+        builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or current_builder()
         if amp.state.dtype is not None and op.kind == Kind.MATMUL:  # the caller's autocast: casts, as eager makes
             inputs = amp.autocast_inputs(op, inputs)
         return builder.emit(op, inputs, attrs)
@@ -158,10 +159,26 @@ def _install_api_methods() -> None:
 _install_api_methods()
 
 
+_building = threading.local()  # each thread's GraphBuilder (threads may compile at once)
+
+
+def current_builder() -> "GraphBuilder | None":
+    """The GraphBuilder this thread records into (for ops that have no graph value among their inputs)."""
+    return getattr(_building, "builder", None)
+
+
+@contextlib.contextmanager
+def building(builder: "GraphBuilder"):
+    """Within the block, this thread records into `builder`."""
+    previous, _building.builder = current_builder(), builder
+    try:
+        yield builder
+    finally:
+        _building.builder = previous
+
+
 class GraphBuilder:
     """Builds the decomposed graph: emits primitives with shape/dtype meta and explicit casts."""
-
-    current: "GraphBuilder | None" = None
 
     def __init__(self, gm: GraphModule | None):
         self.gm = gm
@@ -305,16 +322,19 @@ def _compiled_random(builder: GraphBuilder):
 
 @contextlib.contextmanager
 def _runtime_names_replaced(replacements: dict):
-    """runtime's functions of these names (in runtime, runtime.api and runtime.factories) replaced meanwhile."""
-    saved = [(ns, name, getattr(ns, name)) for ns in (factories, api, runtime) for name in replacements
-             if hasattr(ns, name)]
-    try:
-        for ns, name, _ in saved:
-            setattr(ns, name, replacements[name])
-        yield
-    finally:
-        for ns, name, fn in saved:
-            setattr(ns, name, fn)
+    """runtime's functions of these names (in runtime, runtime.api and runtime.factories) replaced meanwhile, for
+    calls from this thread (other threads' eager code calls the originals)."""
+    owner = threading.get_ident()
+    with PATCHING:
+        saved = [(ns, name, getattr(ns, name)) for ns in (factories, api, runtime) for name in replacements
+                 if hasattr(ns, name)]
+        try:
+            for ns, name, fn in saved:
+                setattr(ns, name, for_thread(owner, replacements[name], fn))
+            yield
+        finally:
+            for ns, name, fn in saved:
+                setattr(ns, name, fn)
 
 
 def _drawing(distribution: str):
@@ -347,7 +367,7 @@ def _draw(distribution: str, shape: tuple, dtype) -> "MetaValue":
     graph's random_seed node. Other floating dtypes are drawn in float32 and cast (eager draws them in float64)."""
     if not dtype.is_floating_point:
         raise DecomposeError(f"the code draws random numbers of dtype {dtype} (kept as a call)")
-    builder = GraphBuilder.current
+    builder = current_builder()
     if builder.seed is None or builder.seed.node not in set(builder.graph.nodes):  # (a failed replay erased it)
         builder.seed = builder.emit(OPS["random_seed"], (), {})
     draw_dtype = dtype if dtype in (dt.float32, dt.float64) else dt.float32
@@ -368,15 +388,11 @@ def replay_for_tracer(tracer):
             builder._tensor_paths.setdefault(key, path)
         for path, tensor in tracer.constants.items():
             builder._tensor_paths.setdefault(id(tensor), path)
-        previous, GraphBuilder.current = GraphBuilder.current, builder
-        try:
-            with _as_graph_values(builder):
-                builder.origin = node
-                if node.op == "get_attr" and node.target in tracer.constants:
-                    return builder.value_of_attr(node.target, tracer.constants[node.target])
-                return _replay(builder, tracer.root, node, env)
-        finally:
-            GraphBuilder.current = previous
+        with building(builder), _as_graph_values(builder):
+            builder.origin = node
+            if node.op == "get_attr" and node.target in tracer.constants:
+                return builder.value_of_attr(node.target, tracer.constants[node.target])
+            return _replay(builder, tracer.root, node, env)
 
     return replay
 
@@ -387,14 +403,10 @@ def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
         propagate_shapes(gm, *example_inputs)
     builder = GraphBuilder(gm)
     env: dict[Node, object] = {}
-    previous, GraphBuilder.current = GraphBuilder.current, builder
-    try:
-        with _as_graph_values(builder):
-            for node in gm.graph.nodes:
-                builder.origin = node
-                env[node] = _replay(builder, gm, node, env)
-    finally:
-        GraphBuilder.current = previous
+    with building(builder), _as_graph_values(builder):
+        for node in gm.graph.nodes:
+            builder.origin = node
+            env[node] = _replay(builder, gm, node, env)
     builder.graph.meta["constants"] = builder.constants
     builder.graph.eliminate_dead_code(is_impure=_is_impure)
     result = GraphModule(gm, builder.graph, class_name=gm._get_name())
@@ -405,18 +417,18 @@ def decompose(gm: GraphModule, *example_inputs) -> GraphModule:
 @contextlib.contextmanager
 def _state_as_graph_values(builder: GraphBuilder):
     """Inside layers' forwards, parameters and buffers read as graph values (get_attr), not real tensors."""
-    original = Module.__getattr__
-
     def getattr_as_graph_value(module, name):
         value = original(module, name)
         path = builder._tensor_paths.get(id(value)) if isinstance(value, Tensor) else None
         return builder.value_of_attr(path, value) if path is not None else value
 
-    Module.__getattr__ = getattr_as_graph_value
-    try:
-        yield
-    finally:
-        Module.__getattr__ = original
+    with PATCHING:
+        original = Module.__getattr__
+        Module.__getattr__ = for_thread(threading.get_ident(), getattr_as_graph_value, original)
+        try:
+            yield
+        finally:
+            Module.__getattr__ = original
 
 
 def _is_impure(node: Node) -> bool:
@@ -544,14 +556,14 @@ def _sized_factory(fn, args, kwargs):
         if not all(isinstance(b, int) or is_symbolic(b) for b in bounds):
             raise DecomposeError("arange with symbolic sizes takes integer bounds")
         attrs = dict(start=bounds[0], end=bounds[1], step=bounds[2], dtype=dt.as_dtype(dtype or dt.int64))
-        return GraphBuilder.current.emit(OPS["arange"], (), attrs)
+        return current_builder().emit(OPS["arange"], (), attrs)
     if name == "full":
         shape, value = api.size_args((args[0],)), args[1] if len(args) > 1 else kwargs["fill_value"]
         dtype = dtype or dt.default_for_category(dt.scalar_category(value))
     else:
         shape, value = api.size_args(args), 1 if name == "ones" else 0
         dtype = dtype or dt.get_default_dtype()
-    return GraphBuilder.current.emit(OPS["full"], (), dict(shape=shape, value=value, dtype=dt.as_dtype(dtype)))
+    return current_builder().emit(OPS["full"], (), dict(shape=shape, value=value, dtype=dt.as_dtype(dtype)))
 
 
 _SIZED_FACTORIES = (factories.arange, factories.zeros, factories.ones, factories.empty, factories.full)
@@ -568,7 +580,7 @@ def _like_factory(fn, args, kwargs):
     else:
         value = 1 if fn.__name__ == "ones_like" else 0
     dtype = dt.as_dtype(kwargs.get("dtype") or like.dtype)
-    return GraphBuilder.current.emit(OPS["full"], (), dict(shape=tuple(like.shape), value=value, dtype=dtype))
+    return current_builder().emit(OPS["full"], (), dict(shape=tuple(like.shape), value=value, dtype=dtype))
 
 
 def _sized_stand_in(fn):
