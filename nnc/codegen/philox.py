@@ -16,7 +16,7 @@ __all__ = ["HELPERS", "helper_name", "philox_uniform_f32", "philox_uniform_f64",
            "philox_normal_f64"]
 
 # as approx.py's: compiled with its own flags and inlined by LLVM into the caller's loop
-_FLAGS = dict(error_model="numpy", forceinline=True, nogil=True, no_cfunc_wrapper=True)
+_FLAGS = dict(error_model="numpy", forceinline=True, nogil=True, no_cfunc_wrapper=True, cache=True)
 
 _rounds = numba.njit(**_FLAGS)(_philox.philox4x32)
 _counter_and_key = numba.njit(**_FLAGS)(_philox.counter_and_key)
