@@ -1,5 +1,10 @@
 """Helper processes compile a compilation's new kernels into numba's disk cache; this process then loads them, and
 compiles itself whatever a helper did not finish."""
+import os
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -143,3 +148,72 @@ def test_a_model_compiled_with_helpers_matches_eager(fresh_cache, monkeypatch):
         np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-12, atol=1e-12)
     plans = [p for c in compiled.compilations for p in c.plans]
     assert sum(p.cache_hits for p in plans) > 0  # some kernels came from the helper through the disk cache
+
+
+def test_a_module_lock_makes_a_second_holder_wait(tmp_path):
+    """cache.compiling is an exclusive lock on a module's source across open files (so across processes): a second
+    holder gets it only once the first has let go."""
+    path = tmp_path / "k_module.py"
+    path.write_text("x = 1\n")
+    events, trying = [], threading.Event()
+
+    def second():
+        trying.set()
+        with cache.compiling(path):
+            events.append("second holds it")
+
+    with cache.compiling(path):
+        other = threading.Thread(target=second)
+        other.start()
+        assert trying.wait(30)
+        time.sleep(0.3)  # the second holder is now waiting for the lock
+        events.append("first lets go")
+    other.join(30)
+    assert events == ["first lets go", "second holds it"]
+
+
+def test_a_module_lock_held_too_long_is_given_up(tmp_path, monkeypatch):
+    """A holder that never lets go (a hung process) costs a waiter LOCK_WAIT_S, then it compiles anyway."""
+    monkeypatch.setattr(cache, "LOCK_WAIT_S", 0.2)
+    path = tmp_path / "k_module.py"
+    path.write_text("x = 1\n")
+    entered = []
+
+    def waiter():
+        with cache.compiling(path):
+            entered.append(True)
+
+    with cache.compiling(path):
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        thread.join(30)
+        assert entered == [True]  # entered while the lock was still held here
+
+
+_COMPILE_AND_LIST = """
+import sys
+import runtime, nnc
+from runtime import nn
+runtime.manual_seed(0)
+model = nn.Sequential(nn.Linear(9, 20), nn.GELU(), nn.LayerNorm(20), nn.Linear(20, 3), nn.Softmax(-1)).double()
+compiled = nnc.compile(model)
+compiled(runtime.randn(4, 9, dtype=runtime.float64)).sum().backward()
+steps = [s for c in compiled.compilations for p in c.plans for s in p.steps if hasattr(s, "compiled")]
+print(" ".join(s.compiled.path.name for s in steps if not s.compiled.cache_hit))
+print(len(steps))
+"""
+
+
+def test_two_processes_compiling_one_model_into_one_cache_compile_each_module_once(tmp_path):
+    """DDP ranks on one machine share the kernel cache: each module is compiled by one process, and the other loads
+    it from the disk cache when that compile is done (both compiled everything before, on contended cores)."""
+    env = dict(os.environ, **{cache.ENV_VAR: str(tmp_path / "shared"), compile_workers.ENV_VAR: "0"})
+    command = [sys.executable, "-c", _COMPILE_AND_LIST]
+    processes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in processes]
+    assert all(p.returncode == 0 for p in processes), [err[-2000:] for _, err in outputs]
+    (compiled_a, steps_a), (compiled_b, steps_b) = ([line.split() for line in out.splitlines()] for out, _ in outputs)
+    assert steps_a == steps_b and int(steps_a[0]) >= 4
+    assert compiled_a or compiled_b
+    assert not set(compiled_a) & set(compiled_b), (compiled_a, compiled_b)

@@ -53,7 +53,7 @@ def launch(tmp_path_factory):
     reason = why_mpi_cannot_start()
     if reason:
         pytest.skip(reason)
-    cache = tmp_path_factory.mktemp("nnc_kernels_per_rank")
+    cache = tmp_path_factory.mktemp("nnc_kernels_of_the_ranks")
 
     def run(script: str, *args: str, expect_ok: bool = True) -> subprocess.CompletedProcess:
         env = dict(os.environ, NNC_TEST_CACHE=str(cache), PYTHONUNBUFFERED="1")

@@ -18,6 +18,10 @@ Trust (docs/security.md, "The kernel cache"): nothing in the directory runs unle
   A function whose cache numba puts elsewhere (`$NUMBA_CACHE_DIR`) keeps it only where the same check passes, and
   otherwise compiles in memory.
 
+Processes that share the directory (DDP ranks on one machine, separate runs) compile a module once: `compiling(path)`
+holds an advisory lock on the module's source while numba compiles it, and a second process waits for it, then
+loads the result from numba's disk cache.
+
 This process keeps the most recently used `$NNC_KERNEL_MODULES` imported modules (default 128). An older one is
 dropped from the memo and sys.modules: plans that run it keep it alive, and once none does it can be freed;
 generating its source again imports it from the disk cache (no numba compile). Measured on 60 small MLPs compiled
@@ -37,10 +41,16 @@ import stat
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from collections import OrderedDict
 from pathlib import Path
 from types import ModuleType
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; processes may then compile a module twice
+    fcntl = None
 
 ENV_VAR = "NNC_CACHE_DIR"
 DEFAULT_DIR = Path("~/.cache/nnc/kernels")
@@ -271,6 +281,47 @@ def load_module(source: str) -> tuple[ModuleType, Path, bool]:
         _modules[key] = module
         _evict(module_limit())
         return module, path, False
+
+
+LOCK_WAIT_S = 600.0  # a process holding a module's lock longer than this is not waited for: compile it here too
+_LOCK_POLL_S = 0.02
+
+
+@contextlib.contextmanager
+def compiling(path: Path):
+    """Held while numba compiles the kernel module whose source is `path`: another process compiling the same module
+    waits here, then finds it in numba's disk cache and loads it instead of compiling it again.
+
+    An exclusive flock on the source file (the kernel module's, never a library's, so no process holds two), which
+    the system releases if the holder dies. Nothing is held where there is no flock, or the file cannot be opened."""
+    fd = None
+    if fcntl is not None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            fd = None
+    try:
+        if fd is not None:
+            _lock_or_give_up(fd)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _lock_or_give_up(fd: int) -> None:
+    """Take the flock on fd, waiting at most LOCK_WAIT_S (a holder that hangs must not hang this process too)."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(_LOCK_POLL_S)
+        except OSError:  # a file system without flock
+            return
 
 
 def library(source: str) -> str:

@@ -238,9 +238,10 @@ def _serve(lines, answer) -> None:
         try:
             for library in job.get("libraries", []):
                 cache.library(library)
-            module, _, _ = cache.load_module(job["source"])
-            for fname, encoded in job["signatures"].items():
-                getattr(module, fname).compile(_numba_types(encoded))
+            module, path, _ = cache.load_module(job["source"])
+            with cache.compiling(path):
+                for fname, encoded in job["signatures"].items():
+                    getattr(module, fname).compile(_numba_types(encoded))
         except Exception:  # noqa: BLE001  the parent compiles it again and reports the error itself
             pass
         answer(json.dumps({"digest": job["digest"]}))

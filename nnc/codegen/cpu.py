@@ -454,7 +454,8 @@ def compile_generated(kernel: Kernel, generated: Generated, start: float | None 
             if sig in disp.overloads:
                 continue
             try:
-                disp.compile(sig)
+                with cache.compiling(path):  # another process compiling it: wait, then load its result
+                    disp.compile(sig)
             except Exception as e:
                 message = str(e).strip()
                 if len(message) > 2000:

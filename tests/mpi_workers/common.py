@@ -16,11 +16,12 @@ import runtime.distributed as dist  # noqa: E402
 
 
 def start():
-    """Initialize the group; a private kernel cache per rank (if NNC_TEST_CACHE is set) so ranks never share one."""
+    """Initialize the group; the kernel cache NNC_TEST_CACHE (if set), which the ranks share, as ranks on one machine
+    share ~/.cache/nnc: each kernel module compiles in one rank, the other loads it (nnc.codegen.cache.compiling)."""
     dist.init_process_group("mpi")
     base = os.environ.get("NNC_TEST_CACHE")
     if base:
-        os.environ["NNC_CACHE_DIR"] = os.path.join(base, f"rank{dist.get_rank()}")
+        os.environ["NNC_CACHE_DIR"] = base
     return dist.get_rank(), dist.get_world_size()
 
 
