@@ -12,6 +12,7 @@ does). Observers (`observing`) see the Compilation after every stage; NNC_DEBUG 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import threading
@@ -148,6 +149,7 @@ class Compilation:
         self.split: SplitGraph | None = None      # ... or in pieces around its eager nodes
         self.done: list[str] = []                 # the stages run so far
         self.seconds: dict[str, float] = {}       # stage name -> seconds it took
+        self.fingerprint: str | None = None       # trace: what decides the kernels, hashed (see _fingerprint)
 
     @property
     def compile_seconds(self) -> float:
@@ -214,6 +216,20 @@ def _trace(c: Compilation) -> None:
         c.traced, c.graph_breaks = trace_for_compile(c.module, c.concrete,
                                                      pytree.replace_tensors(c.examples, _copies(c.tensors)),
                                                      dynamic=c.dynamic, shape_env=c.shape_env)
+    if c.codegen and c.target == "cpu":
+        from .codegen.compile_workers import start_early
+
+        c.fingerprint = _fingerprint(c)
+        start_early(c.fingerprint)
+
+
+def _fingerprint(c: Compilation) -> str:
+    """What decides a compilation's kernels, hashed: the traced code, the inputs' and parameters' shapes and dtypes,
+    and the options. A hint of whether its kernels are on disk (codegen.cache.seen), so no more than that."""
+    parts = [c.traced.code, c.needs_grad, c.whole_graph, sorted(c.dynamic.items()),
+             [(tuple(t.shape), str(t.dtype)) for t in c.tensors],
+             [(name, tuple(p.shape), str(p.dtype)) for name, p in c.module.named_parameters()]]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
 
 
 def _shapes(c: Compilation) -> None:
@@ -322,6 +338,10 @@ def _codegen(c: Compilation) -> None:
         plan.generate(on_kernel=progress.kernel_compiled if progress is not None else None)
     if c.shape_env is not None:
         c.shape_env.frozen = True  # what the variant decided on its sizes is complete: its guards
+    if c.fingerprint is not None:
+        from .codegen import cache
+
+        cache.mark_seen(c.fingerprint)
 
 
 def _precompile_in_helpers(plans) -> None:

@@ -217,3 +217,26 @@ def test_two_processes_compiling_one_model_into_one_cache_compile_each_module_on
     assert steps_a == steps_b and int(steps_a[0]) >= 4
     assert compiled_a or compiled_b
     assert not set(compiled_a) & set(compiled_b), (compiled_a, compiled_b)
+
+
+def test_helpers_start_early_only_for_a_compilation_not_seen_before(fresh_cache, monkeypatch):
+    """A compilation that never finished with this cache starts its helpers while it traces (they take about 1.3 s
+    to start); one that did, whose kernels are on disk, starts none. A finished compilation marks its fingerprint,
+    which changes with the inputs' shapes."""
+    from nnc import pipeline
+
+    monkeypatch.setenv(compile_workers.ENV_VAR, "1")
+    started = []
+    monkeypatch.setattr(compile_workers, "_worker", lambda k: started.append(k))
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh())
+
+    def compile_for(batch):
+        c = pipeline.Compilation(model, {}, {"input": runtime.randn(batch, 5)}, needs_grad=True)
+        return pipeline.run_stages(c)
+
+    first = compile_for(3)
+    assert started == [0] and cache.seen(first.fingerprint)
+    again = compile_for(3)
+    assert again.fingerprint == first.fingerprint and started == [0]  # seen: no helper started
+    other = compile_for(4)
+    assert other.fingerprint != first.fingerprint and started == [0, 0]

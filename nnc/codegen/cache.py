@@ -324,6 +324,24 @@ def _lock_or_give_up(fd: int) -> None:
             return
 
 
+_SEEN = "seen"  # empty files, one per compilation that finished with this cache (named by its fingerprint)
+
+
+def seen(fingerprint: str) -> bool:
+    """Whether a compilation with this fingerprint finished with this cache before (mark_seen): its kernels are then
+    on disk. Only a hint for when to start compile helpers; the file's existence is all that is read."""
+    return (cache_dir() / _SEEN / fingerprint).exists()
+
+
+def mark_seen(fingerprint: str) -> None:
+    directory = cache_dir() / _SEEN
+    try:
+        _mkdir_private(directory)
+        (directory / fingerprint).touch()
+    except (OSError, _Untrusted):  # a hint only: the next compile of it starts its helpers early, no harm
+        pass
+
+
 def library(source: str) -> str:
     """The module name under which a kernel module imports `source`, a library: numba functions that several kernels
     call (a reduction's block helper, the epilogue that kernels of different products share). It is compiled once
