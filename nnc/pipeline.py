@@ -220,7 +220,8 @@ def _trace(c: Compilation) -> None:
         from .codegen.compile_workers import start_early
 
         c.fingerprint = _fingerprint(c)
-        start_early(c.fingerprint)
+        ops = sum(1 for n in c.traced.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+        start_early(c.fingerprint, ops * (2 if c.needs_grad else 1))
 
 
 def _fingerprint(c: Compilation) -> str:

@@ -221,19 +221,22 @@ def test_two_processes_compiling_one_model_into_one_cache_compile_each_module_on
 
 def test_helpers_start_early_only_for_a_compilation_not_seen_before(fresh_cache, monkeypatch):
     """A compilation that never finished with this cache starts its helpers while it traces (they take about 1.3 s
-    to start); one that did, whose kernels are on disk, starts none. A finished compilation marks its fingerprint,
-    which changes with the inputs' shapes."""
+    to start); one that did, whose kernels are on disk, starts none, and nor does a small one. A finished
+    compilation marks its fingerprint, which changes with the inputs' shapes."""
     from nnc import pipeline
 
     monkeypatch.setenv(compile_workers.ENV_VAR, "1")
     started = []
     monkeypatch.setattr(compile_workers, "_worker", lambda k: started.append(k))
-    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh())
+    monkeypatch.setattr(compile_workers, "precompile", lambda generated: 0)  # the start at codegen: not this test's
+    model = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(5, 5), nn.Tanh())])
 
-    def compile_for(batch):
-        c = pipeline.Compilation(model, {}, {"input": runtime.randn(batch, 5)}, needs_grad=True)
+    def compile_for(batch, module=model):
+        c = pipeline.Compilation(module, {}, {"input": runtime.randn(batch, 5)}, needs_grad=True)
         return pipeline.run_stages(c)
 
+    small = compile_for(3, nn.Sequential(nn.Linear(5, 7), nn.Tanh()))
+    assert started == [] and cache.seen(small.fingerprint)
     first = compile_for(3)
     assert started == [0] and cache.seen(first.fingerprint)
     again = compile_for(3)

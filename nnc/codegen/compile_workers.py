@@ -38,6 +38,7 @@ from . import cache
 ENV_VAR = "NNC_COMPILE_WORKERS"
 MAX_WORKERS = 4
 MIN_NEW_KERNELS = 4
+EARLY_START_OPS = 16  # see start_early
 _WAIT_S = 600.0  # a helper that takes longer than this on one module is given up on: this process compiles it
 SIZE = "size"    # a size symbol's argument type (codegen.cpu.SIZE)
 
@@ -84,13 +85,15 @@ def precompile(generated: list) -> int:
     return len(new) - 1
 
 
-def start_early(fingerprint: str) -> None:
-    """Start the helpers at the beginning of a compilation that has not finished with this cache before (its kernels
-    are then likely new), so that their start (about 1.3 s: imports and numba's setup) overlaps the passes instead
-    of delaying the first module they take. A compilation seen before starts none: a helper starting beside a
-    2-layer GPT's disk-cache compile slowed it from 1.05-1.10 s to 1.49-1.60 s on 2 cores."""
+def start_early(fingerprint: str, ops: int) -> None:
+    """Start the helpers at the beginning of a compilation of `ops` traced operations (counted twice with a
+    backward) that has not finished with this cache before (its kernels are then likely new), so that their start
+    (about 1.3 s: imports and numba's setup) overlaps the passes instead of delaying the first module they take.
+    A compilation seen before starts none: a helper starting beside a 2-layer GPT's disk-cache compile slowed it
+    from 1.05-1.10 s to 1.49-1.60 s on 2 cores. Nor does a small one (fewer than EARLY_START_OPS operations): its
+    few kernels would not repay a helper's start, and precompile still starts one if MIN_NEW_KERNELS are new."""
     count = worker_count()
-    if count == 0 or cache.seen(fingerprint):
+    if count == 0 or ops < EARLY_START_OPS or cache.seen(fingerprint):
         return
     for k in range(count):
         if _worker(k) is None:
