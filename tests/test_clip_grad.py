@@ -56,3 +56,37 @@ def test_clip_grad_value_matches_torch(torch):
     torch.nn.utils.clip_grad_value_(tparams, 0.7)
     for p, t in zip(params, tparams):
         np.testing.assert_array_equal(p.grad.numpy(), t.grad.numpy())
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.5, math.inf])
+def test_float32_and_strided_gradients_clip_as_torch_and_count_as_writes(torch, norm_type):
+    """float32 gradients, one of them a transposed (strided) view, clip as torch's do; each scaled gradient's version
+    counter moves, as mul_ moves it (the numpy path for CPU gradients must write as an in-place op)."""
+    rng = np.random.default_rng(3)
+    arrays = [rng.standard_normal((5, 3)).astype(np.float32) * 4, rng.standard_normal(7).astype(np.float32)]
+    params = [nn.Parameter(runtime.zeros(3, 5)), nn.Parameter(runtime.zeros(7))]
+    params[0].grad = runtime.tensor(arrays[0]).t()
+    params[1].grad = runtime.tensor(arrays[1])
+    tparams = [torch.nn.Parameter(torch.zeros(3, 5)), torch.nn.Parameter(torch.zeros(7))]
+    tparams[0].grad = torch.tensor(arrays[0]).t()
+    tparams[1].grad = torch.tensor(arrays[1])
+    versions = [p.grad._version for p in params]
+    got = nn.utils.clip_grad_norm_(params, max_norm=0.5, norm_type=norm_type)
+    want = torch.nn.utils.clip_grad_norm_(tparams, max_norm=0.5, norm_type=norm_type)
+    assert got.dtype is runtime.float32 and got.item() == pytest.approx(want.item(), rel=1e-6)
+    for p, t in zip(params, tparams):
+        np.testing.assert_allclose(p.grad.numpy(), t.grad.numpy(), rtol=1e-6, atol=1e-7)
+    assert [p.grad._version for p in params] == [v + 1 for v in versions]
+
+
+def test_a_gradient_with_history_is_scaled_by_its_op():
+    """A gradient that requires grad (from backward(create_graph=True)) is scaled by mul_, as an op; plain CPU
+    gradients go through numpy; both give torch's values."""
+    params = [nn.Parameter(runtime.zeros(4)), nn.Parameter(runtime.zeros(2))]
+    params[0].grad = runtime.tensor([3.0, -4.0, 0.0, 12.0]).requires_grad_()
+    params[1].grad = runtime.tensor([5.0, 0.0])
+    total = nn.utils.clip_grad_norm_(params, max_norm=1.0)
+    assert total.item() == pytest.approx(math.sqrt(9 + 16 + 144 + 25), rel=1e-6)
+    scale = 1.0 / (total.item() + 1e-6)
+    np.testing.assert_allclose(params[0].grad.detach().numpy(), np.array([3.0, -4.0, 0.0, 12.0]) * scale, rtol=1e-6)
+    np.testing.assert_allclose(params[1].grad.numpy(), np.array([5.0, 0.0]) * scale, rtol=1e-6)
