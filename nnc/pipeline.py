@@ -220,8 +220,9 @@ def _trace(c: Compilation) -> None:
         from .codegen.compile_workers import start_early
 
         c.fingerprint = _fingerprint(c)
-        ops = sum(1 for n in c.traced.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
-        start_early(c.fingerprint, ops * (2 if c.needs_grad else 1))
+        if c.needs_grad or c.whole_graph is False:  # (a forward without gradients may compile whole: no helpers)
+            ops = sum(1 for n in c.traced.graph.nodes if n.op in ("call_function", "call_method", "call_module"))
+            start_early(c.fingerprint, ops * (2 if c.needs_grad else 1))
 
 
 def _fingerprint(c: Compilation) -> str:

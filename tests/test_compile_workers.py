@@ -221,7 +221,8 @@ def test_two_processes_compiling_one_model_into_one_cache_compile_each_module_on
 
 def test_helpers_start_early_only_for_a_compilation_not_seen_before(fresh_cache, monkeypatch):
     """A compilation that never finished with this cache starts its helpers while it traces (they take about 1.3 s
-    to start); one that did, whose kernels are on disk, starts none, and nor does a small one. A finished
+    to start); one that did, whose kernels are on disk, starts none, nor does a small one or a forward without
+    gradients (whole-graph mode compiles it in this process). A finished
     compilation marks its fingerprint, which changes with the inputs' shapes."""
     from nnc import pipeline
 
@@ -231,12 +232,14 @@ def test_helpers_start_early_only_for_a_compilation_not_seen_before(fresh_cache,
     monkeypatch.setattr(compile_workers, "precompile", lambda generated: 0)  # the start at codegen: not this test's
     model = nn.Sequential(*[layer for _ in range(4) for layer in (nn.Linear(5, 5), nn.Tanh())])
 
-    def compile_for(batch, module=model):
-        c = pipeline.Compilation(module, {}, {"input": runtime.randn(batch, 5)}, needs_grad=True)
+    def compile_for(batch, module=model, needs_grad=True):
+        c = pipeline.Compilation(module, {}, {"input": runtime.randn(batch, 5)}, needs_grad=needs_grad)
         return pipeline.run_stages(c)
 
     small = compile_for(3, nn.Sequential(nn.Linear(5, 7), nn.Tanh()))
     assert started == [] and cache.seen(small.fingerprint)
+    inference = compile_for(3, needs_grad=False)  # may run as one numba function, which no helper compiles
+    assert started == [] and cache.seen(inference.fingerprint)
     first = compile_for(3)
     assert started == [0] and cache.seen(first.fingerprint)
     again = compile_for(3)
