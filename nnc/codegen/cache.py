@@ -334,6 +334,7 @@ def seen(fingerprint: str) -> bool:
 
 
 def mark_seen(fingerprint: str) -> None:
+    """Record that a compilation with this fingerprint finished with this cache (an empty file in `seen/`)."""
     directory = cache_dir() / _SEEN
     try:
         _mkdir_private(directory)
