@@ -582,13 +582,9 @@ class Tracer:
         original_getattr, original_setattr = Module.__getattr__, Module.__setattr__
 
         def traced_call(module, *args, **kwargs):
-            if threading.get_ident() != owner:
-                return original_call(module, *args, **kwargs)
             return tracer.call_module(module, module.forward, args, kwargs)
 
         def traced_getattr(module, name):
-            if threading.get_ident() != owner:
-                return original_getattr(module, name)
             if (id(module), name) in tracer._assigned:
                 return tracer._assigned[id(module), name]
             value = original_getattr(module, name)
@@ -599,17 +595,18 @@ class Tracer:
         def traced_setattr(module, name, value):
             # NOTE: a buffer assigned in forward (RunningMean's `self.mean = ...`) is recorded, never set while tracing
             buffer = name in module._buffers and (value is None or isinstance(value, (Proxy, Tensor)))
-            if buffer and threading.get_ident() == owner:
+            if buffer:
                 tracer.assign_buffer(module, name, value)
                 return
-            if threading.get_ident() == owner and _changes_state(module, name, value):
+            if _changes_state(module, name, value):
                 raise TraceError(f"forward sets {type(module).__name__}.{name} {_where()}: the compiled graph would "
                                  f"not repeat that on later calls, so this forward runs eagerly (a tensor kept "
                                  f"across calls can be a buffer)")
             original_setattr(module, name, value)
 
-        patches = [(Module, "__call__", traced_call), (Module, "__getattr__", traced_getattr),
-                   (Module, "__setattr__", traced_setattr)]
+        patches = [(Module, "__call__", for_thread(owner, traced_call, original_call)),
+                   (Module, "__getattr__", for_thread(owner, traced_getattr, original_getattr)),
+                   (Module, "__setattr__", for_thread(owner, traced_setattr, original_setattr))]
         for namespace in (runtime, F):
             for name, fn in list(vars(namespace).items()):
                 if _is_api_function(namespace, name, fn):
@@ -732,8 +729,6 @@ def _recording(fn, tracer: Tracer, owner: int):
     thread `owner`; other threads call `fn`)."""
 
     def recorder(*args, **kwargs):
-        if threading.get_ident() != owner:
-            return fn(*args, **kwargs)
         symbolic = tracer.shape_env is not None and has_symbols((args, kwargs))  # arange(0, T): a node of its own
         # NOTE: a random draw is a node even of plain sizes (runtime.rand(3, 4)): as a constant it would be frozen
         drawn = getattr(fn, "__name__", "") in RANDOM_FACTORIES
@@ -749,8 +744,7 @@ def _recording(fn, tracer: Tracer, owner: int):
             tracer._made[id(result)] = result
         return result
 
-    recorder.__wrapped__ = fn
-    return recorder
+    return for_thread(owner, recorder, fn)
 
 
 # A module's own hook registries (the *_with_kwargs / always_called tables only annotate entries of these).
