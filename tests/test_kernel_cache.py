@@ -118,3 +118,32 @@ def test_kernels_of_other_shapes_share_one_compiled_block_helper(monkeypatch, tm
 class _RowSum(nn.Module):
     def forward(self, x):
         return x.sum(1)
+
+
+def test_a_source_another_process_wrote_meanwhile_is_kept_not_replaced(monkeypatch, tmp_path):
+    """Two processes writing one kernel's source at once: the second keeps the first's file (same inode, same
+    modification time), so the first's lock on it and numba's cache entry for it stay valid."""
+    source = "x = 1\n"
+    path = cache.write_source(source, tmp_path)
+    before = path.stat()
+    real_holds, looks = cache._holds, []
+
+    def first_look_misses(p, s):  # the first look came before the other process's file appeared
+        looks.append(p)
+        return len(looks) > 1 and real_holds(p, s)
+
+    monkeypatch.setattr(cache, "_holds", first_look_misses)
+    assert cache.write_source(source, tmp_path) == path
+    assert len(looks) == 2
+    after = path.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+
+
+def test_a_torn_source_file_is_replaced(tmp_path):
+    source = "x = 1\n"
+    path = cache.source_path(source, tmp_path)
+    path.write_text("x = ")
+    assert cache.write_source(source, tmp_path) == path
+    assert path.read_text() == source
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -213,26 +213,45 @@ def source_path(source: str, directory: Path | None = None) -> Path:
 def write_source(source: str, directory: Path | None = None) -> Path:
     """Write `source` to its content-addressed file unless it is already there; returns the path.
 
-    The write is atomic (a temporary file, mode 0600, renamed into place), so concurrent processes never see half a
-    file, and an existing file with the same text is left untouched so that numba's cache for it stays valid.
+    The write is atomic (a temporary file, mode 0600, linked into place), so concurrent processes never see half a
+    file. A file with the same text is never replaced, even one another process linked in after this one looked:
+    `compiling(path)` locks that file and numba's cache checks its modification time, so replacing it would let a
+    second process compile the module beside the first and make the first's cached compile stale.
     """
     path = source_path(source, directory)
-    if path.exists():
-        try:
-            if path.read_text(encoding="utf-8") == source:
-                return path
-        except OSError:
-            pass
+    if _holds(path, source):
+        return path
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.stem + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(source)
-        os.replace(tmp, path)
-    except BaseException:
+        _link_unless_written(tmp, path, source)
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise
     return path
+
+
+def _holds(path: Path, source: str) -> bool:
+    """Whether the file at `path` exists and holds exactly `source`."""
+    try:
+        return path.read_text(encoding="utf-8") == source
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _link_unless_written(tmp: str, path: Path, source: str) -> None:
+    """Put the written temporary file `tmp` at `path`: linked in (which fails if a file is there), or where a file
+    with other text is there (a torn or foreign write), or the file system cannot link, replaced."""
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        if _holds(path, source):
+            return  # another process wrote the same text first: keep its file
+    except OSError:
+        pass
+    os.replace(tmp, path)
 
 
 class _SourceTextLoader(importlib.abc.Loader):
