@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+from numba.core.registry import CPUDispatcher
 
 import nnc
 import runtime as torch
@@ -282,6 +284,21 @@ def test_float32_stays_float32_in_the_source():
     again = compile_kernel(case.kernel)
     assert already_loaded and again.cache_hit and again.source == src and again._launch is kernel._launch
     assert {name: len(f.overloads) for name, f in vars(module).items() if hasattr(f, "overloads")} == overloads
+
+
+@pytest.mark.parametrize("float_name", ["float32", "float64"])
+def test_numba_types_every_float_value_in_its_own_dtype(float_name):
+    """Where the source leaves out the cast of a result (float arithmetic on operands of one dtype), numba still types
+    it in the node's dtype: every op of the sweep, as numba's type inference saw the kernel."""
+    case, kernel = compiled(("sweep", float_name, SMALL), lambda: sweep_case(float_name, SMALL))
+    module, _, _ = cache.load_module(kernel.path.read_text())
+    (typemap,) = [cres.type_annotation.typemap for f in vars(module).values()
+                  if isinstance(f, CPUDispatcher) and f.__module__ == module.__name__ for cres in f.overloads.values()]
+    values = {int(m.group(1)): str(t) for name, t in typemap.items() if (m := re.fullmatch(r"v(\d+)_\w+", name))}
+    want = {k: str(np.dtype(node.meta["dtype"].np)) for k, node in enumerate(case.kernel.nodes)}
+    assert values == {k: "bool" if d == "bool" else d for k, d in want.items()}
+    source = kernel.source[kernel.source.index("def k_"):]
+    assert f"np.{float_name}(v_in0 + v_in1)" not in source and "v_in0 + v_in1" in source  # the cast left out
 
 
 def shifted_empty(shape, dtype, shift: int) -> np.ndarray:

@@ -14,6 +14,9 @@ from .scalar import Dialect, Unsupported
 class CpuDialect(Dialect):
     """numba CPU: numpy scalar ufuncs (numpy's nan semantics), approx.py for transcendentals."""
 
+    # numba types numpy's scalar ufuncs and approx.py's functions on a float32 as float32 (math.floor would be int)
+    FLOAT_PRESERVING = frozenset({"sqrt", "sin", "cos", "floor", "abs", "sign", "max", "min", "clamp", "exp", "log",
+                                  "log1p", "tanh", "sigmoid", "erf"})
     NUMPY = {"sqrt": "np.sqrt", "sin": "np.sin", "cos": "np.cos", "floor": "np.floor", "abs": "np.abs",
              "sign": "np.sign", "max": "np.maximum", "min": "np.minimum"}
 

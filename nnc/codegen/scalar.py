@@ -9,6 +9,7 @@ the errors every code generator module raises.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import string
 from dataclasses import dataclass
@@ -143,6 +144,10 @@ def format_literal(value, d: np.dtype | None) -> str:
 class Dialect:
     """How a target spells template functions, literals and casts. Subclass per target (CPU, CUDA)."""
 
+    # The template functions whose spelled call returns its operands' float dtype: an expression of them and of
+    # + - * / ** on operands of one float dtype has that dtype, and is not cast again. None: always cast.
+    FLOAT_PRESERVING: frozenset[str] | None = None
+
     def literal(self, value, d: np.dtype | None) -> str:
         return format_literal(value, d)
 
@@ -263,8 +268,13 @@ class ScalarBody:
             raise Unsupported(message if message.startswith(f"node {node.name}") else
                               f"node {node.name} ({op.name}, template {op.template!r}): {message}") from None
         same_var = any(expr == t and isinstance(a, Node) and env[a].dtype == out for t, a in zip(texts, args))
+        # NOTE: a cast is a call numba types like any other (about a millisecond of compile time each), so none is
+        # written where the expression is already of dtype `out`: float arithmetic on operands all of one dtype
+        typed = compute == out and out.kind == "f" and self.dialect.FLOAT_PRESERVING is not None \
+            and all(op.cast_inputs is None or k in op.cast_inputs for k in range(len(args))) \
+            and float_preserving(op.template, self.dialect.FLOAT_PRESERVING)
         env[node] = Value(self.value_name(node), out)
-        return f"{env[node].name} = {expr if same_var else self.dialect.cast(_strip(expr), out)}"
+        return f"{env[node].name} = {expr if same_var or typed else self.dialect.cast(_strip(expr), out)}"
 
     def render_template(self, template: str, operands: list[str], attrs: dict, compute: np.dtype, where: str) -> str:
         """A template on operand expressions (their text) as one expression; `where` starts error messages."""
@@ -328,6 +338,39 @@ class ScalarBody:
                 return self.dialect.floordiv(r(t.args[0].left), r(t.args[0].right))
             return self.dialect.call(name, [_strip(r(a)) for a in t.args], attrs, compute)
         raise Unsupported(f"template construct {ast.dump(t)[:80]} is not supported by the code generator")
+
+
+@functools.lru_cache(maxsize=None)
+def float_preserving(template: str, calls: frozenset[str]) -> bool:
+    """Whether `template` computes in its operands' dtype when they and its literals all have one float dtype: it
+    uses only + - * / // % **, unary minus and plus, conditional expressions on a comparison, and `calls`."""
+    fields = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    if not all(f.isdigit() for f in fields):
+        return False  # an attribute: a cast to a dtype, or a value of another type
+    try:
+        tree = ast.parse(template.format(*(f"__o{k}" for k in range(len(fields) + 1))), mode="eval").body
+    except (SyntaxError, IndexError):
+        return False
+    return _keeps_dtype(tree, calls)
+
+
+def _keeps_dtype(t, calls: frozenset[str]) -> bool:
+    if isinstance(t, ast.Name) or (isinstance(t, ast.Constant) and isinstance(t.value, (int, float))
+                                   and not isinstance(t.value, bool)):
+        return True
+    if isinstance(t, ast.BinOp):
+        return type(t.op) in _DTYPE_KEEPING_BINOPS and _keeps_dtype(t.left, calls) and _keeps_dtype(t.right, calls)
+    if isinstance(t, ast.UnaryOp):
+        return isinstance(t.op, (ast.USub, ast.UAdd)) and _keeps_dtype(t.operand, calls)
+    if isinstance(t, ast.IfExp):
+        return _keeps_dtype(t.body, calls) and _keeps_dtype(t.orelse, calls)
+    if isinstance(t, ast.Call):
+        return isinstance(t.func, ast.Name) and t.func.id in calls and not t.keywords \
+            and all(_keeps_dtype(a, calls) for a in t.args)
+    return False
+
+
+_DTYPE_KEEPING_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
 
 
 def _is_floor_div(t) -> bool:
