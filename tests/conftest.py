@@ -19,8 +19,8 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 # tests/cuda/ runs as a pytest invocation of its own under numba's CUDA simulator, which must be switched on before
-# numba is imported (`NUMBA_ENABLE_CUDASIM=1 python -m pytest -q tests/cuda`: .ci/run and the README's test command
-# run it after this suite); a run without the simulator leaves that folder out.
+# numba is imported (`NUMBA_ENABLE_CUDASIM=1 python -m pytest -q -n 2 --dist loadfile tests/cuda`: .ci/run and the
+# README's test command run it after this suite); a run without the simulator leaves that folder out.
 collect_ignore = [] if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" else ["cuda"]
 
 # examples/ holds the models several tests import (models.py, modules_note.py, real_models.py).
