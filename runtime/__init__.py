@@ -10,6 +10,7 @@ from .dtypes import bool_ as bool  # noqa: F401  (runtime.bool, as torch.bool)
 from .typeinfo import finfo, iinfo  # noqa: F401
 from .device import device  # noqa: F401
 from .tensor import Size, Tensor  # noqa: F401
+from ._tensor_str import set_printoptions  # noqa: F401
 from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
                         linspace, ones, ones_like, rand, rand_like, randint, randint_like, randn, randn_like,
                         randperm, tensor, zeros, zeros_like)

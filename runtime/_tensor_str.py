@@ -1,13 +1,44 @@
-"""Pure-numpy tensor repr that reproduces torch's default tensor printing."""
+"""Pure-numpy tensor repr that reproduces torch's tensor printing, under the options `set_printoptions` sets."""
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-PRECISION = 4
-THRESHOLD = 1000
-EDGEITEMS = 3
-LINEWIDTH = 80
 PREFIX = "tensor("
+
+
+@dataclass
+class PrintOptions:
+    """What torch.set_printoptions sets: digits after the point, the element count above which a tensor prints
+    summarized, the items kept at each end of a summarized dimension, the line width, and scientific notation
+    (None: chosen from the values)."""
+
+    precision: int = 4
+    threshold: float = 1000
+    edgeitems: int = 3
+    linewidth: int = 80
+    sci_mode: bool | None = None
+
+
+PRINT_OPTS = PrintOptions()
+_PROFILES = {"default": PrintOptions(), "short": PrintOptions(precision=2, edgeitems=2),
+             "full": PrintOptions(threshold=math.inf)}
+
+
+def set_printoptions(precision=None, threshold=None, edgeitems=None, linewidth=None, profile=None, sci_mode=None):
+    """torch.set_printoptions: `profile` ("default", "short" or "full") first sets all four counts, then each given
+    option overrides its own; `sci_mode` is always set (None: chosen from the values, as by default)."""
+    if profile is not None:
+        if profile not in _PROFILES:
+            raise ValueError(f"set_printoptions: profile must be one of {', '.join(_PROFILES)}, got {profile!r}")
+        chosen = _PROFILES[profile]
+        PRINT_OPTS.precision, PRINT_OPTS.threshold = chosen.precision, chosen.threshold
+        PRINT_OPTS.edgeitems, PRINT_OPTS.linewidth = chosen.edgeitems, chosen.linewidth
+    for name, value in (("precision", precision), ("threshold", threshold), ("edgeitems", edgeitems),
+                        ("linewidth", linewidth)):
+        if value is not None:
+            setattr(PRINT_OPTS, name, value)
+    PRINT_OPTS.sci_mode = sci_mode
 
 
 class _Formatter:
@@ -28,41 +59,45 @@ class _Formatter:
             return
         lo, hi = min(map(abs, vals)), max(map(abs, vals))
         self.int_mode = all(v == math.ceil(v) for v in vals)
-        self.sci_mode = hi / lo > 1000.0 or hi > 1.0e8 or lo < 1.0e-4
+        self.sci_mode = hi / lo > 1000.0 or hi > 1.0e8 or lo < 1.0e-4 if PRINT_OPTS.sci_mode is None \
+            else PRINT_OPTS.sci_mode
+        precision = PRINT_OPTS.precision
         if self.sci_mode:
-            widths = [len(f"{v:.{PRECISION}e}") for v in vals]
+            widths = [len(f"{v:.{precision}e}") for v in vals]
         elif self.int_mode:
             widths = [len(f"{v:.0f}") + 1 for v in vals]  # +1 for the trailing '.'
         else:
-            widths = [len(f"{v:.{PRECISION}f}") for v in vals]
+            widths = [len(f"{v:.{precision}f}") for v in vals]
         self.max_width = max(self.max_width, *widths)
 
     def format(self, v):
         if not self.floating:
             s = str(v)
         elif self.sci_mode:
-            s = f"{v:.{PRECISION}e}"
+            s = f"{v:.{PRINT_OPTS.precision}e}"
         elif self.int_mode:
             s = f"{v:.0f}" + ("" if math.isinf(v) or math.isnan(v) else ".")
         else:
-            s = f"{v:.{PRECISION}f}"
+            s = f"{v:.{PRINT_OPTS.precision}f}"
         return s.rjust(self.max_width)
 
 
 def _summarized(data):
     """Keep only the edge items along every axis (what the formatter measures)."""
+    edge = PRINT_OPTS.edgeitems
     for axis, n in enumerate(data.shape):
-        if n > 2 * EDGEITEMS:
-            keep = list(range(EDGEITEMS)) + list(range(n - EDGEITEMS, n))
+        if n > 2 * edge:
+            keep = list(range(edge)) + list(range(n - edge, n))
             data = np.take(data, keep, axis=axis)
     return data
 
 
 def _vector_str(row, indent, summarize, fmt):
-    per_line = max(1, (LINEWIDTH - indent) // (fmt.max_width + 2))
-    if summarize and row.shape[0] > 2 * EDGEITEMS:
-        items = [fmt.format(v) for v in row[:EDGEITEMS].tolist()] + [" ..."]
-        items += [fmt.format(v) for v in row[-EDGEITEMS:].tolist()]
+    per_line = max(1, (PRINT_OPTS.linewidth - indent) // (fmt.max_width + 2))
+    edge = PRINT_OPTS.edgeitems
+    if summarize and row.shape[0] > 2 * edge:
+        items = [fmt.format(v) for v in row[:edge].tolist()] + [" ..."]
+        items += [fmt.format(v) for v in row[-edge:].tolist()]
     else:
         items = [fmt.format(v) for v in row.tolist()]
     lines = [", ".join(items[i:i + per_line]) for i in range(0, len(items), per_line)]
@@ -74,9 +109,9 @@ def _nested_str(data, indent, summarize, fmt):
         return fmt.format(data.item())
     if data.ndim == 1:
         return _vector_str(data, indent, summarize, fmt)
-    n = data.shape[0]
-    if summarize and n > 2 * EDGEITEMS:
-        rows = list(range(EDGEITEMS)) + [None] + list(range(n - EDGEITEMS, n))
+    n, edge = data.shape[0], PRINT_OPTS.edgeitems
+    if summarize and n > 2 * edge:
+        rows = list(range(edge)) + [None] + list(range(n - edge, n))
     else:
         rows = list(range(n))
     parts = ["..." if i is None else _nested_str(data[i], indent + 1, summarize, fmt)
@@ -85,7 +120,7 @@ def _nested_str(data, indent, summarize, fmt):
 
 
 def _body_str(data, indent):
-    summarize = data.size > THRESHOLD
+    summarize = data.size > PRINT_OPTS.threshold
     fmt = _Formatter(_summarized(data) if summarize else data)
     return _nested_str(data, indent, summarize, fmt)
 
@@ -95,7 +130,7 @@ def _add_suffixes(text, suffixes, indent):
     # NOTE: torch counts 2 more than the last line's real length; kept to match its wrapping.
     last_len = len(text) - text.rfind("\n") + 1
     for suffix in suffixes:
-        if last_len + len(suffix) + 2 > LINEWIDTH:
+        if last_len + len(suffix) + 2 > PRINT_OPTS.linewidth:
             out.append(",\n" + " " * indent + suffix)
             last_len = indent + len(suffix)
         else:

@@ -162,3 +162,46 @@ def test_random_fuzz():
         if not dtype.is_floating_point:
             arr = np.nan_to_num(np.clip(arr, -1e15, 1e15))
         check(torch.tensor(arr).to(dtype))
+
+
+@pytest.fixture
+def print_options():
+    """Both libraries' print options, back at their defaults after the test."""
+    import runtime
+
+    yield runtime.set_printoptions
+    runtime.set_printoptions(profile="default")
+    torch.set_printoptions(profile="default")
+
+
+PRINT_OPTION_CASES = [dict(precision=2), dict(precision=8), dict(threshold=5), dict(edgeitems=1, threshold=10),
+                      dict(linewidth=30), dict(sci_mode=True), dict(sci_mode=False), dict(profile="short"),
+                      dict(profile="full"), dict(profile="short", precision=6, sci_mode=True)]
+
+
+@pytest.mark.parametrize("options", PRINT_OPTION_CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_print_options_match_torch(print_options, options):
+    import runtime
+
+    rng = np.random.default_rng(3)
+    tensors = [torch.tensor([1.12345, -2.5, 3e-5]), torch.arange(12), torch.tensor([1e9, 1.0]),
+               torch.from_numpy(rng.standard_normal((4, 30)).astype(np.float32)), torch.arange(1500.0),
+               torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64, requires_grad=True)]
+    print_options(**options)
+    torch.set_printoptions(**options)
+    for t in tensors:
+        mine = runtime.tensor(t.detach().numpy(), requires_grad=t.requires_grad)
+        want = repr(t).replace("torch.", "runtime.")  # 2 more characters can move a suffix (see check)
+        assert _unwrap_suffixes(repr(mine)) == _unwrap_suffixes(want), (options, repr(mine), want)
+
+
+def test_print_options_reset_and_reject_an_unknown_profile(print_options):
+    import runtime
+
+    x = runtime.tensor([1.12345])
+    print_options(precision=2)
+    assert repr(x) == "tensor([1.12])"
+    with pytest.raises(ValueError, match="profile must be one of default, short, full, got 'ful'"):
+        print_options(profile="ful")
+    print_options(profile="default")
+    assert repr(x) == "tensor([1.1235])"
