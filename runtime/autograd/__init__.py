@@ -1,6 +1,7 @@
 """runtime.autograd: backward, grad, custom Function, grad-mode switches and gradcheck."""
 from __future__ import annotations
 
+from .anomaly_mode import detect_anomaly, set_detect_anomaly  # noqa: F401
 from .grad_mode import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 
 

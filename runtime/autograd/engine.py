@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from . import grad_mode
+from . import anomaly_mode, grad_mode
 from .graph import AccumulateGrad, edge_of
 
 
@@ -76,8 +76,12 @@ def _execute(roots, *, retain_graph: bool, create_graph: bool, capture=None) -> 
     with grad_mode.set_grad_enabled(create_graph):
         while ready:
             node = heapq.heappop(ready)[2]
-            grads = node.call_pre_hooks(buffers.pop(node, None) or [None] * node.n_outputs)
-            in_grads = _run_node(node, grads, capture, needed)
+            grads = buffers.pop(node, None) or [None] * node.n_outputs
+            if anomaly_mode.state.enabled:
+                in_grads = _run_node_checked(node, grads, capture, needed)
+            else:
+                grads = node.call_pre_hooks(grads)
+                in_grads = _run_node(node, grads, capture, needed)
             if not retain_graph:
                 node.release()
             _pass_on(node, in_grads, buffers, deps, ready)
@@ -113,6 +117,18 @@ def _run_node(node, grads, capture, needed):
     if all(g is None for g in grads):
         return ()
     return node.apply(grads)
+
+
+def _run_node_checked(node, grads, capture, needed):
+    """A node's hooks and _run_node under anomaly detection: a node returning nan raises, and a node that fails
+    (its hooks included) names its forward call."""
+    try:
+        in_grads = _run_node(node, node.call_pre_hooks(grads), capture, needed)
+        anomaly_mode.check_gradients(node, in_grads)
+    except Exception:
+        anomaly_mode.warn_of_failure(node)
+        raise
+    return in_grads
 
 
 def _add_to_buffer(buffers, node, nr, grad) -> None:

@@ -8,7 +8,7 @@ import weakref
 import runtime.tensor as _tensor_mod  # NOTE: module import: tensor.py imports this module too.
 
 from ..utils.hooks import RemovableHandle
-from . import grad_mode, saved_hooks
+from . import anomaly_mode, grad_mode, saved_hooks
 from .saved_hooks import disable_saved_tensors_hooks, save_on_cpu, saved_tensors_hooks  # noqa: F401 (torch's names)
 
 _next_seq = itertools.count().__next__
@@ -31,6 +31,8 @@ class Node:
         self.seq = _next_seq()
         self.pre_hooks = None  # {handle id: (output_nr, fn)}, the hooks of non-leaf tensors
         self.retained = None  # {output_nr: weakref to the tensor that called retain_grad()}
+        if anomaly_mode.state.enabled:
+            self.forward_trace = anomaly_mode.forward_trace()
 
     def name(self) -> str:
         return type(self).__name__
