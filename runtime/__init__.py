@@ -11,6 +11,7 @@ from .typeinfo import finfo, iinfo  # noqa: F401
 from .device import device  # noqa: F401
 from .tensor import Size, Tensor  # noqa: F401
 from ._tensor_str import set_printoptions  # noqa: F401
+from .threads import get_num_threads, set_num_threads  # noqa: F401
 from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
                         linspace, ones, ones_like, rand, rand_like, randint, randint_like, randn, randn_like,
                         randperm, tensor, zeros, zeros_like)

@@ -14,12 +14,12 @@ single-threaded OpenBLAS call: kernel-by-kernel plans run their large products s
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 import threading
 
 import numpy as np
 from numba import njit, prange, types
+
+from runtime._openblas import numpy_openblas, thread_count_functions
 
 # NOTE: written into the source of whole graphs that call these, so a change here is a new cached graph (numba's
 # cache of a graph holds the code of the functions it calls)
@@ -29,28 +29,15 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _NAMES = ("sgemm", "dgemm", "sgemv", "dgemv")
 
 
-def _numpy_openblas() -> tuple[ctypes.CDLL, str, type] | None:
-    """(numpy's OpenBLAS, its symbols' prefix/suffix pattern, its integer type), or None when not found."""
-    here = os.path.dirname(np.__file__)
-    for path in sorted(glob.glob(os.path.join(here, os.pardir, "numpy.libs", "*openblas*"))):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for pattern, integer in (("scipy_cblas_{}64_", types.int64), ("scipy_cblas_{}", types.int32)):
-            if all(hasattr(lib, pattern.format(name)) for name in _NAMES):
-                return lib, pattern, integer
-    return None
-
-
 def _bind():
     """Register the symbols with LLVM under nnc's names; the numba signatures of gemm and gemv, or None."""
     import llvmlite.binding as llvm
 
-    found = _numpy_openblas()
+    found = numpy_openblas()
     if found is None:
         return None
-    lib, pattern, integer = found
+    lib, pattern, ilp64 = found
+    integer = types.int64 if ilp64 else types.int32
     for name in _NAMES:
         llvm.add_symbol(f"nnc_cblas_{name}", ctypes.cast(getattr(lib, pattern.format(name)), ctypes.c_void_p).value)
     i, p = integer, types.voidptr
@@ -267,23 +254,7 @@ DOT_THREADED = {np.dtype(np.float32): "dot_threaded_f32", np.dtype(np.float64): 
 DOT_BATCH_THREADED = {np.dtype(np.float32): "dot_batch_threaded_f32", np.dtype(np.float64): "dot_batch_threaded_f64"}
 
 
-def _thread_count_functions():
-    """(get, set) for OpenBLAS's thread count through ctypes, or None without them."""
-    found = _numpy_openblas()
-    if found is None:
-        return None
-    lib, pattern, _ = found
-    suffix = "64_" if pattern.endswith("64_") else ""
-    get_name, set_name = (f"scipy_openblas_{verb}_num_threads{suffix}" for verb in ("get", "set"))
-    if not (hasattr(lib, get_name) and hasattr(lib, set_name)):
-        return None
-    get, set_ = getattr(lib, get_name), getattr(lib, set_name)
-    get.restype, get.argtypes = ctypes.c_int, []
-    set_.restype, set_.argtypes = None, [ctypes.c_int]
-    return get, set_
-
-
-_THREAD_COUNT = _thread_count_functions() if AVAILABLE else None
+_THREAD_COUNT = thread_count_functions() if AVAILABLE else None
 # NOTE: OpenBLAS's openblas_set_num_threads_local is no per-thread setting in its pthreads builds (it sets the
 # global count), so the threaded products need the global count set to 1 while they run.
 THREADS_SETTABLE = _THREAD_COUNT is not None
