@@ -316,9 +316,8 @@ def _norm(x, p, dim, eps):
     return (x.abs() ** p).sum(dim, keepdim=True).clamp(min=eps ** p) ** (1.0 / p)
 
 
-def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
-    if out is not None:
-        raise NotImplementedError("normalize(out=...) is not supported")
+@api.with_out
+def normalize(input, p=2.0, dim=1, eps=1e-12):
     return input / _norm(input, p, api.wrap_dim(dim, input.ndim), eps)
 
 

@@ -1,5 +1,5 @@
-"""runtime.nn.utils: skip_init, gradient clipping, parameter vectors, pruning, weight norm, and the rnn packing
-helpers."""
+"""runtime.nn.utils: skip_init, gradient clipping, parameter vectors, pruning, weight and spectral norm, and the
+rnn packing helpers."""
 from __future__ import annotations
 
 import warnings
@@ -9,6 +9,7 @@ from . import rnn  # noqa: F401
 from . import parametrizations, parametrize, prune  # noqa: F401,E402
 from .clip_grad import clip_grads_with_norm_, get_total_norm  # noqa: F401
 from .fusion import fuse_conv_bn_eval, fuse_conv_bn_weights, fuse_linear_bn_eval, fuse_linear_bn_weights  # noqa: F401,E501
+from .spectral_norm import remove_spectral_norm, spectral_norm  # noqa: F401
 from .weight_norm import remove_weight_norm, weight_norm  # noqa: F401
 
 
