@@ -12,6 +12,8 @@ from .device import device  # noqa: F401
 from .tensor import Size, Tensor  # noqa: F401
 from ._tensor_str import set_printoptions  # noqa: F401
 from .threads import get_num_threads, set_num_threads  # noqa: F401
+from .legacy_linalg import (cholesky, cholesky_inverse, cholesky_solve, pinverse, qr, svd,  # noqa: F401
+                            triangular_solve)
 from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
                         linspace, ones, ones_like, rand, rand_like, randint, randint_like, randn, randn_like,
                         randperm, tensor, zeros, zeros_like)
