@@ -1597,15 +1597,19 @@ def diagonal(input, offset=0, dim1=0, dim2=1):
     d1, d2 = wrap_dim(dim1, input.ndim), wrap_dim(dim2, input.ndim)
     if d1 == d2:
         raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    if d1 > d2:  # the same elements as the transposed matrix's opposite diagonal, in dims kept in memory order
+        d1, d2, offset = d2, d1, -offset
     rows, cols = input.shape[d1], input.shape[d2]
     r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
     n = builtins.max(builtins.min(rows - r0, cols - c0), 0)
     x = movedim(input, (d1, d2), (-2, -1))
-    # NOTE: a copy, where torch's diagonal is a view: writes into it do not reach the input
-    key = (("ellipsis",), ("tensor", 0), ("tensor", 1))
-    i = x.new_tensor(np.arange(r0, r0 + n), dtype=dt.int64)
-    j = x.new_tensor(np.arange(c0, c0 + n), dtype=dt.int64)
-    return apply("getitem", x, i, j, key=key)
+    # NOTE: element (r0 + k, c0 + k) is element r0 * cols + c0 + k * (cols + 1) of the flattened matrix, so the
+    # diagonal is a strided slice of it: a view (writes reach the input, as torch's `K.diagonal().add_(eps)` does)
+    # wherever the two dims are contiguous together (a matrix, a batch of them); dims apart, or not contiguous
+    # together, make the reshape a copy, and so the diagonal (where torch's is still a view)
+    start = r0 * cols + c0
+    flat = x.reshape(tuple(x.shape[:-2]) + (rows * cols,))
+    return flat[..., start:start + n * (cols + 1):cols + 1] if n else flat[..., 0:0]
 
 
 def diag_embed(input, offset=0, dim1=-2, dim2=-1):
