@@ -59,6 +59,12 @@ from . import optim  # noqa: E402,F401
 from .legacy import (BFloat16Tensor, BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor, HalfTensor,  # noqa: E402,F401
                      IntTensor, LongTensor, ShortTensor)
 from .serialization import load, load_safetensors, save, save_safetensors  # noqa: E402,F401
+from .functional_aliases import (adaptive_avg_pool1d, adaptive_max_pool1d, alpha_dropout, avg_pool1d,  # noqa: E402,F401
+                                 batch_norm, bilinear, celu, channel_shuffle, conv1d, conv2d, conv3d, conv_transpose1d,
+                                 conv_transpose2d, conv_transpose3d, cosine_similarity, dropout, embedding,
+                                 feature_alpha_dropout, group_norm, hardshrink, instance_norm, layer_norm, max_pool1d,
+                                 max_pool2d, max_pool3d, pairwise_distance, pdist, pixel_shuffle, pixel_unshuffle,
+                                 prelu, rms_norm, row_stack, rrelu, rsub, selu, threshold)
 from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)
 from . import distributed  # noqa: E402,F401
 
