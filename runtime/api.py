@@ -1446,8 +1446,9 @@ def ravel(input):
     return _own(input.reshape(-1), copy=not input.is_contiguous()) if _is_eager(input) else input.reshape(-1)
 
 
-def tile(input, dims):
-    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+def tile(input, *sizes, dims=None):
+    """torch.tile(input, dims), or the method's x.tile(1, 2) with the sizes as separate arguments."""
+    dims = size_args(sizes if dims is None else (dims,))
     if len(dims) < input.ndim:
         dims = (1,) * (input.ndim - len(dims)) + dims
     return repeat(input, dims)

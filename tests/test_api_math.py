@@ -136,6 +136,7 @@ CASES = {
     "movedim": (lambda t, x: t.movedim(x, (0, 2), (2, 0)) + t.moveaxis(x, 0, 2).permute(1, 0, 2), [N(2, 3, 2)],
                 (0,)),
     "tile_ravel": (lambda t, x: t.tile(x, (2, 1, 2)).sum() + t.ravel(x.t()), [N(2, 3)], (0,)),
+    "tile_method_sizes": (lambda t, x: x.tile(1, 2) + t.tile(x, dims=(2,)).sum() + x.tile(2).sum(), [N(2, 3)], (0,)),
     "unfold": (lambda t, x: x.unfold(1, 3, 2), [N(2, 7)], (0,)),
     "select_slice_diag_scatter": (
         lambda t, x, s: t.select_scatter(x, s[0], 0, 1) + t.slice_scatter(x, s[:2], 0, 0, 2)
