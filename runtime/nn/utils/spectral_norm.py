@@ -9,6 +9,7 @@ from ... import api
 from ...autograd import grad_mode
 from .. import functional as F
 from ..parameter import Parameter
+from ._norm_hooks import remove_named_pre_hook
 
 __all__ = ["SpectralNorm", "spectral_norm", "remove_spectral_norm"]
 
@@ -140,13 +141,7 @@ def spectral_norm(module, name: str = "weight", n_power_iterations: int = 1, eps
 
 def remove_spectral_norm(module, name: str = "weight"):
     """Put module.<name> back as one parameter holding <name>_orig / sigma, and drop the hooks."""
-    for key, hook in module._forward_pre_hooks.items():
-        if isinstance(hook, SpectralNorm) and hook.name == name:
-            hook.remove(module)
-            del module._forward_pre_hooks[key]
-            break
-    else:
-        raise ValueError(f"spectral_norm of '{name}' not found in {module}")
+    remove_named_pre_hook(module, SpectralNorm, name, "spectral_norm")
     for hooks, kind in ((module._state_dict_hooks, _StateDictHook),
                         (module._load_state_dict_pre_hooks, _LoadStateDictPreHook)):
         for key, hook in list(hooks.items()):

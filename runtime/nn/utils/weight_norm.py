@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 
 from ..parameter import Parameter
+from ._norm_hooks import remove_named_pre_hook
 from .parametrizations import _norm_except_dim
 
 __all__ = ["WeightNorm", "weight_norm", "remove_weight_norm"]
@@ -62,9 +63,5 @@ def weight_norm(module, name: str = "weight", dim: int | None = 0):
 
 def remove_weight_norm(module, name: str = "weight"):
     """Put module.<name> back as one parameter holding the current g * v / ||v||."""
-    for key, hook in module._forward_pre_hooks.items():
-        if isinstance(hook, WeightNorm) and hook.name == name:
-            hook.remove(module)
-            del module._forward_pre_hooks[key]
-            return module
-    raise ValueError(f"weight_norm of '{name}' not found in {module}")
+    remove_named_pre_hook(module, WeightNorm, name, "weight_norm")
+    return module
