@@ -19,6 +19,7 @@ from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, f
                         randperm, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
+from .autograd.grad_mode import is_inference_mode_enabled  # noqa: F401
 from .autograd.anomaly_mode import is_anomaly_check_nan_enabled, is_anomaly_enabled  # noqa: F401
 from . import accelerator, amp, autograd, backends, cuda, linalg, nn, ops, testing, xpu  # noqa: F401
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401

@@ -158,6 +158,26 @@ def test_grad_modes_as_decorators():
         assert f4().requires_grad
 
 
+@needs_torch
+def test_inference_mode_is_reported_as_torch_reports_it(torch):
+    def states(lib):
+        seen = [lib.is_inference_mode_enabled()]
+        with lib.inference_mode():
+            seen += [lib.is_inference_mode_enabled(), lib.is_grad_enabled()]
+            with lib.inference_mode(False):
+                seen.append(lib.is_inference_mode_enabled())
+            seen.append(lib.is_inference_mode_enabled())
+
+        @lib.inference_mode()
+        def decorated():
+            return lib.is_inference_mode_enabled(), lib.is_grad_enabled()
+
+        seen += [*decorated(), lib.is_inference_mode_enabled(), lib.is_grad_enabled()]
+        return seen
+
+    assert states(runtime) == states(torch) == [False, True, False, False, True, True, False, False, True]
+
+
 def test_autograd_grad_returns_without_accumulating():
     x, w = leaf(3), leaf(3)
     y = (x * w).sum()

@@ -7,6 +7,7 @@ import threading
 
 class _State(threading.local):
     enabled = True
+    inference = False  # inside inference_mode (torch.is_inference_mode_enabled)
 
 
 state = _State()
@@ -14,6 +15,10 @@ state = _State()
 
 def is_grad_enabled() -> bool:
     return state.enabled
+
+
+def is_inference_mode_enabled() -> bool:
+    return state.inference
 
 
 class _GradMode:
@@ -81,7 +86,31 @@ class set_grad_enabled(_GradMode):
 
 
 class inference_mode(_GradMode):
-    """Like no_grad: runtime has no separate inference tensors."""
+    """Like no_grad (runtime has no separate inference tensors), and is_inference_mode_enabled() says so inside."""
 
     def __init__(self, mode: bool = True):
         self._mode = not mode
+        self._inference = bool(mode)
+
+    def __enter__(self):
+        self._prev_inference = state.inference
+        state.inference = self._inference
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        state.inference = self._prev_inference
+        return super().__exit__(*exc)
+
+    def __call__(self, fn):
+        inference, grad_mode = self._inference, self._mode
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            previous = state.inference, state.enabled
+            state.inference, state.enabled = inference, grad_mode
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                state.inference, state.enabled = previous
+
+        return wrapper
