@@ -146,19 +146,40 @@ def svdvals(A, *, driver=None):
     return A.new_tensor(np.linalg.svd(_values(A, "svdvals"), compute_uv=False))
 
 
-def pinv(A, *, atol=None, rtol=None, hermitian=False):
+def pinv(A, rcond=None, hermitian=False, *, atol=None, rtol=None):
+    """The pseudo-inverse, singular values at most max(atol, rtol * the largest) taken as zero (torch's rule for
+    their defaults: _tolerance). `rcond`, positional, is torch's older name for rtol."""
     _no_grad_here("pinv", A)
-    rcond = 1e-15 if rtol is None else rtol
-    return A.new_tensor(np.linalg.pinv(_values(A, "pinv"), rcond=rcond, hermitian=hermitian))
+    a = _values(A, "pinv")
+    if hermitian:
+        w, v = np.linalg.eigh(a)
+        tol = _tolerance(np.abs(w), atol, rtol if rcond is None else rcond, a)
+        w_inv = np.where(np.abs(w) > tol, 1.0 / np.where(w == 0, 1, w), 0.0).astype(a.dtype)
+        return A.new_tensor((v * np.expand_dims(w_inv, -2)) @ np.swapaxes(v, -1, -2))
+    u, s, vh = np.linalg.svd(a, full_matrices=False)
+    tol = _tolerance(s, atol, rtol if rcond is None else rcond, a)
+    s_inv = np.where(s > tol, 1.0 / np.where(s == 0, 1, s), 0.0).astype(a.dtype)
+    return A.new_tensor((np.swapaxes(vh, -1, -2) * np.expand_dims(s_inv, -2)) @ np.swapaxes(u, -1, -2))
 
 
-def matrix_rank(A, *, atol=None, rtol=None, hermitian=False):
+def _tolerance(s, atol, rtol, a):
+    """max(atol, rtol * s.max()) per matrix, as a column against s: rtol defaults to eps * max(m, n), or to 0
+    when atol is given above 0 (torch's rule); atol and rtol may be numbers or tensors of the batch's shape."""
+    atol = 0.0 if atol is None else np.asarray(getattr(atol, "_data", atol), dtype=np.float64)
+    if rtol is None:
+        rtol = 0.0 if np.all(np.asarray(atol) > 0) else max(a.shape[-2:]) * np.finfo(a.dtype).eps
+    rtol = np.asarray(getattr(rtol, "_data", rtol), dtype=np.float64)
+    return np.expand_dims(np.maximum(atol, rtol * s.max(axis=-1, initial=0)), -1)
+
+
+def matrix_rank(A, tol=None, hermitian=False, *, atol=None, rtol=None):
+    """How many singular values exceed max(atol, rtol * the largest) (_tolerance). `tol`, torch's older form, is an
+    absolute tolerance (rtol 0)."""
     a = _values(A, "matrix_rank")
-    s = np.linalg.svd(a, compute_uv=False)
-    tol = (rtol if rtol is not None else max(a.shape[-2:]) * np.finfo(a.dtype).eps) * s.max(axis=-1, initial=0)
-    if atol is not None:
-        tol = np.maximum(tol, atol)
-    return A.new_tensor((s > np.expand_dims(tol, -1)).sum(-1).astype(np.int64), dtype=dt.int64)
+    if tol is not None:
+        atol, rtol = tol, 0.0
+    s = np.abs(np.linalg.eigvalsh(a)) if hermitian else np.linalg.svd(a, compute_uv=False)
+    return A.new_tensor((s > _tolerance(s, atol, rtol, a)).sum(-1).astype(np.int64), dtype=dt.int64)
 
 
 def lstsq(A, B, rcond=None, *, driver=None):

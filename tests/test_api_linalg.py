@@ -48,6 +48,18 @@ NO_GRAD = {
                      [G(4, 3)]),
     "pinv": (lambda L, a: L.linalg.pinv(a), [G(4, 3)]),
     "matrix_rank": (lambda L, a: L.linalg.matrix_rank(a), [G(4, 3) @ G(3, 5)]),
+    # tolerances: singular values 10, 1, 0.05; atol alone sets rtol to 0, rcond and tol are the older positionals
+    "pinv_atol": (lambda L, a: L.linalg.pinv(a, atol=0.1), [np.diag([10.0, 1.0, 0.05])]),
+    "pinv_atol_and_rtol": (lambda L, a: L.linalg.pinv(a, atol=0.1, rtol=0.5), [np.diag([10.0, 1.0, 0.05])]),
+    "pinv_rcond_hermitian": (lambda L, a: L.linalg.pinv(a, 0.2, True) + L.linalg.pinv(a, 0.01),
+                             [np.diag([10.0, 1.0, 0.05])]),
+    "pinv_batched_atol": (lambda L, a: L.linalg.pinv(a, atol=L.tensor([0.0, 1.5], dtype=L.float64)), [G(2, 4, 3)]),
+    "pinv_hermitian": (lambda L, a: L.linalg.pinv(a, hermitian=True), [spd()]),
+    "matrix_rank_tolerances": (lambda L, a: L.stack([L.linalg.matrix_rank(a, 0.5), L.linalg.matrix_rank(a, 0.04),
+                                                     L.linalg.matrix_rank(a, atol=0.5),
+                                                     L.linalg.matrix_rank(a, rtol=0.5),
+                                                     L.linalg.matrix_rank(a, hermitian=True)]),
+                               [np.diag([10.0, 1.0, 0.05])]),
     "matrix_exp": (lambda L, a: L.linalg.matrix_exp(a), [G(2, 3, 3)]),
     "nuclear": (lambda L, a: L.linalg.matrix_norm(a, "nuc") + L.linalg.matrix_norm(a, 2), [G(3, 4)]),
 }
