@@ -94,7 +94,7 @@ def solve_ex(A, B, *, left=True, check_errors=False):
 
 def cholesky(A, *, upper=False):
     _square("cholesky", A)
-    L = apply("cholesky", A)
+    L = apply("cholesky", _hermitian(A, "L"))  # as LAPACK's, torch's reads A's lower triangle only
     return L.mT if upper else L
 
 

@@ -136,3 +136,20 @@ def test_lu_family_and_tensor_solvers(torch):
     s, r = G(2, 3, 6), G(2, 3)
     np.testing.assert_allclose(runtime.linalg.tensorsolve(runtime.tensor(s), runtime.tensor(r)).numpy(),
                                torch.linalg.tensorsolve(torch.tensor(s), torch.tensor(r)).numpy(), rtol=1e-10)
+
+
+def test_cholesky_of_a_non_symmetric_matrix_reads_its_lower_triangle_as_torch(torch):
+    """LAPACK's factorization, so torch's, reads only the lower triangle: the upper one never changes the factor,
+    and the gradient is torch's symmetric one on both triangles."""
+    a = spd() + np.triu(G(3, 3), 1)  # a symmetric positive-definite lower triangle, anything above it
+    weight = G(3, 3)
+    results = []
+    for lib in (torch, runtime):
+        x = lib.tensor(a, requires_grad=True)
+        factor = lib.linalg.cholesky(x)
+        (factor * lib.tensor(weight)).sum().backward()
+        results.append((factor.detach().numpy(), x.grad.numpy()))
+    (want, want_grad), (got, got_grad) = results
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, np.linalg.cholesky(np.tril(a) + np.tril(a, -1).T), rtol=1e-12)
+    np.testing.assert_allclose(got_grad, want_grad, rtol=1e-10, atol=1e-12)
