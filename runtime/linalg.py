@@ -182,10 +182,36 @@ def matrix_rank(A, tol=None, hermitian=False, *, atol=None, rtol=None):
     return A.new_tensor((s > _tolerance(s, atol, rtol, a)).sum(-1).astype(np.int64), dtype=dt.int64)
 
 
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
 def lstsq(A, B, rcond=None, *, driver=None):
+    """The minimum-norm least-squares solution of A X = B (batched), with what torch's CPU driver returns beside
+    it: residuals (squared, per column of B) for gels, gelsd and gelss where every A is tall and of full rank; the
+    rank for gelsy (the default), gelsd and gelss; the singular values for gelsd and gelss. The rest are empty."""
     _no_grad_here("lstsq", A, B)
-    x = np.linalg.lstsq(_values(A, "lstsq"), _values(B, "lstsq"), rcond=rcond)[0]
-    return _Lstsq(A.new_tensor(x), A.new_zeros((0,)), A.new_zeros((0,), dtype=dt.int64), A.new_zeros((0,)))
+    driver = "gelsy" if driver is None else driver
+    if driver not in _LSTSQ_DRIVERS:
+        raise RuntimeError(f"parameter `driver` should be one of ({', '.join(_LSTSQ_DRIVERS)})")
+    a, b = _values(A, "lstsq"), _values(B, "lstsq")
+    vector = b.ndim == a.ndim - 1  # B of shape (*, m): one right-hand side, and results without its dim
+    if vector:
+        b = b[..., None]
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a, b = np.broadcast_to(a, batch + a.shape[-2:]), np.broadcast_to(b, batch + b.shape[-2:])
+    solved = [np.linalg.lstsq(a[k], b[k], rcond=rcond) for k in np.ndindex(*batch)]
+    m, n = a.shape[-2:]
+    solution = np.stack([x for x, _, _, _ in solved]).reshape(batch + (n, b.shape[-1]))
+    ranks = np.array([r for _, _, r, _ in solved], dtype=np.int64).reshape(batch)
+    empty = A.new_zeros((0,))
+    residuals = empty
+    if driver != "gelsy" and m > n and bool(np.all(ranks == n)):
+        residuals = A.new_tensor(np.sum((a @ solution - b) ** 2, axis=-2))  # (*, k): k is 1 for a vector B
+    rank = A.new_tensor(ranks, dtype=dt.int64) if driver != "gels" else A.new_zeros((0,), dtype=dt.int64)
+    singular = empty
+    if driver in ("gelsd", "gelss"):
+        singular = A.new_tensor(np.stack([s for _, _, _, s in solved]).reshape(batch + (min(m, n),)))
+    return _Lstsq(A.new_tensor(solution[..., 0] if vector else solution), residuals, rank, singular)
 
 
 class _Lstsq(NamedTuple):

@@ -153,3 +153,22 @@ def test_cholesky_of_a_non_symmetric_matrix_reads_its_lower_triangle_as_torch(to
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got, np.linalg.cholesky(np.tril(a) + np.tril(a, -1).T), rtol=1e-12)
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("a_shape,b_shape", [((5, 3), (5, 2)), ((5, 3), (5,)), ((2, 5, 3), (2, 5, 2)),
+                                             ((3, 4), (3, 2)), ((2, 3, 4), (2, 3))])
+def test_lstsq_returns_what_each_torch_driver_returns(torch, driver, a_shape, b_shape):
+    """The solution, and beside it residuals, rank and singular values exactly where torch's CPU driver gives them
+    (tall and wide systems, batches, a vector right-hand side)."""
+    a, b = G(*a_shape), G(*b_shape)
+    want = torch.linalg.lstsq(torch.tensor(a), torch.tensor(b), driver=driver)
+    got = runtime.linalg.lstsq(runtime.tensor(a), runtime.tensor(b), driver=driver)
+    for name, w, g in zip(got._fields, want, got):
+        assert tuple(g.shape) == tuple(w.shape) and str(g.dtype)[-5:] == str(w.dtype)[-5:], name
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_lstsq_names_its_drivers():
+    with pytest.raises(RuntimeError, match=r"parameter `driver` should be one of \(gels, gelsy, gelsd, gelss\)"):
+        runtime.linalg.lstsq(runtime.eye(2), runtime.eye(2), driver="gelsx")
