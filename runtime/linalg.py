@@ -151,15 +151,15 @@ def pinv(A, rcond=None, hermitian=False, *, atol=None, rtol=None):
     their defaults: _tolerance). `rcond`, positional, is torch's older name for rtol."""
     _no_grad_here("pinv", A)
     a = _values(A, "pinv")
-    if hermitian:
-        w, v = np.linalg.eigh(a)
-        tol = _tolerance(np.abs(w), atol, rtol if rcond is None else rcond, a)
-        w_inv = np.where(np.abs(w) > tol, 1.0 / np.where(w == 0, 1, w), 0.0).astype(a.dtype)
-        return A.new_tensor((v * np.expand_dims(w_inv, -2)) @ np.swapaxes(v, -1, -2))
-    u, s, vh = np.linalg.svd(a, full_matrices=False)
-    tol = _tolerance(s, atol, rtol if rcond is None else rcond, a)
-    s_inv = np.where(s > tol, 1.0 / np.where(s == 0, 1, s), 0.0).astype(a.dtype)
-    return A.new_tensor((np.swapaxes(vh, -1, -2) * np.expand_dims(s_inv, -2)) @ np.swapaxes(u, -1, -2))
+    if hermitian:  # A = V diag(w) V^T: the eigenvalues' magnitudes are the singular values
+        values, left = np.linalg.eigh(a)
+        right = left
+    else:  # A = U diag(s) V^T
+        left, values, vh = np.linalg.svd(a, full_matrices=False)
+        right = np.swapaxes(vh, -1, -2)
+    kept = np.abs(values) > _tolerance(np.abs(values), atol, rtol if rcond is None else rcond, a)
+    inverted = np.where(kept, 1.0 / np.where(kept, values, 1), 0.0).astype(a.dtype)
+    return A.new_tensor((right * np.expand_dims(inverted, -2)) @ np.swapaxes(left, -1, -2))
 
 
 def _tolerance(s, atol, rtol, a):

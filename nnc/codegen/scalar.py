@@ -145,7 +145,8 @@ class Dialect:
     """How a target spells template functions, literals and casts. Subclass per target (CPU, CUDA)."""
 
     # The template functions whose spelled call returns its operands' float dtype: an expression of them and of
-    # + - * / ** on operands of one float dtype has that dtype, and is not cast again. None: always cast.
+    # arithmetic (float_preserving) on operands of one float dtype has that dtype, and is not cast again. None:
+    # always cast.
     FLOAT_PRESERVING: frozenset[str] | None = None
 
     def literal(self, value, d: np.dtype | None) -> str:
