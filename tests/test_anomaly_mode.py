@@ -79,3 +79,18 @@ def test_set_detect_anomaly_switches_now_and_restores_after_a_with_block():
     finally:
         runtime.autograd.set_detect_anomaly(False)
     assert not runtime.is_anomaly_enabled()
+
+
+def test_the_trace_keeps_a_users_file_whose_name_starts_like_runtimes_directory(tmp_path, monkeypatch):
+    import importlib.util
+
+    from runtime.autograd import anomaly_mode
+
+    monkeypatch.setattr(anomaly_mode, "_RUNTIME_DIR", str(tmp_path / "runtime"))
+    user_file = tmp_path / "runtime_helpers.py"
+    user_file.write_text("from runtime.autograd import anomaly_mode\n\n\ndef where():\n"
+                         "    return anomaly_mode.forward_trace()\n")
+    spec = importlib.util.spec_from_file_location("runtime_helpers", user_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert f'File "{user_file}", line 5, in where' in module.where()

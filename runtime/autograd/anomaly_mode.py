@@ -61,7 +61,8 @@ class set_detect_anomaly:
 
 def forward_trace() -> str:
     """The caller's stack without runtime's own frames (recorded on a node while anomaly detection is on)."""
-    frames = [f for f in traceback.extract_stack()[:-1] if not os.path.abspath(f.filename).startswith(_RUNTIME_DIR)]
+    inside = _RUNTIME_DIR + os.sep  # (a user's runtime_utils.py beside the package is the user's)
+    frames = [f for f in traceback.extract_stack()[:-1] if not os.path.abspath(f.filename).startswith(inside)]
     return "".join(traceback.format_list(frames))
 
 
