@@ -27,6 +27,7 @@ from runtime.autograd import grad_mode
 from runtime.nn import Module
 
 from . import pytree
+from .collector import full_collections_deferred
 from .compiled_graph import CompiledGraph
 from .graph_module import GraphModule
 from .passes import functionalize
@@ -425,22 +426,27 @@ def run_stages(c: Compilation, until: str | None = None) -> Compilation:
     last = STAGE_NAMES.index(until) if until is not None else len(STAGES) - 1
     progress = Progress.start(c)
     try:
-        for stage in STAGES[len(c.done):last + 1]:
-            if progress is not None:
-                progress.update(stage.name)
-            start = time.perf_counter()
-            try:
-                with _autocast_for(stage.name, c.autocast):
-                    stage.run(c)
-            except Exception as error:
-                raise PipelineError(stage.name, c.done, error) from error
-            c.seconds[stage.name] = time.perf_counter() - start
-            c.done.append(stage.name)
-            _report(stage.name, c)
+        with full_collections_deferred():
+            _run_each(c, STAGES[len(c.done):last + 1], progress)
     finally:
         if progress is not None:
             progress.close(failed=len(c.done) <= last)
     return c
+
+
+def _run_each(c: Compilation, stages: list, progress: Progress | None) -> None:
+    for stage in stages:
+        if progress is not None:
+            progress.update(stage.name)
+        start = time.perf_counter()
+        try:
+            with _autocast_for(stage.name, c.autocast):
+                stage.run(c)
+        except Exception as error:
+            raise PipelineError(stage.name, c.done, error) from error
+        c.seconds[stage.name] = time.perf_counter() - start
+        c.done.append(stage.name)
+        _report(stage.name, c)
 
 
 AUTOCAST_STAGES = ("trace", "shapes", "decompose")  # where the graph's ops are made, casts included

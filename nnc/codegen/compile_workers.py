@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import gc
 import json
 import os
 import subprocess
@@ -265,10 +266,13 @@ def _serve(lines, answer) -> None:
 
 def _set_up_numba() -> None:
     """numba's registries (and the scipy they import), loaded by the first compile otherwise: done while the
-    parent's compilation reaches its kernels."""
+    parent's compilation reaches its kernels. They live as long as this process, so they are frozen out of the
+    garbage collector's passes (gc.freeze), which would otherwise walk them again and again (see nnc/collector.py)."""
     from numba.core.registry import cpu_target
 
     cpu_target.target_context.refresh()
+    cpu_target.typing_context.refresh()
+    gc.freeze()
 
 
 if __name__ == "__main__":
