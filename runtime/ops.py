@@ -1278,14 +1278,22 @@ _math("bitwise_right_shift", np.right_shift, dtype_rule=_integral, arity=2)
 # Scans along one dim.
 # ---------------------------------------------------------------------------------------------
 
+def _scan_accumulator(x):
+    """The dtype a scan accumulates in, as torch's CPU kernels: int64 for integers and bools, double precision for
+    narrower floats (a float32 cumsum of [1e8, 1, -1e8] ends in 1, not 0); the result is cast back."""
+    if x.dtype.kind in "biu":
+        return np.int64
+    if x.dtype.kind == "f" and x.dtype.itemsize < 8:
+        return np.float64
+    return None
+
+
 def _np_cumsum(x, dim):
-    acc = np.int64 if x.dtype.kind in "biu" else None
-    return np.cumsum(x, axis=dim, dtype=acc)
+    return np.cumsum(x, axis=dim, dtype=_scan_accumulator(x))
 
 
 def _np_cumprod(x, dim):
-    acc = np.int64 if x.dtype.kind in "biu" else None
-    return np.cumprod(x, axis=dim, dtype=acc)
+    return np.cumprod(x, axis=dim, dtype=_scan_accumulator(x))
 
 
 def _reverse_cumsum(g, dim):

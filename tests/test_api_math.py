@@ -320,3 +320,24 @@ def test_autograd_functional_matches_torch(torch):
 def test_gradgradcheck():
     x = runtime.tensor([0.5, 1.5], dtype=runtime.float64, requires_grad=True)
     assert runtime.autograd.gradgradcheck(lambda t: (t.sin() * t.atan()).sum(), (x,))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_scans_of_narrow_floats_accumulate_in_double_precision_as_torch(dtype):
+    """torch's CPU cumsum and cumprod accumulate narrower floats in double: a float32 cumsum of [1e8, 1, -1e8, 1]
+    is [1e8, 1e8, 1, 2] (float32 accumulation gives [1e8, 1e8, 0, 1])."""
+    big = 1e8 if dtype == "float32" else 1e4
+    x = runtime.tensor([big, 1.0, -big, 1.0], dtype=getattr(runtime, dtype))
+    sums = x.cumsum(0)
+    assert sums.dtype == x.dtype
+    np.testing.assert_array_equal(sums[2:].float().numpy(), np.array([1.0, 2.0]))
+    prods = runtime.tensor([3.0, 1 / 3, 3.0], dtype=getattr(runtime, dtype)).cumprod(0)
+    assert prods.dtype == x.dtype
+
+
+def test_scans_match_torch_on_cancelling_float32(torch):
+    values = np.array([[1e8, 1.0, -1e8, 1.0, 3e38, 3e38, -np.inf]], np.float32)
+    for name in ("cumsum", "cumprod"):
+        got = getattr(runtime.tensor(values), name)(1).numpy()
+        want = getattr(torch.tensor(values), name)(1).numpy()
+        np.testing.assert_array_equal(got, want)
