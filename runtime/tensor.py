@@ -10,6 +10,9 @@ import numpy as np
 from . import amp, api
 from . import dtypes as dt
 from . import ops
+from ._fp_quiet import IGNORE as _FP_IGNORE
+from ._fp_quiet import reset_state as _fp_reset
+from ._fp_quiet import set_state as _fp_set
 from ._profiling import notify as _notify_observers
 from ._profiling import op_observers as _op_observers
 from ._tensor_str import format_tensor
@@ -132,14 +135,17 @@ class Tensor:
                 _cast_to_compute(arrays, compute.np, op.cast_inputs)
             if (out_dtype is _BFLOAT16 or compute is _BFLOAT16) and not op.is_view:
                 _widen_bfloat16(op, arrays)
+            fp_state = _fp_set(_FP_IGNORE)  # torch gives inf and nan without numpy's RuntimeWarnings
             try:
                 out = op.forward(*arrays, **attrs)
+                if type(out) is not np.ndarray:
+                    out = np.asarray(out)
+                if out.dtype != out_dtype.np:
+                    out = out.astype(out_dtype.np)
             except Exception as e:  # numpy's message alone would not name the op or the shapes
                 raise _op_error(op, inputs, attrs, e) from None
-            if type(out) is not np.ndarray:
-                out = np.asarray(out)
-            if out.dtype != out_dtype.np:
-                out = out.astype(out_dtype.np)
+            finally:
+                _fp_reset(fp_state)
             # NOTE: numpy says an empty array shares no memory; torch's empty slice is a view all the same
             is_view = op.is_view and (np.may_share_memory(out, arrays[0]) or (out.size == 0 and len(inputs) == 1))
         result = object.__new__(Tensor)
