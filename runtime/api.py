@@ -1688,11 +1688,26 @@ def unfold(input, dimension, size, step):
     if step <= 0:
         raise RuntimeError(f"step is {step} but must be > 0")
     count = (n - size) // step + 1
+    if input.ndim and 0 < size <= step and count * step <= n:  # a view, as torch's (writes reach input)
+        return _unfold_view(input, d, size, step, count)
     windows = np.arange(count)[:, None] * step + np.arange(size)[None, :]
     x = movedim(input, d, -1) if input.ndim else input.reshape(1)
     idx = x.new_tensor(windows.astype(np.int64), dtype=dt.int64)
     out = apply("getitem", x, idx, key=(("ellipsis",), ("tensor", 0)))  # (..., count, size)
     return movedim(out, -2, d) if input.ndim else out.reshape(size)
+
+
+def _unfold_view(input, d, size, step, count):
+    """unfold's windows when size <= step and count * step <= the dim's size, from views only: the first count *
+    step elements along d split into (count, step), each row cut to its first size elements, that dim moved last.
+    NOTE: overlapping windows (size > step), or a last window closer than step - size to the end, would need an
+    as_strided view; they are gathered (a copy: reads agree with torch, writes into them are lost)."""
+    before = (slice(None),) * d
+    x = input[before + (slice(0, count * step),)]
+    x = x.reshape(tuple(input.shape[:d]) + (count, step) + tuple(input.shape[d + 1:]))
+    if size < step:
+        x = x[before + (slice(None), slice(0, size))]
+    return movedim(x, d + 1, -1)
 
 
 def _grid_index(index, dim):
