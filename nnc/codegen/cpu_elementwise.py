@@ -19,6 +19,7 @@ from ..graph import Node
 from ..kernel import Kernel
 from ..symbolic import Shape
 from .cpu_dialect import CpuDialect
+from .cpu_tasks import ADDRESS_ARG, TASK_SUFFIX, TaskSplit, split_tasks, task_arguments
 from .indexing import broadcast_strides, broadcast_shape, collapse, emit_offsets, shifted, view_strides
 from .scalar import ScalarBody, Unsupported, Value, ctor, expensive, node_dtype, node_shape, op_and_attrs
 
@@ -60,6 +61,9 @@ class Array:
         return view_strides(self.shape, self.strides, full)
 
 
+_NOT_GIVEN = object()
+
+
 @dataclass
 class Function:
     """A numba function of the generated module: its arguments (flat arrays) and body lines."""
@@ -69,20 +73,41 @@ class Function:
     lines: list[str]
     parallel: bool
     reassociate: bool = False  # fastmath reassoc + contract: a dot product's sum in vector lanes, with FMA
+    tasks: bool = True  # a parallel body may run as a task function (nnc.codegen.cpu_tasks); False keeps the prange
 
     @property
     def symbols(self) -> list[str]:
         """The size symbols (nnc.symbolic) the body uses: extra integer arguments after the arrays."""
         return symbols_in(self.lines)
 
-    def source(self) -> str:
-        sig = ", ".join([a.arg for a in self.args] + self.symbols)
+    def task_split(self) -> TaskSplit | None:
+        """This parallel function as a launcher and a task function (nnc.codegen.cpu_tasks), or None: it keeps its
+        prange, or is serial."""
+        if not (self.parallel and self.tasks):
+            return None
+        return split_tasks(self.lines, [(a.arg, ctor(a.dtype)) for a in self.args], self.symbols)
+
+    def source(self, split: TaskSplit | None | object = _NOT_GIVEN) -> str:
+        """The function's numba source; `split` is its task_split() when the caller has it already."""
+        if split is _NOT_GIVEN:
+            split = self.task_split()
+        sig = ", ".join([a.arg for a in self.args] + self.symbols + ([ADDRESS_ARG] if split else []))
         doc = "; ".join(f"{a.arg}: {a.dtype.name}{list(a.shape)}" for a in self.args)
         fastmath = ", fastmath={'reassoc', 'contract'}" if self.reassociate else ""
+        parallel = self.parallel and split is None
         # NOTE: no_cfunc_wrapper: nothing takes a kernel's address, and that wrapper is ~5% of its compile time
-        head = [f"@njit(cache=True, parallel={self.parallel}{fastmath}, error_model='numpy', no_cfunc_wrapper=True)",
+        head = [f"@njit(cache=True, parallel={parallel}{fastmath}, error_model='numpy', no_cfunc_wrapper=True)",
                 f"def {self.name}({sig}):", f"    # {doc}"]
-        return "\n".join(head + ["    " + line if line else "" for line in self.lines])
+        if split is None:
+            return "\n".join(head + indent(self.lines))
+        # NOTE: the task keeps numba's cfunc wrapper: run_tasks calls it through that C entry point
+        task = [f"@njit(cache=True{fastmath}, error_model='numpy')",
+                f"def {self.name}{TASK_SUFFIX}({task_arguments()}):",
+                f"    # tasks nnc_lo <= t < nnc_hi of {self.name} ({doc}), run by nnc.codegen.tasks.run_tasks"]
+        if split.direct:  # the launch line calls run_tasks itself
+            return "\n".join(task + indent(split.task))
+        head.append(f"    # its tasks run as {self.name}{TASK_SUFFIX} on numba's threads (nnc.codegen.tasks)")
+        return "\n".join(head + indent(split.launcher)) + "\n\n\n" + "\n".join(task + indent(split.task))
 
 
 _SYMBOL = re.compile(r"\bS(\d+)\b")
