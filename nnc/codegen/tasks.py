@@ -2,7 +2,7 @@
 
 A parallel kernel used to be one numba function with a `prange` loop. numba compiles every such function as a
 "parfor": its passes, a gufunc for the loop body, and LLVM optimizing that gufunc again with everything it calls
-linked in, about 0.6 s more than the same loop run serially (the GPT's softmax: 1.0-1.1 s against 0.4 s). Here
+linked in, 0.6-0.9 s more than the same loop run serially (the GPT's softmax: 1.0-1.4 s against 0.3-0.4 s). Here
 the loop is a serial numba function of its own, `task(lo, hi, addrs) -> 0` running the body for lo <= t < hi,
 called through its C entry point (numba's cfunc wrapper), and `run_tasks(task, n, *arrays)` runs the only parfor,
 `_run`: compiled once (and kept in numba's cache beside this file), it splits 0..n-1 into at most CHUNKS contiguous
