@@ -59,22 +59,23 @@ class CpuDialect(Dialect):
         # NOTE: numba's cache does not notice when a called function changes, so approx.py's hash is part of the
         # source (and so of the file name): editing approx.py gives new kernel files, never stale code.
         if self._approx:
-            self.approx_digest = _file_digest(approx.__file__)
+            self.approx_digest = file_digest(approx.__file__)
             lines.append(f"from nnc.codegen.approx import {', '.join(sorted(self._approx))}")
         if self._philox:  # the same for the Philox helpers and the runtime functions they compile
-            digest = _file_digest(philox.__file__) + _file_digest(philox._philox.__file__)
+            digest = file_digest(philox.__file__) + file_digest(philox._philox.__file__)
             lines.append(f"from nnc.codegen.philox import {', '.join(sorted(self._philox))}  # {digest}")
         if self.nowait:  # the same for the helper thread's product (its module holds all of that code)
             from . import nowait
 
-            lines.append(f"from nnc.codegen.nowait import gemv as nowait_gemv  # {_file_digest(nowait.__file__)}")
+            lines.append(f"from nnc.codegen.nowait import gemv as nowait_gemv  # {file_digest(nowait.__file__)}")
         if self.nowait_rows:  # the same for the batched products' code (nowait's and rows_kernel's)
             from . import nowait, rows_kernel
 
-            digest = _file_digest(nowait.__file__) + _file_digest(rows_kernel.__file__)
+            digest = file_digest(nowait.__file__) + file_digest(rows_kernel.__file__)
             lines.append(f"from nnc.codegen.nowait import batched_rows as nowait_rows  # {digest}")
         return lines
 
 
-def _file_digest(path) -> str:
+def file_digest(path) -> str:
+    """A short hash of a file's bytes (generated sources name the helper modules they call by it)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]

@@ -61,9 +61,6 @@ class Array:
         return view_strides(self.shape, self.strides, full)
 
 
-_NOT_GIVEN = object()
-
-
 @dataclass
 class Function:
     """A numba function of the generated module: its arguments (flat arrays) and body lines."""
@@ -73,7 +70,6 @@ class Function:
     lines: list[str]
     parallel: bool
     reassociate: bool = False  # fastmath reassoc + contract: a dot product's sum in vector lanes, with FMA
-    tasks: bool = True  # a parallel body may run as a task function (nnc.codegen.cpu_tasks); False keeps the prange
 
     @property
     def symbols(self) -> list[str]:
@@ -83,14 +79,12 @@ class Function:
     def task_split(self) -> TaskSplit | None:
         """This parallel function as a launcher and a task function (nnc.codegen.cpu_tasks), or None: it keeps its
         prange, or is serial."""
-        if not (self.parallel and self.tasks):
+        if not self.parallel:
             return None
         return split_tasks(self.lines, [(a.arg, ctor(a.dtype)) for a in self.args], self.symbols)
 
-    def source(self, split: TaskSplit | None | object = _NOT_GIVEN) -> str:
-        """The function's numba source; `split` is its task_split() when the caller has it already."""
-        if split is _NOT_GIVEN:
-            split = self.task_split()
+    def source(self, split: TaskSplit | None = None) -> str:
+        """The function's numba source: as it is (a parallel one with its prange), or as `split` (its task_split())."""
         sig = ", ".join([a.arg for a in self.args] + self.symbols + ([ADDRESS_ARG] if split else []))
         doc = "; ".join(f"{a.arg}: {a.dtype.name}{list(a.shape)}" for a in self.args)
         fastmath = ", fastmath={'reassoc', 'contract'}" if self.reassociate else ""

@@ -24,17 +24,15 @@ Pure text in, text out: nothing here imports numba.
 from __future__ import annotations
 
 import ast
-import functools
-import hashlib
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 TASK_SUFFIX = "_task"
 ADDRESS_ARG = "nnc_task"  # the launcher's extra argument: the task function's C address
 _TASK_ARGS = ("nnc_lo", "nnc_hi", "nnc_addrs")
 _PRANGE = re.compile(r"for (\w+) in prange\((.+)\):")
-_SYMBOL = re.compile(r"\bS\d+\b")
+_SYMBOL_NAME = r"S\d+"  # a size symbol (nnc.symbolic)
+_SYMBOL = re.compile(rf"\b{_SYMBOL_NAME}\b")
 _TAKEN = re.compile(rf"\b({'|'.join(_TASK_ARGS + (ADDRESS_ARG,))})\b")  # names the two functions add
 _SAFE_NAMES = frozenset({"np", "math"})  # names a repeated constant may use
 _ALLOCATORS = frozenset({"empty", "zeros"})
@@ -65,8 +63,8 @@ def split_tasks(lines: list[str], arrays: list[tuple[str, str]], scalars: list[s
     start = found[0] + 1
     end = next((j for j in range(start, len(lines)) if lines[j] and not lines[j].startswith("    ")), len(lines))
     prologue, body, epilogue = lines[:found[0]], lines[start:end], lines[end:]
-    scalar = re.compile(rf"\b({'|'.join(map(re.escape, scalars))})\b") if scalars else _SYMBOL
-    if not body or any(scalar.search(line) or _SYMBOL.search(line) for line in body):
+    scalar = re.compile(rf"\b({'|'.join([_SYMBOL_NAME] + [re.escape(s) for s in scalars])})\b")
+    if not body or any(scalar.search(line) for line in body):
         return None
     if any(_TAKEN.search(line) for line in lines):
         return None
@@ -139,12 +137,6 @@ def _launch_line(line: str, splits: dict) -> str:
         return line
     tree = _TaskCalls(splits).visit(ast.parse(line))
     return ast.unparse(ast.fix_missing_locations(tree))
-
-
-@functools.lru_cache(maxsize=None)
-def tasks_digest() -> str:
-    """A hash of tasks.py, which generated modules calling it name (numba's cache never notices a callee change)."""
-    return hashlib.sha256(Path(__file__).with_name("tasks.py").read_bytes()).hexdigest()[:16]
 
 
 def task_arguments() -> str:
