@@ -33,8 +33,8 @@ from .cpu_cat import CatSchedule, cat_schedule_of, gen_cat
 from .cpu_conv import WindowSchedule, gen_window, window_schedule_of
 from .cpu_dialect import file_digest
 from .cpu_gather import GatherSchedule, gen_gather, gather_schedule_of
-from .cpu_elementwise import (KERNEL_NAME, ElementwiseSchedule, KernelBuilder, elementwise_schedule, gen_elementwise,
-                              indent, symbols_in)
+from .cpu_elementwise import (KERNEL_NAME, SIZE, ElementwiseSchedule, KernelBuilder, elementwise_schedule,
+                              gen_elementwise, indent, symbols_in)
 from .cpu_matmul import PER_ENTRY_DOT, MatmulSchedule, gen_matmul, matmul_schedule_of
 from .cpu_reduction import ReductionSchedule, gen_reduction, reduction_schedule_of
 from .cpu_rows import RowSchedule, gen_rows, row_schedule_of
@@ -65,6 +65,7 @@ class Generated:
     legend: list[str] = field(default_factory=list)     # comments naming the graph nodes (not in `source`)
     libraries: list[str] = field(default_factory=list)  # sources of the libraries `source` imports (cache.library)
     tasks: list[str] = field(default_factory=list)      # task functions (nnc.codegen.tasks) among `signatures`
+    precompiled: list[str] = field(default_factory=list)  # nnc.codegen.precompiled functions among `signatures`
 
     @property
     def annotated(self) -> str:
@@ -74,11 +75,14 @@ class Generated:
         return "\n".join(self.legend + [self.source] + shown)
 
 
-def generate(kernel: Kernel, tasks: bool = True) -> Generated:
-    """The generated module for a kernel (no compilation); raises KernelCompileError when it cannot. tasks=False
-    keeps every parallel loop a prange (a whole graph runs the launch lines inside numba, where a task function's
-    address cannot be passed: see nnc.codegen.tasks)."""
-    return generate_or_raise(kernel, lambda k: _generate(k, tasks))
+def generate(kernel: Kernel, standalone: bool = True) -> Generated:
+    """The generated module for a kernel (no compilation); raises KernelCompileError when it cannot.
+
+    standalone: the kernel is launched by itself from Python, so its parallel loops run as task functions
+    (nnc.codegen.tasks) and a small serial gather, scatter or column sum calls nnc.codegen.precompiled. False, for a
+    whole graph (its launch lines run inside numba, where a task function's address cannot be passed), keeps every
+    parallel loop a prange and generates every kernel's own loops."""
+    return generate_or_raise(kernel, lambda k: _generate(k, standalone))
 
 
 def _stamp(approx_digest: str | None, tasks: bool = False) -> str:
@@ -130,13 +134,14 @@ def _libraries_of(kb: KernelBuilder, stamp: str, preamble: list[str], splits: di
     return libraries + [source], [f"from {cache.library(source)} import {names}"], [], prefix
 
 
-def _generate(kernel: Kernel, tasks: bool = True) -> Generated:
+def _generate(kernel: Kernel, standalone: bool = True) -> Generated:
     kind = kernel.kind
-    kb = KernelBuilder(kernel)
+    kb = KernelBuilder(kernel, standalone)
     if kind not in SKELETONS:
         raise Unsupported(f"kernel kind {kind!r} has no code generation (run it as is)")
     SKELETONS[kind](kb)
-    splits = {f.name: (split, len(f.args)) for f in kb.functions if tasks and (split := f.task_split()) is not None}
+    splits = {f.name: (split, len(f.args)) for f in kb.functions
+              if standalone and (split := f.task_split()) is not None}
     kb.launch = launch_tasks(kb.launch, splits)
     ops = ", ".join(n.target.op.name for n in kernel.nodes)
     preamble = kb.dialect.preamble()  # NOTE: before the stamp: it records which approx.py functions are called
@@ -150,6 +155,8 @@ def _generate(kernel: Kernel, tasks: bool = True) -> Generated:
         imports += tasks_import
     header = [f'"""nnc {kind} kernel: {ops} over {list(kernel.shape)}."""', stamp] + _IMPORTS
     header += ([] if library_prefix else preamble) + imports
+    if kb.precompiled:
+        header += [f"from nnc.codegen.precompiled import {', '.join(sorted(kb.precompiled))}"]
     own_launch = kb.launch
     threaded = threaded_dtype(kernel) if kind == "matmul" else None
     if threaded is not None:  # the module's own launcher (a whole graph decides for itself: whole_graph_threaded_dtype)
@@ -173,7 +180,7 @@ def _generate(kernel: Kernel, tasks: bool = True) -> Generated:
     # and identical kernels importing the same name from the same module is harmless.
     name = library_prefix or _function_prefix(source, stamp)
     named = lambda text: text.replace(KERNEL_NAME, name)  # noqa: E731
-    signatures = {}
+    signatures = dict(kb.precompiled)
     for f in kb.functions:
         if f.name in splits:  # the task function first: (lo, hi, addrs); a launcher takes its address last
             signatures[named(f.name + TASK_SUFFIX)] = [SIZE] * 3
@@ -181,6 +188,7 @@ def _generate(kernel: Kernel, tasks: bool = True) -> Generated:
             signatures[named(f.name)] = [a.dtype for a in f.args] + [SIZE] * (len(f.symbols) + (f.name in splits))
     return Generated(source=named(source),
                      signatures=signatures, tasks=[named(name + TASK_SUFFIX) for name in sorted(splits)],
+                     precompiled=sorted(kb.precompiled),
                      symbols=symbols,
                      parallel=any(f.parallel for f in kb.functions),
                      in_specs=[(a.shape, a.dtype) for a in kb.ins],
@@ -426,10 +434,6 @@ class CompiledKernel:
             nowait.retain(ins)
 
 
-# The argument type of a size symbol in `Generated.signatures` (an int64 scalar; arrays are named by their dtype).
-SIZE = "size"
-
-
 def _numba_signature(dtypes):
     from numba import types
     from numba.np.numpy_support import from_dtype
@@ -501,6 +505,8 @@ def compile_generated(kernel: Kernel, generated: Generated, start: float | None 
                     message = message[:2000] + " ..."
                 raise KernelCompileError(kernel.name, f"numba could not compile {fname} (source: {path}): "
                                                       f"{type(e).__name__}: {message}") from e
+            if fname in generated.precompiled:  # shared by the kernels calling it, each compiling its dtypes
+                continue
             disp.disable_compile()  # a call with other argument types is an error, never a silent recompile
         stats = disp.stats
         if not sum(stats.cache_hits.values()) or sum(stats.cache_misses.values()):

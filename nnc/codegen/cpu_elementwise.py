@@ -61,6 +61,10 @@ class Array:
         return view_strides(self.shape, self.strides, full)
 
 
+# The argument type of a size or flag in `Generated.signatures` (an int64 scalar; arrays are named by their dtype).
+SIZE = "size"
+
+
 @dataclass
 class Function:
     """A numba function of the generated module: its arguments (flat arrays) and body lines."""
@@ -137,8 +141,9 @@ class KernelBuilder:
     a model) must give the same source, so that they share one cached module and one numba compilation. A scalar
     is named by its position: v_in<k> for the kernel's input k, v<i>_<op> for its node i (`value_name`)."""
 
-    def __init__(self, kernel: Kernel):
+    def __init__(self, kernel: Kernel, standalone: bool = False):
         self.kernel = kernel
+        self.standalone = standalone  # launched by itself from Python, not inside a whole graph (cpu.generate)
         self.name = KERNEL_NAME
         self.dialect = CpuDialect()
         self._value_names: dict[Node, str] = {}
@@ -153,6 +158,7 @@ class KernelBuilder:
         self.functions: list[Function] = []
         self.helpers: dict[str, str] = {}
         self.launch: list[str] = []
+        self.precompiled: dict[str, list] = {}  # nnc.codegen.precompiled functions launch calls: argument dtypes
         for node in kernel.nodes:
             node_shape(node), node_dtype(node)
         self.ins = [Array(f"in{k}", n, node_shape(n), node_dtype(n)) for k, n in enumerate(kernel.inputs)]
@@ -328,6 +334,13 @@ def flat_view(a: Array) -> str:
     if a.arg.startswith("out"):
         return f"outs[{a.arg[3:]}].reshape(-1)"
     return f"ins[{a.arg[2:]}].reshape(-1)"
+
+
+def precompiled_call(kb: KernelBuilder, name: str, args: list) -> str:
+    """A launcher's call of nnc.codegen.precompiled's `name` on `args` (Arrays as their flat views, anything else
+    an int64 size or flag), recorded in kb.precompiled with the argument dtypes it is compiled for."""
+    kb.precompiled[name] = [a.dtype if isinstance(a, Array) else SIZE for a in args]
+    return f"{name}({', '.join(flat_view(a) if isinstance(a, Array) else str(a) for a in args)})"
 
 
 def launch_line(f: Function) -> str:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from ..kernel import Kernel, gather_dim
 from ..symbolic import has_symbols
-from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, ParallelLoop, indent, launch_line
+from .cpu_elementwise import (PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, ParallelLoop, indent, launch_line,
+                              precompiled_call)
 from .indexing import c_strides, shifted
 from .scalar import Unsupported, node_dtype, node_shape
 
@@ -67,13 +68,16 @@ def _at(a: Array, expr: str) -> str:
     return f"{a.arg}[{shifted(expr, a.offset)}]"
 
 
-def _check_indices(index: Array, n, k: str, dim: int) -> list[str]:
-    """Lines raising IndexError (torch's message) unless every index lies in [-k, k)."""
+def _out_of_range(k: str, dim: int) -> str:
+    """The statement raising IndexError (torch's message) for an index outside [-k, k)."""
     where = f"[-{k}, {k}) for dim {dim} of size {k}" if k.isdigit() else f"the range of dim {dim}"
-    return [f"for i in range({n}):",
-            f"    j = {_at(index, 'i')}",
-            f"    if j < -{k} or j >= {k}:",
-            f"        raise IndexError('index out of range in self: an index tensor holds a value outside {where}')"]
+    return f"raise IndexError('index out of range in self: an index tensor holds a value outside {where}')"
+
+
+def _check_indices(index: Array, n, k: str, dim: int) -> list[str]:
+    """Lines raising IndexError unless every index lies in [-k, k)."""
+    return [f"for i in range({n}):", f"    j = {_at(index, 'i')}", f"    if j < -{k} or j >= {k}:",
+            f"        {_out_of_range(k, dim)}"]
 
 
 def _wrapped(index: Array, k: int) -> list[str]:
@@ -98,11 +102,31 @@ def _size(value) -> str:
     return text if text.isdigit() else f"({text})"
 
 
+def _precompiled_launch(kb: KernelBuilder, node, op: str, dim: int, arrays: list[Array], sizes) -> list[str]:
+    """A serial gather or scatter as a call of nnc.codegen.precompiled's gather_rows or scatter_rows (compiled once
+    for every shape), raising IndexError when it reports an index out of range."""
+    outer, k, n, inner = sizes
+    (out,) = kb.outs
+    if op == "getitem":
+        x, index = arrays
+        call = precompiled_call(kb, "gather_rows", [x, x.offset, index, index.offset, out, outer, k, n, inner])
+    else:
+        x, values, index = arrays
+        one_value = math.prod(node_shape(node.args[1])) == 1 and (n, inner) != (1, 1)
+        call = precompiled_call(kb, "scatter_rows", [x, x.offset, values, values.offset, index, index.offset, out,
+                                                     outer, k, n, inner, int(bool(node.kwargs.get("accumulate"))),
+                                                     int(one_value)])
+    return [f"if not {call}:", f"    {_out_of_range(str(k), dim)}"]
+
+
 def gen_gather(kb: KernelBuilder) -> None:
     node, op, dim, outer, k, n, inner, _ = _geometry(kb.kernel)
     sched = gather_schedule_of(kb.kernel)
-    outer, k, n, inner, tasks, total = (_size(v) for v in (outer, k, n, inner, sched.tasks, outer * k * inner))
     arrays = _reads(kb, node)
+    if kb.standalone and not sched.parallel and not has_symbols([outer, k, n, inner]) and len(kb.outs) == 1:
+        kb.launch = _precompiled_launch(kb, node, op, dim, arrays, (outer, k, n, inner))
+        return
+    outer, k, n, inner, tasks, total = (_size(v) for v in (outer, k, n, inner, sched.tasks, outer * k * inner))
     if op == "getitem":  # x, index -> out0
         x, index = arrays
         lines = _check_indices(index, n, k, dim)

@@ -18,12 +18,13 @@ import numpy as np
 
 from runtime.ops import Kind, Reducer
 
-from ..symbolic import is_symbolic
+from ..symbolic import has_symbols, is_symbolic
 from ..graph import Node
 from ..kernel import Kernel
 from ..prims import Prim
-from .cpu_elementwise import Function, KernelBuilder, ParallelLoop, indent, launch_line, parallel_work
-from .indexing import broadcast_strides, collapse, emit_offsets, shifted
+from .cpu_elementwise import (Function, KernelBuilder, ParallelLoop, indent, launch_line, parallel_work,
+                              precompiled_call)
+from .indexing import broadcast_strides, c_strides, collapse, emit_offsets, shifted
 from .scalar import Dialect, Unsupported, Value, ctor, format_literal, node_dtype, node_shape, op_and_attrs
 
 # Reductions with fewer kept positions than this split the reduced range into chunks (a parallel two-pass form).
@@ -158,6 +159,8 @@ def gen_reduction(kb: KernelBuilder) -> None:
 
     kept = [d for d in range(ndim) if d not in dims]
     schedule = reduction_schedule(shape, dims, blockable(accs), prologue)
+    if kb.standalone and _precompiled_column_sum(kb, schedule, accs, prologue + epilogue):
+        return
 
     # epilogue over the reduced shape at flat index o
     e_lines, e_offs = emit_offsets(out_shape, [a.strides_in(out_shape) for a in epi_ins + epi_outs], "o", "e_")
@@ -186,6 +189,27 @@ def gen_reduction(kb: KernelBuilder) -> None:
     f = Function(kb.name, kb.ins + kb.outs, lines, schedule.parallel)
     kb.functions.append(f)
     kb.launch = [launch_line(f)]
+
+
+# the nnc.codegen.precompiled column sum of each dtype
+_COLUMN_SUMS = {np.dtype(np.float32): "column_sum_f32", np.dtype(np.float64): "column_sum_f64"}
+
+
+def _precompiled_column_sum(kb: KernelBuilder, schedule: ReductionSchedule, accs, others) -> bool:
+    """Launch a serial kernel that only sums a contiguous float32/float64 input over its leading dims (a bias
+    gradient) as nnc.codegen.precompiled's column sum, compiled once for every shape; False if it is not one."""
+    if (schedule.layout != "columns" or schedule.parallel or len(accs) != 1 or others or len(kb.outs) != 1
+            or has_symbols(kb.kernel.shape)):
+        return False
+    acc, out = accs[0], kb.outs[0]
+    function = _COLUMN_SUMS.get(acc.in_dtype)
+    read = next((a for a in kb.reads if a.node is acc.source), None)
+    if (acc.op_name != "sum" or function is None or acc.out_dtype != acc.in_dtype or out.node is not acc.node
+            or acc.dims != list(range(len(acc.dims))) or read is None or tuple(read.shape) != tuple(kb.kernel.shape)
+            or (read.strides is not None and list(read.strides) != c_strides(read.shape))):
+        return False
+    kb.launch = [precompiled_call(kb, function, [read, read.offset, schedule.n_red, schedule.n_outer, out])]
+    return True
 
 
 def _row_reduction(kb: KernelBuilder, schedule: ReductionSchedule, shape, kept, dims, pro_ins, pro_outs, prologue,

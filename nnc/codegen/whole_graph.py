@@ -204,7 +204,7 @@ class _Emitter:
     def launch(self, kernel: Kernel) -> None:
         """The kernel's launcher lines, inlined: its ins[k], outs[k] and mm become this function's variables."""
         try:
-            generated = generate(kernel, tasks=False)  # its launch lines run inside run_graph: prange loops
+            generated = generate(kernel, standalone=False)  # its launch lines run inside run_graph
         except KernelCompileError as error:
             raise WholeGraphUnsupported(str(error)) from None
         self.generated.append((kernel, generated))
