@@ -17,7 +17,7 @@ import runtime as torch
 from nnc.codegen.cpu import _keep_task_address, compile_kernel
 from nnc.codegen.cpu_elementwise import PARALLEL_MIN_ELEMENTS
 from nnc.codegen.cpu_tasks import launch_tasks, split_tasks
-from nnc.codegen.tasks import CHUNKS, run_tasks, task_array
+from nnc.codegen.tasks import CHUNKS, placed_row, run_tasks, task_array
 from nnc.graph import Graph
 from nnc.kernel import Kernel
 from nnc.passes import propagate_shapes
@@ -51,6 +51,46 @@ def test_arrays_the_prologue_makes_are_handed_to_the_task():
     assert split.launcher == lines[:5] + ["run_tasks(nnc_task, np.int64(512), in0, out0, row)"]
     assert split.task[2] == "row = task_array(nnc_addrs, 2, np.float32)"
     assert "at" not in " ".join(split.task).split()  # computed once, by the launcher
+
+
+PLACED = ["bcast_in1_pad = np.empty(1280, dtype=np.float32)",
+          "bcast_in1_at = np.int64((out0.ctypes.data - bcast_in1_pad.ctypes.data) % 4096) // 4",
+          "bcast_in1 = bcast_in1_pad[bcast_in1_at:bcast_in1_at + 256]",
+          "for c in range(256):",
+          "    bcast_in1[c] = in1[c]"]
+F32_3 = [("in0", "np.float32"), ("in1", "np.float32"), ("out0", "np.float32")]
+BIAS_LOOP = ["for o in prange(512):", "    for j in range(256):",
+             "        out0[o * 256 + j] = in0[o * 256 + j] + bcast_in1[j]"]
+
+
+def test_rows_placed_beside_the_output_are_copied_by_the_launch_line():
+    """A prologue of placed-row copies alone (cpu_elementwise.placed_row_lines) compiles no launcher: the launch
+    line calls run_tasks with nnc.codegen.tasks.placed_row's copy as the task's next array."""
+    split = split_tasks(PLACED + BIAS_LOOP, F32_3)
+    assert split.direct and split.placed == [(1, 2, 256)]
+    assert split.task[3] == "bcast_in1 = task_array(nnc_addrs, 3, np.float32)"
+    (line,) = launch_tasks(["__k__(ins[0].reshape(-1), ins[1].reshape(-1), outs[0].reshape(-1))"],
+                           {"__k__": (split, 3)})
+    assert ast.dump(ast.parse(line)) == ast.dump(ast.parse(
+        "run_tasks(__k___task.nnc_address, 512, ins[0].reshape(-1), ins[1].reshape(-1), outs[0].reshape(-1), "
+        "placed_row(ins[1].reshape(-1), outs[0].reshape(-1), 256))"))
+
+
+@pytest.mark.parametrize("extra", [["c0 = in0[0]"], ["scratch = np.empty(8, dtype=np.float32)"]],
+                         ids=["argument-value", "allocation"])
+def test_a_prologue_doing_more_than_placing_rows_keeps_its_launcher(extra):
+    split = split_tasks(PLACED + extra + BIAS_LOOP, F32_3)
+    assert split is None or (not split.direct and not split.placed)
+
+
+def test_placed_row_copies_the_row_at_the_outputs_page_offset():
+    row = np.arange(300, dtype=np.float32)
+    for shift in (0, 4, 1000):
+        like = np.empty(5000, np.float32)[shift:]
+        placed = placed_row(row, like, 256)
+        assert placed.flags.c_contiguous and placed.dtype == np.float32
+        np.testing.assert_array_equal(placed, row[:256])
+        assert (placed.ctypes.data - like.ctypes.data) % 4096 == 0
 
 
 def test_literal_constants_are_computed_again_in_the_task():
@@ -191,6 +231,7 @@ def task_kernels():
 def test_task_kernels_match_the_interpreter(task_kernels, name, threads):
     compiled, want, inputs = task_kernels[name]
     assert "run_tasks(" in compiled.source and "in prange(" not in compiled.source
+    assert ("placed_row(" in compiled.source) == (name == "elementwise_broadcast")  # the bias row, in the launch
     assert compiled.parallel
     previous = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))

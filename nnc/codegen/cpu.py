@@ -145,7 +145,8 @@ def _generate(kernel: Kernel, standalone: bool = True) -> Generated:
     kb.launch = launch_tasks(kb.launch, splits)
     ops = ", ".join(n.target.op.name for n in kernel.nodes)
     preamble = kb.dialect.preamble()  # NOTE: before the stamp: it records which approx.py functions are called
-    tasks_import = ["from nnc.codegen.tasks import run_tasks, task_array"]
+    placed = ", placed_row" if any(split.placed for split, _ in splits.values()) else ""
+    tasks_import = [f"from nnc.codegen.tasks import run_tasks, task_array{placed}"]
     if splits:
         preamble += tasks_import
     # NOTE: tasks.py's hash in the stamp, as approx.py's: numba's cache does not notice a callee's change

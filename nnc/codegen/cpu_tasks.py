@@ -15,6 +15,11 @@
                                                      <body>
                                                  return 0
 
+A prologue that only copies rows beside an output (a bias, nnc.codegen.cpu_elementwise.placed_row_lines) needs no
+launcher either: the launch line makes those copies with nnc.codegen.tasks.placed_row (numpy) and calls run_tasks
+itself, as for a loop with no prologue. A launcher is a numba function that calls run_tasks, whose parfor numba
+links in and optimizes again: 0.2 s of compilation each.
+
 The body may read the function's arrays, arrays the prologue allocates (np.empty/np.zeros of one dimension, and
 basic slices of those), and constants the prologue computes from literals alone (repeated in the task). Anything
 else keeps the prange (`split_tasks` returns None): a body that reads another prologue value, assigns a name the
@@ -25,7 +30,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 TASK_SUFFIX = "_task"
 ADDRESS_ARG = "nnc_task"  # the launcher's extra argument: the task function's C address
@@ -38,16 +43,28 @@ _SAFE_NAMES = frozenset({"np", "math"})  # names a repeated constant may use
 _ALLOCATORS = frozenset({"empty", "zeros"})
 
 
+# A row copied beside an output before the loop (nnc.codegen.cpu_elementwise.placed_row_lines, what it generates):
+# view, its length + a page of padding, dtype, the output, the itemsize, the length, the row's argument.
+_PLACED_ROW = re.compile(r"(\w+)_pad = np\.empty\((\d+), dtype=([\w.]+)\)\n"
+                         r"\1_at = np\.int64\(\((\w+)\.ctypes\.data - \1_pad\.ctypes\.data\) % 4096\) // (\d+)\n"
+                         r"\1 = \1_pad\[\1_at:\1_at \+ (\d+)\]\n"
+                         r"for c in range\(\6\):\n"
+                         r"    \1\[c\] = (\w+)\[c\]")
+
+
 @dataclass
 class TaskSplit:
     """What a prange function becomes: the task function's body, and the launcher's (lines, unindented). A `direct`
-    split has nothing before or after the loop and a task count of literals and size symbols: its launch line calls
-    run_tasks itself (`launch_tasks`), so no launcher is compiled."""
+    split has a task count of literals and size symbols, nothing after the loop and nothing before it but rows
+    copied beside an output: its launch line calls run_tasks itself (`launch_tasks`), making those copies with
+    nnc.codegen.tasks.placed_row (`placed`: (row argument, output argument, length), by argument position, in the
+    order the task reads them after the arguments), so no launcher is compiled."""
 
     launcher: list[str]
     task: list[str]
     count: str
     direct: bool
+    placed: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def split_tasks(lines: list[str], arrays: list[tuple[str, str]], scalars: list[str] = ()) -> TaskSplit | None:
@@ -102,8 +119,28 @@ def _split(var, count, prologue, body, epilogue, parsed, dtypes) -> TaskSplit | 
     task += constants + [loop] + body + ["return 0"]
     # NOTE: np.int64(...): a literal count would make numba compile run_tasks once per count
     launcher = prologue + [f"run_tasks({ADDRESS_ARG}, np.int64({count}), {', '.join(handed)})"] + epilogue
-    direct = not (pro_tree.body or epi_tree.body) and _loaded(ast.parse(count)) <= set(_SYMBOL.findall(count))
-    return TaskSplit(launcher=launcher, task=task, count=count, direct=direct)
+    placed = _placed_rows(prologue, list(dtypes), list(own_arrays))
+    direct = (not epi_tree.body and (not pro_tree.body or placed is not None)
+              and _loaded(ast.parse(count)) <= set(_SYMBOL.findall(count)))
+    return TaskSplit(launcher=launcher, task=task, count=count, direct=direct, placed=(placed or []) if direct else [])
+
+
+def _placed_rows(prologue: list[str], arguments: list[str], own_arrays: list[str]) -> list | None:
+    """(row argument, output argument, length) of each row a prologue made of placed-row copies alone copies, in
+    the order of `own_arrays` (the arrays the task reads besides the arguments); None for any other prologue."""
+    text = "\n".join(prologue)
+    rows, end = {}, 0
+    for match in _PLACED_ROW.finditer(text):
+        if text[end:match.start()].strip():
+            return None
+        view, _, _, like, _, length, row = match.groups()
+        if like not in arguments or row not in arguments:
+            return None
+        rows[view] = (arguments.index(row), arguments.index(like), int(length))
+        end = match.end()
+    if not rows or text[end:].strip() or sorted(rows) != sorted(own_arrays):
+        return None
+    return [rows[view] for view in own_arrays]
 
 
 def launch_tasks(launch: list[str], splits: dict[str, tuple[TaskSplit, int]]) -> list[str]:
@@ -128,8 +165,12 @@ class _TaskCalls(ast.NodeTransformer):
         address = ast.parse(f"{node.func.id}{TASK_SUFFIX}.nnc_address", mode="eval").body
         if not split.direct:
             return ast.Call(func=node.func, args=node.args + [address], keywords=node.keywords)
+        placed = [ast.Call(func=ast.Name("placed_row", ast.Load()),
+                           args=[node.args[row], node.args[like], ast.Constant(length)], keywords=[])
+                  for row, like, length in split.placed]
         return ast.Call(func=ast.Name("run_tasks", ast.Load()),
-                        args=[address, ast.parse(split.count, mode="eval").body] + node.args[:n_arrays], keywords=[])
+                        args=[address, ast.parse(split.count, mode="eval").body] + node.args[:n_arrays] + placed,
+                        keywords=[])
 
 
 def _launch_line(line: str, splits: dict) -> str:
