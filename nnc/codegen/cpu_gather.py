@@ -7,7 +7,9 @@ value has shape A + I + B. Every index is checked (numpy's wrap of -K..-1, anyth
 IndexError) in a serial pass before any element moves. A gather copies rows of B in a loop over (a, i) tasks, a
 prange when the elements moved reach PARALLEL_MIN_ELEMENTS; a scatter runs serially in index order, so repeated
 indices accumulate (accumulate=True, numpy's add.at) or the last one wins, as numpy's does. A scatter's values have
-the gathered shape, or are one value written everywhere (index_put's own gradient writes zeros).
+the gathered shape, or are one value written everywhere (index_put's own gradient writes zeros). A serial kernel
+launched on its own calls the same loops precompiled for every size (nnc.codegen.precompiled's gather_rows and
+scatter_rows) instead of generating them.
 """
 from __future__ import annotations
 
