@@ -1,5 +1,7 @@
 """Identical computations share kernels: a kernel's generated source names no graph node and not the kernel, so the
 repeated blocks of a deep model give the same sources, one cache file and one numba compilation each."""
+import re
+
 import numpy as np
 
 import nnc
@@ -83,3 +85,69 @@ def test_identical_blocks_share_kernels(monkeypatch, tmp_path):
     # the rest of the files are libraries the kernels import (block helpers, matmul epilogues), each written once
     libraries = {cache.source_path(lib, tmp_path) for s in three for lib in generate(s.kernel).libraries}
     assert libraries and set(tmp_path.glob("k_*.py")) == set(by_path) | libraries
+
+
+class LSTMLM(nn.Module):
+    """An LSTM language model's step shape: each time step reads its slice of the input projection computed for
+    every step at once, a folded view at an offset that grows with the step."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.rnn, self.head = nn.Embedding(30, 8), nn.LSTM(8, 8, 2), nn.Linear(8, 30)
+
+    def forward(self, x):
+        out, _ = self.rnn(self.emb(x))
+        return runtime.log_softmax(self.head(out), dim=-1)
+
+
+def _lstm_kernels(steps: int) -> tuple[list, set]:
+    """(the kernels of a compiled LSTM LM's training step over `steps` time steps, its numba functions' modules);
+    checks its outputs and gradients against eager."""
+    from helpers import compiled_matches_eager
+
+    runtime.manual_seed(0)
+    x = runtime.tensor(np.random.default_rng(steps).integers(0, 30, (steps, 3)))
+    compiled = compiled_matches_eager(LSTMLM().double(), x)
+    kernels = [k for c in compiled.compilations for p in c.plans for k in p.kernels if k.kind != "opaque"]
+    generated = [generate(k) for k in kernels]
+    defining = {cache.module_name(source) for g in generated for source in [g.source] + g.libraries
+                if "@njit" in source}
+    _LAST_KERNELS[:] = kernels
+    return generated, defining
+
+
+_LAST_KERNELS: list = []
+_REBASED = re.compile(r"ins\[\d+\]\.reshape\(-1\)\[\d+:\]")  # an input passed from an offset
+
+
+def test_the_steps_of_an_rnn_share_their_numba_functions(monkeypatch, tmp_path):
+    """A step's kernel reads its inputs from where the launch line slices them, so the numba code of every step is
+    one library: twice as many steps add kernels (launch lines) but no numba function to compile."""
+    monkeypatch.setenv(cache.ENV_VAR, str(tmp_path))
+    three, three_defining = _lstm_kernels(3)
+    six, six_defining = _lstm_kernels(6)
+    assert len(six) > len(three)
+    rebased = [g for g in six if _REBASED.search("\n".join(g.launch))]
+    assert rebased and all(g.libraries and "@njit" not in g.source for g in rebased)
+    # kernels over whole sequences change with their length, but there are as many of them: the count of modules
+    # defining numba functions stays (it grew by four per step when each step's offsets were in its code)
+    assert len(six) >= len(three) + 30 and len(six_defining) <= len(three_defining)
+
+
+def test_kernels_reading_inputs_from_an_offset_match_their_whole_graph_form(monkeypatch, tmp_path):
+    """Each step's kernel with rebased views gives bit for bit what its unrebased form (as a whole graph generates
+    it, offsets in the numba code) gives, on the same random inputs."""
+    from nnc.codegen.cpu import compile_generated
+
+    monkeypatch.setenv(cache.ENV_VAR, str(tmp_path))
+    _lstm_kernels(4)
+    rebased = [k for k in _LAST_KERNELS if _REBASED.search("\n".join(generate(k).launch))]
+    assert len(rebased) >= 4
+    rng = np.random.default_rng(0)
+    for kernel in rebased:
+        ours = compile_generated(kernel, generate(kernel))
+        whole = compile_generated(kernel, generate(kernel, standalone=False))
+        assert not _REBASED.search(whole.source)
+        inputs = [rng.standard_normal(shape).astype(dtype) for shape, dtype in ours.in_specs]
+        for got, want in zip(ours.run(inputs), whole.run(inputs)):
+            np.testing.assert_array_equal(got, want)

@@ -117,8 +117,9 @@ def _libraries_of(kb: KernelBuilder, stamp: str, preamble: list[str], splits: di
     """(library sources, the kernel module's lines importing them, the definitions left in the kernel module, the
     function-name prefix of a matmul kernel's library or None).
 
-    NOTE: a reduction's block helpers (the same few in most kernels) and a matmul kernel's numba functions (the same
-    epilogue after products of other operands, whose launchers differ) are libraries: each compiles once, not once
+    NOTE: a reduction's block helpers (the same few in most kernels), a matmul kernel's numba functions (the same
+    epilogue after products of other operands, whose launchers differ) and those of a kernel whose launcher passes
+    inputs from an offset (KernelBuilder._rebase_views: an RNN's steps) are libraries: each compiles once, not once
     per kernel that calls it."""
     libraries, imports = [], []
     for helper, text in kb.helpers.items():
@@ -126,10 +127,10 @@ def _libraries_of(kb: KernelBuilder, stamp: str, preamble: list[str], splits: di
         libraries.append(source)
         imports.append(f"from {cache.library(source)} import {helper}")
     definitions = [f.source(splits[f.name][0] if f.name in splits else None) for f in kb.functions]
-    if kb.kernel.kind != "matmul" or not kb.functions:
+    if not kb.functions or (kb.kernel.kind != "matmul" and not kb.rebased):
         return libraries, imports, definitions, None
-    source, prefix = _library("nnc library: the numba functions of a matmul kernel.", stamp, preamble + imports,
-                              definitions)
+    source, prefix = _library(f"nnc library: the numba functions of a {kb.kernel.kind} kernel.", stamp,
+                              preamble + imports, definitions)
     names = ", ".join(name.replace(KERNEL_NAME, prefix) for f in kb.functions for name in _defined(f.name, splits))
     return libraries + [source], [f"from {cache.library(source)} import {names}"], [], prefix
 

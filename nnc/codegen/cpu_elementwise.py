@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,7 +47,10 @@ _MIN_PARALLEL_ROWS = 64
 @dataclass
 class Array:
     """One argument of a numba function: a 1-D C-contiguous view of a value; or one value a kernel reads from an
-    argument: a folded view (nnc.passes.views) reads its base's argument at `offset` with element `strides`."""
+    argument: a folded view (nnc.passes.views) reads its base's argument at `offset` with element `strides`.
+
+    `start`: the argument is the launcher's array from element `start` on (a base read only through views, rebased
+    at their first offset: KernelBuilder), and `offset` counts from there."""
 
     arg: str
     node: Node
@@ -55,6 +58,7 @@ class Array:
     dtype: np.dtype
     offset: int = 0
     strides: tuple | None = None  # None: C-contiguous over `shape`
+    start: int = 0
 
     def strides_in(self, full) -> list[int]:
         """Element strides of this value read over the loop shape `full` (0 along broadcast dims)."""
@@ -176,6 +180,8 @@ class KernelBuilder:
         if not self.outs:
             raise Unsupported("the kernel has no outputs")
         self.reads = self._reads(views)
+        if standalone:
+            self._rebase_views()
 
     def _reads(self, views: dict) -> list[Array]:
         """The values the kernel's nodes read from its arguments: inputs read as they are, then folded views."""
@@ -188,6 +194,31 @@ class KernelBuilder:
                 raise Unsupported(f"the base {m.base.name} of folded view {node.name} is not a kernel input")
             reads.append(Array(base.arg, node, tuple(m.shape), base.dtype, int(m.offset), tuple(m.strides)))
         return reads
+
+    def _rebase_views(self) -> None:
+        """Pass each input read only through folded views from its first view's offset on (its launch line slices
+        it), so the numba code reads every view at an offset relative to that one.
+
+        NOTE: kernels that differ only in where their views start (an RNN's steps, reading step t of a projection
+        computed for all steps at once) then have the same numba functions: cpu.generate puts those in a library,
+        compiled once for all of them."""
+        inputs = {id(a) for a in self.ins}
+        direct = {a.arg for a in self.reads if id(a) in inputs}
+        starts: dict[str, int] = {}
+        for a in self.reads:
+            if a.arg not in direct:
+                starts[a.arg] = min(starts.get(a.arg, a.offset), a.offset)
+        starts = {arg: start for arg, start in starts.items() if start > 0}
+        if not starts:
+            return
+        self.ins = [replace(a, start=starts[a.arg]) if a.arg in starts else a for a in self.ins]
+        self.reads = [replace(a, offset=a.offset - starts[a.arg], start=starts[a.arg]) if a.arg in starts else a
+                      for a in self.reads]
+
+    @property
+    def rebased(self) -> bool:
+        """Whether some argument starts past its launcher array's first element (`_rebase_views`)."""
+        return any(a.start for a in self.ins)
 
     def read_of(self, node: Node) -> Array:
         """The Array the kernel reads `node` through: an input as it is, or a folded view of an input's base."""
@@ -330,10 +361,10 @@ def _wrap(first: str, items: list[str], indent_: str, width: int = 116) -> list[
 
 
 def flat_view(a: Array) -> str:
-    """The launcher's expression for a's flat view (in3 -> ins[3].reshape(-1))."""
+    """The launcher's expression for a's flat view (in3 -> ins[3].reshape(-1), from its start if it has one)."""
     if a.arg.startswith("out"):
         return f"outs[{a.arg[3:]}].reshape(-1)"
-    return f"ins[{a.arg[2:]}].reshape(-1)"
+    return f"ins[{a.arg[2:]}].reshape(-1)" + (f"[{a.start}:]" if a.start else "")
 
 
 def precompiled_call(kb: KernelBuilder, name: str, args: list) -> str:

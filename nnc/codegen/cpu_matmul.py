@@ -272,13 +272,14 @@ def operand(a: Array, strided_ok: bool = False, transposed_ok: bool = False) -> 
     if a.strides is None:
         return f"ins[{int(a.arg[2:])}]"
     shape, strides, size = tuple(a.shape), tuple(a.strides), math.prod(a.shape)
-    run = f"{flat}[{a.offset}:{a.offset + size}]"
+    at = a.start + a.offset  # in the launcher's array
+    run = f"{flat}[{at}:{at + size}]"
     if strides == _c_order(shape, strides):
         return f"{run}.reshape({shape!r})"
     if transposed_ok and len(shape) == 2 and strides == _c_order(shape[::-1], strides[::-1])[::-1]:
         return f"{run}.reshape({shape[::-1]!r}).T"
     itemsize = a.dtype.itemsize
-    view = (f"np.lib.stride_tricks.as_strided({flat}[{a.offset}:], {shape!r}, "
+    view = (f"np.lib.stride_tricks.as_strided({flat}[{at}:], {shape!r}, "
             f"{tuple(s * itemsize for s in strides)!r})")
     return view if strided_ok else f"np.ascontiguousarray({view})"
 
@@ -293,7 +294,8 @@ def _loop_operands(schedule: MatmulSchedule, a: Array, b: Array, ia: str, ib: st
     the view's offset and strides), any other operand its launcher expression (`operand`)."""
     if schedule.form != "batched_small":
         return ia, ib
-    return tuple(f"ins[{int(x.arg[2:])}]" if rows_in_place(x) else expr for x, expr in ((a, ia), (b, ib)))
+    return tuple(f"ins[{int(x.arg[2:])}]" + (f".reshape(-1)[{x.start}:]" if x.start else "") if rows_in_place(x)
+                 else expr for x, expr in ((a, ia), (b, ib)))
 
 
 def _c_order(shape, strides) -> tuple:
