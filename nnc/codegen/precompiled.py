@@ -81,6 +81,16 @@ def _indices_in_range(index, start, n, k):
     return True
 
 
+@njit(forceinline=True, **_FLAGS)
+def _indexed_row(index, i_start, t, n, k):
+    """(a, j) of task t of a gather or scatter: its outer position and the row index[i_start + t % n] names, -k..-1
+    wrapped."""
+    j = index[i_start + t % n]
+    if j < 0:
+        j += k
+    return t // n, j
+
+
 @njit(**_FLAGS)
 def gather_rows(x, x_start, index, i_start, out, outer, k, n, inner):
     """x viewed as [outer, k, inner] from x_start, the n indices from i_start: out[a, i, :] = x[a, index[i], :]
@@ -88,11 +98,7 @@ def gather_rows(x, x_start, index, i_start, out, outer, k, n, inner):
     if not _indices_in_range(index, i_start, n, k):
         return 0
     for t in range(outer * n):
-        a = t // n
-        i = t % n
-        j = index[i_start + i]
-        if j < 0:
-            j += k
+        a, j = _indexed_row(index, i_start, t, n, k)
         src = x_start + (a * k + j) * inner
         dst = t * inner
         for b in range(inner):
@@ -110,11 +116,7 @@ def scatter_rows(x, x_start, values, v_start, index, i_start, out, outer, k, n, 
     for e in range(outer * k * inner):
         out[e] = x[x_start + e]
     for t in range(outer * n):
-        a = t // n
-        i = t % n
-        j = index[i_start + i]
-        if j < 0:
-            j += k
+        a, j = _indexed_row(index, i_start, t, n, k)
         dst = (a * k + j) * inner
         src = v_start + t * inner
         if one_value:
