@@ -19,7 +19,7 @@ from ..graph import Node
 from ..kernel import Kernel
 from ..symbolic import Shape
 from .cpu_dialect import CpuDialect
-from .cpu_tasks import ADDRESS_ARG, TASK_SUFFIX, TaskSplit, split_tasks, task_arguments
+from .cpu_tasks import ADDRESS_ARG, PAGE, TASK_SUFFIX, TaskSplit, split_tasks, task_arguments
 from .indexing import broadcast_strides, broadcast_shape, collapse, emit_offsets, shifted, view_strides
 from .scalar import ScalarBody, Unsupported, Value, ctor, expensive, node_dtype, node_shape, op_and_attrs
 
@@ -442,7 +442,7 @@ def elementwise_schedule(shape, array_shapes, stride_lists=None, nodes=()) -> El
 # address relative to the output stalls every load of it. relu(x*w+b)+0.5*x over [4096, 1024] took 2.3x the time
 # of `out = x*2` with the bias rows the benchmark happened to allocate, and 1.04x with them copied to the output's
 # address modulo 4096 (x and the output 64-byte aligned; 1.2x with x 16 bytes into a page as numpy puts it).
-_PAGE = 4096
+_PAGE = PAGE
 
 
 def placed_rows(schedule: ElementwiseSchedule) -> bool:

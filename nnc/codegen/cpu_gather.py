@@ -104,6 +104,12 @@ def _size(value) -> str:
     return text if text.isdigit() else f"({text})"
 
 
+def _one_value(node, n, inner) -> bool:
+    """Whether an index_put writes one value everywhere (index_put's own gradient writes zeros) rather than values
+    of the gathered shape (when that shape has one element, its one value is read either way)."""
+    return math.prod(node_shape(node.args[1])) == 1 and (n, inner) != (1, 1)
+
+
 def _precompiled_launch(kb: KernelBuilder, node, op: str, dim: int, arrays: list[Array], sizes) -> list[str]:
     """A serial gather or scatter as a call of nnc.codegen.precompiled's gather_rows or scatter_rows (compiled once
     for every shape), raising IndexError when it reports an index out of range."""
@@ -114,10 +120,9 @@ def _precompiled_launch(kb: KernelBuilder, node, op: str, dim: int, arrays: list
         call = precompiled_call(kb, "gather_rows", [x, x.offset, index, index.offset, out, outer, k, n, inner])
     else:
         x, values, index = arrays
-        one_value = math.prod(node_shape(node.args[1])) == 1 and (n, inner) != (1, 1)
         call = precompiled_call(kb, "scatter_rows", [x, x.offset, values, values.offset, index, index.offset, out,
                                                      outer, k, n, inner, int(bool(node.kwargs.get("accumulate"))),
-                                                     int(one_value)])
+                                                     int(_one_value(node, n, inner))])
     return [f"if not {call}:", f"    {_out_of_range(str(k), dim)}"]
 
 
@@ -128,6 +133,7 @@ def gen_gather(kb: KernelBuilder) -> None:
     if kb.standalone and not sched.parallel and not has_symbols([outer, k, n, inner]) and len(kb.outs) == 1:
         kb.launch = _precompiled_launch(kb, node, op, dim, arrays, (outer, k, n, inner))
         return
+    one_value = op == "index_put" and _one_value(node, n, inner)
     outer, k, n, inner, tasks, total = (_size(v) for v in (outer, k, n, inner, sched.tasks, outer * k * inner))
     if op == "getitem":  # x, index -> out0
         x, index = arrays
@@ -139,7 +145,6 @@ def gen_gather(kb: KernelBuilder) -> None:
     else:  # x, values, index -> out0 = x with values written (or added) at the indexed rows
         x, values, index = arrays
         store = "+=" if node.kwargs.get("accumulate") else "="
-        one_value = math.prod(node_shape(node.args[1])) == 1 and (n, inner) != ("1", "1")
         value = _at(values, "0" if one_value else "src + b")
         lines = _check_indices(index, n, k, dim)
         lines += [f"for e in range({total}):", f"    out0[e] = {_at(x, 'e')}",

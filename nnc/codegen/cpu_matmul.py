@@ -294,8 +294,8 @@ def _loop_operands(schedule: MatmulSchedule, a: Array, b: Array, ia: str, ib: st
     the view's offset and strides), any other operand its launcher expression (`operand`)."""
     if schedule.form != "batched_small":
         return ia, ib
-    return tuple(f"ins[{int(x.arg[2:])}]" + (f".reshape(-1)[{x.start}:]" if x.start else "") if rows_in_place(x)
-                 else expr for x, expr in ((a, ia), (b, ib)))
+    return tuple((flat_view(x) if x.start else f"ins[{int(x.arg[2:])}]") if rows_in_place(x) else expr
+                 for x, expr in ((a, ia), (b, ib)))
 
 
 def _c_order(shape, strides) -> tuple:
