@@ -258,6 +258,25 @@ def test_compiled_mlp_batch1_with_and_without_helper(whole_graph, dtype):
         assert errors == []
 
 
+@pytest.mark.parametrize("whole_graph", [True, False])
+def test_compiling_a_batch1_mlp_starts_the_helper(whole_graph):
+    """Compiling a model whose products call the helper's gemv starts the helper thread, and its calls publish
+    jobs to it. The gemv calls live in the matmul kernels' libraries, not in the kernel modules: a check of the
+    kernel module alone left the helper unstarted and every product serial."""
+    nw.stop_helper()
+    assert nw.MAILBOX[nw._RUNNING] == 0
+    compiled = nnc.compile(_mlp(torch.float32), whole_graph=whole_graph)
+    with torch.no_grad():
+        compiled(torch.randn(1, 784))
+        assert nw._THREAD is not None and nw._THREAD.is_alive()
+        deadline = time.perf_counter() + 10
+        while nw.MAILBOX[nw._RUNNING] == 0 and time.perf_counter() < deadline:  # the thread says when it is up
+            time.sleep(0.001)
+        before = nw.counts()["jobs"]
+        compiled(torch.randn(1, 784))
+    assert nw.counts()["jobs"] == before + 2  # the 784x512 and 512x512 layers; the 512x10 head is a serial loop
+
+
 def test_mlp_kernels_use_helper_only_for_large_layers():
     """The batch-1 MLP's 784x512 and 512x512 layers call the helper's product; its 512x10 head stays a serial loop."""
     with torch.no_grad():

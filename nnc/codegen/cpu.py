@@ -74,6 +74,12 @@ class Generated:
         shown = [f"# library {cache.module_name(lib)}:\n{lib}" for lib in self.libraries]
         return "\n".join(self.legend + [self.source] + shown)
 
+    @property
+    def uses_nowait(self) -> bool:
+        """Whether a product runs with nnc.codegen.nowait's helper thread: a call in the module or in a library it
+        imports (a matmul kernel's functions live in its library)."""
+        return any("nowait_gemv(" in text or "nowait_rows(" in text for text in [self.source, *self.libraries])
+
 
 def generate(kernel: Kernel, standalone: bool = True) -> Generated:
     """The generated module for a kernel (no compilation); raises KernelCompileError when it cannot.
@@ -519,7 +525,7 @@ def compile_generated(kernel: Kernel, generated: Generated, start: float | None 
         start_threads()
     for name in generated.tasks:
         _keep_task_address(getattr(module, name))
-    uses_nowait = "nowait_gemv(" in generated.source or "nowait_rows(" in generated.source
+    uses_nowait = generated.uses_nowait
     if uses_nowait:
         nowait.ensure_helper()  # the thread that computes part of its product (it sleeps until then)
     return CompiledKernel(name=kernel.name, kind=kernel.kind, source=generated.annotated, path=path,
