@@ -103,9 +103,22 @@ def test_ops_match_torch_bit_for_bit(op):
 @needs_torch
 @pytest.mark.parametrize("op", sorted(ONE_STEP))
 def test_ops_within_one_bfloat16_step_of_torch(op):
+    """Within one step of torch everywhere; where the two differ, ours is the float64 result rounded to bfloat16 but
+    in at most 2% of the elements (how often torch's kernels round off by one differs by CPU: softmax along dim 0
+    is off in 3.6% of the elements on an AMD EPYC, ours in none)."""
     ours, theirs = _run_both(op)
+    exact = _float64_rounded(op)
     steps = np.abs(_bits(ours).astype(np.int64) - _bits(theirs).astype(np.int64))
-    assert steps.max() <= 1 and (steps > 0).mean() < 0.02
+    assert steps.max() <= 1
+    assert ((steps > 0) & (_bits(ours) != exact)).mean() < 0.02
+
+
+def _float64_rounded(op, seed=5) -> np.ndarray:
+    """The bits of op computed in float64 from _run_both's bfloat16 inputs, rounded once to bfloat16."""
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal((2, 33, 300)) * 2).astype(np.float32)
+    wide = [runtime.from_numpy(v).to(BF16).to(runtime.float64) for v in (a, b)]
+    return _bits(OPS[op](runtime, *wide).to(BF16))
 
 
 @needs_torch

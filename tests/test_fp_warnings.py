@@ -29,6 +29,10 @@ CASES = {
     "addcmul": lambda t, x, m: t.addcmul(x, x, x),
 }
 
+# NOTE: torch's float32 gelu overflows inside on some CPUs (an AMD EPYC's vector path gives gelu(3e38) = inf and
+# gelu(inf) = nan, where x * Phi(x) is 3e38 and inf); for these the oracle is torch's float64 result, rounded
+_BY_CPU = {"gelu"}
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_special_values_compute_without_warnings(name):
@@ -41,7 +45,10 @@ def test_special_values_compute_without_warnings(name):
     except ImportError:
         assert not np.isfinite(got).all()  # the case reaches inf or nan
         return
-    want = fn(torch, torch.tensor(_SPECIAL), torch.tensor(_MASKED)).numpy()
+    if name in _BY_CPU:
+        want = fn(torch, torch.tensor(_SPECIAL).double(), torch.tensor(_MASKED).double()).float().numpy()
+    else:
+        want = fn(torch, torch.tensor(_SPECIAL), torch.tensor(_MASKED)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
