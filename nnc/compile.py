@@ -15,10 +15,12 @@ from runtime import amp, dtypes as dt
 from runtime.autograd import grad_mode, no_grad
 from runtime.nn import Module
 from runtime.nn.modules import container, module as module_mod
+from runtime.nn.parameter import Buffer, Parameter
 from runtime.tensor import Tensor
 from runtime.utils import state_version
 
 from . import pytree
+from .attribute_guards import AttributeChecks
 from .codegen.targets import check_target
 from .graph_module import share_state
 from .pipeline import compile_arguments, debug, debug_level
@@ -61,6 +63,10 @@ class CompiledModule(Module):
         object.__setattr__(self, "_fast_arities", _fast_arities(self._signature))
         object.__setattr__(self, "_fast", {})
         object.__setattr__(self, "_state_seen", (None, None))  # (state_version.VERSION[0], _module_state's answer)
+        # compiled variant -> the plain attributes of the model it read and froze (nnc.attribute_guards)
+        object.__setattr__(self, "_attribute_checks", {})
+        object.__setattr__(self, "_evicted", 0)  # variants dropped because such an attribute changed
+        object.__setattr__(self, "_changed_attributes", {})  # their names, for the recompile-limit warning
         self.recompile_limit = recompile_limit
         self.target = target
         self.codegen = codegen
@@ -96,6 +102,26 @@ class CompiledModule(Module):
         return f"target={self.target!r}, compiled variants={len(self._cache)}"
 
     # -- the wrapped model's own attributes -------------------------------------------------------------
+
+    def __setattr__(self, name: str, value) -> None:
+        """Parameters, buffers and submodules go to the shared registries and the wrapper's own options stay here;
+        any other attribute is set on the wrapped model, where its forward reads it (as torch.compile's module does).
+        NOTE: a parent whose forward runs eagerly around compiled children (PartlyCompiled) holds the children's
+        wrappers during the call, so `self.child.flag = ...` in its forward must reach the child itself."""
+        d = self.__dict__
+        module = d.get("_module")
+        if module is None or name in d or name in _OWN_OPTIONS or _registers(d, name, value):
+            super().__setattr__(name, value)
+        else:
+            setattr(module, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        d = self.__dict__
+        module = d.get("_module")
+        if module is None or name in d or name in _OWN_OPTIONS or _registers(d, name, None):
+            super().__delattr__(name)
+        else:
+            delattr(module, name)
 
     def __getattr__(self, name: str):
         """Parameters, buffers and submodules come from the shared registries; anything else from the wrapped
@@ -225,7 +251,8 @@ class CompiledModule(Module):
         (None under no_grad, where no compile depends on them) and the hooks present (None when there are none).
 
         NOTE: it maps to what the full guards found for an equal call (`_cache` and the variants with symbolic sizes
-        only ever gain entries, so that answer never changes); it only saves building and hashing the full key."""
+        lose entries only in _drop_stale_variants, which clears this table); it only saves building and hashing the
+        full key."""
         parts = []
         for value in args:
             if not isinstance(value, Tensor):
@@ -257,8 +284,30 @@ class CompiledModule(Module):
         if _tree_signature(list(self._module.named_modules())) != self._tree:
             self._cache_tree(self._module)
         state = (self._state_storage(), self._training_flags(), self._tree)
+        if self._attribute_checks:
+            self._drop_stale_variants()
         self.__dict__["_state_seen"] = (version, state)
         return state
+
+    def _drop_stale_variants(self) -> None:
+        """Drop the compiled variants that froze a model attribute whose value has changed since (an attribute set
+        moves the module-state version, so this runs only then): the next call compiles with the new value."""
+        for key, (artifact, checks) in list(self._attribute_checks.items()):
+            changed = checks.changed()
+            if not changed:
+                continue
+            del self._attribute_checks[key]
+            for name in changed:
+                self._changed_attributes[name] = None
+            for cache_key, cached in list(self._cache.items()):
+                if cached is artifact:
+                    del self._cache[cache_key]
+            for found in self._dynamic_variants.values():
+                if artifact in found:
+                    found.remove(artifact)
+            self._fast.clear()
+            self.__dict__["_evicted"] += 1
+            debug(1, f"{self._module._get_name()}: {', '.join(changed)} changed; compiling anew")
 
     def _training_flags(self) -> tuple:
         """Every module's training flag: a submodule switched to eval alone (its dropout off) compiles anew."""
@@ -369,7 +418,7 @@ class CompiledModule(Module):
         failed (the reason is kept, and static variants are compiled from then on). Dims the compile pinned to their
         size (a Python loop over a length) stay static from then on; a variant with every symbol pinned is a static
         one."""
-        if self.compiled_variants >= self.recompile_limit:
+        if self._compiles_used() >= self.recompile_limit:
             return None
         names = _placeholder_names(key)
         dynamic = {names[leaf]: tuple(sorted(ds)) for leaf, ds in dims.items() if leaf in names}
@@ -396,8 +445,13 @@ class CompiledModule(Module):
         debug(1, f"{self._module._get_name()}: compiled with symbolic sizes:\n{env.describe()}")
         return artifact
 
+    def _compiles_used(self) -> int:
+        """Compiled variants held, and those dropped because an attribute they froze changed: the recompile limit
+        counts both."""
+        return self.compiled_variants + self._evicted
+
     def _compile_variant(self, key, arguments, dynamic: dict | None = None, register: bool = True):
-        if self.compiled_variants >= self.recompile_limit:
+        if self._compiles_used() >= self.recompile_limit:
             if not self.__dict__.get("_limit_warned"):
                 warnings.warn(f"nnc.compile: {self._module._get_name()} was recompiled {self.recompile_limit} times "
                               f"(the recompile limit; {self._what_kept_changing()}); running eagerly for new "
@@ -428,6 +482,8 @@ class CompiledModule(Module):
                 warnings.warn(f"nnc.compile: could not compile {self._module._get_name()} "
                               f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=4)
                 artifact = _EAGER
+        if getattr(artifact, "attribute_reads", None):
+            self._attribute_checks[id(artifact)] = (artifact, AttributeChecks(self._module, artifact.attribute_reads))
         for graph_break in getattr(artifact, "graph_breaks", ()):
             debug(1, f"{self._module._get_name()}: {graph_break.path} runs eagerly ({graph_break.reason})")
         if register:
@@ -482,6 +538,8 @@ class CompiledModule(Module):
         for previous, key in zip(self._keys, self._keys[1:]):
             for part in _changed_parts(previous, key):
                 seen[part] = None
+        for name in self._changed_attributes:
+            seen[f"attribute {name}"] = None
         return "changed: " + ", ".join(seen) if seen else "no change recorded"
 
 
@@ -740,6 +798,16 @@ def _uses_super(function) -> bool:
 
 
 _EAGER = object()
+# The wrapper's own attributes (set in CompiledModule.__init__); any other plain attribute belongs to the model
+_OWN_OPTIONS = frozenset({"recompile_limit", "target", "codegen", "whole_graph", "dynamic", "training"})
+
+
+def _registers(d: dict, name: str, value) -> bool:
+    """Whether `module.name = value` goes to a registry (a parameter, buffer or submodule), which the wrapper
+    shares with the model."""
+    if isinstance(value, (Parameter, Buffer, Module)):
+        return True
+    return any(name in d.get(table, ()) for table in ("_parameters", "_buffers", "_modules"))
 _MAX_FAST_KEYS = 256  # fast-path keys kept (a generate loop meets a new size per token): then it starts over
 
 

@@ -27,6 +27,7 @@ from runtime.autograd import grad_mode
 from runtime.nn import Module
 
 from . import pytree
+from .attribute_guards import recording
 from .collector import full_collections_deferred
 from .compiled_graph import CompiledGraph
 from .graph_module import GraphModule
@@ -151,6 +152,8 @@ class Compilation:
         self.done: list[str] = []                 # the stages run so far
         self.seconds: dict[str, float] = {}       # stage name -> seconds it took
         self.fingerprint: str | None = None       # trace: what decides the kernels, hashed (see _fingerprint)
+        # trace, shapes, decompose: (module path, name) -> the plain attribute value the model's code read there
+        self.attribute_reads: dict = {}
 
     @property
     def compile_seconds(self) -> float:
@@ -440,7 +443,7 @@ def _run_each(c: Compilation, stages: list, progress: Progress | None) -> None:
             progress.update(stage.name)
         start = time.perf_counter()
         try:
-            with _autocast_for(stage.name, c.autocast):
+            with _autocast_for(stage.name, c.autocast), _attributes_recorded(stage.name, c):
                 stage.run(c)
         except Exception as error:
             raise PipelineError(stage.name, c.done, error) from error
@@ -450,6 +453,13 @@ def _run_each(c: Compilation, stages: list, progress: Progress | None) -> None:
 
 
 AUTOCAST_STAGES = ("trace", "shapes", "decompose")  # where the graph's ops are made, casts included
+RECORDING_STAGES = ("trace", "shapes", "decompose")  # where the model's own code runs
+
+
+def _attributes_recorded(stage: str, c: Compilation):
+    """Where the model's code runs, the plain attributes it reads are recorded (nnc.attribute_guards): a compiled
+    variant is reused only while they hold the same values."""
+    return recording(c.module, c.attribute_reads) if stage in RECORDING_STAGES else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
