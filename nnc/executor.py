@@ -431,10 +431,14 @@ class Plan:
         return bool(self.steps) and isinstance(self.steps[0], WholeGraphStep)
 
     def _whole_graph_step(self, requested: bool | None):
-        from .codegen.whole_graph import WholeGraphUnsupported, compile_graph
+        from .codegen.whole_graph import WHOLE_GRAPH_MAX_KERNELS, WholeGraphUnsupported, compile_graph
 
         if _has_empty_value(self.gm.graph.nodes):
             self.whole_graph_reason = "size-0 values"
+            return None
+        if requested is None and len(self.kernels) > WHOLE_GRAPH_MAX_KERNELS:
+            self.whole_graph_reason = (f"{len(self.kernels)} kernels (> {WHOLE_GRAPH_MAX_KERNELS}: one numba function "
+                                       f"would take longer to compile than it saves; whole_graph=True asks for it)")
             return None
         try:
             compiled = compile_graph(self.kernels, self.gm.graph, name=self.gm._get_name())

@@ -156,6 +156,20 @@ def test_large_values_run_kernel_by_kernel():
     assert_close(got, want)
 
 
+def test_many_kernels_run_kernel_by_kernel_unless_asked_for(monkeypatch):
+    """Past WHOLE_GRAPH_MAX_KERNELS a forward runs kernel by kernel (one numba function would compile longer than it
+    saves) and says so; whole_graph=True still gets one function."""
+    monkeypatch.setattr(whole_graph, "WHOLE_GRAPH_MAX_KERNELS", 2)
+    model = models.MLP().eval()  # three matmul kernels
+    x = runtime.randn(2, 784)
+    want, got, plan = run_both(model, x)
+    assert len(plan.kernels) == 3 and not plan.whole_graph and "3 kernels (> 2" in plan.whole_graph_reason
+    assert_close(got, want)
+    want, got, plan = run_both(model, x, whole_graph=True)
+    assert plan.whole_graph
+    assert_close(got, want)
+
+
 def test_whole_graph_off_runs_kernel_by_kernel():
     model = models.MLP().eval()
     want, got, plan = run_both(model, runtime.randn(2, 784), whole_graph=False)

@@ -43,6 +43,12 @@ from .scalar import KernelCompileError, check_dtype, ctor, node_dtype, node_shap
 # NOTE: a kernel over 2**20 elements takes ~0.2 ms or more, where a launch from Python (~5 us) is noise, and a
 # fresh output of 4 MiB or more can cost page faults that the executor's planned buffers avoid.
 WHOLE_GRAPH_MAX_ELEMENTS = 2 ** 20
+# NOTE: numba compiles a whole graph as one function, at about 0.18 s per kernel and worse past ~150 kernels (an
+# unrolled 2-layer LSTMCell loop, no_grad: 37 kernels 6.6 s, 72 12.3 s, 142 28.3 s, 275 144 s), where kernel by
+# kernel compiles each distinct kernel once (2 s for all four: a loop's steps share their kernels). A whole graph
+# saves ~4 us of launch per kernel and call (72 kernels: 83 against 366 us), so past this many kernels, unless asked
+# for with whole_graph=True, a graph runs kernel by kernel. The GPT's batch-1 forward has 25 (2 layers) and 45 (4).
+WHOLE_GRAPH_MAX_KERNELS = 64
 _HAVE_SCIPY = importlib.util.find_spec("scipy") is not None
 SHAPE_ERROR = "nnc whole graph: an argument's shape differs from the compiled one"
 
