@@ -67,6 +67,7 @@ class CompiledModule(Module):
         object.__setattr__(self, "_attribute_checks", {})
         object.__setattr__(self, "_evicted", 0)  # variants dropped because such an attribute changed
         object.__setattr__(self, "_changed_attributes", {})  # their names, for the recompile-limit warning
+        object.__setattr__(self, "_watches_globals", False)  # a variant froze a global tensor: checked every call
         self.recompile_limit = recompile_limit
         self.target = target
         self.codegen = codegen
@@ -158,6 +159,8 @@ class CompiledModule(Module):
             else:
                 parts.append((name, "python", _hashable(value)))
         tree = self._module_state()[2]  # first: a changed tree refreshes the tables the other guards read
+        if self._watches_globals:
+            self._drop_stale_variants(globals_only=True)
         params = self._parameters_requiring_grad()
         return (tuple(parts), self._training_flags(), grad_mode.is_grad_enabled(), params, self._hook_signature(),
                 self._state_storage(), amp.state.dtype, tree)
@@ -262,6 +265,8 @@ class CompiledModule(Module):
         grad = grad_mode.is_grad_enabled()
         params = self._parameters_requiring_grad() if grad else None
         hooks = self._hook_signature() if self._any_hooks() else None
+        if self._watches_globals:
+            self._drop_stale_variants(globals_only=True)
         return (*parts, self._module_state(), amp.state.dtype, grad, params, hooks)
 
     def _cache_tree(self, module: Module) -> None:
@@ -289,11 +294,12 @@ class CompiledModule(Module):
         self.__dict__["_state_seen"] = (version, state)
         return state
 
-    def _drop_stale_variants(self) -> None:
-        """Drop the compiled variants that froze a model attribute whose value has changed since (an attribute set
-        moves the module-state version, so this runs only then): the next call compiles with the new value."""
+    def _drop_stale_variants(self, globals_only: bool = False) -> None:
+        """Drop the compiled variants that froze a model attribute or a global tensor whose value has changed since
+        (an attribute set moves the module-state version, so attributes are checked only then; globals on every call
+        while a variant holds one): the next call compiles with the new value."""
         for key, (artifact, checks) in list(self._attribute_checks.items()):
-            changed = checks.changed()
+            changed = checks.changed(globals_only)
             if not changed:
                 continue
             del self._attribute_checks[key]
@@ -483,7 +489,10 @@ class CompiledModule(Module):
                               f"({type(error).__name__}: {error}); running it eagerly", RuntimeWarning, stacklevel=4)
                 artifact = _EAGER
         if getattr(artifact, "attribute_reads", None):
-            self._attribute_checks[id(artifact)] = (artifact, AttributeChecks(self._module, artifact.attribute_reads))
+            checks = AttributeChecks(artifact.attribute_reads)
+            self._attribute_checks[id(artifact)] = (artifact, checks)
+            if checks.globals:
+                self.__dict__["_watches_globals"] = True
         for graph_break in getattr(artifact, "graph_breaks", ()):
             debug(1, f"{self._module._get_name()}: {graph_break.path} runs eagerly ({graph_break.reason})")
         if register:

@@ -49,18 +49,27 @@ class TraceError(RuntimeError):
     """Tracing met something a graph cannot express (data-dependent control flow, len() of a proxy, ...)."""
 
 
-def user_frame():
-    """(filename, lineno, source line) of the innermost frame of user code (see _is_library_file), or None."""
-    frame = sys._getframe(1)
+def user_code_frame(frame):
+    """The innermost frame of user code (see _is_library_file) from `frame` outward, or None."""
     while frame is not None:
         raw = frame.f_code.co_filename
         filename = raw if raw.startswith("<") else os.path.abspath(raw)  # keep pseudo-files like <string>
         if not _is_library_file(filename):
-            # NOTE: linecache, not inspect.getframeinfo: that resolves the module by walking sys.modules with a
-            # realpath per module (80 ms of a 170 ms compile from the disk cache)
-            return filename, frame.f_lineno, linecache.getline(raw, frame.f_lineno).strip()
+            return frame
         frame = frame.f_back
     return None
+
+
+def user_frame():
+    """(filename, lineno, source line) of the innermost frame of user code (see _is_library_file), or None."""
+    frame = user_code_frame(sys._getframe(1))
+    if frame is None:
+        return None
+    raw = frame.f_code.co_filename
+    filename = raw if raw.startswith("<") else os.path.abspath(raw)
+    # NOTE: linecache, not inspect.getframeinfo: that resolves the module by walking sys.modules with a realpath per
+    # module (80 ms of a 170 ms compile from the disk cache)
+    return filename, frame.f_lineno, linecache.getline(raw, frame.f_lineno).strip()
 
 
 def _where() -> str:
@@ -388,6 +397,10 @@ class Tracer:
             self._tensor_paths[id(tensor)] = path
             if self._made.get(id(tensor)) is tensor:
                 self.fresh_constants.add(path)
+            else:
+                from .attribute_guards import note_global_tensor  # (it imports this module)
+
+                note_global_tensor(tensor)
         node = self._attr_nodes.get(path)
         if node is None:
             node = self._attr_nodes[path] = self._create_attr_node(path)

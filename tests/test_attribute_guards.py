@@ -154,3 +154,33 @@ def test_no_grad_fast_path_sees_the_change(whole_graph):
             model.shift = torch.full((1, 3), value)
             for _ in range(2):
                 np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+OFFSET = torch.zeros(3)
+
+
+class UsesGlobal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x) + OFFSET
+
+
+def test_reassigned_global_tensor_recompiles():
+    """A global tensor the graph froze is checked on every call (reassigning it moves no module-state version)."""
+    global OFFSET
+    torch.manual_seed(8)
+    model, x = UsesGlobal(), torch.randn(2, 4)
+    compiled = nnc.compile(model)
+    try:
+        for value in (0.0, 0.0, 50.0):
+            OFFSET = torch.full((3,), value)
+            _assert_matches_eager(model, compiled, x)
+            with torch.no_grad():  # the fast path
+                np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+        # two variants (with and without gradients), each dropped at both reassignments after the first
+        assert compiled.compiled_variants == 2 and compiled._evicted == 4
+    finally:
+        OFFSET = torch.zeros(3)
