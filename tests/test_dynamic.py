@@ -492,6 +492,24 @@ def test_an_encoder_with_a_padding_mask_takes_a_symbolic_length():
     assert compiled.compiled_variants == 2 and compiled._dynamic_dims == {("x", 0): {1}, ("padding", 0): {1}}
 
 
+def test_attention_with_a_bool_padding_mask_takes_a_symbolic_batch():
+    """A DataLoader's short last batch: the bool mask becomes its float form without reading the batch size as an
+    int, so the batch stays symbolic (it was pinned, and a third batch size ran eagerly with a warning)."""
+    runtime.manual_seed(0)
+    model = nn.MultiheadAttention(8, 2, batch_first=True).double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for batch in (4, 3, 2, 5):
+            x = runtime.randn(batch, 6, 8, dtype=runtime.float64)
+            padding = runtime.zeros(batch, 6, dtype=runtime.bool)
+            padding[:, -1] = True
+            got, want = compiled(x, x, x, key_padding_mask=padding), model(x, x, x, key_padding_mask=padding)
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g.detach().numpy(), w.detach().numpy(), rtol=1e-9, atol=1e-12)
+    assert compiled.compiled_variants == 2 and ("key_padding_mask", 0) in compiled._dynamic_dims
+
+
 def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant():
     runtime.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.GroupNorm(2, 4),

@@ -730,8 +730,11 @@ def _causal(q_len, k_len):
 
 
 def _additive(mask):
+    """A bool mask (True: not attended) as the additive float mask: -inf there, 0 elsewhere."""
     if mask.dtype is dt.bool_:
-        return factories.zeros(tuple(mask.shape)).masked_fill(mask, float("-inf"))
+        # NOTE: where() takes its shape from the mask; zeros(tuple(mask.shape)) would read a compiled graph's symbolic
+        # batch size as a plain int and pin it (a DataLoader's short last batch then ran eagerly)
+        return api.where(mask, float("-inf"), 0.0)
     return mask
 
 
