@@ -60,7 +60,8 @@ class _BinaryModeError(TypeError):
 # ----------------------------------------------------------------------------------------------
 
 def save(obj, f) -> None:
-    """Write a state dict (nested dicts, lists, tuples, tensors and plain values) to a path or binary file.
+    """Write a state dict (nested dicts, lists, tuples, tensors, numpy arrays and plain values) to a path or binary
+    file. A numpy array loads back as a numpy array (torch.save pickles one; runtime stores its values as a tensor's).
 
     Tensors keep their identity and memory sharing: a tensor referenced twice, or two views of one
     array, are stored once and come back shared. Other containers referenced twice come back as copies.
@@ -431,7 +432,7 @@ def _new_tensor(array: np.ndarray, requires_grad, what: str) -> Tensor:
 _FORMAT, _VERSION = "runtime.save", 1
 _PREFIX = "runtime_save/"
 _STRUCTURE = _PREFIX + "structure.json"
-_CONTAINER_TAGS = ("tensor", "list", "tuple", "dict", "ordered_dict")
+_CONTAINER_TAGS = ("tensor", "ndarray", "list", "tuple", "dict", "ordered_dict")
 
 
 class _Encoder:
@@ -453,10 +454,12 @@ class _Encoder:
             return _plain(value)
         if isinstance(value, Tensor):
             return {"tensor": self._tensor(value)}
+        if isinstance(value, np.ndarray):
+            return {"ndarray": self._array(value, path)}
         if isinstance(value, (dict, list, tuple)):
             return self._container(value, path)
         raise TypeError(f"runtime.save: cannot save {type(value).__name__} at {path}: supported values are "
-                        f"tensors, dicts, lists, tuples, int, float, bool, str and None")
+                        f"tensors, numpy arrays, dicts, lists, tuples, int, float, bool, str and None")
 
     def _container(self, value, path: str):
         if id(value) in self._open:
@@ -488,6 +491,20 @@ class _Encoder:
             index = self._tensor_index[id(t)] = len(self.tensors)
             self.tensors.append({"storage": storage, "dtype": t.dtype.name, "shape": list(t._data.shape),
                                  "strides": strides, "offset": offset, "requires_grad": t.requires_grad})
+        return index
+
+    def _array(self, array: np.ndarray, path: str) -> int:
+        """A numpy array (a data script's `torch.save(array, ...)`) as a tensor record, which loads back as an array."""
+        index = self._tensor_index.get(id(array))
+        if index is None:
+            try:
+                dtype = dt.from_numpy_dtype(array.dtype)
+            except TypeError as error:
+                raise TypeError(f"runtime.save: cannot save the numpy array at {path}: {error}") from None
+            storage, offset, strides = self._storage(array)
+            index = self._tensor_index[id(array)] = len(self.tensors)
+            self.tensors.append({"storage": storage, "dtype": dtype.name, "shape": list(array.shape),
+                                 "strides": strides, "offset": offset, "requires_grad": False})
         return index
 
     def _storage(self, array: np.ndarray) -> tuple:
@@ -576,10 +593,10 @@ def _decode(value, tensors: list):
         return value
     tag = _tag(value)
     items = value[tag]
-    if tag == "tensor":
+    if tag in ("tensor", "ndarray"):
         if type(items) is not int or not 0 <= items < len(tensors):
             raise _FileError(f"refers to tensor {reprlib.repr(items)}, which does not exist ({len(tensors)} stored)")
-        return tensors[items]
+        return tensors[items] if tag == "tensor" else tensors[items]._data
     if not isinstance(items, list):
         raise _FileError(f"has a malformed '{tag}' entry: expected a list, got {reprlib.repr(items)}")
     if tag in ("list", "tuple"):

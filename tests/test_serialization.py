@@ -128,6 +128,28 @@ def test_shared_tensors_and_views_stay_shared():
     assert x[1, 2].item() == 6.0  # the original is untouched
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64, np.int32, np.uint8, np.bool_])
+def test_numpy_arrays_load_back_as_numpy_arrays(dtype, tmp_path):
+    """A data script's torch.save(array, ...): values, dtype, layout and sharing come back, as a numpy array."""
+    base = (np.arange(24).reshape(4, 6) % 5).astype(dtype)
+    saved = {"a": base, "again": base, "cols": base.T[1:, ::2], "zero_d": np.array(base[0, 1]),
+             "tensor": runtime.ones(2)}
+    save(saved, tmp_path / "data.pt")
+    back = load(tmp_path / "data.pt")
+    for key in ("a", "cols", "zero_d"):
+        assert type(back[key]) is np.ndarray and back[key].dtype == base.dtype
+        np.testing.assert_array_equal(back[key], saved[key])
+    assert back["again"] is back["a"] and isinstance(back["tensor"], runtime.Tensor)
+    back["a"][0, 1] = 1 - back["a"][0, 1]  # cols views a's memory, as the saved view did
+    assert back["cols"][0, 0] == back["a"][0, 1]
+
+
+def test_an_unsupported_numpy_array_is_a_clear_error_and_writes_nothing(tmp_path):
+    with pytest.raises(TypeError, match=r"numpy array at obj\['names'\].*unsupported numpy dtype <U"):
+        save({"names": np.array(["a", "b"])}, tmp_path / "x.pt")
+    assert not (tmp_path / "x.pt").exists()
+
+
 def test_unusual_layouts_round_trip():
     base = np.arange(24, dtype=np.float32).reshape(4, 6)
     obj = {"transposed": runtime.from_numpy(base).t(),
