@@ -9,7 +9,7 @@ import pytest
 import runtime
 from runtime.utils.data import (BatchSampler, ConcatDataset, DataLoader, Dataset, DistributedSampler,
                                 IterableDataset, RandomSampler, SequentialSampler, Subset, TensorDataset,
-                                default_collate, random_split)
+                                WeightedRandomSampler, default_collate, random_split)
 
 
 def as_numpy(value):
@@ -125,6 +125,32 @@ def test_random_sampler_replacement_and_num_samples():
     assert len(draws) == 10 and sorted(draws[:8]) == [0, 0, 1, 1, 2, 2, 3, 3]
     with pytest.raises(ValueError, match="num_samples"):
         RandomSampler(range(0))
+
+
+def test_weighted_random_sampler_draws_in_proportion_to_the_weights():
+    weights = [0.1, 0.0, 0.6, 0.3]
+    draws = list(WeightedRandomSampler(weights, 20000, generator=runtime.Generator().manual_seed(0)))
+    counts = collections.Counter(draws)
+    assert len(draws) == 20000 and counts[1] == 0
+    for index, w in enumerate(weights):  # within 5 standard deviations of the binomial count
+        assert abs(counts[index] - 20000 * w) <= 5 * (20000 * w * (1 - w)) ** 0.5 + 1
+    again = list(WeightedRandomSampler(runtime.tensor(weights), 20000, generator=runtime.Generator().manual_seed(0)))
+    assert again == draws  # repeatable from a seed, and weights may be a tensor
+    once = list(WeightedRandomSampler([1.0, 2.0, 3.0, 4.0], 4, replacement=False))
+    assert sorted(once) == [0, 1, 2, 3]
+
+
+def test_weighted_random_sampler_in_a_loader_and_its_errors_match_torch(torch):
+    loader = DataLoader(TensorDataset(runtime.arange(6.0)), batch_size=4,
+                        sampler=WeightedRandomSampler([0, 0, 1, 0, 0, 1], 10))
+    batches = [b[0].tolist() for b in loader]
+    assert [len(b) for b in batches] == [4, 4, 2] and set(sum(batches, [])) <= {2.0, 5.0}
+    for args in [([1.0, 2.0], 0), ([1.0, 2.0], 2.5), ([[1.0, 2.0]], 2), ([1.0, 2.0], 2, "yes")]:
+        with pytest.raises(ValueError) as theirs:
+            torch.utils.data.WeightedRandomSampler(*args)
+        with pytest.raises(ValueError) as ours:
+            WeightedRandomSampler(*args)
+        assert str(ours.value) == str(theirs.value).replace("torch.Size([1, 2])", "(1, 2)")
 
 
 @pytest.mark.parametrize("n", [10, 11, 3, 1])

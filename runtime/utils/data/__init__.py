@@ -3,4 +3,5 @@ from .dataloader import DataLoader, default_collate, default_convert  # noqa: F4
 from .dataset import ConcatDataset, Dataset, IterableDataset, Subset, TensorDataset, random_split  # noqa: F401
 from .distributed import DistributedSampler  # noqa: F401
 from ._worker import WorkerInfo, get_worker_info  # noqa: F401
-from .sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler  # noqa: F401
+from .sampler import (BatchSampler, RandomSampler, Sampler, SequentialSampler, SubsetRandomSampler,  # noqa: F401
+                      WeightedRandomSampler)

@@ -1,7 +1,9 @@
 """Samplers (torch.utils.data's): the order a DataLoader reads indices in, and how it groups them into batches."""
 from __future__ import annotations
 
-from ...factories import randint, randperm
+from ... import dtypes as dt
+from ...api import multinomial
+from ...factories import as_tensor, randint, randperm
 from ...random import default_generator
 
 
@@ -76,6 +78,27 @@ class SubsetRandomSampler(Sampler):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+class WeightedRandomSampler(Sampler):
+    """`num_samples` indices drawn with probabilities proportional to `weights` (with replacement unless told
+    otherwise), from runtime's generator: class-balanced sampling of an imbalanced data set."""
+
+    def __init__(self, weights, num_samples: int, replacement: bool = True, generator=None):
+        if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples <= 0:
+            raise ValueError(f"num_samples should be a positive integer value, but got num_samples={num_samples}")
+        if not isinstance(replacement, bool):
+            raise ValueError(f"replacement should be a boolean value, but got replacement={replacement}")
+        weights = as_tensor(weights, dtype=dt.float64)
+        if weights.ndim != 1:
+            raise ValueError(f"weights should be a 1d sequence but given weights have shape {tuple(weights.shape)}")
+        self.weights, self.num_samples, self.replacement, self.generator = weights, num_samples, replacement, generator
+
+    def __iter__(self):
+        yield from multinomial(self.weights, self.num_samples, self.replacement, generator=self.generator).tolist()
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 class BatchSampler(Sampler):
