@@ -224,3 +224,68 @@ def test_encoder_layer_compiles_like_eager():
     out.sum().backward()
     for k, p in layer.named_parameters():
         np.testing.assert_allclose(p.grad.numpy(), grads[k], rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+def _padded_encoder(lib, enable_nested_tensor=True, mask_check=True, **kw):
+    import warnings
+
+    layer = lib.nn.TransformerEncoderLayer(E, 2, 16, dropout=0.0, batch_first=kw.pop("batch_first", True), **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        encoder = lib.nn.TransformerEncoder(layer, 2, norm=lib.nn.LayerNorm(E),
+                                            enable_nested_tensor=enable_nested_tensor, mask_check=mask_check)
+    return encoder, [str(w.message) for w in caught if "nested" in str(w.message)]
+
+
+ALIGNED = np.array([[False] * 5, [False, False, False, True, True], [False] * 4 + [True]])
+SCATTERED = np.array([[False, True, False, False, True]] * 3)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(batch_first=False), dict(norm_first=True), dict(activation="gelu"),
+                                dict(mask_check=False), dict(enable_nested_tensor=False)],
+                         ids=["fast-path", "seq-first", "norm_first", "gelu", "no-mask-check", "nested-off"])
+@pytest.mark.parametrize("pad", [ALIGNED, SCATTERED], ids=["left-aligned", "scattered"])
+@pytest.mark.parametrize("mode", ["no_grad", "grad", "train"])
+def test_encoder_padding_matches_torchs_nested_tensor_path(torch, kw, pad, mode):
+    """In eval under no_grad, with an encoder of layers torch runs on nested tensors and a left-aligned padding mask
+    (or mask_check=False), torch returns the padded positions as 0 before the final norm; runtime does the same, and
+    warns as torch does when the layers rule that path out."""
+    import contextlib
+
+    ours, ours_warned = _padded_encoder(runtime, **kw)
+    theirs, theirs_warned = _padded_encoder(torch, **kw)
+    assert ours_warned == theirs_warned and ours.use_nested_tensor == theirs.use_nested_tensor
+    if kw.get("mask_check") is False and pad is SCATTERED:
+        # torch then reads the mask as a length per row (misuse); runtime computes with the mask as given
+        theirs, _ = _padded_encoder(torch, enable_nested_tensor=False)
+    ours.load_state_dict({k: runtime.tensor(v.numpy()) for k, v in theirs.state_dict().items()})
+    if mode != "train":
+        ours.eval(), theirs.eval()
+    x = _x(N, L, E).astype(np.float32)
+    if kw.get("batch_first", True) is False:
+        x = x.transpose(1, 0, 2).copy()
+    quiet = contextlib.ExitStack()
+    if mode == "no_grad":
+        quiet.enter_context(runtime.no_grad())
+        quiet.enter_context(torch.no_grad())
+    with quiet, __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("ignore")  # torch's "nested tensors are a prototype" notice
+        want = theirs(torch.tensor(x), src_key_padding_mask=torch.tensor(pad)).detach().numpy()
+        got = ours(runtime.tensor(x), src_key_padding_mask=runtime.tensor(pad)).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_encoder_zeroes_padding_as_eager_does():
+    import nnc
+
+    runtime.manual_seed(0)
+    encoder, _ = _padded_encoder(runtime)
+    encoder.eval()
+    compiled = nnc.compile(encoder)
+    x = runtime.tensor(_x(N, L, E).astype(np.float32))
+    with runtime.no_grad():
+        for pad in (ALIGNED, SCATTERED):
+            mask = runtime.tensor(pad)
+            want, got = encoder(x, src_key_padding_mask=mask), compiled(x, src_key_padding_mask=mask)
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    assert compiled.compiled_variants == 1  # the left-aligned test is a tensor in the graph, not a guard

@@ -4,13 +4,16 @@ LayerNorm (so a trace sees only primitives)."""
 from __future__ import annotations
 
 import copy
+import warnings
 
+from ... import amp
 from ... import dtypes as dt
 from ... import factories
+from ...autograd import grad_mode
 from .. import functional as F
 from .. import init
 from .container import ModuleList
-from .layers import Dropout, LayerNorm, Linear, MultiheadAttention, _factory
+from .layers import GELU, Dropout, LayerNorm, Linear, MultiheadAttention, ReLU, _factory
 from .module import Module
 
 __all__ = ["Transformer", "TransformerEncoder", "TransformerDecoder", "TransformerEncoderLayer",
@@ -65,7 +68,8 @@ class TransformerEncoderLayer(Module):
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
         activation = _activation(activation)
-        self.activation_relu_or_gelu = 1 if activation is F.relu else 2 if activation is F.gelu else 0
+        self.activation_relu_or_gelu = (1 if activation is F.relu or isinstance(activation, ReLU) else
+                                        2 if activation is F.gelu or isinstance(activation, GELU) else 0)
         self.activation = activation
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
@@ -150,9 +154,15 @@ class TransformerEncoder(Module):
         self.layers = _clones(encoder_layer, num_layers)
         self.num_layers = num_layers
         self.norm = norm
-        # NOTE: nested tensors are a CUDA/CPU fast path of torch's; the flags are kept, the math is the same.
+        # NOTE: torch runs an encoder of such layers in eval with a key padding mask on nested tensors (its "sparsity
+        # fast path"), which leaves the padded positions 0 in the output; runtime computes with the mask and zeroes
+        # them where torch would (_zeroes_padding), the rest is the same math
         self.enable_nested_tensor = enable_nested_tensor
-        self.use_nested_tensor = False
+        why_not = _why_no_nested_tensors(encoder_layer)
+        if enable_nested_tensor and why_not:
+            warnings.warn(f"enable_nested_tensor is True, but self.use_nested_tensor is False because {why_not}",
+                          stacklevel=2)
+        self.use_nested_tensor = enable_nested_tensor and not why_not
         self.mask_check = mask_check
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
@@ -161,7 +171,56 @@ class TransformerEncoder(Module):
         x = src
         for layer in self.layers:
             x = layer(x, src_mask=mask, is_causal=bool(is_causal), src_key_padding_mask=src_key_padding_mask)
+        if self._zeroes_padding(src, mask, src_key_padding_mask):
+            x = _padding_zeroed(x, src_key_padding_mask)
         return self.norm(x) if self.norm is not None else x
+
+    def _zeroes_padding(self, src, mask, key_padding_mask) -> bool:
+        """Whether torch would take its nested-tensor path for this call (its conditions, in its order)."""
+        first = self.layers[0]
+        if not getattr(self, "use_nested_tensor", False) or first.training or src.dim() != 3:
+            return False
+        if key_padding_mask is None or mask is not None or amp.is_autocast_enabled():
+            return False
+        attn = first.self_attn
+        weights = (src, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight, attn.out_proj.bias,
+                   first.norm1.weight, first.norm1.bias, first.norm2.weight, first.norm2.bias, first.linear1.weight,
+                   first.linear1.bias, first.linear2.weight, first.linear2.bias)
+        return not (grad_mode.is_grad_enabled() and any(t is not None and t.requires_grad for t in weights))
+
+
+def _why_no_nested_tensors(layer) -> str:
+    """Why torch would not run an encoder of these layers on nested tensors ("" when it would), in torch's words."""
+    name = "encoder_layer"
+    if not isinstance(layer, TransformerEncoderLayer):
+        return f"{name} was not TransformerEncoderLayer"
+    if layer.norm_first:
+        return f"{name}.norm_first was True"
+    if not layer.self_attn.batch_first:
+        return f"{name}.self_attn.batch_first was not True(use batch_first for better inference performance)"
+    if not layer.self_attn._qkv_same_embed_dim:
+        return f"{name}.self_attn._qkv_same_embed_dim was not True"
+    if layer.self_attn.in_proj_bias is None:
+        return f"{name}.self_attn was passed bias=False"
+    if not layer.activation_relu_or_gelu:
+        return f"{name}.activation_relu_or_gelu was not True"
+    if layer.norm1.eps != layer.norm2.eps:
+        return f"{name}.norm1.eps was not equal to {name}.norm2.eps"
+    if layer.self_attn.num_heads % 2 == 1:
+        return f"{name}.self_attn.num_heads is odd"
+    return ""
+
+
+def _padding_zeroed(x, key_padding_mask):
+    """x (batch, length, features) with the padded positions 0, as torch's nested tensors give them back: where the
+    additive mask is not 0, when every row's kept positions come first (left aligned); that test is a tensor here,
+    so a compiled graph needs no value of it.
+    NOTE: with mask_check=False torch takes a mask that is not left aligned as a length per row (its first kept-count
+    positions), which is misuse; runtime then computes with the mask as given and zeroes nothing."""
+    padded = key_padding_mask != 0
+    kept = padded.logical_not()
+    padded = padded & (kept[:, 1:] <= kept[:, :-1]).all()
+    return x.masked_fill(padded.unsqueeze(-1), 0.0)
 
 
 class TransformerDecoder(Module):
