@@ -35,6 +35,22 @@ def unit(*shape):
     return RNG.uniform(0.1, 0.9, size=shape)
 
 
+# NOTE: cases added later draw from their own generator, so the data of the cases before them stays as it was
+MORE = np.random.default_rng(4321)
+
+
+def more_real(*shape):
+    return MORE.normal(size=shape)
+
+
+def more_positive(*shape):
+    return MORE.uniform(0.5, 2.0, size=shape)
+
+
+def more_unit(*shape):
+    return MORE.uniform(0.1, 0.9, size=shape)
+
+
 def close(got, want, tol=1e-10):
     assert tuple(got.shape) == tuple(want.shape)
     np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=tol, atol=tol)
@@ -145,6 +161,22 @@ CASES = {
     "Affine(event_dim=1)": (lambda m, loc, scale: m.TransformedDistribution(
         m.Independent(m.Normal(loc, scale), 1), m.AffineTransform(loc, scale, event_dim=1)),
         [real(2, 3), positive(2, 3)], real(5, 2, 3), ()),
+    "Cauchy": (lambda m, loc, scale: m.Cauchy(loc, scale), [more_real(3), more_positive(3)], more_real(4, 3),
+               MOMENTS + ("entropy", "cdf", "icdf")),
+    "Gumbel": (lambda m, loc, scale: m.Gumbel(loc, scale), [more_real(3), more_positive(3)], more_real(4, 3),
+               MOMENTS + ("entropy", "cdf", "icdf")),
+    "HalfNormal": (lambda m, scale: m.HalfNormal(scale), [more_positive(3)], more_positive(4, 3),
+                   MOMENTS + ("entropy", "cdf", "icdf")),
+    "Chi2": (lambda m, df: m.Chi2(df), [more_positive(3) + 0.5], more_positive(4, 3), MOMENTS + ("entropy",)),
+    "StudentT": (lambda m, df, loc, scale: m.StudentT(df, loc, scale),
+                 [more_positive(3) + 2.0, more_real(3), more_positive(3)], more_real(4, 3), MOMENTS + ("entropy",)),
+    "StudentT(df <= 2)": (lambda m, df, loc, scale: m.StudentT(df, loc, scale),
+                          [np.array([0.5, 1.0, 1.5]), more_real(3), more_positive(3)], more_real(4, 3),
+                          ("mean", "variance", "entropy")),
+    "Geometric(probs)": (lambda m, p: m.Geometric(probs=p), [more_unit(3)], np.floor(3 * more_positive(4, 3)),
+                         MOMENTS + ("entropy",)),
+    "Geometric(logits)": (lambda m, logits: m.Geometric(logits=logits), [more_real(3)], np.array([0.0, 2.0, 5.0]),
+                          ("mean", "variance", "entropy")),
 }
 
 
@@ -233,6 +265,12 @@ SHAPED = {  # name: build(module, batch_shape)
     "Gamma": lambda m, b: m.distributions.Gamma(_filled(m, b, 0.7), _filled(m, b, 2.0)),
     "Beta": lambda m, b: m.distributions.Beta(_filled(m, b, 0.7), _filled(m, b, 2.0)),
     "Dirichlet": lambda m, b: m.distributions.Dirichlet(_filled(m, tuple(b) + (3,), 0.8)),
+    "Cauchy": lambda m, b: m.distributions.Cauchy(_filled(m, b, 0.5), _filled(m, b, 2.0)),
+    "Gumbel": lambda m, b: m.distributions.Gumbel(_filled(m, b, 0.5), _filled(m, b, 2.0)),
+    "HalfNormal": lambda m, b: m.distributions.HalfNormal(_filled(m, b, 2.0)),
+    "Chi2": lambda m, b: m.distributions.Chi2(_filled(m, b, 3.0)),
+    "StudentT": lambda m, b: m.distributions.StudentT(_filled(m, b, 4.0), _filled(m, b, 1.0), _filled(m, b, 2.0)),
+    "Geometric": lambda m, b: m.distributions.Geometric(_filled(m, b, 0.3)),
 }
 BATCH_SHAPES = [(), (1,), (3,), (2, 3), (0,), (2, 0)]
 SAMPLE_SHAPES = [(), (1,), (4,), (2, 5), (0,)]
@@ -324,6 +362,11 @@ STATISTICS = {
     "Beta": lambda: D.Beta(*f64([0.3, 2.0, 50.0], [0.5, 5.0, 20.0])),
     "Dirichlet": lambda: D.Dirichlet(*f64([[0.2, 1.0, 3.0], [10.0, 10.0, 0.5]])),
     "LogNormal": lambda: D.LogNormal(*f64([0.0, 1.0], [0.3, 0.5])),
+    "Gumbel": lambda: D.Gumbel(*f64([0.5, -2.0], [1.0, 3.0])),
+    "HalfNormal": lambda: D.HalfNormal(*f64([0.5, 3.0])),
+    "Chi2": lambda: D.Chi2(*f64([0.5, 4.0, 30.0])),
+    "StudentT": lambda: D.StudentT(*f64([12.0, 30.0], [1.0, -2.0], [0.5, 2.0])),
+    "Geometric": lambda: D.Geometric(*f64([0.05, 0.5, 0.95])),
 }
 
 
@@ -374,6 +417,9 @@ RSAMPLED = {
     "LogNormal": (lambda loc, scale: D.LogNormal(loc, scale), [real(3) / 2, positive(3) / 2]),
     "Tanh(Normal)": (lambda loc, scale: D.TransformedDistribution(D.Normal(loc, scale), D.TanhTransform()),
                      [real(3), positive(3)]),
+    "Cauchy": (lambda loc, scale: D.Cauchy(loc, scale), [more_real(3), more_positive(3)]),
+    "Gumbel": (lambda loc, scale: D.Gumbel(loc, scale), [more_real(3), more_positive(3)]),
+    "HalfNormal": (lambda scale: D.HalfNormal(scale), [more_positive(3)]),
 }
 
 

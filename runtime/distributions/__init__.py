@@ -8,10 +8,15 @@ from .bernoulli import Bernoulli
 from .beta import Beta
 from .binomial import Binomial
 from .categorical import Categorical
+from .cauchy import Cauchy
+from .chi2 import Chi2
 from .dirichlet import Dirichlet
 from .distribution import Distribution
 from .exponential import Exponential
 from .gamma import Gamma
+from .geometric import Geometric
+from .gumbel import Gumbel
+from .half_normal import HalfNormal
 from .independent import Independent
 from .kl import kl_divergence, register_kl
 from .laplace import Laplace
@@ -20,6 +25,7 @@ from .multivariate_normal import MultivariateNormal
 from .normal import Normal
 from .one_hot_categorical import OneHotCategorical, OneHotCategoricalStraightThrough
 from .poisson import Poisson
+from .student_t import StudentT
 from .transformed_distribution import TransformedDistribution
 from .transforms import (AbsTransform, AffineTransform, ComposeTransform, CumulativeDistributionTransform,
                          ExpTransform, IndependentTransform, LowerCholeskyTransform, PowerTransform, ReshapeTransform,
@@ -27,10 +33,11 @@ from .transforms import (AbsTransform, AffineTransform, ComposeTransform, Cumula
                          Transform, identity_transform)
 from .uniform import Uniform
 
-__all__ = ["AbsTransform", "AffineTransform", "Bernoulli", "Beta", "Binomial", "Categorical", "ComposeTransform",
-           "CumulativeDistributionTransform", "Dirichlet", "Distribution", "ExpTransform", "Exponential", "Gamma",
-           "Independent", "IndependentTransform", "Laplace", "LogNormal", "LowerCholeskyTransform",
-           "MultivariateNormal", "Normal", "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson",
-           "PowerTransform", "ReshapeTransform", "SigmoidTransform", "SoftmaxTransform", "SoftplusTransform",
-           "StickBreakingTransform", "TanhTransform", "Transform", "TransformedDistribution", "Uniform",
-           "constraints", "identity_transform", "kl_divergence", "register_kl", "transforms"]
+__all__ = ["AbsTransform", "AffineTransform", "Bernoulli", "Beta", "Binomial", "Categorical", "Cauchy", "Chi2",
+           "ComposeTransform", "CumulativeDistributionTransform", "Dirichlet", "Distribution", "ExpTransform",
+           "Exponential", "Gamma", "Geometric", "Gumbel", "HalfNormal", "Independent", "IndependentTransform",
+           "Laplace", "LogNormal", "LowerCholeskyTransform", "MultivariateNormal", "Normal", "OneHotCategorical",
+           "OneHotCategoricalStraightThrough", "Poisson", "PowerTransform", "ReshapeTransform", "SigmoidTransform",
+           "SoftmaxTransform", "SoftplusTransform", "StickBreakingTransform", "StudentT", "TanhTransform",
+           "Transform", "TransformedDistribution", "Uniform", "constraints", "identity_transform", "kl_divergence",
+           "register_kl", "transforms"]

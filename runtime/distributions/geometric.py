@@ -1,0 +1,82 @@
+"""Geometric(probs | logits): the number of failures before the first success."""
+from __future__ import annotations
+
+from .. import api
+from .. import factories
+from ..autograd.grad_mode import no_grad
+from ..nn import functional as F
+from ..typeinfo import finfo
+from . import constraints
+from .bernoulli import one_of_probs_or_logits
+from .distribution import Distribution
+from .utils import broadcast_all, is_number, lazy_property, logits_to_probs, probs_to_logits
+
+__all__ = ["Geometric"]
+
+
+class Geometric(Distribution):
+    """P(k) = (1 - p)^k p for k = 0, 1, 2, ..."""
+
+    arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
+    support = constraints.nonnegative_integer
+
+    def __init__(self, probs=None, logits=None, validate_args=None):
+        one_of_probs_or_logits(probs, logits)
+        given = probs if probs is not None else logits
+        (param,) = broadcast_all(given)
+        if probs is not None:
+            self.probs = param
+        else:
+            self.logits = param
+        super().__init__(() if is_number(given) else param.shape, validate_args=validate_args)
+        if self._validate_args and probs is not None and not bool((self.probs > 0).all()):
+            invalid = self.probs.detach()[~(self.probs > 0)]
+            raise ValueError(f"Expected parameter probs ({type(self.probs).__name__} of shape "
+                             f"{tuple(self.probs.shape)}) of distribution {self!r} to be positive but found invalid "
+                             f"values:\n{invalid}")
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(Geometric, _instance)
+        shape = tuple(batch_shape)
+        for name in ("probs", "logits"):
+            if name in self.__dict__:
+                setattr(new, name, self.__dict__[name].expand(shape))
+        return self._finish_expand(new, batch_shape)
+
+    @lazy_property
+    def logits(self):
+        return probs_to_logits(self.probs, is_binary=True)
+
+    @lazy_property
+    def probs(self):
+        return logits_to_probs(self.logits, is_binary=True)
+
+    @property
+    def mean(self):
+        return 1.0 / self.probs - 1.0
+
+    @property
+    def mode(self):
+        return factories.zeros_like(self.probs)
+
+    @property
+    def variance(self):
+        return (1.0 / self.probs - 1.0) / self.probs
+
+    def sample(self, sample_shape=()):
+        shape = self._extended_shape(sample_shape)
+        with no_grad():
+            u = factories.empty(shape, dtype=self.probs.dtype, device=self.probs.device)
+            u.uniform_(finfo(self.probs.dtype).tiny, 1)
+            return (u.log() / (-self.probs).log1p()).floor()
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        value, probs = broadcast_all(value, self.probs)
+        # NOTE: P(0) is p itself where p = 1 (0 * log(0) would be nan)
+        probs = api.where((probs == 1) & (value == 0), 0.0, probs)
+        return value * (-probs).log1p() + self.probs.log()
+
+    def entropy(self):
+        return F.binary_cross_entropy_with_logits(self.logits, self.probs, reduction="none") / self.probs
