@@ -1,0 +1,98 @@
+"""RelaxedBernoulli and LogitRelaxedBernoulli(temperature, probs | logits): reparameterizable relaxed coin flips."""
+from __future__ import annotations
+
+from .. import factories
+from ..tensor import Size
+from . import constraints
+from .bernoulli import one_of_probs_or_logits
+from .distribution import Distribution
+from .transformed_distribution import TransformedDistribution
+from .transforms import SigmoidTransform
+from .utils import broadcast_all, clamp_probs, is_number, lazy_property, logits_to_probs, probs_to_logits
+
+__all__ = ["LogitRelaxedBernoulli", "RelaxedBernoulli"]
+
+
+class LogitRelaxedBernoulli(Distribution):
+    """The logit of a RelaxedBernoulli draw: (logit(u) + logits) / temperature for u uniform on (0, 1) (Maddison et
+    al., 2017, the Concrete distribution)."""
+
+    arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
+    support = constraints.real
+    has_rsample = False  # NOTE: as torch's flag, though rsample works (RelaxedBernoulli's flag is True)
+
+    def __init__(self, temperature, probs=None, logits=None, validate_args=None):
+        self.temperature = temperature
+        one_of_probs_or_logits(probs, logits)
+        given = probs if probs is not None else logits
+        (param,) = broadcast_all(given)
+        if probs is not None:
+            self.probs = param
+        else:
+            self.logits = param
+        self._param = param
+        super().__init__(() if is_number(given) else param.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(LogitRelaxedBernoulli, _instance)
+        batch_shape = Size(batch_shape)
+        new.temperature = self.temperature
+        for name in ("probs", "logits"):
+            if name in self.__dict__:
+                setattr(new, name, self.__dict__[name].expand(tuple(batch_shape)))
+                new._param = getattr(new, name)
+        return self._finish_expand(new, batch_shape)
+
+    @lazy_property
+    def logits(self):
+        return probs_to_logits(self.probs, is_binary=True)
+
+    @lazy_property
+    def probs(self):
+        return logits_to_probs(self.logits, is_binary=True)
+
+    @property
+    def param_shape(self):
+        return self._param.shape
+
+    def rsample(self, sample_shape=()):
+        shape = tuple(self._extended_shape(sample_shape))
+        probs = clamp_probs(self.probs.expand(shape))
+        uniforms = clamp_probs(factories.rand(shape, dtype=probs.dtype, device=probs.device))
+        return (uniforms.log() - (-uniforms).log1p() + probs.log() - (-probs).log1p()) / self.temperature
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        logits, value = broadcast_all(self.logits, value)
+        diff = logits - value * self.temperature
+        return self.temperature.log() + diff - 2 * diff.exp().log1p()
+
+
+class RelaxedBernoulli(TransformedDistribution):
+    """A relaxed Bernoulli: values in (0, 1), sigmoid of a LogitRelaxedBernoulli draw; as temperature goes to 0
+    draws approach 0 or 1 with Bernoulli(probs) frequencies."""
+
+    arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
+    support = constraints.unit_interval
+    has_rsample = True
+
+    def __init__(self, temperature, probs=None, logits=None, validate_args=None):
+        base_dist = LogitRelaxedBernoulli(temperature, probs, logits)
+        super().__init__(base_dist, SigmoidTransform(), validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self._get_checked_instance(RelaxedBernoulli, _instance)
+        return super().expand(batch_shape, _instance=new)
+
+    @property
+    def temperature(self):
+        return self.base_dist.temperature
+
+    @property
+    def logits(self):
+        return self.base_dist.logits
+
+    @property
+    def probs(self):
+        return self.base_dist.probs
