@@ -8,17 +8,12 @@ from .. import factories
 from ..autograd.grad_mode import no_grad
 from . import constraints
 from .distribution import Distribution
-from .utils import broadcast_all, is_number, lazy_property, logits_to_probs, probs_to_logits, softplus
+from .utils import BinaryProbsOrLogits, broadcast_all, softplus
 
 __all__ = ["Bernoulli"]
 
 
-def one_of_probs_or_logits(probs, logits):
-    if (probs is None) == (logits is None):
-        raise ValueError("Either `probs` or `logits` must be specified, but not both.")
-
-
-class Bernoulli(Distribution):
+class Bernoulli(BinaryProbsOrLogits, Distribution):
     """Values 0 and 1, 1 with probability `probs` (or sigmoid(`logits`))."""
 
     arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
@@ -26,36 +21,12 @@ class Bernoulli(Distribution):
     has_enumerate_support = True
 
     def __init__(self, probs=None, logits=None, validate_args=None):
-        one_of_probs_or_logits(probs, logits)
-        given = probs if probs is not None else logits
-        (param,) = broadcast_all(given)
-        if probs is not None:
-            self.probs = param
-        else:
-            self.logits = param
-        self._param = param
-        super().__init__(() if is_number(given) else param.shape, validate_args=validate_args)
+        super().__init__(self._set_parameter(probs, logits), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(Bernoulli, _instance)
-        shape = tuple(batch_shape)
-        for name in ("probs", "logits"):
-            if name in self.__dict__:
-                setattr(new, name, self.__dict__[name].expand(shape))
-                new._param = getattr(new, name)
+        self._expand_parameter(new, batch_shape)
         return self._finish_expand(new, batch_shape)
-
-    @lazy_property
-    def logits(self):
-        return probs_to_logits(self.probs, is_binary=True)
-
-    @lazy_property
-    def probs(self):
-        return logits_to_probs(self.logits, is_binary=True)
-
-    @property
-    def param_shape(self):
-        return self._param.shape
 
     @property
     def mean(self):

@@ -5,14 +5,13 @@ from .. import api
 from .. import factories
 from ..autograd.grad_mode import no_grad
 from . import constraints
-from .bernoulli import one_of_probs_or_logits
 from .distribution import Distribution
-from .utils import broadcast_all, lazy_property, logits_to_probs, probs_to_logits, softplus
+from .utils import BinaryProbsOrLogits, broadcast_all, one_of_probs_or_logits, softplus
 
 __all__ = ["Binomial"]
 
 
-class Binomial(Distribution):
+class Binomial(BinaryProbsOrLogits, Distribution):
     """Counts 0..total_count, each flip a success with probability probs (or sigmoid(logits))."""
 
     arg_constraints = {"total_count": constraints.nonnegative_integer, "probs": constraints.unit_interval,
@@ -34,27 +33,12 @@ class Binomial(Distribution):
         new = self._get_checked_instance(Binomial, _instance)
         shape = tuple(batch_shape)
         new.total_count = self.total_count.expand(shape)
-        for name in ("probs", "logits"):
-            if name in self.__dict__:
-                setattr(new, name, self.__dict__[name].expand(shape))
-                new._param = getattr(new, name)
+        self._expand_parameter(new, shape)
         return self._finish_expand(new, batch_shape)
 
     @constraints.dependent_property(is_discrete=True, event_dim=0)
     def support(self):
         return constraints.integer_interval(0, self.total_count)
-
-    @lazy_property
-    def logits(self):
-        return probs_to_logits(self.probs, is_binary=True)
-
-    @lazy_property
-    def probs(self):
-        return logits_to_probs(self.logits, is_binary=True)
-
-    @property
-    def param_shape(self):
-        return self._param.shape
 
     @property
     def mean(self):

@@ -9,9 +9,8 @@ from .. import factories
 from ..autograd.grad_mode import no_grad
 from ..typeinfo import finfo
 from . import constraints
-from .bernoulli import one_of_probs_or_logits
 from .distribution import Distribution
-from .utils import as_size, lazy_property, logits_to_probs, probs_to_logits
+from .utils import as_size, lazy_property, logits_to_probs, one_of_probs_or_logits, probs_to_logits
 
 __all__ = ["Categorical"]
 

@@ -4,29 +4,13 @@ from __future__ import annotations
 import math
 
 from .. import factories
-from . import constraints
-from .distribution import Distribution
-from .utils import broadcast_all, is_number
+from .loc_scale import LocScale
 
 __all__ = ["Cauchy"]
 
 
-class Cauchy(Distribution):
+class Cauchy(LocScale):
     """Density 1 / (pi scale (1 + ((x - loc) / scale)^2))."""
-
-    arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
-    support = constraints.real
-    has_rsample = True
-
-    def __init__(self, loc, scale, validate_args=None):
-        self.loc, self.scale = broadcast_all(loc, scale)
-        batch_shape = () if is_number(loc) and is_number(scale) else self.loc.shape
-        super().__init__(batch_shape, validate_args=validate_args)
-
-    def expand(self, batch_shape, _instance=None):
-        new = self._get_checked_instance(Cauchy, _instance)
-        new.loc, new.scale = self.loc.expand(tuple(batch_shape)), self.scale.expand(tuple(batch_shape))
-        return self._finish_expand(new, batch_shape)
 
     @property
     def mean(self):

@@ -7,28 +7,20 @@ from ..autograd.grad_mode import no_grad
 from ..nn import functional as F
 from ..typeinfo import finfo
 from . import constraints
-from .bernoulli import one_of_probs_or_logits
 from .distribution import Distribution
-from .utils import broadcast_all, is_number, lazy_property, logits_to_probs, probs_to_logits
+from .utils import BinaryProbsOrLogits, broadcast_all
 
 __all__ = ["Geometric"]
 
 
-class Geometric(Distribution):
+class Geometric(BinaryProbsOrLogits, Distribution):
     """P(k) = (1 - p)^k p for k = 0, 1, 2, ..."""
 
     arg_constraints = {"probs": constraints.unit_interval, "logits": constraints.real}
     support = constraints.nonnegative_integer
 
     def __init__(self, probs=None, logits=None, validate_args=None):
-        one_of_probs_or_logits(probs, logits)
-        given = probs if probs is not None else logits
-        (param,) = broadcast_all(given)
-        if probs is not None:
-            self.probs = param
-        else:
-            self.logits = param
-        super().__init__(() if is_number(given) else param.shape, validate_args=validate_args)
+        super().__init__(self._set_parameter(probs, logits), validate_args=validate_args)
         if self._validate_args and probs is not None and not bool((self.probs > 0).all()):
             invalid = self.probs.detach()[~(self.probs > 0)]
             raise ValueError(f"Expected parameter probs ({type(self.probs).__name__} of shape "
@@ -37,19 +29,8 @@ class Geometric(Distribution):
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(Geometric, _instance)
-        shape = tuple(batch_shape)
-        for name in ("probs", "logits"):
-            if name in self.__dict__:
-                setattr(new, name, self.__dict__[name].expand(shape))
+        self._expand_parameter(new, batch_shape)
         return self._finish_expand(new, batch_shape)
-
-    @lazy_property
-    def logits(self):
-        return probs_to_logits(self.probs, is_binary=True)
-
-    @lazy_property
-    def probs(self):
-        return logits_to_probs(self.logits, is_binary=True)
 
     @property
     def mean(self):

@@ -4,16 +4,15 @@ from __future__ import annotations
 from .. import factories
 from ..tensor import Size
 from . import constraints
-from .bernoulli import one_of_probs_or_logits
 from .distribution import Distribution
 from .transformed_distribution import TransformedDistribution
 from .transforms import SigmoidTransform
-from .utils import broadcast_all, clamp_probs, is_number, lazy_property, logits_to_probs, probs_to_logits
+from .utils import BinaryProbsOrLogits, broadcast_all, clamp_probs
 
 __all__ = ["LogitRelaxedBernoulli", "RelaxedBernoulli"]
 
 
-class LogitRelaxedBernoulli(Distribution):
+class LogitRelaxedBernoulli(BinaryProbsOrLogits, Distribution):
     """The logit of a RelaxedBernoulli draw: (logit(u) + logits) / temperature for u uniform on (0, 1) (Maddison et
     al., 2017, the Concrete distribution)."""
 
@@ -23,37 +22,14 @@ class LogitRelaxedBernoulli(Distribution):
 
     def __init__(self, temperature, probs=None, logits=None, validate_args=None):
         self.temperature = temperature
-        one_of_probs_or_logits(probs, logits)
-        given = probs if probs is not None else logits
-        (param,) = broadcast_all(given)
-        if probs is not None:
-            self.probs = param
-        else:
-            self.logits = param
-        self._param = param
-        super().__init__(() if is_number(given) else param.shape, validate_args=validate_args)
+        super().__init__(self._set_parameter(probs, logits), validate_args=validate_args)
 
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(LogitRelaxedBernoulli, _instance)
         batch_shape = Size(batch_shape)
         new.temperature = self.temperature
-        for name in ("probs", "logits"):
-            if name in self.__dict__:
-                setattr(new, name, self.__dict__[name].expand(tuple(batch_shape)))
-                new._param = getattr(new, name)
+        self._expand_parameter(new, batch_shape)
         return self._finish_expand(new, batch_shape)
-
-    @lazy_property
-    def logits(self):
-        return probs_to_logits(self.probs, is_binary=True)
-
-    @lazy_property
-    def probs(self):
-        return logits_to_probs(self.logits, is_binary=True)
-
-    @property
-    def param_shape(self):
-        return self._param.shape
 
     def rsample(self, sample_shape=()):
         shape = tuple(self._extended_shape(sample_shape))

@@ -118,3 +118,44 @@ def vec_to_tril_matrix(vec, diag: int = 0):
     flat = vec.new_zeros(tuple(vec.shape[:-1]) + (n * n,))
     index = vec.new_tensor(rows * n + cols, dtype=dt.int64).expand(tuple(vec.shape))
     return flat.scatter_add(-1, index, vec).reshape(tuple(vec.shape[:-1]) + (n, n))
+
+
+def one_of_probs_or_logits(probs, logits) -> None:
+    if (probs is None) == (logits is None):
+        raise ValueError("Either `probs` or `logits` must be specified, but not both.")
+
+
+class BinaryProbsOrLogits:
+    """A two-outcome parameter given as `probs` or `logits` (in _param), the other computed from it on first use."""
+
+    @lazy_property
+    def logits(self):
+        return probs_to_logits(self.probs, is_binary=True)
+
+    @lazy_property
+    def probs(self):
+        return logits_to_probs(self.logits, is_binary=True)
+
+    @property
+    def param_shape(self):
+        return self._param.shape
+
+    def _set_parameter(self, probs, logits):
+        """Keep whichever of probs and logits is given (exactly one must be, as torch says); the batch shape it
+        gives."""
+        one_of_probs_or_logits(probs, logits)
+        given = probs if probs is not None else logits
+        (param,) = broadcast_all(given)
+        if probs is not None:
+            self.probs = param
+        else:
+            self.logits = param
+        self._param = param
+        return () if is_number(given) else param.shape
+
+    def _expand_parameter(self, new, batch_shape) -> None:
+        """Give `new` (an expand's instance) this one's given parameter, expanded to batch_shape."""
+        for name in ("probs", "logits"):
+            if name in self.__dict__:
+                setattr(new, name, self.__dict__[name].expand(tuple(batch_shape)))
+                new._param = getattr(new, name)
