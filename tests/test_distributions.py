@@ -10,17 +10,10 @@ import pytest
 
 import runtime
 import runtime.distributions as D
+from distribution_checks import finite_difference_gradient, ours, rsample_objective, theirs
 from helpers import needs_torch, torch
 
 RNG = np.random.default_rng(1234)
-
-
-def ours(values, grad=True):
-    return runtime.tensor(np.asarray(values, np.float64), requires_grad=grad)
-
-
-def theirs(values, grad=True):
-    return torch.tensor(np.asarray(values, np.float64), requires_grad=grad)
 
 
 def real(*shape):
@@ -421,23 +414,6 @@ RSAMPLED = {
     "Gumbel": (lambda loc, scale: D.Gumbel(loc, scale), [more_real(3), more_positive(3)]),
     "HalfNormal": (lambda scale: D.HalfNormal(scale), [more_positive(3)]),
 }
-
-
-def rsample_objective(build, params, weights):
-    runtime.manual_seed(11)
-    return (build(*params).rsample((5,)) * weights).sum()
-
-
-def finite_difference_gradient(build, arrays, weights, index, h=1e-6):
-    grad = np.zeros_like(arrays[index])
-    for pos in np.ndindex(grad.shape):
-        values = []
-        for step in (h, -h):
-            shifted = [a.copy() for a in arrays]
-            shifted[index][pos] += step
-            values.append(rsample_objective(build, [ours(a, False) for a in shifted], weights).item())
-        grad[pos] = (values[0] - values[1]) / (2 * h)
-    return grad
 
 
 @pytest.mark.parametrize("name", RSAMPLED)

@@ -6,6 +6,7 @@ import pytest
 
 import runtime
 import runtime.distributions as D
+from distribution_checks import finite_difference_gradient, ours, rsample_objective, theirs
 from helpers import needs_torch, torch
 from runtime.distributions.mixture_same_family import MixtureSameFamily
 from runtime.distributions.relaxed_bernoulli import LogitRelaxedBernoulli, RelaxedBernoulli
@@ -40,14 +41,6 @@ class Theirs:
 
 def modules():
     return [(runtime, Ours())] + ([(torch, Theirs())] if torch is not None else [])
-
-
-def ours(values, grad=True):
-    return runtime.tensor(np.asarray(values, np.float64), requires_grad=grad)
-
-
-def theirs(values, grad=True):
-    return torch.tensor(np.asarray(values, np.float64), requires_grad=grad)
 
 
 def real(*shape):
@@ -311,23 +304,6 @@ RSAMPLED = {
     "RelaxedOneHotCategorical": (lambda t, lg: RelaxedOneHotCategorical(t, logits=lg), [positive(), real(2, 3)]),
     "ExpRelaxedCategorical": (lambda t, lg: ExpRelaxedCategorical(t, logits=lg), [positive(2, 1), real(2, 3)]),
 }
-
-
-def rsample_objective(build, params, weights):
-    runtime.manual_seed(11)
-    return (build(*params).rsample((5,)) * weights).sum()
-
-
-def finite_difference_gradient(build, arrays, weights, index, h=1e-6):
-    grad = np.zeros_like(arrays[index])
-    for pos in np.ndindex(grad.shape):
-        values = []
-        for step in (h, -h):
-            shifted = [a.copy() for a in arrays]
-            shifted[index][pos] += step
-            values.append(rsample_objective(build, [ours(a, False) for a in shifted], weights).item())
-        grad[pos] = (values[0] - values[1]) / (2 * h)
-    return grad
 
 
 @pytest.mark.parametrize("name", RSAMPLED)
