@@ -468,21 +468,55 @@ def _mul(a, b) -> tuple:
 
 
 def _divide(a, b):
-    """a / b as terms when b is one monomial dividing every term of a exactly, else None."""
-    if len(b) != 1:
+    """a / b as terms when the polynomial b divides a exactly, else None: by a monomial term by term, by a sum of
+    terms by long division (checked by multiplying back, so an order of monomials that fails to cancel only gives
+    up). NOTE: col2im's shape rule divides its columns' N*(H'+1)*(W'+1) by (H'+1)*(W'+1): a sum of terms."""
+    if len(b) == 1:
+        return _divide_by_monomial(a, b[0])
+    if not b:
         return None
-    (mb, cb), = b
+    lead, lead_coefficient = b[-1]  # _normalize orders terms by degree, then atoms: the last leads
+    remainder, quotient = dict(a), {}
+    for _ in range(_MAX_DIVISION_STEPS):
+        terms = _normalize(remainder)
+        if not terms:
+            result = _normalize(quotient)
+            return result if _mul(result, b) == _normalize(dict(a)) else None
+        monomial, coefficient = terms[-1]
+        factor = _monomial_quotient(monomial, lead)
+        if factor is None or coefficient % lead_coefficient:
+            return None
+        q = coefficient // lead_coefficient
+        quotient[factor] = quotient.get(factor, 0) + q
+        for mb, cb in b:
+            product = tuple(sorted(factor + mb))
+            remainder[product] = remainder.get(product, 0) - q * cb
+    return None
+
+
+# Long division gives up after this many quotient terms (sizes are products of a few dimensions).
+_MAX_DIVISION_STEPS = 64
+
+
+def _divide_by_monomial(a, term):
+    monomial, coefficient = term
     out = []
     for ma, ca in a:
-        rest = list(ma)
-        for atom in mb:
-            if atom not in rest:
-                return None
-            rest.remove(atom)
-        if ca % cb:
+        rest = _monomial_quotient(ma, monomial)
+        if rest is None or ca % coefficient:
             return None
-        out.append((tuple(rest), ca // cb))
+        out.append((rest, ca // coefficient))
     return _normalize(dict(out))
+
+
+def _monomial_quotient(monomial: tuple, divisor: tuple):
+    """monomial / divisor (sorted tuples of atoms, a power repeating its atom), or None when it does not divide."""
+    rest = list(monomial)
+    for atom in divisor:
+        if atom not in rest:
+            return None
+        rest.remove(atom)
+    return tuple(rest)
 
 
 def _atom(kind: str, operand: SymInt, divisor: int) -> SymInt:

@@ -36,6 +36,15 @@ def test_arithmetic_is_normalized_and_constants_are_plain_ints():
     assert not env.guards  # decided by the polynomials themselves
 
 
+def test_a_product_divides_by_a_factor_that_is_a_sum_of_terms():
+    env, (n, h, w) = _env(2, 20, 13)
+    positions = ((h - 1) // 2 + 1) * ((w + 1) // 2)  # a strided convolution's output positions
+    assert (n * positions) // positions == n and (n * positions + positions) % positions == 0
+    assert (h * h - 1) // (h - 1) == h + 1
+    assert not env.guards and not env.pinned
+    assert (h * h + 1) % (h - 1) == 2 and set(env.pinned) == {"S1"}  # no quotient: pinned, and right
+
+
 def test_what_the_polynomial_decides_records_no_guard():
     env, (a, b) = _env(5, 3)
     assert a != 1 and a >= 2 and a * b - a > 0 and a * b != a and not a < 0 and -4 * a < 0
