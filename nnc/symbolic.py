@@ -164,6 +164,11 @@ class SymInt:
                 return self._pinned("floor division by a non-positive number") // other
             if all(c % other == 0 for _, c in self.terms):
                 return _make(tuple((m, c // other) for m, c in self.terms), self.hint // other, self.env)
+            # NOTE: _bounds takes every atom to be >= 0, so a quotient's operand must be: one that may be negative
+            # (a bin's end, -((-(j + 1) * n) // k)) is divided as -((-x + k - 1) // k), its floor, by its sign
+            low, high = _bounds(self.terms)
+            if (low is None or low < 0) and ((high is not None and high <= 0) or self < 0):
+                return -((-self + (other - 1)) // other)
             return _atom("//", self, other)
         quotient = _divide(self.terms, other.terms)
         if quotient is not None:

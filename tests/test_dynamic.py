@@ -23,6 +23,10 @@ from helpers import run_in_threads
 # -- the polynomials ---------------------------------------------------------------------------------------------
 
 
+_OPS_TESTED = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+               ">=": operator.ge}
+
+
 def _env(*hints):
     env = ShapeEnv()
     return env, [env.symbol(h, f"x's dim {k}") for k, h in enumerate(hints)]
@@ -83,6 +87,23 @@ def test_evaluation_matches_python_on_the_same_values(coefficients, divisor, x, 
     want = [c0 * x * y + c1 * x + c2 + y, (c0 * x * y + c1 * x + c2 + y) // divisor,
             (c0 * x * y + c1 * x + c2 + y) % divisor, (x + divisor) // divisor * y]
     assert [evaluate(e, {"S0": x, "S1": y}) for e in expressions] == want
+
+
+@given(st.lists(st.integers(-3, 3), min_size=3, max_size=3), st.integers(2, 5), st.sampled_from(list(_OPS_TESTED)),
+       st.integers(-4, 4))
+def test_every_decision_holds_for_every_size_its_guards_admit(coefficients, divisor, op, offset):
+    # a quotient of a value that may be negative is negative too: decided as if it were not, a bin's end of an
+    # adaptive pooling came out wrong (compiled output inf) with no guard to catch it
+    env, (a, b) = _env(7, 3)
+    c0, c1, c2 = coefficients
+    quotient = (c0 * a * b + c1 * a + c2 * b) // divisor
+    answer = _OPS_TESTED[op](quotient + offset, 0)
+    check = env.guard_function()
+    for x in range(2, 12):
+        for y in range(2, 12):
+            if check((x, y)):
+                value = (c0 * x * y + c1 * x + c2 * y) // divisor + offset
+                assert _OPS_TESTED[op](value, 0) == answer, (x, y)
 
 
 def test_sizes_put_into_generated_expressions_stay_one_operand():
@@ -373,6 +394,14 @@ def test_convolutions_and_pooling_take_a_symbolic_batch():
     _one_symbolic_batch_variant(SmallCNN().double(), (4, 6, 3, 5), 1, 12, 12)  # window kernels, none interpreted
 
 
+def test_adaptive_pooling_over_a_symbolic_length_that_its_bins_do_not_divide():
+    # its bins end at -((-(j + 1) * n) // k): a quotient of a negative value, once taken to be >= 0 (output inf)
+    model = nn.AdaptiveAvgPool1d(2)
+    compiled = nnc.compile(copy.deepcopy(model))
+    for length in (16, 21, 23, 25, 20):
+        _assert_same(compiled, model, runtime.randn(2, 3, length, dtype=runtime.float64))
+
+
 def _one_symbolic_batch_variant(model, batches, *rest):
     """A compiled copy of `model` checked against eager on inputs of shape (batch, *rest) for each batch, with no
     warning (nothing interpreted or run eagerly): the first batch static, then one variant with it symbolic."""
@@ -469,7 +498,7 @@ def test_column_reductions_over_a_symbolic_number_of_columns():
     model = ColumnSums()
     # 600 to 2100 kept positions: one partial tile of 1024, then two and three
     compiled = _one_symbolic_batch_variant(model, (3, 2, 5, 7), 4, 300)
-    assert "for task in range((-((-300*S0)//1024))):" in _symbolic_sources(compiled)  # whole tiles of columns
+    assert "for task in range((((300*S0 + 1023))//1024)):" in _symbolic_sources(compiled)  # whole tiles of columns
 
 
 class PaddedEncoder(nn.Module):
