@@ -394,6 +394,35 @@ def test_convolutions_and_pooling_take_a_symbolic_batch():
     _one_symbolic_batch_variant(SmallCNN().double(), (4, 6, 3, 5), 1, 12, 12)  # window kernels, none interpreted
 
 
+class PoolingCNN(nn.Module):
+    """Strided, dilated and padded windows, overlapping max pooling, average pooling with padding and adaptive
+    pooling to bins that do not divide the size: the geometry of every window kernel over symbolic sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(2, 4, 3, stride=2, padding=1)
+        self.c2 = nn.Conv2d(4, 4, 3, dilation=2, padding=2)
+        self.up = nn.ConvTranspose2d(4, 3, 4, stride=2, padding=1)
+
+    def forward(self, x):
+        f = runtime.nn.functional
+        h = f.max_pool2d(self.c1(x).relu(), 3, stride=2, padding=1)
+        h = f.avg_pool2d(self.c2(h).tanh(), 3, stride=1, padding=1)
+        return self.up(h).flatten(1).sum(1) + f.adaptive_avg_pool2d(h, (2, 3)).flatten(1).sum(1)
+
+
+def test_image_sizes_are_symbolic_in_window_kernels():
+    runtime.manual_seed(0)
+    model = PoolingCNN().double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing run eagerly: a third size is served by a symbolic variant
+        for height, width in [(12, 12), (16, 13), (11, 20), (19, 15), (12, 12), (14, 22)]:
+            _assert_same(compiled, model, runtime.randn(2, 2, height, width, dtype=runtime.float64))
+    assert compiled._dynamic_dims == {("x", 0): {2, 3}} and compiled.compiled_variants <= 4
+    assert "S0" in _symbolic_sources(compiled)
+
+
 def test_adaptive_pooling_over_a_symbolic_length_that_its_bins_do_not_divide():
     # its bins end at -((-(j + 1) * n) // k): a quotient of a negative value, once taken to be >= 0 (output inf)
     model = nn.AdaptiveAvgPool1d(2)
@@ -571,11 +600,10 @@ def test_batch_norm_trains_over_changing_batch_sizes_with_one_symbolic_variant()
 
 
 def test_a_kernel_without_symbolic_code_makes_the_variant_static_without_a_warning():
-    runtime.manual_seed(0)
-    model = SmallCNN().double()
-    compiled = nnc.compile(copy.deepcopy(model), dynamic=True)  # spatial sizes symbolic too: no window kernel
+    model = nn.MaxPool2d(2)
+    compiled = nnc.compile(copy.deepcopy(model), dynamic=True)  # channels symbolic too: no window kernel
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for size in (12, 10):
-            _assert_same(compiled, model, runtime.randn(2, 1, size, size, dtype=runtime.float64))
+        for channels in (3, 5):
+            _assert_same(compiled, model, runtime.randn(2, channels, 6, 6, dtype=runtime.float64))
     assert "no code for symbolic sizes" in compiled._dynamic_failed or compiled._dynamic_failed == "the compile failed"

@@ -1,6 +1,7 @@
 """CPU window kernels: the sliding-window primitives of convolution and pooling (`im2col`, `col2im`, `max_pool`,
 `max_pool_backward`; ops whose `OpDef.kernel_kind` is "window") as generated loops with their geometry (kernel,
-stride, padding, dilation, sizes) baked in as constants.
+stride, padding, dilation, channels) baked in as constants; the batch and the image sizes may be symbolic
+(nnc.symbolic): then they are loop bounds and offsets computed from the sizes each call passes.
 
 Each kernel is one node. The loop runs over independent tasks (`WindowSchedule.tasks`), a prange when the work is
 at least PARALLEL_MIN_ELEMENTS: im2col one (channel, kernel offset, sample) row of its columns a task; col2im,
@@ -15,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..kernel import Kernel
-from ..symbolic import has_symbols
+from ..symbolic import has_symbols, provably
 from .cpu_elementwise import PARALLEL_MIN_ELEMENTS, Function, KernelBuilder, ParallelLoop, indent, launch_line
 from .scalar import Unsupported, node_shape, only_node
 
@@ -56,8 +57,8 @@ def _geometry(kernel: Kernel):
         in_shape = tuple(shapes[1])
     else:
         in_shape = tuple(shapes[0])
-    if has_symbols(in_shape[1:]):  # a symbolic batch is a loop bound; the window geometry must be static
-        raise Unsupported("window kernels take a symbolic batch size only (channels and spatial sizes static)")
+    if has_symbols(in_shape[1:2]):  # the batch and spatial sizes may be symbolic (loop bounds, offsets)
+        raise Unsupported("window kernels take static channels (a symbolic batch and spatial sizes only)")
     from runtime.ops import window_output_sizes
 
     out_sizes = window_output_sizes(in_shape[2:], attrs["kernel"], attrs["stride"], attrs["padding"],
@@ -82,10 +83,12 @@ def window_schedule_of(kernel: Kernel) -> WindowSchedule:
 
 
 def _may_leave(attrs, d, in_size, out_size) -> bool:
-    """Whether some window of dim d reaches outside the input (into padding, or past its end): only such dims need
-    bounds checks; a "valid" convolution's and an unpadded pooling's have none."""
+    """Whether some window of dim d may reach outside the input (into padding, or past its end): only such dims need
+    bounds checks; a "valid" convolution's and an unpadded pooling's have none. Over a symbolic size, a dim whose
+    last window stays inside for some sizes only (stride 2 over an odd or even size) is checked rather than guarded:
+    one variant then serves every size."""
     (lo, _), s, dl, k = attrs["padding"][d], attrs["stride"][d], attrs["dilation"][d], attrs["kernel"][d]
-    return lo > 0 or (out_size - 1) * s + (k - 1) * dl - lo > in_size - 1
+    return lo > 0 or not provably((out_size - 1) * s + (k - 1) * dl - lo, "<=", in_size - 1)
 
 
 def _disjoint(attrs) -> bool:

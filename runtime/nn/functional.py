@@ -865,10 +865,24 @@ def _avg_pool(name, nd, input, kernel_size, stride, padding, ceil_mode, count_in
         if divisor_override == 0:
             raise RuntimeError("divisor must be not zero")
         out = total / divisor_override
+    elif _whole_windows(tuple(x.shape[2:]), kernel, stride, padding, out_sizes, count_include_pad):
+        out = total / float(math.prod(kernel))
     else:
         out = total / x.new_tensor(_avg_divisor(tuple(x.shape[2:]), kernel, stride, padding, pads, out_sizes,
                                                 count_include_pad))
     return out.squeeze(0) if unbatched else out
+
+
+def _whole_windows(spatial, kernel, stride, padding, out_sizes, count_include_pad) -> bool:
+    """Whether every window counts kernel-size elements (`_avg_divisor` would be a table of one value): the
+    windows start and end within the counted span, as they do without ceil_mode when padding counts or is 0.
+    NOTE: decided from the sizes, not by building that table, so that a compiler tracing with symbolic sizes
+    gets a divisor that does not depend on them."""
+    for n, k, s, p, o in zip(spatial, kernel, stride, padding, out_sizes):
+        lo, hi = (-p, n + p) if count_include_pad else (0, n)
+        if -p < lo or (o - 1) * s - p + k > hi:
+            return False
+    return True
 
 
 def _avg_divisor(spatial, kernel, stride, padding, pads, out_sizes, count_include_pad):
