@@ -16,7 +16,7 @@ import numpy as np
 
 import runtime
 import runtime.nn.functional as F
-from runtime import api
+from runtime import api, factories
 from runtime.autograd import FunctionCtx, grad_mode, no_grad
 from runtime.nn import Module
 from runtime.nn.modules import container
@@ -620,7 +620,9 @@ class Tracer:
         patches = [(Module, "__call__", for_thread(owner, traced_call, original_call)),
                    (Module, "__getattr__", for_thread(owner, traced_getattr, original_getattr)),
                    (Module, "__setattr__", for_thread(owner, traced_setattr, original_setattr))]
-        for namespace in (runtime, F):
+        # NOTE: runtime.factories too: runtime's own layers call its factories there (a causal mask's arange), and
+        # a symbolic size reaching them unrecorded would be pinned to its hint
+        for namespace in (runtime, F, factories):
             for name, fn in list(vars(namespace).items()):
                 if _is_api_function(namespace, name, fn):
                     patches.append((namespace, name, _recording(fn, tracer, owner)))

@@ -431,6 +431,35 @@ def test_adaptive_pooling_over_a_symbolic_length_that_its_bins_do_not_divide():
         _assert_same(compiled, model, runtime.randn(2, 3, length, dtype=runtime.float64))
 
 
+class MasksFromRuntimeHelpers(nn.Module):
+    """Masks runtime builds inside its own code from a symbolic length: Transformer's square subsequent mask, a
+    causal attention's, and MultiheadAttention's float mask from a bool padding mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(4, 2, batch_first=True)
+
+    def forward(self, x, pad):
+        t = x.shape[1]
+        scores = (x @ x.transpose(1, 2) + nn.Transformer.generate_square_subsequent_mask(t)).softmax(-1)
+        causal = runtime.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+        return scores @ x + causal + self.mha(x, x, x, key_padding_mask=pad, need_weights=False)[0]
+
+
+def test_masks_runtime_builds_from_a_symbolic_length_keep_it_symbolic():
+    runtime.manual_seed(0)
+    model = MasksFromRuntimeHelpers()
+    compiled = nnc.compile(copy.deepcopy(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a length pinned by a factory would run the third length eagerly
+        for t in (8, 6, 5, 9):
+            x = runtime.randn(2, t, 4)
+            pad = runtime.arange(t).expand(2, t) >= runtime.tensor([[t - 1], [t - 2]])
+            got, want = compiled(x, pad), model(x, pad)
+            np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert compiled.compiled_variants == 2
+
+
 def _one_symbolic_batch_variant(model, batches, *rest):
     """A compiled copy of `model` checked against eager on inputs of shape (batch, *rest) for each batch, with no
     warning (nothing interpreted or run eagerly): the first batch static, then one variant with it symbolic."""
