@@ -66,6 +66,42 @@ def test_multihead_attention_matches_torch(torch, kw, masks, average):
     assert repr(ours) == repr(theirs)
 
 
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_query_with_every_key_masked_attends_as_torchs_does(torch, need_weights):
+    # torch: 0 for such rows without weights (a fully padded sequence in an encoder layer), nan with them; a nan
+    # here once reached every in_proj_weight gradient of a left-padded causal batch
+    pad = np.zeros((N, S), bool)
+    pad[1] = True
+    attn = np.zeros((L, S), bool)
+    attn[2] = True
+
+    def call(m, q):
+        lib = runtime if isinstance(q, runtime.Tensor) else torch
+        out, _ = m(q, q[:S], q[:S], key_padding_mask=lib.tensor(pad), attn_mask=lib.tensor(attn),
+                   need_weights=need_weights)
+        return out
+
+    if need_weights:
+        ours, _ = run_both(torch, lambda lib: lib.nn.MultiheadAttention(E, 2), [_x(L, N, E)], call=call, grad=False,
+                           tol=dict(rtol=1e-7, atol=1e-9, equal_nan=True))
+    else:
+        run_both(torch, lambda lib: lib.nn.MultiheadAttention(E, 2), [_x(L, N, E)], call=call)
+
+
+def test_an_encoder_layer_over_a_fully_padded_sequence_trains_as_torchs(torch):
+    def call(m, x):
+        lib = runtime if isinstance(x, runtime.Tensor) else torch
+        pad = np.zeros((N, L), bool)
+        pad[0] = True
+        pad[1, :2] = True
+        return m(x, src_mask=lib.tensor(np.triu(np.ones((L, L), bool), 1)),
+                 src_key_padding_mask=lib.tensor(pad))
+
+    ours, _ = run_both(torch, lambda lib: lib.nn.TransformerEncoderLayer(E, 2, 16, dropout=0.0, batch_first=True),
+                       [_x(N, L, E)], call=call, train=True)
+    assert all(np.isfinite(p.grad.numpy()).all() for p in ours.parameters())
+
+
 def test_multihead_attention_unbatched_and_3d_mask(torch):
     def call(m, q, k, v):
         lib = runtime if isinstance(q, runtime.Tensor) else torch
@@ -289,3 +325,23 @@ def test_compiled_encoder_zeroes_padding_as_eager_does():
             want, got = encoder(x, src_key_padding_mask=mask), compiled(x, src_key_padding_mask=mask)
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
     assert compiled.compiled_variants == 1  # the left-aligned test is a tensor in the graph, not a guard
+
+
+def test_compiled_attention_over_a_fully_padded_sequence_matches_eager():
+    import nnc
+
+    runtime.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(E, 2, 16, dropout=0.0, batch_first=True).double()
+    compiled = nnc.compile(layer)
+    pad = np.zeros((N, L), bool)
+    pad[0] = True
+    results, data = [], _x(N, L, E)
+    for model in (layer, compiled):
+        x = runtime.tensor(data, requires_grad=True)
+        out = model(x, src_key_padding_mask=runtime.tensor(pad))
+        (out * out).sum().backward()
+        results.append([out.detach().numpy(), x.grad.numpy()] + [p.grad.numpy().copy() for p in layer.parameters()])
+        layer.zero_grad()
+    for got, want in zip(results[1], results[0]):
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)

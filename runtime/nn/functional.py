@@ -981,13 +981,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             scores = scores.masked_fill(~attn_mask, -_INF)
         else:
             scores = scores + attn_mask
-    # NOTE: rows where every score is -inf (fully masked) give zeros, as torch's safe softmax does;
-    # their scores are replaced by 0 before the softmax so no nan reaches the forward or the gradient.
-    dead = (scores == -_INF).all(-1, keepdim=True)
-    probs = api.softmax(scores.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+    probs = _safe_softmax(scores)
     if dropout_p > 0.0:
         probs = dropout(probs, dropout_p, training=True)
     return api.matmul(probs, value)
+
+
+def _safe_softmax(scores):
+    """softmax over the last dim, with 0 for rows where every score is -inf (all keys masked), as torch's attention
+    gives. NOTE: their scores are replaced by 0 before the softmax, so no nan reaches the forward or the gradient."""
+    dead = (scores == -_INF).all(-1, keepdim=True)
+    return api.softmax(scores.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
 
 
 def _repeat_heads(x, heads):

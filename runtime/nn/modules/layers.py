@@ -673,7 +673,9 @@ class MultiheadAttention(Module):
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         if mask is not None:
             scores = scores + mask
-        weights = F.softmax(scores, -1)
+        # NOTE: without weights torch attends through scaled_dot_product_attention, whose rows with every key masked
+        # are 0 (a fully padded sequence); with them, through a plain softmax: nan there
+        weights = F.softmax(scores, -1) if need_weights else F._safe_softmax(scores)
         if self.dropout > 0 and self.training:
             weights = F.dropout(weights, self.dropout)
         out = (weights @ v).permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
