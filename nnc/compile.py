@@ -124,6 +124,17 @@ class CompiledModule(Module):
         else:
             delattr(module, name)
 
+    def __len__(self) -> int:
+        """The wrapped model's length (a compiled Sequential or ModuleList), as torch.compile's module gives it."""
+        module = self.__dict__["_module"]
+        if not hasattr(type(module), "__len__"):
+            raise TypeError(f"{type(module).__name__} does not support len()")
+        return len(module)
+
+    def __bool__(self) -> bool:
+        """The wrapped model's truth: a module's, or an empty container's False (never len()'s TypeError)."""
+        return bool(self.__dict__["_module"])
+
     def __getattr__(self, name: str):
         """Parameters, buffers and submodules come from the shared registries; anything else from the wrapped
         model. Its methods are bound to this module, so `self(...)` inside them (a generate loop) runs compiled."""

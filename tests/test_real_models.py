@@ -250,6 +250,13 @@ def test_compiled_module_forwards_the_models_attributes_and_methods():
         compiled.no_such_thing
 
 
+def test_a_compiled_container_has_the_models_length():
+    assert len(nnc.compile(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)))) == 3
+    with pytest.raises(TypeError, match="Linear does not support len"):
+        len(nnc.compile(nn.Linear(2, 3)))
+    assert nnc.compile(nn.Linear(2, 3)) and not nnc.compile(nn.Sequential())  # truth as the model's
+
+
 def test_method_calling_super_runs_on_the_original():
     class Base(nn.Module):
         def describe(self):
