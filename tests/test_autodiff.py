@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import helpers
 import nnc
 import runtime as torch
 import runtime.nn.functional as F
@@ -146,7 +147,7 @@ def test_two_layer_gradients_match_eager(kind):
 
 
 class Slices(nn.Module):
-    """Reads slices of a parameter `w` (shape `shape`) along one dim, each through its own product with x."""
+    """Reads slices or int indices of a parameter `w` (shape `shape`), each through its own product with x."""
 
     def __init__(self, shape, keys):
         super().__init__()
@@ -154,10 +155,15 @@ class Slices(nn.Module):
         self.keys = keys
 
     def forward(self, x):
-        out = x.sum()
-        for k, key in enumerate(self.keys):
-            out = out + ((k + 1) * torch.tanh(self.w[key])).sum() * x.mean()
-        return out
+        return read_pieces(self.w, x, self.keys)
+
+
+def read_pieces(w, x, keys):
+    """The Slices model's sum, written with tensor methods only so that it runs on torch's tensors too."""
+    out = x.sum()
+    for k, key in enumerate(keys):
+        out = out + ((k + 1) * w[key].tanh()).sum() * x.mean()
+    return out
 
 
 SLICE_CASES = {
@@ -171,24 +177,53 @@ SLICE_CASES = {
     "empty_piece": ((4, 2), [slice(2, 2), slice(0, 4)]),
     "empty_dim": ((0, 3), [slice(0, 0), slice(0, None)]),
     "mixed_dims": ((4, 6), [slice(0, 2), (slice(None), slice(3, 6)), slice(2, 4)]),
+    # int indices read x[t] as x[t:t+1] with that dim dropped
+    "ints_every_step": ((5, 3), [0, 1, 2, 3, 4]),
+    "ints_any_order": ((5, 3), [3, 0, 4, 1, 2]),
+    "ints_subset": ((7, 3), [5, 1]),
+    "ints_negative": ((6, 2), [-1, 3, -6, 1]),
+    "ints_repeated": ((5, 3), [2, 4, 2, -3, 4]),
+    "ints_middle_dim": ((3, 4, 2), [(slice(None), 1), (slice(None), -1), (slice(None), 1), (slice(None), 0)]),
+    "ints_last_dim": ((2, 5), [(slice(None), 4), (slice(None), 0), (slice(None), -2)]),
+    "ints_of_a_vector": ((4,), [0, 3, -1, 3]),
+    "ints_and_slices": ((6, 3), [slice(0, 2), 3, slice(4, 6), 2]),
+    "ints_inside_slices": ((6, 2), [slice(1, 4), 2, -1, slice(4, 6), 2]),
+    "ints_mixed_dims": ((4, 5), [1, (slice(None), 3), slice(2, 4), (slice(None), -5), 1]),
 }
 
 
 @pytest.mark.parametrize("case", sorted(SLICE_CASES))
 def test_slice_gradients_match_eager(case):
-    """The gradient of several slices of one tensor is laid out by `cat` (zero gaps, overlaps added), and equals
-    eager autograd's sum of zero-filled slices."""
+    """The gradient of several slices or int indices of one tensor is laid out by `cat` (zero gaps, overlaps
+    added), and equals eager autograd's sum of zero-filled slices; so does the forward."""
     shape, keys = SLICE_CASES[case]
     torch.manual_seed(2)
     model = Slices(shape, keys)
     compiled = nnc.compile(Slices(shape, keys))
     compiled.load_state_dict(model.state_dict())
     x = torch.randn(3, dtype=torch.float64)
-    grads = []
+    outs, grads = [], []
     for m in (model, compiled):
-        m(x).backward()
+        out = m(x)
+        out.backward()
+        outs.append(out.item())
         grads.append(m.w.grad.numpy().copy())
+    assert outs[1] == pytest.approx(outs[0], rel=1e-12)
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", sorted(k for k in SLICE_CASES if k.startswith("ints")))
+def test_int_index_gradients_match_torch(case):
+    """The compiled gradient of int-index reads against torch's (the oracle) on the same parameter."""
+    real = helpers.require_torch()
+    shape, keys = SLICE_CASES[case]
+    torch.manual_seed(3)
+    compiled = nnc.compile(Slices(shape, keys))
+    x = torch.randn(3, dtype=torch.float64)
+    compiled(x).backward()
+    w = real.tensor(compiled.w.detach().numpy().copy(), requires_grad=True)
+    read_pieces(w, real.tensor(x.numpy().copy()), keys).backward()
+    np.testing.assert_allclose(compiled.w.grad.numpy(), w.grad.numpy(), rtol=1e-12, atol=1e-12)
 
 
 def test_chunked_parameter_gradient_is_one_cat():
@@ -196,6 +231,37 @@ def test_chunked_parameter_gradient_is_one_cat():
     and slice write per chunk."""
     model = Slices((6, 3), [slice(0, 2), slice(2, 4), slice(4, 6)])
     _, backward = backward_of(model, torch.randn(3, dtype=torch.float64))
+    ops = ops_of(backward.gm.graph.nodes)
+    assert ops.count("cat") == 1 and "index_put" not in ops and "full" not in ops
+
+
+class PerStep(nn.Module):
+    """An RNN's input projection read a step at a time, proj[t] for t in `steps` (runtime's RNNBase._run reads
+    x_proj[t] so)."""
+
+    def __init__(self, size, steps):
+        super().__init__()
+        self.linear, self.steps = nn.Linear(size, size, dtype=torch.float64), steps
+
+    def forward(self, x):
+        proj = self.linear(x)
+        out = proj[self.steps[0]].tanh()
+        for k, t in enumerate(self.steps[1:]):
+            out = (k + 2) * proj[t].tanh() + out * 0.5
+        return out
+
+
+@pytest.mark.parametrize("steps", [range(8), [3, 0, -1, 3, 5]], ids=["every_step", "some_steps_repeated"])
+def test_per_step_reads_match_eager(steps):
+    torch.manual_seed(4)
+    helpers.compiled_matches_eager(PerStep(4, list(steps)), torch.randn(8, 2, 4, dtype=torch.float64))
+
+
+def test_per_step_reads_gradient_is_one_cat():
+    """proj[t] for each of T steps: the backward stacks the T step gradients with one cat, instead of writing each
+    into a zero tensor of proj's whole (T, B, H) shape and summing T of them."""
+    x = torch.randn(8, 2, 4, dtype=torch.float64)
+    _, backward = backward_of(PerStep(4, list(range(8))), x)
     ops = ops_of(backward.gm.graph.nodes)
     assert ops.count("cat") == 1 and "index_put" not in ops and "full" not in ops
 

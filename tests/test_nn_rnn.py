@@ -199,3 +199,17 @@ def test_rnn_compiles_forward_and_backward_like_eager(make):
     out.sum().backward()
     for k, p in model.named_parameters():
         np.testing.assert_allclose(p.grad.numpy(), eager_grads[k], rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+@pytest.mark.parametrize("name", ["RNN", "LSTM", "GRU"])
+def test_rnn_backward_has_no_scatter_per_step(name):
+    """Each layer reads its input projection a step at a time (x_proj[t]): the backward concatenates the step
+    gradients rather than writing each into a zero tensor of the whole sequence (an index_put per step)."""
+    from nnc import pipeline
+
+    model = getattr(nn, name)(4, 5, num_layers=2, bidirectional=True)
+    c = pipeline.Compilation(model, {"hx": None}, {"input": runtime.randn(6, 2, 4)}, needs_grad=True)
+    pipeline.run_stages(c, until="simplify_backward")
+    ops = [n.target.op.name for _, gm in pipeline.stage_graphs(c, "simplify_backward") for n in gm.graph.nodes
+           if hasattr(n.target, "op")]
+    assert "cat" in ops and "index_put" not in ops

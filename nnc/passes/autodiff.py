@@ -33,9 +33,11 @@ count as free: tanh(mm1 * mm2) then saves mm1 and mm2 (mul's rule reads them) an
 graph (both after dead code is removed).
 
 Gradient contributions to one node are summed once all of them are in. Those of plain slices along one dim
-(x[a:b] of chunk or split; `_SlicePiece`) are laid out by one `cat`, gaps filled with zeros and overlapping slices
-added, rather than written each into a zero tensor of x's shape and summed: the packed q/k/v projection of an
-attention gets its weight gradient as one cat of three (or one matmul, when the cat feeds it).
+(x[a:b] of chunk or split; `_SlicePiece`) and of int indices (x[t], read as x[t:t+1] without that dim) are laid out
+by one `cat`, gaps filled with zeros and overlapping slices added, rather than written each into a zero tensor of
+x's shape and summed: the packed q/k/v projection of an attention gets its weight gradient as one cat of three (or
+one matmul, when the cat feeds it), and an RNN's input projection, read a step at a time, one cat of T steps
+(written per step and summed, its bytes grew as T squared).
 """
 from __future__ import annotations
 
@@ -279,29 +281,41 @@ class _SlicePiece:
 
 
 def _slice_piece(node: Node, requires: set):
-    """(dim, start, stop) when `node` is a getitem of a differentiable tensor by slices with step 1 that cut one
-    dim of concrete size (the others whole), else None."""
+    """(dim, start, stop, is_int) when `node` is a getitem of a differentiable tensor that cuts one dim of concrete
+    size (the others whole) by a slice with step 1 or by an int (x[t] reads x[t:t+1] with that dim dropped), else
+    None."""
     if not (isinstance(node.target, Prim) and node.target.op.name == "getitem" and len(node.args) == 1
             and node.args[0] in requires):
         return None
     shape, key = node.args[0].meta["shape"], node.kwargs["key"]
-    if len(key) > len(shape) or any(item[0] != "slice" or item[3] not in (None, 1) for item in key):
+    if len(key) > len(shape) or not all(_plain_slice(item) or _int_index(item) for item in key):
         return None
-    cut = [(d, item) for d, item in enumerate(key) if item[1:3] not in ((None, None), (0, None))]
+    cut = [(d, item) for d, item in enumerate(key) if item[0] == "int" or item[1:3] not in ((None, None), (0, None))]
     if len(cut) > 1:
         return None
     dim, item = cut[0] if cut else (0, ("slice", None, None, None))
     size = shape[dim]
     if not isinstance(size, int):
         return None
+    if item[0] == "int":
+        start = item[1] + size if item[1] < 0 else item[1]
+        return dim, start, start + 1, True
     start, stop, _ = slice(item[1], item[2]).indices(size)
-    return dim, start, max(start, stop)
+    return dim, start, max(start, stop), False
+
+
+def _plain_slice(item) -> bool:
+    return item[0] == "slice" and item[3] in (None, 1)
+
+
+def _int_index(item) -> bool:
+    return item[0] == "int" and isinstance(item[1], int)
 
 
 def _total(parts: list, node: Node) -> MetaValue:
     """The sum of one node's gradient contributions. Slice pieces along one dim that do not overlap become one
     `cat` (gaps filled with zeros) instead of a zero tensor written per slice and added up: the gradient of
-    chunk/split, such as an attention's packed q, k, v projection weight."""
+    chunk/split, such as an attention's packed q, k, v projection weight, or of an RNN's per-step reads x[t]."""
     pieces = [p for p in parts if isinstance(p, _SlicePiece)]
     terms = [p for p in parts if not isinstance(p, _SlicePiece)]
     for dim in dict.fromkeys(p.dim for p in pieces):
@@ -362,7 +376,9 @@ def _build(forward: GraphModule, wrt: list[Node], saved_leaves: set) -> Backward
             grad = parts[node] = [_total(parts[node], node)]
             piece = _slice_piece(node, diff.requires)
             if piece is not None:
-                parts.setdefault(node.args[0], []).append(_SlicePiece(*piece, grad[0]))
+                dim, start, stop, is_int = piece
+                g = grad[0].unsqueeze(dim) if is_int else grad[0]
+                parts.setdefault(node.args[0], []).append(_SlicePiece(dim, start, stop, g))
                 continue
             for arg, gi in diff.input_gradients(node, grad[0]):
                 parts.setdefault(arg, []).append(gi)
