@@ -177,6 +177,7 @@ SLICE_CASES = {
     "empty_piece": ((4, 2), [slice(2, 2), slice(0, 4)]),
     "empty_dim": ((0, 3), [slice(0, 0), slice(0, None)]),
     "mixed_dims": ((4, 6), [slice(0, 2), (slice(None), slice(3, 6)), slice(2, 4)]),
+    "repeated_slices": ((5, 2), [slice(1, 3), slice(0, 1), slice(1, 3)]),
     # int indices read x[t] as x[t:t+1] with that dim dropped
     "ints_every_step": ((5, 3), [0, 1, 2, 3, 4]),
     "ints_any_order": ((5, 3), [3, 0, 4, 1, 2]),
@@ -194,8 +195,8 @@ SLICE_CASES = {
 
 @pytest.mark.parametrize("case", sorted(SLICE_CASES))
 def test_slice_gradients_match_eager(case):
-    """The gradient of several slices or int indices of one tensor is laid out by `cat` (zero gaps, overlaps
-    added), and equals eager autograd's sum of zero-filled slices; so does the forward."""
+    """The gradient of several slices or int indices of one tensor is laid out by `cat` (zero gaps, repeats and
+    overlaps added), and equals eager autograd's sum of zero-filled slices; so does the forward."""
     shape, keys = SLICE_CASES[case]
     torch.manual_seed(2)
     model = Slices(shape, keys)
@@ -251,7 +252,7 @@ class PerStep(nn.Module):
         return out
 
 
-@pytest.mark.parametrize("steps", [range(8), [3, 0, -1, 3, 5]], ids=["every_step", "some_steps_repeated"])
+@pytest.mark.parametrize("steps", [range(8), [3, 0, -1, 3, 7, 5]], ids=["every_step", "some_steps_repeated"])
 def test_per_step_reads_match_eager(steps):
     torch.manual_seed(4)
     helpers.compiled_matches_eager(PerStep(4, list(steps)), torch.randn(8, 2, 4, dtype=torch.float64))
@@ -259,11 +260,15 @@ def test_per_step_reads_match_eager(steps):
 
 def test_per_step_reads_gradient_is_one_cat():
     """proj[t] for each of T steps: the backward stacks the T step gradients with one cat, instead of writing each
-    into a zero tensor of proj's whole (T, B, H) shape and summing T of them."""
+    into a zero tensor of proj's whole (T, B, H) shape and summing T of them. A step read by two keys (-1 and 7:
+    two nodes, where one key read twice is one node) has its gradients added before the cat."""
     x = torch.randn(8, 2, 4, dtype=torch.float64)
     _, backward = backward_of(PerStep(4, list(range(8))), x)
     ops = ops_of(backward.gm.graph.nodes)
     assert ops.count("cat") == 1 and "index_put" not in ops and "full" not in ops
+    _, backward = backward_of(PerStep(4, [3, 0, -1, 3, 7, 5]), x)  # -1 is 7
+    ops = ops_of(backward.gm.graph.nodes)
+    assert ops.count("cat") == 1 and "index_put" not in ops  # zeros only for the gaps
 
 
 class NormThenLinear(nn.Module):

@@ -34,10 +34,10 @@ graph (both after dead code is removed).
 
 Gradient contributions to one node are summed once all of them are in. Those of plain slices along one dim
 (x[a:b] of chunk or split; `_SlicePiece`) and of int indices (x[t], read as x[t:t+1] without that dim) are laid out
-by one `cat`, gaps filled with zeros and overlapping slices added, rather than written each into a zero tensor of
-x's shape and summed: the packed q/k/v projection of an attention gets its weight gradient as one cat of three (or
-one matmul, when the cat feeds it), and an RNN's input projection, read a step at a time, one cat of T steps
-(written per step and summed, its bytes grew as T squared).
+by one `cat`, gaps filled with zeros (pieces of one range are added first, other overlapping slices after), rather
+than written each into a zero tensor of x's shape and summed: the packed q/k/v projection of an attention gets its
+weight gradient as one cat of three (or one matmul, when the cat feeds it), and an RNN's input projection, read a
+step at a time, one cat of T steps (written per step and summed, its bytes grew as T squared).
 """
 from __future__ import annotations
 
@@ -315,8 +315,9 @@ def _int_index(item) -> bool:
 def _total(parts: list, node: Node) -> MetaValue:
     """The sum of one node's gradient contributions. Slice pieces along one dim that do not overlap become one
     `cat` (gaps filled with zeros) instead of a zero tensor written per slice and added up: the gradient of
-    chunk/split, such as an attention's packed q, k, v projection weight, or of an RNN's per-step reads x[t]."""
-    pieces = [p for p in parts if isinstance(p, _SlicePiece)]
+    chunk/split, such as an attention's packed q, k, v projection weight, or of an RNN's per-step reads x[t].
+    Pieces of the same range (x[t] read twice) are added first."""
+    pieces = _merge_repeats([p for p in parts if isinstance(p, _SlicePiece)])
     terms = [p for p in parts if not isinstance(p, _SlicePiece)]
     for dim in dict.fromkeys(p.dim for p in pieces):
         placed, end = [], 0
@@ -331,6 +332,16 @@ def _total(parts: list, node: Node) -> MetaValue:
     for t in terms[1:]:
         total = total + t
     return total
+
+
+def _merge_repeats(pieces: list) -> list:
+    """The pieces with those of one (dim, start, stop) summed into one, in first-seen order."""
+    merged: dict[tuple, _SlicePiece] = {}
+    for p in pieces:
+        key = (p.dim, p.start, p.stop)
+        seen = merged.get(key)
+        merged[key] = p if seen is None else _SlicePiece(*key, seen.grad + p.grad)
+    return list(merged.values())
 
 
 def _placed(first: _SlicePiece, pieces: list, node: Node) -> MetaValue:
