@@ -271,6 +271,36 @@ def test_per_step_reads_gradient_is_one_cat():
     assert ops.count("cat") == 1 and "index_put" not in ops  # zeros only for the gaps
 
 
+class Recurrent(nn.Module):
+    """h = tanh(x[t] + h @ W^T) over T steps: the recurrent weight's gradient is a sum of T thin products."""
+
+    def __init__(self, size, batch, steps):
+        super().__init__()
+        self.cell, self.batch, self.steps = nn.Linear(size, size, bias=False, dtype=torch.float64), batch, steps
+
+    def forward(self, x):
+        h = torch.zeros(self.batch, x.shape[-1], dtype=torch.float64)
+        for t in range(self.steps):
+            h = (x[t] + self.cell(h)).tanh()
+        return h
+
+
+def test_recurrent_weight_gradient_matches_eager():
+    torch.manual_seed(5)
+    helpers.compiled_matches_eager(Recurrent(6, 2, 5), torch.randn(5, 2, 6, dtype=torch.float64))
+
+
+def test_recurrent_weight_gradient_is_one_product():
+    """The T products h_t^T @ dh_t of a recurrent weight's gradient (batch 2, so each reads fewer elements than it
+    writes) are one product of concatenated operands; products as large as their operands stay apart."""
+    _, backward = backward_of(Recurrent(6, 2, 5), torch.randn(5, 2, 6, dtype=torch.float64))
+    weight_grads = [n for n in backward.gm.graph.nodes if ops_of([n]) == ["matmul"] and n.meta["shape"] == (6, 6)]
+    assert len(weight_grads) == 1 and tuple(weight_grads[0].args[0].meta["shape"]) == (6, 10)
+    _, backward = backward_of(Recurrent(6, 8, 5), torch.randn(5, 8, 6, dtype=torch.float64))
+    weight_grads = [n for n in backward.gm.graph.nodes if ops_of([n]) == ["matmul"] and n.meta["shape"] == (6, 6)]
+    assert len(weight_grads) == 5
+
+
 class NormThenLinear(nn.Module):
     """LayerNorm then a linear over a transposed copy: a per-row rstd and a copy the forward writes anyway."""
 

@@ -318,7 +318,7 @@ def _total(parts: list, node: Node) -> MetaValue:
     chunk/split, such as an attention's packed q, k, v projection weight, or of an RNN's per-step reads x[t].
     Pieces of the same range (x[t] read twice) are added first."""
     pieces = _merge_repeats([p for p in parts if isinstance(p, _SlicePiece)])
-    terms = [p for p in parts if not isinstance(p, _SlicePiece)]
+    terms = _joined_products([p for p in parts if not isinstance(p, _SlicePiece)])
     for dim in dict.fromkeys(p.dim for p in pieces):
         placed, end = [], 0
         for p in sorted((p for p in pieces if p.dim == dim), key=lambda p: p.start):
@@ -332,6 +332,43 @@ def _total(parts: list, node: Node) -> MetaValue:
     for t in terms[1:]:
         total = total + t
     return total
+
+
+def _joined_products(terms: list) -> list:
+    """The terms with thin products of one shape joined: a_1 @ b_1 + ... + a_T @ b_T (2-D, [M, K_t] @ [K_t, N], each
+    reading fewer elements than it writes) is cat(a, 1) @ cat(b, 0), one product summing over every K_t.
+
+    NOTE: a recurrent weight's gradient is a sum of one such product per step (h_t^T @ dgates_t, K the batch):
+    T small matrix products and T - 1 additions of [M, N] become two copies of the operands and one product."""
+    groups: dict[tuple, list] = {}
+    for t in terms:
+        key = _thin_product(t)
+        if key is not None:
+            groups.setdefault(key, []).append(t)
+    joined = {id(g[0]): _join(g) for g in groups.values() if len(g) > 1}
+    kept = {id(t) for g in groups.values() if len(g) > 1 for t in g}
+    return [joined[id(t)] if id(t) in joined else t for t in terms if id(t) in joined or id(t) not in kept]
+
+
+def _thin_product(value):
+    """(M, N, dtype) when `value` is a 2-D product a @ b whose operands have fewer elements than it, else None."""
+    node = getattr(value, "node", None)
+    if node is None or not (isinstance(node.target, Prim) and node.target.op.name == "matmul") or node.kwargs:
+        return None
+    a, b = node.args
+    shapes = [x.meta.get("shape") for x in (a, b, node)]
+    if any(shape is None or len(shape) != 2 or not all(isinstance(d, int) for d in shape) for shape in shapes):
+        return None
+    (m, k), (_, n) = shapes[0], shapes[1]
+    return (m, n, node.meta.get("dtype")) if k * (m + n) < m * n else None
+
+
+def _join(products: list) -> MetaValue:
+    """One product of the concatenated operands of products a_t @ b_t (see _joined_products)."""
+    builder = products[0].builder
+    a = apply("cat", *(MetaValue(p.node.args[0], builder) for p in products), dim=1)
+    b = apply("cat", *(MetaValue(p.node.args[1], builder) for p in products), dim=0)
+    return apply("matmul", a, b)
 
 
 def _merge_repeats(pieces: list) -> list:
