@@ -7,7 +7,8 @@ value has shape A + I + B. Every index is checked (numpy's wrap of -K..-1, anyth
 IndexError) in a serial pass before any element moves. A gather copies rows of B in a loop over (a, i) tasks, a
 prange when the elements moved reach PARALLEL_MIN_ELEMENTS; a scatter runs serially in index order, so repeated
 indices accumulate (accumulate=True, numpy's add.at) or the last one wins, as numpy's does. A scatter's values have
-the gathered shape, or are one value written everywhere (index_put's own gradient writes zeros). A serial kernel
+the gathered shape, or are one value written everywhere (index_put's own gradient writes zeros; a Python scalar, as
+index_fill_ writes, is a literal of the result's dtype). A serial kernel
 launched on its own calls the same loops precompiled for every size (nnc.codegen.precompiled's gather_rows and
 scatter_rows) instead of generating them.
 """
@@ -16,12 +17,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from ..graph import Node
 from ..kernel import Kernel, gather_dim
 from ..symbolic import has_symbols
 from .cpu_elementwise import (PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, ParallelLoop, indent, launch_line,
                               precompiled_call)
 from .indexing import c_strides, shifted
-from .scalar import Unsupported, node_dtype, node_shape
+from .scalar import Unsupported, format_literal, node_dtype, node_shape
 
 
 @dataclass(frozen=True)
@@ -46,13 +50,18 @@ def _geometry(kernel: Kernel):
     op = node.target.op.name
     index = node.args[1] if op == "getitem" else node.args[2]
     i_shape = tuple(node_shape(index))
-    if op == "index_put":
+    if op == "index_put" and isinstance(node.args[1], Node):
         values = tuple(node_shape(node.args[1]))
         if values != x_shape[:dim] + i_shape + x_shape[dim + 1:] and math.prod(values) != 1:
             raise Unsupported(f"index_put values of shape {list(values)} would broadcast (a scatter kernel takes "
                               f"them whole, or one value for every element)")
         if node_dtype(node.args[1]) != node_dtype(node) or node_dtype(node.args[0]) != node_dtype(node):
             raise Unsupported("index_put values and target must have the result's dtype")
+    elif op == "index_put":
+        if node.kwargs.get("accumulate"):
+            raise Unsupported("an index_put adding a Python scalar (numpy's add.at casts it by its own rules)")
+        if node_dtype(node.args[0]) != node_dtype(node):
+            raise Unsupported("index_put target must have the result's dtype")
     outer, inner = math.prod(x_shape[:dim]), math.prod(x_shape[dim + 1:])
     return node, op, dim, outer, x_shape[dim], math.prod(i_shape), inner, out_shape
 
@@ -86,11 +95,15 @@ def _wrapped(index: Array, k: int) -> list[str]:
     return [f"j = {_at(index, 'i')}", "if j < 0:", f"    j += {k}"]
 
 
-def _reads(kb: KernelBuilder, node) -> list[Array]:
-    """The Array each tensor argument of `node` is read through, in argument order; a folded view must be a
-    contiguous run of its base (nnc.passes.views folds no other view into a gather kernel)."""
+def _reads(kb: KernelBuilder, node) -> list[Array | None]:
+    """The Array each tensor argument of `node` is read through, in argument order (None for a Python scalar: an
+    index_put's value); a folded view must be a contiguous run of its base (nnc.passes.views folds no other view
+    into a gather kernel)."""
     arrays = []
     for arg in node.args:
+        if not isinstance(arg, Node):
+            arrays.append(None)
+            continue
         a = kb.read_of(arg)
         if a.strides is not None and tuple(a.strides) != tuple(c_strides(a.shape)):
             raise Unsupported(f"{arg.name} is a strided view; a gather kernel reads contiguous runs only")
@@ -108,6 +121,19 @@ def _one_value(node, n, inner) -> bool:
     """Whether an index_put writes one value everywhere (index_put's own gradient writes zeros) rather than values
     of the gathered shape (when that shape has one element, its one value is read either way)."""
     return math.prod(node_shape(node.args[1])) == 1 and (n, inner) != (1, 1)
+
+
+def _scalar_literal(node) -> str:
+    """An index_put's Python scalar value (index_fill_, `x[:, idx] = 0.0`) as a literal of the result's dtype,
+    converted as numpy's assignment converts it (1.5 into int64 is 1); a value numpy refuses is left to the
+    interpreter, which raises numpy's error."""
+    d = node_dtype(node)
+    cell = np.empty(1, dtype=d)
+    try:
+        cell[0] = node.args[1]
+    except (TypeError, ValueError, OverflowError) as error:
+        raise Unsupported(f"the value {node.args[1]!r} does not convert to {d}: {error}") from None
+    return format_literal(cell[0].item(), d)
 
 
 def _precompiled_launch(kb: KernelBuilder, node, op: str, dim: int, arrays: list[Array], sizes) -> list[str]:
@@ -130,10 +156,12 @@ def gen_gather(kb: KernelBuilder) -> None:
     node, op, dim, outer, k, n, inner, _ = _geometry(kb.kernel)
     sched = gather_schedule_of(kb.kernel)
     arrays = _reads(kb, node)
-    if kb.standalone and not sched.parallel and not has_symbols([outer, k, n, inner]) and len(kb.outs) == 1:
+    scalar = op == "index_put" and arrays[1] is None  # precompiled scatter_rows reads its values from an array
+    if (kb.standalone and not sched.parallel and not has_symbols([outer, k, n, inner]) and len(kb.outs) == 1
+            and not scalar):
         kb.launch = _precompiled_launch(kb, node, op, dim, arrays, (outer, k, n, inner))
         return
-    one_value = op == "index_put" and _one_value(node, n, inner)
+    one_value = op == "index_put" and not scalar and _one_value(node, n, inner)
     outer, k, n, inner, tasks, total = (_size(v) for v in (outer, k, n, inner, sched.tasks, outer * k * inner))
     if op == "getitem":  # x, index -> out0
         x, index = arrays
@@ -145,13 +173,13 @@ def gen_gather(kb: KernelBuilder) -> None:
     else:  # x, values, index -> out0 = x with values written (or added) at the indexed rows
         x, values, index = arrays
         store = "+=" if node.kwargs.get("accumulate") else "="
-        value = _at(values, "0" if one_value else "src + b")
+        value = _scalar_literal(node) if scalar else _at(values, "0" if one_value else "src + b")
         lines = _check_indices(index, n, k, dim)
         lines += [f"for e in range({total}):", f"    out0[e] = {_at(x, 'e')}",
                   f"for t in range({tasks}):", f"    a = t // {n}", f"    i = t % {n}"]
         lines += indent(_wrapped(index, k))
         lines += indent([f"dst = (a * {k} + j) * {inner}", f"src = t * {inner}",
                          f"for b in range({inner}):", f"    out0[dst + b] {store} {value}"])
-    f = Function(kb.name, kb.arguments(arrays + kb.outs), lines, sched.parallel)
+    f = Function(kb.name, kb.arguments([a for a in arrays if a is not None] + kb.outs), lines, sched.parallel)
     kb.functions.append(f)
     kb.launch = [launch_line(f)]
