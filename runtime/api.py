@@ -1819,6 +1819,22 @@ def index_fill(input, dim, index, value):
                  accumulate=False)
 
 
+def fill_diagonal_key(input, wrap=False):
+    """The index tensors of the elements fill_diagonal_ writes: (i, i, ...) for every i < the smallest size; with
+    `wrap`, a tall matrix's diagonal starts again after each blank row, as torch's does."""
+    if input.ndim < 2:
+        raise RuntimeError("dimensions must larger than 1")
+    if input.ndim > 2 and len(set(input.shape)) != 1:
+        raise RuntimeError("all dimensions of input must be of equal length")
+    rows, cols = input.shape[0], input.shape[1]
+    if wrap and input.ndim == 2 and rows > cols + 1:
+        index = np.arange(rows)
+        index = index[index % (cols + 1) != cols]
+        return input.new_tensor(index, dtype=dt.int64), input.new_tensor(index % (cols + 1), dtype=dt.int64)
+    index = input.new_tensor(np.arange(builtins.min(input.shape)), dtype=dt.int64)
+    return (index,) * input.ndim
+
+
 def masked_select(input, mask):
     x, m = broadcast_tensors(input, mask)
     return getitem(x, m)

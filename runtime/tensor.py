@@ -892,20 +892,7 @@ class Tensor:
         return self._fill_random(rng(generator).integers(low, high, self._data.shape))
 
     def fill_diagonal_(self, fill_value, wrap=False):
-        if self.ndim < 2:
-            raise RuntimeError("dimensions must larger than 1")
-        if self.ndim > 2 and len(set(self.shape)) != 1:
-            raise RuntimeError("all dimensions of input must be of equal length")
-        n = min(self.shape)
-        index = np.arange(n)
-        if wrap and self.ndim == 2 and self.shape[0] > self.shape[1] + 1:
-            index = np.arange(self.shape[0])
-            rows = index[index % (self.shape[1] + 1) != self.shape[1]]
-            cols = rows % (self.shape[1] + 1)
-            self[self.new_tensor(rows, dtype=dt.int64), self.new_tensor(cols, dtype=dt.int64)] = fill_value
-            return self
-        key = tuple(self.new_tensor(index, dtype=dt.int64) for _ in range(self.ndim))
-        self[key] = fill_value
+        self[api.fill_diagonal_key(self, wrap)] = fill_value
         return self
 
     def _fill_random(self, values: np.ndarray):

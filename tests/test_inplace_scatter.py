@@ -9,6 +9,33 @@ import nnc
 import runtime
 from runtime import nn
 
+INDEX = np.array([[1, 0, 2], [3, 1, 1], [0, 0, 3]])
+
+
+def _writes(lib):
+    """name -> write(base, src): an in-place scatter of `lib` (runtime or torch) into base, reading src [3, 3]."""
+    index, rows = lib.tensor(INDEX), lib.tensor([0, 2, 0])
+    return {
+        "scatter_ value": lambda b, s: b.scatter_(1, index, 1.5),
+        "scatter_ src": lambda b, s: b.scatter_(1, index[:, :2], s[:, 1:]),
+        "scatter_add_": lambda b, s: b.scatter_add_(1, index, s),
+        "index_add_": lambda b, s: b.index_add_(1, rows, s, alpha=-2.0),
+        "index_fill_": lambda b, s: b.index_fill_(1, rows, -1.0),
+        "index_fill_ tensor": lambda b, s: b.index_fill_(0, rows[:2], s[0, 0]),
+        "index_copy_": lambda b, s: b.index_copy_(1, lib.tensor([3, 0, 1]), s),
+        "fill_diagonal_": lambda b, s: b.fill_diagonal_(7.0),
+        "fill_diagonal_ wrap": lambda b, s: b.t().contiguous().fill_diagonal_(7.0, wrap=True),
+    }
+
+
+NAMES = list(_writes(runtime))
+
+
+def _inputs(lib):
+    x = lib.tensor(np.linspace(-1, 1, 12).reshape(3, 4), requires_grad=True)
+    s = lib.tensor(np.linspace(2, 3, 9).reshape(3, 3), requires_grad=True)
+    return x, s
+
 
 def _weighted_sum(lib, out):
     """A loss whose gradient differs per element, so a gradient in the wrong place shows."""
@@ -27,6 +54,30 @@ def _assert_same(got, want, tol=1e-12):
             np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_eager_writes_match_torch_values_and_gradients(name):
+    torch = pytest.importorskip("torch")
+    results = []
+    for lib in (runtime, torch):
+        x, s = _inputs(lib)
+        out = _writes(lib)[name](x * 1, s * 1)  # into a tensor that requires grad (not a leaf), from one that does
+        _weighted_sum(lib, out).backward()
+        results.append([out.detach().numpy(), *_grads(x, s)])
+    _assert_same(*results)
+
+
+class Write(nn.Module):
+    """`write` into a copy of x, or (fresh) into a new tensor of x's shape, then a product with x."""
+
+    def __init__(self, write, fresh=False):
+        super().__init__()
+        self.write, self.fresh = write, fresh
+
+    def forward(self, x, s):
+        base = runtime.zeros_like(x) if self.fresh else x * 1
+        return self.write(base, s * 1) * x.sum()
+
+
 def _compiled_matches_eager(model, *inputs):
     """Compiled and eager agree on outputs and input gradients; the compiled module runs no part eagerly."""
     results = []
@@ -40,6 +91,107 @@ def _compiled_matches_eager(model, *inputs):
     _assert_same(*results)
     report = nnc.explain(model, *inputs, backward=True)
     assert report.graph_breaks == [] and report.pieces == 0, str(report)
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["into a copy", "into zeros_like"])
+@pytest.mark.parametrize("name", NAMES)
+def test_compiled_writes_match_eager_forward_and_backward(name, fresh):
+    _compiled_matches_eager(Write(_writes(runtime)[name], fresh), *_inputs(runtime))
+
+
+class OneHotCE(nn.Module):
+    """Label smoothing as classification scripts write it."""
+
+    def forward(self, logits, target):
+        onehot = runtime.zeros_like(logits).scatter_(1, target.unsqueeze(1), 1.0)
+        smooth = onehot * 0.9 + 0.1 / logits.size(1)
+        return -(smooth * logits.log_softmax(1)).sum(1).mean()
+
+
+def test_one_hot_label_smoothing_compiles_as_one_graph():
+    runtime.manual_seed(0)
+    logits = runtime.randn(4, 5, dtype=runtime.float64, requires_grad=True)
+    target = runtime.tensor([4, 0, 2, 2])
+    _compiled_matches_eager(OneHotCE(), logits, target)
+    compiled = nnc.compile(OneHotCE())
+    compiled(logits, target)
+    assert compiled.compiled_variants == 1
+
+
+def test_a_tensor_made_in_forward_is_read_after_its_write():
+    class Later(nn.Module):
+        def forward(self, x, s):
+            z = runtime.zeros_like(x)
+            z.index_add_(1, runtime.tensor([0, 2, 0]), s)  # the result is not used: z itself is read below
+            z += 1
+            return z * x
+
+    _compiled_matches_eager(Later(), *_inputs(runtime))
+
+
+@pytest.mark.parametrize("alias", [lambda z: z[0], lambda z: z.detach()], ids=["view", "detached alias"])
+def test_an_alias_of_a_fresh_tensor_kept_across_its_write_runs_eagerly_and_right(alias):
+    class KeepsView(nn.Module):
+        def forward(self, x, s):
+            z = runtime.zeros_like(x)
+            kept = alias(z)
+            z.scatter_(1, runtime.tensor(INDEX[:, :2]), s[:, 1:])
+            return kept * x
+
+    x, s = _inputs(runtime)
+    with pytest.warns(RuntimeWarning, match="could not compile"):
+        got = nnc.compile(KeepsView())(x, s)
+    np.testing.assert_allclose(got.detach().numpy(), KeepsView()(x, s).detach().numpy())
+
+
+class CountClasses(nn.Module):
+    """Writes a buffer (class counts) and an input (the logits of the true class zeroed) in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("counts", runtime.zeros(5, dtype=runtime.float64))
+
+    def forward(self, logits, target):
+        self.counts.index_add_(0, target, runtime.ones_like(target, dtype=runtime.float64))
+        logits.scatter_(1, target.unsqueeze(1), 0.0)
+        return logits, logits.sum(1)
+
+
+def test_writes_into_an_input_and_a_buffer_are_written_back():
+    target = runtime.tensor([4, 0, 2, 2])
+    eager, compiled = CountClasses(), nnc.compile(CountClasses())
+    for _ in range(2):
+        x_eager = runtime.linspace(-1, 1, 20, dtype=runtime.float64).reshape(4, 5)
+        x_compiled = x_eager.clone()
+        want = eager(x_eager, target)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = compiled(x_compiled, target)
+        assert got[0] is x_compiled and want[0] is x_eager
+        np.testing.assert_array_equal(x_compiled.numpy(), x_eager.numpy())
+        np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+    np.testing.assert_array_equal(compiled.counts.numpy(), [2, 0, 4, 0, 2])
+    np.testing.assert_array_equal(eager.counts.numpy(), compiled.counts.numpy())
+    assert compiled.compiled_variants == 1
+
+
+def test_an_input_that_requires_grad_written_in_place_gets_the_writes_history():
+    class FillDiagonal(nn.Module):
+        def forward(self, x, s):
+            x.index_add_(1, runtime.tensor([0, 2, 0]), s).fill_diagonal_(0.5)
+            return x
+
+    grads = []
+    for model in (FillDiagonal(), nnc.compile(FillDiagonal())):
+        x, s = _inputs(runtime)
+        inp = x * 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            out = model(inp, s)
+        assert out is inp
+        _weighted_sum(runtime, out * inp).backward()
+        grads.append(_grads(x, s))
+    _assert_same(*grads)
 
 
 # -- index_put of a Python scalar as a generated gather kernel ------------------------------------------------------

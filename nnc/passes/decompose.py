@@ -16,6 +16,8 @@ import contextlib
 import math
 import threading
 
+import numpy as np
+
 import runtime
 import runtime.factories as factories
 from runtime import amp, api, dtypes as dt
@@ -279,6 +281,10 @@ class GraphBuilder:
             node.meta.update(shape=tuple(tensor.shape), dtype=tensor.dtype, module_path=path.rpartition(".")[0])
         return node
 
+    def value_of_constant(self, tensor: Tensor) -> "MetaValue":
+        """A real tensor as the graph value of its constant (a new one: made in forward, so made anew per call)."""
+        return self.value_of_attr(self._path_for(tensor), tensor)
+
     def value_of_attr(self, path: str, obj):
         """A parameter or buffer read as a graph value: its current contents, a write earlier in the graph included
         (BatchNorm reads num_batches_tracked right after incrementing it)."""
@@ -465,6 +471,7 @@ def _replay_node(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
         return None
     args = map_arg(node.args, env.__getitem__)
     kwargs = map_arg(node.kwargs, env.__getitem__)
+    args, kwargs = _written_constant_as_graph_value(builder, node, args, kwargs, env)
     if node.op == "call_module" and has_hooks(fetch_attr(gm, node.target)):
         if getattr(fetch_attr(gm, node.target), "inplace", False):
             raise FunctionalizeError(f"{node.target} works in place and has hooks, so it must run eagerly, and "
@@ -491,6 +498,51 @@ def _replay_node(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
                                      f"({type(error).__name__}: {error})") from error
         _erase_new_nodes(builder, existing)
         return _opaque(builder, node, args, kwargs, f"{type(error).__name__}: {error}")
+
+
+def _written_constant_as_graph_value(builder: GraphBuilder, node: Node, args, kwargs, env: dict):
+    """(args, kwargs) with the tensor `node` writes made a graph value when it is a real tensor written with graph
+    values (a constant made in forward: `torch.zeros_like(x).scatter_(1, index, 1.0)`). Every env entry holding it
+    then holds that value, so later readers see the write."""
+    target = _real_tensor_written_with_graph_values(node, args, kwargs)
+    if target is None:
+        return args, kwargs
+    if target.requires_grad or target._base is not None:
+        raise FunctionalizeError(f"{node.name} writes graph values into a tensor made in forward that requires "
+                                 f"grad or is a view; it runs eagerly")
+    value = builder.value_of_constant(target)
+    for key, held in env.items():
+        if held is target:
+            env[key] = value
+        elif any(_aliases(t, target) for t in pytree.tensor_leaves(held)):
+            # NOTE: a view or detached alias computed eagerly holds the old values, and its view ops are not in the
+            # graph to replay after the write
+            raise FunctionalizeError(f"{node.name} writes graph values into a tensor made in forward that has "
+                                     f"views or aliases; it runs eagerly")
+
+    def swap(v):
+        return value if v is target else v
+
+    return tuple(map(swap, args)), {k: swap(v) for k, v in kwargs.items()}
+
+
+def _aliases(t: Tensor, target: Tensor) -> bool:
+    """Whether t shares target's memory (a view of it or a detached alias)."""
+    if t._base is target:
+        return True
+    return isinstance(t._data, np.ndarray) and isinstance(target._data, np.ndarray) and \
+        np.may_share_memory(t._data, target._data)
+
+
+def _real_tensor_written_with_graph_values(node: Node, args, kwargs):
+    """The real tensor an in-place method, `x[i] = v`, `x += v`, inplace=True or out= writes, when some other
+    argument is a graph value (it cannot be computed eagerly); None otherwise."""
+    if node.op not in ("call_method", "call_function") or not _writes_in_place(node):
+        return None
+    target = kwargs.get("out") if kwargs.get("out") is not None else (args[0] if args else None)
+    if not isinstance(target, Tensor):
+        return None
+    return target if any(isinstance(v, MetaValue) for v in pytree.flatten((args, kwargs))[0]) else None
 
 
 def _writes_in_place(node: Node) -> bool:

@@ -209,6 +209,11 @@ def _copy_(self, src, non_blocking=False):
     return _fill_(self, src)
 
 
+def _fill_diagonal_(self, fill_value, wrap=False):
+    _setitem(self, api.fill_diagonal_key(self, wrap), fill_value)
+    return self
+
+
 def _detach_(self):
     """Eager's detach_ changes the tensor object, not its memory: only this value stops carrying gradients (an
     input's is detached after the run too; an attribute's, or a view's, which eager refuses, runs eagerly)."""
@@ -240,7 +245,7 @@ def _refuse(name: str):
 
 
 _OVERRIDES = {"detach_": _detach_, "addcmul_": _addcmul_, "addcdiv_": _addcdiv_, "lerp_": _lerp_,
-              "fill_": _fill_, "zero_": _zero_, "copy_": _copy_}
+              "fill_": _fill_, "zero_": _zero_, "copy_": _copy_, "fill_diagonal_": _fill_diagonal_}
 
 
 def install(cls) -> None:
