@@ -1,5 +1,6 @@
 """In-place scatters (scatter_, index_add_, index_fill_, fill_diagonal_ ...): eager vs torch, compiled vs eager."""
 import copy
+import math
 import warnings
 
 import numpy as np
@@ -231,3 +232,27 @@ def test_a_scalar_written_at_an_index_runs_as_a_generated_gather_kernel(dtype, v
 
 def test_a_scalar_written_at_an_index_has_eager_gradients():
     _compiled_matches_eager(FillColumns(0.25), runtime.randn(5, 6, dtype=runtime.float64, requires_grad=True))
+
+
+class PutRows(nn.Module):
+    """`y[:, index] = v` with values v that broadcast to the indexed shape, or hold one value."""
+
+    def forward(self, x, v):
+        y = x * 2
+        y[:, runtime.tensor([0, 3, -1, 0][:x.shape[1]])] = v
+        return y + 1
+
+
+@pytest.mark.parametrize("x_shape, v_shape", [((4, 5, 3), (3,)), ((4, 5, 3), (4, 1, 3)), ((4, 5, 3), (1, 4, 1)),
+                                              ((4, 5, 3), (1,)), ((6, 1), (1,)), ((6, 1), (6, 1))])
+def test_values_that_broadcast_or_hold_one_value_run_as_a_generated_gather_kernel(x_shape, v_shape):
+    x = runtime.arange(math.prod(x_shape), dtype=runtime.float64).reshape(x_shape)
+    v = -runtime.arange(1, math.prod(v_shape) + 1, dtype=runtime.float64).reshape(v_shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = nnc.compile(PutRows())(x, v)
+    np.testing.assert_array_equal(got.numpy(), PutRows()(x, v).numpy())
+    report = nnc.explain(PutRows(), x, v)
+    gathers = [k for k in report.kernels if k.kind == "gather"]
+    assert gathers and all(k.generated and not k.fallback for k in gathers), str(report)
+    _compiled_matches_eager(PutRows(), x.requires_grad_(), v.requires_grad_())

@@ -7,10 +7,10 @@ value has shape A + I + B. Every index is checked (numpy's wrap of -K..-1, anyth
 IndexError) in a serial pass before any element moves. A gather copies rows of B in a loop over (a, i) tasks, a
 prange when the elements moved reach PARALLEL_MIN_ELEMENTS; a scatter runs serially in index order, so repeated
 indices accumulate (accumulate=True, numpy's add.at) or the last one wins, as numpy's does. A scatter's values have
-the gathered shape, or are one value written everywhere (index_put's own gradient writes zeros; a Python scalar, as
-index_fill_ writes, is a literal of the result's dtype). A serial kernel
-launched on its own calls the same loops precompiled for every size (nnc.codegen.precompiled's gather_rows and
-scatter_rows) instead of generating them.
+the gathered shape, broadcast to it (static sizes), or are one value written everywhere (index_put's own gradient
+writes zeros; a Python scalar, as index_fill_ writes, is a literal of the result's dtype). A serial kernel launched
+on its own calls the same loops precompiled for every size (nnc.codegen.precompiled's gather_rows and scatter_rows)
+instead of generating them, where its values are of the gathered shape or one value.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from ..kernel import Kernel, gather_dim
 from ..symbolic import has_symbols
 from .cpu_elementwise import (PARALLEL_MIN_ELEMENTS, Array, Function, KernelBuilder, ParallelLoop, indent, launch_line,
                               precompiled_call)
-from .indexing import c_strides, shifted
+from .indexing import broadcast_strides, c_strides, emit_offsets, shifted
 from .scalar import Unsupported, format_literal, node_dtype, node_shape
 
 
@@ -48,13 +48,13 @@ def _geometry(kernel: Kernel):
         raise Unsupported(f"{node.name} is not a getitem/index_put of one integer index tensor after full slices")
     x_shape, out_shape = tuple(node_shape(node.args[0])), tuple(node_shape(node))
     op = node.target.op.name
-    index = node.args[1] if op == "getitem" else node.args[2]
-    i_shape = tuple(node_shape(index))
+    i_shape = tuple(node_shape(node.args[1] if op == "getitem" else node.args[2]))
     if op == "index_put" and isinstance(node.args[1], Node):
-        values = tuple(node_shape(node.args[1]))
-        if values != x_shape[:dim] + i_shape + x_shape[dim + 1:] and math.prod(values) != 1:
-            raise Unsupported(f"index_put values of shape {list(values)} would broadcast (a scatter kernel takes "
-                              f"them whole, or one value for every element)")
+        values, gathered = tuple(node_shape(node.args[1])), _gathered_shape(node, dim)
+        if values != gathered and math.prod(values) != 1:
+            if has_symbols([values, gathered]):
+                raise Unsupported(f"index_put values of shape {list(values)} would broadcast over symbolic sizes")
+            broadcast_strides(values, gathered)  # (raises Unsupported unless they broadcast)
         if node_dtype(node.args[1]) != node_dtype(node) or node_dtype(node.args[0]) != node_dtype(node):
             raise Unsupported("index_put values and target must have the result's dtype")
     elif op == "index_put":
@@ -64,6 +64,12 @@ def _geometry(kernel: Kernel):
             raise Unsupported("index_put target must have the result's dtype")
     outer, inner = math.prod(x_shape[:dim]), math.prod(x_shape[dim + 1:])
     return node, op, dim, outer, x_shape[dim], math.prod(i_shape), inner, out_shape
+
+
+def _gathered_shape(node, dim: int) -> tuple:
+    """A + I + B: the shape x[..., index, ...] has, which an index_put's values broadcast to."""
+    x_shape, index = tuple(node_shape(node.args[0])), node.args[1 if node.target.op.name == "getitem" else 2]
+    return x_shape[:dim] + tuple(node_shape(index)) + x_shape[dim + 1:]
 
 
 def gather_schedule_of(kernel: Kernel) -> GatherSchedule:
@@ -117,10 +123,10 @@ def _size(value) -> str:
     return text if text.isdigit() else f"({text})"
 
 
-def _one_value(node, n, inner) -> bool:
+def _one_value(node, dim: int) -> bool:
     """Whether an index_put writes one value everywhere (index_put's own gradient writes zeros) rather than values
     of the gathered shape (when that shape has one element, its one value is read either way)."""
-    return math.prod(node_shape(node.args[1])) == 1 and (n, inner) != (1, 1)
+    return math.prod(node_shape(node.args[1])) == 1 and math.prod(_gathered_shape(node, dim)) != 1
 
 
 def _scalar_literal(node) -> str:
@@ -136,6 +142,27 @@ def _scalar_literal(node) -> str:
     return format_literal(cell[0].item(), d)
 
 
+def _values_whole(node, dim: int) -> bool:
+    """Whether an index_put's values are an array of the gathered shape or one value (what precompiled scatter_rows
+    reads), not a Python scalar or values that broadcast."""
+    return isinstance(node.args[1], Node) and (_one_value(node, dim)
+                                               or tuple(node_shape(node.args[1])) == _gathered_shape(node, dim))
+
+
+def _value_read(node, values: Array | None, dim: int) -> tuple[list[str], str]:
+    """(lines, expression): the value an index_put writes at element `src + b` of the gathered shape, read from
+    its values as they are, broadcast, one value for all, or a Python scalar (values None)."""
+    if values is None:
+        return [], _scalar_literal(node)
+    if _one_value(node, dim):
+        return [], _at(values, "0")
+    shape, gathered = tuple(node_shape(node.args[1])), _gathered_shape(node, dim)
+    if shape == gathered:
+        return [], _at(values, "src + b")
+    lines, (offset,) = emit_offsets(gathered, [broadcast_strides(shape, gathered)], "g", "v")
+    return ["g = src + b", *lines], _at(values, offset)
+
+
 def _precompiled_launch(kb: KernelBuilder, node, op: str, dim: int, arrays: list[Array], sizes) -> list[str]:
     """A serial gather or scatter as a call of nnc.codegen.precompiled's gather_rows or scatter_rows (compiled once
     for every shape), raising IndexError when it reports an index out of range."""
@@ -148,7 +175,7 @@ def _precompiled_launch(kb: KernelBuilder, node, op: str, dim: int, arrays: list
         x, values, index = arrays
         call = precompiled_call(kb, "scatter_rows", [x, x.offset, values, values.offset, index, index.offset, out,
                                                      outer, k, n, inner, int(bool(node.kwargs.get("accumulate"))),
-                                                     int(_one_value(node, n, inner))])
+                                                     int(_one_value(node, dim))])
     return [f"if not {call}:", f"    {_out_of_range(str(k), dim)}"]
 
 
@@ -156,12 +183,12 @@ def gen_gather(kb: KernelBuilder) -> None:
     node, op, dim, outer, k, n, inner, _ = _geometry(kb.kernel)
     sched = gather_schedule_of(kb.kernel)
     arrays = _reads(kb, node)
-    scalar = op == "index_put" and arrays[1] is None  # precompiled scatter_rows reads its values from an array
+    whole = op == "getitem" or _values_whole(node, dim)
     if (kb.standalone and not sched.parallel and not has_symbols([outer, k, n, inner]) and len(kb.outs) == 1
-            and not scalar):
+            and whole):
         kb.launch = _precompiled_launch(kb, node, op, dim, arrays, (outer, k, n, inner))
         return
-    one_value = op == "index_put" and not scalar and _one_value(node, n, inner)
+    value_lines, value = _value_read(node, arrays[1], dim) if op == "index_put" else ([], "")
     outer, k, n, inner, tasks, total = (_size(v) for v in (outer, k, n, inner, sched.tasks, outer * k * inner))
     if op == "getitem":  # x, index -> out0
         x, index = arrays
@@ -171,15 +198,14 @@ def gen_gather(kb: KernelBuilder) -> None:
         lines += indent([f"src = (a * {k} + j) * {inner}", f"dst = t * {inner}",
                          f"for b in range({inner}):", f"    out0[dst + b] = {_at(x, 'src + b')}"])
     else:  # x, values, index -> out0 = x with values written (or added) at the indexed rows
-        x, values, index = arrays
+        x, _, index = arrays
         store = "+=" if node.kwargs.get("accumulate") else "="
-        value = _scalar_literal(node) if scalar else _at(values, "0" if one_value else "src + b")
         lines = _check_indices(index, n, k, dim)
         lines += [f"for e in range({total}):", f"    out0[e] = {_at(x, 'e')}",
                   f"for t in range({tasks}):", f"    a = t // {n}", f"    i = t % {n}"]
         lines += indent(_wrapped(index, k))
         lines += indent([f"dst = (a * {k} + j) * {inner}", f"src = t * {inner}",
-                         f"for b in range({inner}):", f"    out0[dst + b] {store} {value}"])
+                         f"for b in range({inner}):", *indent(value_lines), f"    out0[dst + b] {store} {value}"])
     f = Function(kb.name, kb.arguments([a for a in arrays if a is not None] + kb.outs), lines, sched.parallel)
     kb.functions.append(f)
     kb.launch = [launch_line(f)]
