@@ -1819,6 +1819,47 @@ def index_fill(input, dim, index, value):
                  accumulate=False)
 
 
+def index_put(input, indices, values, accumulate=False):
+    """input with `values` (broadcast) written at input[indices], a tuple of integer or bool index tensors; with
+    `accumulate`, added instead, so repeated indices add up."""
+    if not isinstance(indices, (tuple, list)):
+        raise TypeError(f"index_put(): argument 'indices' must be tuple of Tensors, not {type(indices).__name__}")
+    for k, index in enumerate(indices):
+        if not is_tensor_like(index):
+            raise TypeError(f"index_put(): expected Tensor as element {k} in argument 'indices', but got "
+                            f"{type(index).__name__}")
+    if not is_tensor_like(values):
+        raise TypeError(f"index_put(): argument 'values' must be Tensor, not {type(values).__name__}")
+    if values.dtype is not input.dtype:
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got {input.dtype.name} for "
+                           f"the destination and {values.dtype.name} for the source.")
+    if len(indices) == 1 and indices[0].dtype is dt.bool_ and not (accumulate and input.dtype is dt.bool_):
+        value = _value_at_every_masked_position(input, indices[0], values)
+        if value is not None:
+            mask = indices[0].reshape(tuple(indices[0].shape) + (1,) * (input.ndim - indices[0].ndim))
+            return where(mask, input + value if accumulate else value, input)
+    key, tensors = encode_index(input, tuple(indices))
+    return apply("index_put", input, values, *tensors, key=key, accumulate=bool(accumulate))
+
+
+def _value_at_every_masked_position(input, mask, values):
+    """`values` without its leading (count) dim when index_put through `mask` writes the same values at every
+    masked position, else None. Then the put is a `where`, whose shapes, gradients included, do not depend on how
+    many elements the mask holds (so it compiles)."""
+    rest = tuple(input.shape[mask.ndim:])
+    if mask.ndim > input.ndim or tuple(mask.shape) != tuple(input.shape[:mask.ndim]):
+        return None
+    if values.ndim == len(rest) + 1 and values.shape[0] == 1:
+        values = values.reshape(tuple(values.shape[1:]))
+    if values.ndim > len(rest):
+        return None
+    try:
+        fits = _ops.broadcast_shapes(tuple(values.shape), rest) == rest
+    except _ops.ShapeError:
+        return None
+    return values if fits else None
+
+
 def fill_diagonal_key(input, wrap=False):
     """The index tensors of the elements fill_diagonal_ writes: (i, i, ...) for every i < the smallest size; with
     `wrap`, a tall matrix's diagonal starts again after each blank row, as torch's does."""
@@ -2634,7 +2675,7 @@ METHODS.update({name: globals()[name] for name in """
     select_scatter slice_scatter diagonal_scatter nonzero argwhere sort argsort msort kthvalue median nanmedian mode
     quantile nanquantile unique unique_consecutive bincount histc histogram dot vdot inner outer ger mv addmm addmv
     addr baddbmm addbmm kron cross norm dist renorm cov corrcoef logdet matrix_power matrix_exp det inverse slogdet
-    adjoint frexp i0 mvlgamma index_reduce bernoulli
+    adjoint frexp i0 mvlgamma index_reduce bernoulli index_put
 """.split()})
 METHODS.update(polygamma=lambda self, n: polygamma(n, self), is_signed=is_signed, is_nonzero=is_nonzero)
 # torch.* functions that are not Tensor methods
@@ -2653,7 +2694,7 @@ INPLACE = """
     nan_to_num cumsum cumprod logical_and logical_or logical_xor logical_not bitwise_and bitwise_or bitwise_xor
     bitwise_not bitwise_left_shift bitwise_right_shift eq ne lt le gt ge greater greater_equal less less_equal
     not_equal scatter scatter_add scatter_reduce index_add index_copy index_fill masked_scatter renorm addmm addmv addr
-    baddbmm addbmm polygamma i0 mvlgamma index_reduce
+    baddbmm addbmm polygamma i0 mvlgamma index_reduce index_put
 """.split()
 
 

@@ -1,4 +1,4 @@
-"""In-place scatters (scatter_, index_add_, index_fill_, fill_diagonal_ ...): eager vs torch, compiled vs eager."""
+"""In-place scatters (scatter_, index_add_, fill_diagonal_, index_put_ ...): eager vs torch, compiled vs eager."""
 import copy
 import math
 import warnings
@@ -193,6 +193,107 @@ def test_an_input_that_requires_grad_written_in_place_gets_the_writes_history():
         _weighted_sum(runtime, out * inp).backward()
         grads.append(_grads(x, s))
     _assert_same(*grads)
+
+
+# -- torch.index_put, Tensor.index_put and index_put_ ---------------------------------------------------------------
+
+
+def _index_puts(lib):
+    """name -> put(x, v): an index_put of `lib` (runtime or torch) into x [3, 4], reading v [3, 4]."""
+    def t(values, dtype=None):
+        return lib.tensor(np.array(values), dtype=dtype)
+
+    return {
+        "rows": lambda x, v: lib.index_put(x, (t([2, 0]),), v[:2]),
+        "rows broadcast": lambda x, v: x.index_put((t([2, 0]),), v[0]),
+        "rows added, repeated": lambda x, v: lib.index_put(x, (t([1, 1, -1]),), v, accumulate=True),
+        "pairs": lambda x, v: x.index_put_((t([0, 2, 2]), t([1, 3, 3])), v[:, 0]),
+        "pairs added": lambda x, v: x.index_put_((t([0, 2, 2]), t([1, 3, 3])), v[:, 0], True),
+        "pairs of broadcast indices": lambda x, v: x.index_put((t([[0], [2]]), t([1, 3])), v[0, :2]),
+        "mask of rows": lambda x, v: x.index_put_((t([True, False, True]),), v[1]),
+        "mask of rows added": lambda x, v: x.index_put((t([True, False, True]),), v[:2], accumulate=True),
+        "mask of elements": lambda x, v: x.index_put_((x.detach() > 0,), v[0, 0]),
+        "int32 index": lambda x, v: x.index_put((t([2, 0], dtype=lib.int32),), v[:2]),
+        "list of indices": lambda x, v: x.index_put([t([1])], v[2]),
+    }
+
+
+INDEX_PUTS = list(_index_puts(runtime))
+
+
+def _put_inputs(lib):
+    x = lib.tensor(np.linspace(-1, 1, 12).reshape(3, 4), requires_grad=True)
+    v = lib.tensor(np.linspace(2, 3, 12).reshape(3, 4), requires_grad=True)
+    return x, v
+
+
+@pytest.mark.parametrize("name", INDEX_PUTS)
+def test_index_put_matches_torch_values_and_gradients(name):
+    torch = pytest.importorskip("torch")
+    results = []
+    for lib in (runtime, torch):
+        x, v = _put_inputs(lib)
+        out = _index_puts(lib)[name](x * 1, v * 1)
+        _weighted_sum(lib, out).backward()
+        results.append([out.detach().numpy(), *_grads(x, v)])
+    _assert_same(*results)
+
+
+class Put(nn.Module):
+    def __init__(self, put):
+        super().__init__()
+        self.put = put
+
+    def forward(self, x, v):
+        return self.put(x * 1, v * 1) * 2
+
+
+# values in mask order: their gradient, g[mask], has a shape only the mask's values decide
+DATA_DEPENDENT = "mask of rows added"
+
+
+@pytest.mark.parametrize("name", [n for n in INDEX_PUTS if n != DATA_DEPENDENT])
+def test_compiled_index_put_matches_eager_forward_and_backward(name):
+    _compiled_matches_eager(Put(_index_puts(runtime)[name]), *_put_inputs(runtime))
+
+
+def test_values_in_mask_order_run_eagerly_and_right():
+    x, v = _put_inputs(runtime)
+    model = Put(_index_puts(runtime)[DATA_DEPENDENT])
+    with pytest.warns(RuntimeWarning, match="data-dependent shape"):
+        got = nnc.compile(model)(x, v)
+    np.testing.assert_array_equal(got.detach().numpy(), model(x, v).detach().numpy())
+
+
+def test_index_put_into_an_input_is_written_back():
+    class AddRows(nn.Module):
+        def forward(self, x, v):
+            return x.index_put_((runtime.tensor([1, 1, 0]),), v, accumulate=True)
+
+    v = runtime.ones(3, 4)
+    x_eager, x_compiled = runtime.zeros(3, 4), runtime.zeros(3, 4)
+    compiled = nnc.compile(AddRows())
+    for _ in range(2):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert compiled(x_compiled, v) is x_compiled
+        AddRows()(x_eager, v)
+    np.testing.assert_array_equal(x_compiled.numpy(), x_eager.numpy())
+    np.testing.assert_array_equal(x_compiled.numpy()[:, 0], [2, 4, 0])
+
+
+def test_index_put_refuses_what_torch_refuses():
+    x, index, one = runtime.zeros(3, 4), runtime.tensor([0]), runtime.tensor(1.0)
+    with pytest.raises(RuntimeError, match="dtypes match"):
+        x.index_put_((index,), one.double())
+    with pytest.raises(TypeError, match="tuple of Tensors"):
+        x.index_put_(index, one)
+    with pytest.raises(TypeError, match="must be Tensor"):
+        x.index_put_((index,), 1.0)
+    with pytest.raises(IndexError, match="long, int"):
+        x.index_put_((index.double(),), one)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        runtime.zeros(3, requires_grad=True).index_put_((index,), one)
 
 
 # -- index_put of a Python scalar as a generated gather kernel ------------------------------------------------------
