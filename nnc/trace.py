@@ -353,10 +353,12 @@ class Tracer:
 
     def _mark_no_grad(self, node) -> None:
         """A node recorded under no_grad inside forward: decompose detaches its tensor results, so gradients stop
-        there as they do in eager mode. An in-place write there to a value that may require grad changes the value
-        but not its history in eager mode, which a functional graph cannot express: that is a graph break."""
+        there as they do in eager mode. An in-place write there to a value that may require grad (not a buffer, a
+        constant, or a value made under no_grad) changes the value but not its history in eager mode, which a
+        functional graph cannot express: that is a graph break."""
         target = node.args[0] if node.args else None
-        if self._writes_tensor(node) and not self._is_gradless_attr(target):
+        made_without_grad = getattr(target, "meta", {}).get("no_grad", False)  # (decompose detaches it)
+        if self._writes_tensor(node) and not (self._is_gradless_attr(target) or made_without_grad):
             name = target.name if hasattr(target, "name") else repr(target)
             raise TraceError(f"an in-place write to {name} under no_grad inside forward {_where()} cannot be "
                              f"compiled: eager mode changes its values but not its gradient history")

@@ -145,6 +145,79 @@ def test_an_alias_of_a_fresh_tensor_kept_across_its_write_runs_eagerly_and_right
     np.testing.assert_allclose(got.detach().numpy(), KeepsView()(x, s).detach().numpy())
 
 
+class LabelSmoothingLoss(nn.Module):
+    """The smoothed target built under no_grad, as the widely copied label-smoothing loss writes it."""
+
+    def __init__(self, classes, smoothing=0.1):
+        super().__init__()
+        self.classes, self.smoothing = classes, smoothing
+
+    def forward(self, pred, target):
+        pred = pred.log_softmax(dim=-1)
+        with runtime.no_grad():
+            true_dist = runtime.zeros_like(pred)
+            true_dist.fill_(self.smoothing / (self.classes - 1))
+            true_dist.scatter_(1, target.data.unsqueeze(1), 1.0 - self.smoothing)
+        return runtime.mean(runtime.sum(-true_dist * pred, dim=-1))
+
+
+def test_a_target_built_in_place_under_no_grad_compiles_as_one_graph():
+    runtime.manual_seed(0)
+    pred = runtime.randn(4, 5, dtype=runtime.float64, requires_grad=True)
+    _compiled_matches_eager(LabelSmoothingLoss(5), pred, runtime.tensor([4, 0, 2, 2]))
+
+
+class MaskedByScatter(nn.Module):
+    """Masks of -inf made under no_grad (from a graph value, and by a factory), opened at the targets by chained
+    in-place writes, then read (the first through a view taken before the writes)."""
+
+    def forward(self, x, target):
+        with runtime.no_grad():
+            computed = (x * 0).fill_(float("-inf"))
+            made = runtime.full_like(x, float("-inf"))
+            flat = computed.view(-1)
+            for mask in (computed, made):
+                mask.scatter_(1, target.unsqueeze(1), 0.0).scatter_(1, target.flip(0).unsqueeze(1), 0.0)
+        return (x + flat.view(x.shape)).logsumexp(1) + (x + made).logsumexp(1)
+
+
+def test_writes_under_no_grad_into_a_value_made_there_keep_infinities():
+    x = runtime.randn(4, 5, dtype=runtime.float64, requires_grad=True)
+    _compiled_matches_eager(MaskedByScatter(), x, runtime.tensor([4, 0, 2, 2]))
+
+
+class Remember(nn.Module):
+    """Copies its input into a buffer under no_grad, then reads the buffer with gradients recorded."""
+
+    def __init__(self, scale_first=False):
+        super().__init__()
+        self.register_buffer("seen", runtime.zeros(3, dtype=runtime.float64))
+        self.scale_first = scale_first
+
+    def forward(self, x):
+        if self.scale_first:
+            self.seen.copy_(x)  # recorded: the buffer's history is now x's
+        with runtime.no_grad():
+            self.seen.mul_(2) if self.scale_first else self.seen.copy_(x)
+        return self.seen * x
+
+
+def test_a_value_written_under_no_grad_carries_no_gradient():
+    _compiled_matches_eager(Remember(), runtime.tensor([1.0, 2.0, 3.0], dtype=runtime.float64, requires_grad=True))
+
+
+def test_a_write_under_no_grad_after_a_recorded_one_runs_eagerly_and_right():
+    grads = []
+    for model in (Remember(scale_first=True), nnc.compile(Remember(scale_first=True))):
+        x = runtime.tensor([1.0, 2.0, 3.0], dtype=runtime.float64, requires_grad=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(x).sum().backward()
+        grads.append(x.grad.numpy())
+    assert any("written earlier with gradients" in str(w.message) for w in caught)
+    np.testing.assert_allclose(grads[1], grads[0])
+
+
 class CountClasses(nn.Module):
     """Writes a buffer (class counts) and an input (the logits of the true class zeroed) in forward."""
 

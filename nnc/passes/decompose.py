@@ -449,6 +449,15 @@ def _replay(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
 def _detached(value):
     """A value computed under no_grad inside forward: its tensors carry no history (autodiff stops at them)."""
     if isinstance(value, MetaValue):
+        storage = value.storage
+        if storage.gradless:
+            return value
+        if not value.chain and storage.root is value.node and not storage.written and not storage.views:
+            # NOTE: a new value is detached as a storage of its own, so a later write into it replaces its value
+            # (a write through a detach view would add a detached difference to the base: inf - inf is nan)
+            detached = MetaValue(value.builder.emit_node(OPS["detach"], (value.node,), {}), value.builder)
+            detached.storage.gradless = True
+            return detached
         return api.detach(value)
     if isinstance(value, (tuple, list)):
         return pytree.like(value, [_detached(v) for v in value])
@@ -511,6 +520,7 @@ def _written_constant_as_graph_value(builder: GraphBuilder, node: Node, args, kw
         raise FunctionalizeError(f"{node.name} writes graph values into a tensor made in forward that requires "
                                  f"grad or is a view; it runs eagerly")
     value = builder.value_of_constant(target)
+    value.storage.gradless = not value.storage.written_with_grad
     for key, held in env.items():
         if held is target:
             env[key] = value

@@ -43,7 +43,7 @@ class FunctionalizeError(RuntimeError):
 class Storage:
     """The memory a base value and its views share: its current value (a node), its root and a version."""
 
-    __slots__ = ("root", "node", "version", "layout", "views")
+    __slots__ = ("root", "node", "version", "layout", "views", "written_with_grad", "gradless")
 
     def __init__(self, node):
         self.root = node      # the node that first computed this memory (a placeholder, get_attr or any op)
@@ -53,6 +53,8 @@ class Storage:
         # tells whether numpy makes a view or a copy, exactly as eager decides for the real arrays.
         self.layout = None
         self.views = 0        # views taken of it so far
+        self.written_with_grad = False  # written by a node not recorded under no_grad
+        self.gradless = False  # carries no history: made under no_grad or a constant, since written under no_grad only
 
     @property
     def written(self) -> bool:
@@ -107,10 +109,19 @@ def current_node(value):
 
 
 def write(target, new) -> object:
-    """target's contents become `new` (cast to its dtype, broadcast to its shape); returns target."""
+    """target's contents become `new` (cast to its dtype, broadcast to its shape); returns target. Under no_grad the
+    values change and the history does not, as in eager: the tracer lets such a write reach only values without
+    history (buffers, constants, values made under no_grad), so `new` is written detached."""
     builder = target.builder
     new = _as_written(target, new)
     storage = target.storage
+    if builder.origin is not None and builder.origin.meta.get("no_grad"):
+        if storage.written_with_grad:
+            raise FunctionalizeError("an in-place write under no_grad into a value written earlier with gradients "
+                                     "recorded; it runs eagerly")
+        new = api.detach(new)
+    else:
+        storage.written_with_grad, storage.gradless = True, False
     if not target.chain:
         storage.node = builder.graph_arg(new)
     else:
