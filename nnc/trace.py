@@ -49,6 +49,15 @@ class TraceError(RuntimeError):
     """Tracing met something a graph cannot express (data-dependent control flow, len() of a proxy, ...)."""
 
 
+class _TraceAgain(Exception):
+    """Raised while tracing when traced values are written in place into a real tensor that a runtime function made
+    in forward (call number `call`): the trace starts over with that call recorded, so the tensor is traced too."""
+
+    def __init__(self, call: int):
+        super().__init__(f"trace again with runtime call {call} recorded")
+        self.call = call
+
+
 def user_code_frame(frame):
     """The innermost frame of user code (see _is_library_file) from `frame` outward, or None."""
     while frame is not None:
@@ -252,6 +261,20 @@ def _install_dunders() -> None:
 _install_dunders()
 
 
+# Tensor's methods that write its memory: while tracing, a real tensor written with traced values asks for a new
+# trace (Tracer.write_into_real)
+WRITING_METHODS = INPLACE_METHODS + ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__")
+
+
+def _checked_write(method, tracer: "Tracer"):
+    def write(self, *args, **kwargs):
+        if _has_proxy(args) or _has_proxy(list(kwargs.values())):
+            tracer.write_into_real(self)
+        return method(self, *args, **kwargs)
+
+    return write
+
+
 def _has_proxy(value) -> bool:
     found = []
 
@@ -408,6 +431,17 @@ class Tracer:
             node = self._attr_nodes[path] = self._create_attr_node(path)
         return node
 
+    def write_into_real(self, tensor: Tensor) -> None:
+        """Traced values are about to be written in place into a real tensor, which the Python code after the write
+        would read unchanged: trace again with the runtime call that made it recorded (_TraceAgain), or, for a tensor
+        from elsewhere, a graph break."""
+        made = tensor if tensor._base is None else tensor._base
+        if self._made.get(id(made)) is made:
+            raise _TraceAgain(self._made_by_call[id(made)])
+        raise TraceError(f"an in-place write of traced values into a tensor that is not a traced value {_where()}: "
+                         f"the Python code after it would read the old values; make the tensor in forward from a "
+                         f"runtime function (torch.zeros, x.new_zeros) or a traced value")
+
     def _check_constant(self, tensor: Tensor) -> None:
         """A tensor computed before forward from others (with a grad_fn), or a plain attribute of a module whose
         forward pre-hooks may set it anew (torch.nn.utils.prune's `module.weight`), is not a constant: eager reads a
@@ -450,6 +484,19 @@ class Tracer:
         and size queries answer with symbolic sizes (SymInts) where they depend on one."""
         if not isinstance(root, Module):
             raise TypeError(f"nnc.trace expects a runtime.nn.Module, got {type(root).__name__}")
+        self._recorded_calls: set[int] = set()
+        while True:
+            try:
+                return self._trace_once(root, concrete_args, example_inputs, dynamic, shape_env)
+            except _TraceAgain as again:
+                if again.call in self._recorded_calls:  # (forward made a different tensor there this time)
+                    error = TraceError(f"traced values are written in place into a tensor made in forward, which "
+                                       f"could not be traced (runtime call {again.call})")
+                    error.module_path = ""
+                    raise error from None
+                self._recorded_calls.add(again.call)
+
+    def _trace_once(self, root: Module, concrete_args, example_inputs, dynamic, shape_env) -> Graph:
         self.root, self.graph, self.constants = root, Graph(), {}
         self._records_grad = grad_mode.is_grad_enabled()  # no_grad blocks in forward matter only then
         self.specializes_sizes, self._values = example_inputs is not None, {}
@@ -466,6 +513,8 @@ class Tracer:
         # NOTE: tensors a runtime function made during this trace (runtime.zeros(3) in forward): eager makes them
         # anew on every call, so a constant holding one is fresh per call (functionalize need not write it back)
         self._made: dict[int, Tensor] = {}
+        self._made_by_call: dict[int, int] = {}  # id of such a tensor -> the number of the runtime call made it
+        self._calls = 0  # runtime functions called so far in this trace (recorded or not)
         self._hook_set_tensors = {id(v) for m in root.modules() if m._forward_pre_hooks
                                   for v in vars(m).values() if isinstance(v, Tensor)}
         self.fresh_constants: set[str] = set()
@@ -622,6 +671,9 @@ class Tracer:
         patches = [(Module, "__call__", for_thread(owner, traced_call, original_call)),
                    (Module, "__getattr__", for_thread(owner, traced_getattr, original_getattr)),
                    (Module, "__setattr__", for_thread(owner, traced_setattr, original_setattr))]
+        for name in WRITING_METHODS:
+            method = getattr(Tensor, name)
+            patches.append((Tensor, name, for_thread(owner, _checked_write(method, tracer), method)))
         # NOTE: runtime.factories too: runtime's own layers call its factories there (a causal mask's arange), and
         # a symbolic size reaching them unrecorded would be pinned to its hint
         for namespace in (runtime, F, factories):
@@ -746,10 +798,12 @@ def _recording(fn, tracer: Tracer, owner: int):
     thread `owner`; other threads call `fn`)."""
 
     def recorder(*args, **kwargs):
+        call, tracer._calls = tracer._calls, tracer._calls + 1
         symbolic = tracer.shape_env is not None and has_symbols((args, kwargs))  # arange(0, T): a node of its own
         # NOTE: a random draw is a node even of plain sizes (runtime.rand(3, 4)): as a constant it would be frozen
         drawn = getattr(fn, "__name__", "") in RANDOM_FACTORIES
-        if _has_proxy(args) or _has_proxy(kwargs) or symbolic or drawn:
+        written = call in tracer._recorded_calls  # its tensor is written with traced values later (_TraceAgain)
+        if _has_proxy(args) or _has_proxy(kwargs) or symbolic or drawn or written:
             if isinstance(kwargs.get("out"), Tensor):
                 # NOTE: the write would happen in the graph only; the real tensor, which later Python code reads
                 # while tracing, would keep its old value
@@ -759,6 +813,7 @@ def _recording(fn, tracer: Tracer, owner: int):
         result = fn(*args, **kwargs)
         if isinstance(result, Tensor):
             tracer._made[id(result)] = result
+            tracer._made_by_call[id(result)] = call
         return result
 
     return for_thread(owner, recorder, fn)

@@ -218,6 +218,67 @@ def test_a_write_under_no_grad_after_a_recorded_one_runs_eagerly_and_right():
     np.testing.assert_allclose(grads[1], grads[0])
 
 
+class OneHotOfPlainSizes(nn.Module):
+    """One-hot targets in a tensor made with plain sizes (a real tensor while tracing), under no_grad or not, and
+    columns written one by one into another."""
+
+    def __init__(self, under_no_grad):
+        super().__init__()
+        self.under_no_grad = under_no_grad
+
+    def forward(self, logits, target):
+        with runtime.set_grad_enabled(not self.under_no_grad):
+            onehot = runtime.zeros(target.size(0), logits.size(1), dtype=logits.dtype)
+            onehot.scatter_(1, target.unsqueeze(1), 1.0)
+        columns = runtime.empty(logits.shape, dtype=logits.dtype)
+        for c in range(logits.size(1)):
+            columns[:, c] = logits[:, c] * (c + 1)
+        return (onehot * columns.log_softmax(1)).sum()
+
+
+class Loss(nn.Module):
+    def __init__(self, under_no_grad):
+        super().__init__()
+        self.lin, self.loss = nn.Linear(5, 5).double(), OneHotOfPlainSizes(under_no_grad)
+
+    def forward(self, x, target):
+        return self.loss(self.lin(x), target)
+
+
+@pytest.mark.parametrize("under_no_grad", [False, True])
+def test_traced_values_written_into_a_tensor_of_plain_sizes_compile(under_no_grad):
+    runtime.manual_seed(0)
+    x = runtime.randn(4, 5, dtype=runtime.float64, requires_grad=True)
+    _compiled_matches_eager(Loss(under_no_grad), x, runtime.tensor([4, 0, 2, 2]))
+
+
+OUTSIDE = runtime.zeros(3)
+
+
+class WritesOutside(nn.Module):
+    """Writes a tensor made outside forward: the Python code after the write reads it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        OUTSIDE.copy_(self.lin(x).detach())
+        return OUTSIDE.sum() + x
+
+
+def test_traced_values_written_into_a_tensor_from_outside_forward_are_a_graph_break():
+    model, x = WritesOutside(), runtime.randn(3)
+    report = nnc.explain(model, x)
+    assert [path for path, _ in report.graph_breaks] == ["WritesOutside.forward"]
+    assert "not a traced value" in report.graph_breaks[0][1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = nnc.compile(model)(x)
+    np.testing.assert_allclose(got.detach().numpy(), model(x).detach().numpy())
+    np.testing.assert_allclose(OUTSIDE.numpy(), model.lin(x).detach().numpy())
+
+
 class CountClasses(nn.Module):
     """Writes a buffer (class counts) and an input (the logits of the true class zeroed) in forward."""
 
