@@ -1483,16 +1483,37 @@ def _np_im2col(x, kernel, stride, padding, dilation):
     return np.ascontiguousarray(windows).reshape(c * math.prod(kernel), n * math.prod(out_sizes))
 
 
+def _clipped_range(offset, stride, size, out):
+    """(output positions, input positions) as slices, for the windows' elements at `offset` from each window's start
+    (in padded coordinates, the left padding already subtracted) that fall inside an input of `size`; None if none."""
+    first = max(0, -(offset // stride))  # ceil(-offset / stride) for a negative offset
+    last = min(out - 1, (size - 1 - offset) // stride)
+    if first > last:
+        return None
+    return slice(first, last + 1), slice(offset + stride * first, offset + stride * last + 1, stride)
+
+
+def _clipped_window_slices(kernel, stride, padding, dilation, size, out_sizes):
+    """(flat kernel offset, output positions' key, unpadded input's key), per kernel offset that reads the input: the
+    windows' elements that fall in the padding are left out, so a scatter writes an unpadded result in place."""
+    import itertools
+
+    for k, offsets in enumerate(itertools.product(*(range(n) for n in kernel))):
+        ranges = [_clipped_range(o * d - lo, s, n, m)
+                  for o, d, (lo, _), s, n, m in zip(offsets, dilation, padding, stride, size, out_sizes)]
+        if None not in ranges:
+            yield k, (slice(None),) * 2 + tuple(r[0] for r in ranges), (slice(None),) * 2 + tuple(r[1] for r in ranges)
+
+
 def _np_col2im(cols, size, kernel, stride, padding, dilation):
     out_sizes = window_output_sizes(size, kernel, stride, padding, dilation)
     ck, nl = cols.shape
     c, n = ck // math.prod(kernel), nl // math.prod(out_sizes)
-    padded = tuple(s + lo + hi for s, (lo, hi) in zip(size, padding))
-    out = np.zeros((n, c) + padded, cols.dtype)
+    out = np.zeros((n, c) + tuple(size), cols.dtype)
     blocks = cols.reshape((c, math.prod(kernel), n) + out_sizes)
-    for k, key in _window_slices(kernel, stride, dilation, out_sizes):
-        out[key] += blocks[:, k].swapaxes(0, 1)
-    return out[(slice(None),) * 2 + tuple(slice(lo, lo + s) for s, (lo, _) in zip(size, padding))]
+    for k, from_key, to_key in _clipped_window_slices(kernel, stride, padding, dilation, size, out_sizes):
+        out[to_key] += blocks[:, k].swapaxes(0, 1)[from_key]
+    return out
 
 
 def _pool_fill(dtype):
@@ -1522,10 +1543,10 @@ def _np_max_pool_backward(g, x, kernel, stride, padding, dilation):
             better |= np.isnan(v)
         np.copyto(best, v, where=better)
         arg[better] = k
-    out = np.zeros(xp.shape, g.dtype)
-    for k, key in _window_slices(kernel, stride, dilation, out_sizes):
-        out[key] += np.where(arg == k, g, 0)
-    return out[(slice(None),) * 2 + tuple(slice(lo, lo + s) for s, (lo, _) in zip(x.shape[2:], padding))]
+    out = np.zeros(x.shape, g.dtype)
+    for k, from_key, to_key in _clipped_window_slices(kernel, stride, padding, dilation, x.shape[2:], out_sizes):
+        out[to_key] += np.where(arg[from_key] == k, g[from_key], 0)
+    return out
 
 
 def _check_window_input(op, shape, kernel):
