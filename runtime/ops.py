@@ -1439,6 +1439,100 @@ _linalg("eigh_vectors", _symmetric(_np_eigh_vectors), _square_rule, (lambda g, o
         (0, "out"))
 
 # ---------------------------------------------------------------------------------------------
+# Constant padding (torch's constant_pad_nd; also the zeros a transposed convolution's stride puts between
+# neighbours). Attribute `pads`: one (before, after, between) per dim, `between` values inserted between
+# neighbours, and a negative `before`/`after` crops that edge instead. A fused op: eager writes the result in one
+# pass, and the gradient is a tensor of its own, C-contiguous as torch's, where the cats it decomposes into (for nnc
+# and CUDA) would give a strided slice of the result's gradient.
+# ---------------------------------------------------------------------------------------------
+
+def _pad_layout(shape, pads):
+    """(source key, destination key, (first, cut) per dim): x[source] is written to out[destination] with
+    `between` values apart; `first` and `cut` count the elements cropped away at either edge."""
+    source, destination, crops = [], [], []
+    for n, (before, after, between) in zip(shape, pads):
+        step = between + 1
+        first = min(-(before // step) if before < 0 else 0, n)
+        cut = min(-(after // step) if after < 0 else 0, n - first)
+        count, start = n - first - cut, before + first * step
+        source.append(("slice", first, n - cut, None))
+        destination.append(("slice", start, start + (count - 1) * step + 1, step) if count > 0
+                           else ("slice", 0, 0, None))
+        crops.append((first, cut))
+    return tuple(source), tuple(destination), tuple(crops)
+
+
+def _padded_shape(shape, pads) -> tuple:
+    return tuple(n + before + after + (n - 1) * between if n else before + after
+                 for n, (before, after, between) in zip(shape, pads))
+
+
+def _constant_pad_rule(op, shapes, attrs, dtypes):
+    shape, pads = shapes[0], attrs["pads"]
+    if len(pads) != len(shape):
+        raise ShapeError(f"constant_pad: expected (before, after, between) for each of the {len(shape)} dims of "
+                         f"{_fmt(shape)}, got {len(pads)}")
+    out = _padded_shape(shape, pads)
+    if any(n < 0 for n in out):
+        raise ShapeError(f"constant_pad: padding {pads} crops {_fmt(shape)} to the negative size {_fmt(out)}")
+    return out
+
+
+def _np_constant_pad(x, pads, value):
+    source, destination, _ = _pad_layout(x.shape, pads)
+    out = np.full(_padded_shape(x.shape, pads), value, x.dtype)
+    out[decode_key(destination, [])] = x[decode_key(source, [])]
+    return out
+
+
+def _constant_pad_vjp(g, out, x, pads, value):
+    _, destination, crops = _pad_layout(x.shape, pads)
+    kept = apply("getitem", g, key=destination)
+    if any(first or cut for first, cut in crops):
+        return apply("constant_pad", kept, pads=tuple((first, cut, 0) for first, cut in crops), value=0)
+    return kept.clone()
+
+
+def _spread(x, d, between, value):
+    """x with `between` values inserted between neighbours along dim d."""
+    shape = tuple(x.shape)
+    gaps = x.new_full(shape[:d + 1] + (between,) + shape[d + 1:], value)
+    stacked = apply("cat", x.unsqueeze(d + 1), gaps, dim=d + 1)  # (..., n, between + 1, ...)
+    merged = stacked.reshape(shape[:d] + (shape[d] * (between + 1),) + shape[d + 1:])
+    return merged.narrow(d, 0, (shape[d] - 1) * (between + 1) + 1)
+
+
+def _pad_edges(x, d, before, after, value):
+    """x padded (or, for negative amounts, cropped) at both edges of dim d."""
+    if before < 0 or after < 0:
+        start = max(-before, 0)
+        x = x.narrow(d, start, x.shape[d] - max(-after, 0) - start)
+        before, after = max(before, 0), max(after, 0)
+    if before == 0 and after == 0:
+        return x
+    shape, parts = list(x.shape), [x]
+    if before:
+        shape[d] = before
+        parts.insert(0, x.new_full(tuple(shape), value))
+    if after:
+        shape[d] = after
+        parts.append(x.new_full(tuple(shape), value))
+    return apply("cat", *parts, dim=d)
+
+
+def _constant_pad_decomposition(x, pads, value):
+    for d, (before, after, between) in enumerate(pads):
+        if between and x.shape[d] > 1:
+            x = _spread(x, d, between, value)
+        x = _pad_edges(x, d, before, after, value)
+    return x
+
+
+_register(OpDef("constant_pad", Kind.OTHER, 1, _np_constant_pad, _constant_pad_rule, _keep,
+                vjp=(_constant_pad_vjp,), attr_names=("pads", "value"), decomposition=_constant_pad_decomposition))
+
+
+# ---------------------------------------------------------------------------------------------
 # Sliding windows: convolution and pooling. Attributes per spatial dim: kernel, stride, dilation (tuples) and
 # padding ((left, right) pairs). im2col gathers every window of a zero-padded input (N, C, *spatial) as a column of
 # a (C*K, N*L) matrix, K the window's size and L the output positions (one BLAS product per convolution, not one per

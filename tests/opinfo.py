@@ -260,6 +260,16 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample((away(2, 3), away(4, 3)), {"dim": 0}, lambda torch, x, y: torch.cat([x, y], 0)),
         Sample((away(2, 3), away(2, 1), away(2, 2)), {"dim": 1}, lambda torch, x, y, z: torch.cat([x, y, z], 1)),
     ],
+    "constant_pad": [
+        Sample((away(2, 3, 4),), {"pads": ((0, 0, 0), (1, 2, 0), (0, 3, 0)), "value": 0},
+               lambda torch, x: torch.nn.functional.pad(x, (0, 3, 1, 2))),
+        Sample((away(3, 5),), {"pads": ((-1, 2, 0), (1, -2, 0)), "value": 1.5}, note="crops",
+               torch_fn=lambda torch, x: torch.nn.functional.pad(x, (1, -2, -1, 2), value=1.5)),
+        Sample((away(2, 4, 3),), {"pads": ((0, 0, 0), (1, -2, 2), (0, 0, 0)), "value": 0}, note="between",
+               torch_fn=lambda torch, x: torch.nn.functional.pad(
+                   _torch_setitem(torch, torch.zeros(2, 10, 3, dtype=x.dtype), (slice(None), slice(None, None, 3)),
+                                  x), (0, 0, 1, -2))),
+    ],
     "gather": [
         Sample((away(3, 4), np.array([[0], [3], [1]])), {"dim": 1}, lambda torch, x, i: torch.gather(x, 1, i)),
         Sample((away(3, 4), np.array([[0, 2, 2, 1], [1, 0, 2, 2]])), {"dim": 0},

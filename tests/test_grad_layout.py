@@ -1,4 +1,4 @@
-"""Input gradients of convolution, pooling and unfold come back C-contiguous as torch's."""
+"""Input gradients of convolution, pooling, padding and unfold come back C-contiguous as torch's."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +10,7 @@ import runtime.nn as nn
 from helpers import needs_torch, torch
 
 RNG = np.random.default_rng(0)
-WEIGHTS = {shape: RNG.standard_normal(shape) for shape in [(4, 3, 4, 4), (4, 3, 3), (2, 3, 3, 3, 3)]}
+WEIGHTS = {shape: RNG.standard_normal(shape) for shape in [(4, 3, 4, 4), (4, 3, 3), (2, 3, 3, 3, 3), (3, 4, 3, 2)]}
 
 
 def _conv(nd, shape, **kw):
@@ -28,10 +28,18 @@ EAGER_CASES = {
     "conv3d padded": (_conv(3, (2, 3, 3, 3, 3), padding=1), (1, 3, 4, 5, 3)),
     "max_pool2d padded": (_f("max_pool2d", 3, 2, 1), (2, 3, 7, 8)),
     "max_pool2d ceil_mode": (_f("max_pool2d", 2, 2, ceil_mode=True), (2, 3, 7, 7)),
+    "max_pool2d with indices": (lambda lib, x: lib.nn.functional.max_pool2d(x, 3, 2, 1, return_indices=True)[0],
+                                (2, 3, 7, 8)),
     "max_pool1d padded, dilated": (_f("max_pool1d", 3, 1, 1, dilation=2), (2, 3, 9)),
     "avg_pool2d padded": (_f("avg_pool2d", 3, 2, 1), (2, 3, 7, 8)),
     "avg_pool2d ceil_mode": (_f("avg_pool2d", 3, 2, ceil_mode=True), (2, 3, 8, 8)),
     "unfold padded": (_f("unfold", 3, padding=1, stride=2), (2, 3, 6, 7)),
+    "pad": (_f("pad", (1, 2, 3, 4)), (2, 3, 5, 6)),
+    "pad with a value": (_f("pad", (1, 2), value=1.5), (2, 3, 5)),
+    "pad that crops": (_f("pad", (-1, 2, 1, -2)), (2, 3, 5, 6)),
+    "conv_transpose2d": (lambda lib, x: lib.nn.functional.conv_transpose2d(x, lib.tensor(WEIGHTS[(3, 4, 3, 2)]),
+                                                                             stride=2, padding=1, output_padding=1),
+                         (2, 3, 5, 4)),
 }
 
 
@@ -70,3 +78,14 @@ def test_gradient_penalty_views_the_input_gradient():
         assert g.is_contiguous() and g.stride() == (768, 256, 16, 1)
         ((g.view(4, -1).norm(2, dim=1) - 1) ** 2).mean().backward()
     np.testing.assert_allclose(conv.weight.grad.numpy(), reference.weight.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@needs_torch
+@pytest.mark.parametrize("pad", [(0, 0), (-1, -1), (1, -1)])
+def test_pad_returns_a_new_tensor(pad):
+    """As torch's, even when it pads nothing or only crops: a write to the result leaves the input as it was."""
+    for lib in (runtime, torch):
+        x = lib.zeros(2, 4)
+        y = lib.nn.functional.pad(x, pad)
+        y[0, 0] = 1.0
+        assert float(x.abs().sum()) == 0.0 and y.is_contiguous()

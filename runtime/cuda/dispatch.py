@@ -5,8 +5,8 @@ What runs: every elementwise op with a template, the reductions (sum, prod, amax
 argmin), matmul and linear, the view ops (reshape, permute, expand, getitem with basic keys), cat, getitem and
 index_put with basic keys or one integer index tensor on one dim, gather, scatter_add, cumsum, cumprod, the window
 ops (im2col, col2im, max_pool, max_pool_backward), full and arange, and the fused ops that have a decomposition
-(log_softmax, nll_loss and their backwards) through it. Anything else raises NoLowering naming the op: nothing is
-ever computed on the host.
+(log_softmax, nll_loss and their backwards, constant_pad) through it. Anything else raises NoLowering naming the op:
+nothing is ever computed on the host.
 """
 from __future__ import annotations
 

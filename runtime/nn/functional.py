@@ -573,28 +573,15 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 # Padding
 # ---------------------------------------------------------------------------------------------
 
-def _pad_dim(x, d, left, right, value):
-    """Pad (or crop, for negative amounts) dim d with a constant."""
-    if left < 0 or right < 0:
-        size = x.shape[d]
-        start, stop = max(-left, 0), size - max(-right, 0)
-        if stop < start:
-            raise RuntimeError(f"pad: the padding ({left}, {right}) crops dimension {d} of size {size} to a "
-                               f"negative size")
-        x = x.narrow(d, start, stop - start)
-        left, right = max(left, 0), max(right, 0)
-    if left == 0 and right == 0:
-        return x
-    parts = []
-    shape = list(x.shape)
-    if left:
-        shape[d] = left
-        parts.append(x.new_full(tuple(shape), value))
-    parts.append(x)
-    if right:
-        shape[d] = right
-        parts.append(x.new_full(tuple(shape), value))
-    return api.cat(parts, d)
+def _constant_pad(x, pads: dict, value):
+    """A new tensor of x padded with a constant: pads maps a dim to (before, after, between) (runtime.ops'
+    constant_pad); a negative amount crops that edge."""
+    return apply("constant_pad", x, pads=tuple(pads.get(d, (0, 0, 0)) for d in range(x.ndim)), value=value)
+
+
+def _pad_dims(x, pads: dict, value):
+    """_constant_pad, or x itself where nothing is padded."""
+    return _constant_pad(x, pads, value) if any(any(p) for p in pads.values()) else x
 
 
 def _pad_index(mode, left, right, size, d, input_shape):
@@ -621,11 +608,12 @@ def pad(input, pad, mode="constant", value=None):
         raise RuntimeError(f"Padding length should be less than or equal to two times the input dimension but got "
                            f"padding length {len(pad)} and input of dimension {input.ndim}")
     if mode == "constant":
-        value = 0 if value is None else value
-        x = input
-        for i in range(len(pad) // 2):
-            x = _pad_dim(x, input.ndim - 1 - i, pad[2 * i], pad[2 * i + 1], value)
-        return x
+        pads = {input.ndim - 1 - i: (pad[2 * i], pad[2 * i + 1], 0) for i in range(len(pad) // 2)}
+        for d, (left, right, _) in pads.items():
+            if (left < 0 or right < 0) and max(-left, 0) + max(-right, 0) > input.shape[d]:
+                raise RuntimeError(f"pad: the padding ({left}, {right}) crops dimension {d} of size "
+                                   f"{input.shape[d]} to a negative size")
+        return _constant_pad(input, pads, 0 if value is None else value)  # a new tensor even for no padding, as torch's
     if mode not in ("reflect", "replicate", "circular"):
         raise NotImplementedError(f"pad: unsupported mode {mode!r} (use 'constant', 'reflect', 'replicate' "
                                   f"or 'circular')")
@@ -640,7 +628,7 @@ def pad(input, pad, mode="constant", value=None):
         if left == 0 and right == 0:
             continue
         if left < 0 or right < 0:  # circular with cropping: crop first, then wrap what is left
-            x = _pad_dim(x, d, min(left, 0), min(right, 0), 0)
+            x = _pad_dims(x, {d: (min(left, 0), min(right, 0), 0)}, 0)
             left, right = max(left, 0), max(right, 0)
         index = _pad_index(mode, left, right, x.shape[d], d, input.shape)
         x = x.index_select(d, factories.tensor(index, dtype=dt.int64))
@@ -799,9 +787,7 @@ def _pool_setup(name, nd, input, kernel_size, stride, padding, dilation, ceil_mo
 
 
 def _padded(x, pads, value):
-    for i, (left, right) in enumerate(pads):
-        x = _pad_dim(x, 2 + i, left, right, value)
-    return x
+    return _pad_dims(x, {2 + i: (left, right, 0) for i, (left, right) in enumerate(pads)}, value)
 
 
 def _max_pool(name, nd, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
@@ -1372,7 +1358,7 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
         raise ValueError(f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions)")
     if input.numel() == 0:
         return input
-    sq = _pad_dim(input * input, 1, size // 2, (size - 1) // 2, 0)
+    sq = _pad_dims(input * input, {1: (size // 2, (size - 1) // 2, 0)}, 0)
     c = input.shape[1]
     total = sq.narrow(1, 0, c)
     for offset in range(1, size):
@@ -1382,17 +1368,6 @@ def local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
 
 
 # --- transposed convolution, unfold and fold ----------------------------------------------------
-
-def _dilate(x, d, factor):
-    """Insert factor-1 zeros between neighbours along dim d (the stride of a transposed convolution)."""
-    if factor == 1 or x.shape[d] <= 1:
-        return x
-    shape = tuple(x.shape)
-    zeros = x.new_zeros(shape[:d + 1] + (factor - 1,) + shape[d + 1:])
-    stacked = api.cat([x.unsqueeze(d + 1), zeros], d + 1)  # (..., n, factor, ...)
-    merged = stacked.reshape(shape[:d] + (shape[d] * factor,) + shape[d + 1:])
-    return merged.narrow(d, 0, (shape[d] - 1) * factor + 1)
-
 
 def _conv_transpose(name, nd, input, weight, bias, stride, padding, output_padding, groups, dilation):
     if input.ndim not in (nd + 1, nd + 2):
@@ -1420,10 +1395,9 @@ def _conv_transpose(name, nd, input, weight, bias, stride, padding, output_paddi
     w = w.reshape((groups * out_per_group, in_ch // groups) + kernel)
     for i in range(nd):
         w = _reverse(w, 2 + i)
-    for i in range(nd):
-        x = _dilate(x, 2 + i, stride[i])
-        edge = dilation[i] * (kernel[i] - 1)
-        x = _pad_dim(x, 2 + i, edge - padding[i], edge - padding[i] + output_padding[i], 0)
+    # the input spread stride apart, padded so that the windows of a forward convolution reach every output
+    edges = [dilation[i] * (kernel[i] - 1) - padding[i] for i in range(nd)]
+    x = _pad_dims(x, {2 + i: (edges[i], edges[i] + output_padding[i], stride[i] - 1) for i in range(nd)}, 0)
     out = _conv(name, nd, x, w, bias, 1, 0, dilation, groups)
     return out.squeeze(0) if unbatched else out
 
