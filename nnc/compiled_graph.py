@@ -215,9 +215,15 @@ class _CompiledFunction(Function):
         # NOTE: as eager's engine, an input no given gradient reaches gets None, not zeros
         by_node = {n: r if graph.gradient_seeds[j] & given else None for j, (n, r) in enumerate(zip(backward.wrt,
                                                                                                    results))}
-        input_grads = [by_node.get(n) for n in graph.tensor_inputs]
+        input_grads = [_contiguous(by_node.get(n)) for n in graph.tensor_inputs]
         param_grads = [by_node.get(n) for n in graph.param_nodes]
         return (None, None, None, *input_grads, *param_grads)
+
+
+def _contiguous(grad):
+    """An input's gradient C-contiguous, as torch's backward kernels write them: the backward graph may end in a view
+    (the slice of a padded gradient that a padding's cat leaves), which .view(batch, -1) would refuse."""
+    return grad if grad is None or grad.is_contiguous() else grad.contiguous()
 
 
 def _keep_for_replay(ctx, graph, tensors, n_inputs: int) -> None:

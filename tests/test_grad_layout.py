@@ -1,5 +1,7 @@
-"""Input gradients of convolution, pooling, padding and unfold come back C-contiguous as torch's."""
+"""Input gradients of convolution, pooling, padding and unfold come back C-contiguous as torch's, eager and compiled."""
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -89,3 +91,41 @@ def test_pad_returns_a_new_tensor(pad):
         y = lib.nn.functional.pad(x, pad)
         y[0, 0] = 1.0
         assert float(x.abs().sum()) == 0.0 and y.is_contiguous()
+
+
+class _Apply(nn.Module):
+    """A module of one function of its input (and, for convolutions, a weight parameter)."""
+
+    def __init__(self, fn, weight_shape=None):
+        super().__init__()
+        self.fn = fn
+        self.weight = nn.Parameter(runtime.tensor(WEIGHTS[weight_shape])) if weight_shape else None
+
+    def forward(self, x):
+        return self.fn(x) if self.weight is None else self.fn(x, self.weight)
+
+
+F = runtime.nn.functional
+COMPILED_CASES = {
+    "conv2d padded": (lambda x, w: F.conv2d(x, w, stride=2, padding=1), (4, 3, 4, 4), (2, 3, 8, 8)),
+    "max_pool2d padded": (lambda x: F.max_pool2d(x, 3, 2, 1), None, (2, 3, 7, 8)),
+    "pad": (lambda x: F.pad(x, (1, 2, 3, 4)), None, (2, 3, 5, 6)),
+    "conv_transpose2d": (lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1), (3, 4, 3, 2), (2, 3, 5, 4)),
+    "fold": (lambda x: F.fold(x, (4, 5), 2, padding=1), None, (2, 12, 30)),
+}
+
+
+@pytest.mark.parametrize("name", COMPILED_CASES)
+def test_compiled_input_gradient_is_contiguous(name):
+    import nnc
+
+    fn, weight_shape, shape = COMPILED_CASES[name]
+    model = _Apply(fn, weight_shape)
+    x = RNG.standard_normal(shape)
+    want = _input_grad(runtime, lambda lib, t: model(t), x)
+    compiled = nnc.compile(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fallback to eager would not test the compiled backward
+        got = _input_grad(runtime, lambda lib, t: compiled(t), x)
+    assert got.is_contiguous() and tuple(got.view(shape[0], -1).shape) == (shape[0], int(np.prod(shape[1:])))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-10, atol=1e-12)
