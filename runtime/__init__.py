@@ -9,6 +9,8 @@ from .dtypes import (ALL_DTYPES as _ALL_DTYPES, bfloat16, dtype, float16, float3
 from .dtypes import bool_ as bool  # noqa: F401  (runtime.bool, as torch.bool)
 from .typeinfo import finfo, iinfo  # noqa: F401
 from .device import device  # noqa: F401
+from .memory_formats import (channels_last, channels_last_3d, contiguous_format, memory_format,  # noqa: F401
+                             preserve_format)
 from .tensor import Size, Tensor  # noqa: F401
 from ._tensor_str import set_printoptions  # noqa: F401
 from .threads import get_num_threads, set_num_threads  # noqa: F401

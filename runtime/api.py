@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import dtypes as dt
+from . import memory_formats as mf
 from . import ops as _ops
 from .ops import apply, is_tensor_like
 from .random import rng
@@ -843,7 +844,13 @@ def index_select(input, dim, index):
 
 
 def clone(input, *, memory_format=None):
-    return apply("clone", input)
+    # NOTE: preserve_format (the default) gives a C-contiguous copy, where torch keeps a dense input's strides
+    fmt = mf.checked(memory_format, "clone")
+    if fmt.rank is None:
+        return apply("clone", input)
+    mf.check_rank(fmt, input.ndim)
+    n = input.ndim  # a C-contiguous copy of the (N, spatial..., C) permutation is channels-last memory
+    return _own(apply("clone", input.permute((0, *range(2, n), 1))).permute((0, n - 1, *range(1, n - 1))))
 
 
 def detach(input):

@@ -9,6 +9,7 @@ import numpy as np
 
 from . import amp, api
 from . import dtypes as dt
+from . import memory_formats as mf
 from . import ops
 from ._fp_quiet import IGNORE as _FP_IGNORE
 from ._fp_quiet import reset_state as _fp_reset
@@ -305,6 +306,9 @@ class Tensor:
         return strides if dim is None else strides[api.wrap_dim(dim, self.ndim)]
 
     def is_contiguous(self, memory_format=None) -> bool:
+        fmt = mf.checked(memory_format, "is_contiguous")
+        if fmt.rank is not None:
+            return mf.is_channels_last(fmt, tuple(self.shape), self.stride())
         if self.is_cuda:
             from .cuda import memory
 
@@ -419,13 +423,19 @@ class Tensor:
         return new
 
     def to(self, *args, **kwargs) -> "Tensor":
-        device, dtype, copy = _parse_to(args, kwargs)
+        device, dtype, copy, fmt = _parse_to(args, kwargs)
         t = self
         if device is not None and device != self.device:
             t, copy = _to_device(t, device), False
         if dtype is not None:
-            return api.to_dtype(t, dtype, copy)
-        return t.clone() if copy else t
+            t = api.to_dtype(t, dtype, copy)
+        elif copy:
+            t = t.clone()
+        # NOTE: as torch, an explicit format converts unless the strides already suggest it (not: unless they fit
+        # it, which a 1-channel C-contiguous image does); preserve_format keeps the layout the steps above give
+        if fmt is mf.preserve_format or (t is self and mf.suggest(tuple(t.shape), t.stride()) is fmt):
+            return t
+        return t if t is not self and t.is_contiguous(memory_format=fmt) else api.clone(t, memory_format=fmt)
 
     def type(self, dtype=None, non_blocking=False):
         """torch's legacy type names: x.type() is 'torch.FloatTensor'; x.type('torch.DoubleTensor') converts."""
@@ -441,10 +451,10 @@ class Tensor:
         return self.to(dtype)
 
     def cpu(self, memory_format=None) -> "Tensor":
-        return self.to(CPU)
+        return self.to(CPU, memory_format=memory_format)
 
     def cuda(self, device=None, non_blocking=False, memory_format=None) -> "Tensor":
-        return self.to(check_device(device if device is not None else "cuda"))
+        return self.to(check_device(device if device is not None else "cuda"), memory_format=memory_format)
 
     def detach(self) -> "Tensor":
         out = Tensor._from_array(self._data)
@@ -482,7 +492,13 @@ class Tensor:
         return self
 
     def contiguous(self, memory_format=None) -> "Tensor":
-        return self if self.is_contiguous() else self.clone()
+        """self where it is laid out as asked already, else a copy that is (channels_last: real NHWC strides)."""
+        fmt = mf.checked(memory_format, "contiguous", mf.contiguous_format)
+        if self.is_contiguous(memory_format=fmt):
+            return self
+        if fmt is mf.preserve_format:
+            raise RuntimeError("preserve memory format is unsupported by the contiguous operator")
+        return api.clone(self, memory_format=fmt)
 
     def view(self, *shape, dtype=None) -> "Tensor":
         if dtype is not None or (shape and isinstance(shape[0], dt.dtype)):
@@ -1177,10 +1193,10 @@ def _wrap_numpy_errors(op, inputs, attrs, action) -> None:
 
 
 def _parse_to(args, kwargs):
-    """(device or None, dtype or None, copy) from Tensor.to's many call forms."""
+    """(device or None, dtype or None, copy, memory format) from Tensor.to's many call forms."""
     dtype, copy = kwargs.pop("dtype", None), kwargs.pop("copy", False)
     kwargs.pop("non_blocking", None)
-    kwargs.pop("memory_format", None)
+    fmt = mf.checked(kwargs.pop("memory_format", None), "to")
     device = check_device(kwargs.pop("device")) if kwargs.get("device") is not None else None
     kwargs.pop("device", None)
     if kwargs:
@@ -1194,7 +1210,7 @@ def _parse_to(args, kwargs):
             copy = a
         else:
             device = check_device(a)
-    return device, dtype, copy
+    return device, dtype, copy, fmt
 
 
 def _install_api_methods() -> None:

@@ -103,10 +103,10 @@ class MetaValue:
 
     requires_grad = False
 
-    def is_contiguous(self) -> bool:
+    def is_contiguous(self, memory_format=None) -> bool:
         return True
 
-    def contiguous(self):
+    def contiguous(self, memory_format=None):  # a graph's values have no layout: kernels write C-contiguous arrays
         return self
 
     def view(self, *shape):

@@ -5,6 +5,7 @@ import itertools
 from collections import OrderedDict, namedtuple
 
 from ... import dtypes as dt
+from ... import memory_formats as mf
 from ...autograd import grad_mode
 from ...autograd.function import Function
 from ...device import check_device
@@ -62,6 +63,14 @@ def _addindent(text: str, spaces: int) -> str:
 
 def _typename(value) -> str:
     return type(value).__name__ if not isinstance(value, Tensor) else "runtime.Tensor"
+
+
+def _module_format(t, fmt):
+    """The memory format Module.to gives a parameter or buffer: as torch, only 4-d and 5-d ones are converted (and
+    here, to a channels-last format only those of its rank)."""
+    if t.ndim == fmt.rank or (fmt.rank is None and t.ndim in (4, 5)):
+        return fmt
+    return mf.preserve_format
 
 
 class Module:
@@ -359,7 +368,7 @@ class Module:
         device = kwargs.pop("device", None)
         device = check_device(device) if device is not None else None
         kwargs.pop("non_blocking", None)
-        kwargs.pop("memory_format", None)
+        fmt = mf.checked(kwargs.pop("memory_format", None), "to")
         if kwargs:
             raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
         for a in args:
@@ -375,9 +384,10 @@ class Module:
                 raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
         if device is not None and all(t.device == device for t in self._tensors()):
             device = None
-        if dtype is None and device is None:
+        if dtype is None and device is None and fmt is mf.preserve_format:
             return self
-        return self._apply(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else None))
+        return self._apply(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else None,
+                                          memory_format=_module_format(t, fmt)))
 
     def _tensors(self):
         """Every parameter and buffer of this module and its submodules."""
