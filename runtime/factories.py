@@ -4,11 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import dtypes as dt
+from . import memory_formats as mf
 from ._aligned import aligned_empty
 from .api import size_args
 from .device import CPU, check_device
 from .random import rng
-from .tensor import Tensor
+from .tensor import Tensor, _dense
 
 
 def _finish(array: np.ndarray, requires_grad: bool, device=CPU) -> Tensor:
@@ -119,7 +120,6 @@ def _dtype_or_default(dtype) -> np.dtype:
 def _no_extra(kw, name):
     kw.pop("layout", None)
     kw.pop("pin_memory", None)
-    kw.pop("memory_format", None)
     if "out" in kw and kw["out"] is None:
         del kw["out"]
     if kw:
@@ -166,7 +166,42 @@ def ones(*size, dtype=None, device=None, requires_grad=False, **kw) -> Tensor:
     return _filled(_new_shape(size), 1, _dtype_or_default(dtype), requires_grad, check_device(device))
 
 
-empty = zeros
+def empty(*size, dtype=None, device=None, requires_grad=False, memory_format=None, **kw) -> Tensor:
+    """Zeros (runtime never hands out uninitialized memory), laid out in memory_format."""
+    fmt = mf.checked(memory_format, "empty", mf.contiguous_format)
+    if fmt is mf.preserve_format:
+        raise RuntimeError("unsupported memory format Preserve")
+    size = _sizes(size, kw.pop("size", None), "empty")
+    _no_extra(kw, "empty")
+    out = zeros(*size, dtype=dtype, device=device, requires_grad=requires_grad)
+    return out if fmt is mf.contiguous_format else _laid_out(out, fmt)
+
+
+def _laid_out(t, fmt):
+    """A new tensor t with its data in an explicit memory format (on the CPU; a CUDA tensor stays C-contiguous)."""
+    mf.check_rank(fmt, t.ndim)
+    return _restrided(t, mf.strides_for(fmt, tuple(t.shape)))
+
+
+def _restrided(t, strides):
+    """A new CPU tensor t with its data moved to an array of these element strides; others as they are."""
+    if isinstance(t, Tensor) and isinstance(t._data, np.ndarray) and t.stride() != strides:
+        data = mf.strided_empty(t._data.shape, strides, t._data.dtype)
+        data[...] = t._data
+        t._data = data
+    return t
+
+
+def _laid_out_like(t, input, fmt):
+    """A new tensor t laid out as `input` asks for it: preserve_format keeps the strides of a dense input, or the
+    order of its dims in memory (as torch's empty_like); another format is explicit."""
+    if fmt is not mf.preserve_format:
+        return _laid_out(t, fmt)
+    if not isinstance(input, Tensor):  # a tracer's proxy: graph values have no layout
+        return t
+    if _dense(input._data) if isinstance(input._data, np.ndarray) else input.is_contiguous():
+        return _restrided(t, input.stride())
+    return _restrided(t, mf.dense_strides_like(tuple(input.shape), input.stride()))
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad=False) -> Tensor:
@@ -240,16 +275,18 @@ def randperm(n, *, generator=None, dtype=None, device=None) -> Tensor:
     return _finish(values, False, device)
 
 
-def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False) -> Tensor:
-    return full(tuple(input.shape), fill_value, dtype=dtype if dtype is not None else input.dtype,
-                requires_grad=requires_grad, device=device if device is not None else _device_of(input))
+def full_like(input, fill_value, *, dtype=None, device=None, requires_grad=False, memory_format=None) -> Tensor:
+    out = full(tuple(input.shape), fill_value, dtype=dtype if dtype is not None else input.dtype,
+               requires_grad=requires_grad, device=device if device is not None else _device_of(input))
+    return _laid_out_like(out, input, mf.checked(memory_format, "full_like"))
 
 
 def _shape_like(factory, name: str):
-    def like(input, *, dtype=None, device=None, requires_grad=False, **kwargs):
-        return factory(tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
-                       requires_grad=requires_grad, device=device if device is not None else _device_of(input),
-                       **kwargs)
+    def like(input, *, dtype=None, device=None, requires_grad=False, memory_format=None, **kwargs):
+        out = factory(tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
+                      requires_grad=requires_grad, device=device if device is not None else _device_of(input),
+                      **kwargs)
+        return _laid_out_like(out, input, mf.checked(memory_format, name))
 
     like.__name__ = like.__qualname__ = name
     return like
@@ -262,9 +299,10 @@ rand_like = _shape_like(rand, "rand_like")
 randn_like = _shape_like(randn, "randn_like")
 
 
-def randint_like(input, *bounds, dtype=None, device=None, requires_grad=False) -> Tensor:
-    return randint(*bounds, tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
-                   requires_grad=requires_grad, device=device if device is not None else _device_of(input))
+def randint_like(input, *bounds, dtype=None, device=None, requires_grad=False, memory_format=None) -> Tensor:
+    out = randint(*bounds, tuple(input.shape), dtype=dtype if dtype is not None else input.dtype,
+                  requires_grad=requires_grad, device=device if device is not None else _device_of(input))
+    return _laid_out_like(out, input, mf.checked(memory_format, "randint_like"))
 
 
 def _device_of(input):

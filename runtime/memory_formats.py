@@ -1,6 +1,10 @@
 """Memory formats (runtime.channels_last, ...): the objects torch's memory_format= arguments take, and their strides."""
 from __future__ import annotations
 
+import numpy as np
+
+from ._aligned import aligned_empty
+
 
 class memory_format:
     """A layout of a tensor's elements in memory; `runtime.channels_last` etc. are the only instances."""
@@ -74,3 +78,47 @@ def suggest(shape, strides) -> memory_format:
             return contiguous_format
         least = strides[d] * max(shape[d], 1)
     return channels_last if ndim == 4 else channels_last_3d
+
+
+def strides_for(fmt: memory_format, shape) -> tuple:
+    """The element strides torch gives a new tensor of `shape` in an explicit format."""
+    strides, stride = [0] * len(shape), 1
+    if fmt.rank is None:
+        for d in reversed(range(len(shape))):
+            strides[d], stride = stride, stride * max(shape[d], 1)
+    else:
+        for d in _channels_last_order(len(shape)):
+            strides[d], stride = stride, stride * shape[d]
+    return tuple(strides)
+
+
+def dense_strides_like(shape, strides) -> tuple:
+    """Strides without gaps that keep the order of a tensor's dims in memory (torch's empty_like of a tensor that
+    is not dense): dims ordered from the fastest, by stride, then by size; a zero stride leaves C order."""
+    def compare(a, b):  # > 0: dim a is slower than dim b
+        if strides[a] == 0 or strides[b] == 0:
+            return 0
+        return (strides[a] > strides[b]) - (strides[a] < strides[b]) or int(shape[a] > shape[b])
+
+    order = list(reversed(range(len(shape))))  # fastest first
+    for i in range(1, len(order)):  # insertion sort that stops at the first dim known to be faster
+        j = i
+        for k in range(i - 1, -1, -1):
+            c = compare(order[k], order[j])
+            if c < 0:
+                break
+            if c > 0:
+                order[k], order[j] = order[j], order[k]
+                j = k
+    out, stride = [0] * len(shape), 1
+    for d in order:
+        out[d], stride = stride, stride * max(shape[d], 1)
+    return tuple(out)
+
+
+def strided_empty(shape, strides, np_dtype) -> np.ndarray:
+    """An uninitialized array of `shape` with the given element strides (non-negative, not overlapping)."""
+    np_dtype = np.dtype(np_dtype)
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides)) if all(n > 0 for n in shape) else 0
+    buffer = aligned_empty((extent,), np_dtype)
+    return np.ndarray(tuple(shape), np_dtype, buffer=buffer, strides=tuple(s * np_dtype.itemsize for s in strides))

@@ -69,13 +69,16 @@ def _outcome(fn):
 @needs_torch
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("method", ["contiguous", "to", "clone"])
+@pytest.mark.parametrize("method", ["contiguous", "to", "clone", "empty_like", "zeros_like", "full_like"])
 def test_layouts_match_torch(shape, fmt, method):
     """The strides (and values) of each layout converted, or torch's error (a channels-last format of another rank,
     contiguous() with preserve_format). A preserve_format clone is C-contiguous here: torch keeps dense strides."""
     calls = {"contiguous": lambda lib, x, f: x.contiguous(memory_format=f),
              "to": lambda lib, x, f: x.to(memory_format=f),
-             "clone": lambda lib, x, f: x.clone(memory_format=f)}
+             "clone": lambda lib, x, f: x.clone(memory_format=f),
+             "empty_like": lambda lib, x, f: lib.empty_like(x, memory_format=f).zero_(),
+             "zeros_like": lambda lib, x, f: lib.zeros_like(x, memory_format=f),
+             "full_like": lambda lib, x, f: lib.full_like(x, 2.0, memory_format=f)}
     call = calls[method]
     ours, theirs = _layouts(runtime, shape), _layouts(torch, shape)
     for layout in ours:
@@ -109,6 +112,19 @@ def test_gradient_flows_through_a_layout_change():
         assert out.requires_grad and out.stride() == (60, 1, 15, 3)
         grads.append(lib.autograd.grad((out * lib.tensor(seed)).sum(), xt)[0].numpy())
     np.testing.assert_array_equal(*grads)
+
+
+@needs_torch
+def test_empty_takes_a_format_and_other_factories_do_not():
+    for lib in (runtime, torch):
+        assert lib.empty(2, 3, 4, 5, memory_format=lib.channels_last).stride() == (60, 1, 15, 3)
+        assert lib.empty(2, 3, 4, 5, 6, memory_format=lib.channels_last_3d).stride() == (360, 1, 90, 18, 3)
+        with pytest.raises(RuntimeError, match="unsupported memory format Preserve"):
+            lib.empty(2, 3, 4, 5, memory_format=lib.preserve_format)
+        with pytest.raises(RuntimeError, match="required rank 4 tensor to use channels_last format"):
+            lib.empty(2, 3, 4, memory_format=lib.channels_last)
+        with pytest.raises(TypeError, match="memory_format"):
+            lib.zeros(2, 3, 4, 5, memory_format=lib.channels_last)
 
 
 @needs_torch
