@@ -1,4 +1,5 @@
-"""Input gradients of convolution, pooling, padding and unfold come back C-contiguous as torch's, eager and compiled."""
+"""Input gradients of convolution, pooling, padding and unfold, and convolutions' outputs, come back C-contiguous as
+torch's, eager and compiled."""
 from __future__ import annotations
 
 import warnings
@@ -62,6 +63,18 @@ def test_input_gradient_has_torch_layout(name):
     assert ours.is_contiguous() and ours.stride() == theirs.stride()
     np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-10, atol=1e-12)
     assert tuple(ours.view(shape[0], -1).shape) == (shape[0], int(np.prod(shape[1:])))
+
+
+@needs_torch
+@pytest.mark.parametrize("name", [n for n in EAGER_CASES if n.startswith("conv")])
+def test_convolution_output_has_torch_layout(name):
+    # a classifier's `conv(x).view(b, -1)` raised: the output was the product's layout transposed
+    fn, shape = EAGER_CASES[name]
+    x = RNG.standard_normal(shape)
+    ours, theirs = fn(runtime, runtime.tensor(x)), fn(torch, torch.tensor(x))
+    sized = [d for d in range(ours.ndim) if ours.shape[d] > 1]  # (a size-1 dim's stride is never used)
+    assert ours.is_contiguous() and [ours.stride(d) for d in sized] == [theirs.stride(d) for d in sized]
+    assert tuple(ours.view(ours.shape[0], -1).shape) == (ours.shape[0], ours[0].numel())
 
 
 @needs_torch

@@ -721,7 +721,7 @@ def _conv(name, nd, input, weight, bias, stride, padding, dilation, groups):
         # NOTE: added in the product's layout, not to the (N, O, *out) result: nnc computes the add in the matmul's
         # pass, and the bias gradient is a sum along contiguous rows instead of over dims (0, 2, ...) of NCHW
         out = out + amp.autocast_bias(bias).reshape(out.shape[:-1] + (1,))
-    out = out.reshape((out_ch, n) + out_sizes).transpose(0, 1)
+    out = out.reshape((out_ch, n) + out_sizes).transpose(0, 1).contiguous()
     return out.squeeze(0) if unbatched else out
 
 
