@@ -674,8 +674,10 @@ class MultiheadAttention(Module):
         if mask is not None:
             scores = scores + mask
         # NOTE: without weights torch attends through scaled_dot_product_attention, whose rows with every key masked
-        # are 0 (a fully padded sequence); with them, through a plain softmax: nan there
-        weights = F.softmax(scores, -1) if need_weights else F._safe_softmax(scores)
+        # are 0 (a fully padded sequence); with them, through a plain softmax: nan there. Without a mask no row is
+        # masked, and the plain softmax spares a compiled graph the check.
+        safe = mask is not None and not need_weights
+        weights = F._safe_softmax(scores) if safe else F.softmax(scores, -1)
         if self.dropout > 0 and self.training:
             weights = F.dropout(weights, self.dropout)
         out = (weights @ v).permute(2, 0, 1, 3).reshape(length, batch, self.embed_dim)
