@@ -57,13 +57,20 @@ def _assert_same(got, want, tol=1e-12):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_eager_writes_match_torch_values_and_gradients(name):
+    # into a tensor that requires grad (not a leaf), from one that does
+    _assert_matches_torch(_inputs, _writes, name)
+
+
+def _assert_matches_torch(make_inputs, functions, name):
+    """functions(lib)[name] of (a * 1, b * 1) for make_inputs(lib) = (a, b): runtime's output and the gradients of
+    a and b equal torch's."""
     torch = pytest.importorskip("torch")
     results = []
     for lib in (runtime, torch):
-        x, s = _inputs(lib)
-        out = _writes(lib)[name](x * 1, s * 1)  # into a tensor that requires grad (not a leaf), from one that does
+        a, b = make_inputs(lib)
+        out = functions(lib)[name](a * 1, b * 1)
         _weighted_sum(lib, out).backward()
-        results.append([out.detach().numpy(), *_grads(x, s)])
+        results.append([out.detach().numpy(), *_grads(a, b)])
     _assert_same(*results)
 
 
@@ -363,14 +370,7 @@ def _put_inputs(lib):
 
 @pytest.mark.parametrize("name", INDEX_PUTS)
 def test_index_put_matches_torch_values_and_gradients(name):
-    torch = pytest.importorskip("torch")
-    results = []
-    for lib in (runtime, torch):
-        x, v = _put_inputs(lib)
-        out = _index_puts(lib)[name](x * 1, v * 1)
-        _weighted_sum(lib, out).backward()
-        results.append([out.detach().numpy(), *_grads(x, v)])
-    _assert_same(*results)
+    _assert_matches_torch(_put_inputs, _index_puts, name)
 
 
 class Put(nn.Module):
