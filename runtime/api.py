@@ -1719,12 +1719,21 @@ def _unfold_view(input, d, size, step, count):
 
 def _grid_index(index, dim):
     """The index tensors that address index's positions along `dim` and themselves elsewhere (scatter's key)."""
-    grids = list(np.ogrid[tuple(slice(0, s) for s in index.shape)])
-    tensors = []
-    for k, g in enumerate(grids):
-        tensors.append(index if k == dim else index.new_tensor(np.asarray(g, dtype=np.int64), dtype=dt.int64))
-    key = tuple(("tensor", k) for k in range(len(grids)))
+    tensors = [index if k == dim else _grid(index, k) for k in range(index.ndim)]
+    key = tuple(("tensor", k) for k in range(index.ndim))
     return key, tensors
+
+
+def _grid(index, k):
+    """0..n-1 along dim k of index (of size n there), size 1 elsewhere. NOTE: from arange where n is a compiler's
+    symbolic size, so that the grid is a graph node rather than numpy's constant of one size."""
+    n = index.shape[k]
+    shape = tuple(n if d == k else 1 for d in range(index.ndim))
+    if _is_symbolic_size(n):
+        from .factories import arange
+
+        return arange(n, dtype=dt.int64).reshape(shape)
+    return index.new_tensor(np.arange(n, dtype=np.int64).reshape(shape), dtype=dt.int64)
 
 
 def _check_scatter_index(input, dim, index):

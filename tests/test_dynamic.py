@@ -460,6 +460,22 @@ def test_masks_runtime_builds_from_a_symbolic_length_keep_it_symbolic():
     assert compiled.compiled_variants == 2
 
 
+class Unpooling(nn.Module):
+    """Max pooling with indices and MaxUnpool2d, a scatter whose grids of positions once were numpy constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool, self.unpool = nn.MaxPool2d(2, 2, return_indices=True), nn.MaxUnpool2d(2, 2)
+
+    def forward(self, x):
+        return self.unpool(*self.pool(x))
+
+
+def test_max_unpooling_takes_a_symbolic_batch():
+    runtime.manual_seed(0)
+    _one_symbolic_batch_variant(Unpooling(), (4, 6, 3, 5), 2, 8, 8)
+
+
 def _one_symbolic_batch_variant(model, batches, *rest):
     """A compiled copy of `model` checked against eager on inputs of shape (batch, *rest) for each batch, with no
     warning (nothing interpreted or run eagerly): the first batch static, then one variant with it symbolic."""
