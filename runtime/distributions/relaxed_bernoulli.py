@@ -7,7 +7,7 @@ from . import constraints
 from .distribution import Distribution
 from .transformed_distribution import TransformedDistribution
 from .transforms import SigmoidTransform
-from .utils import BinaryProbsOrLogits, broadcast_all, clamp_probs
+from .utils import BinaryProbsOrLogits, RelaxedParameters, broadcast_all, clamp_probs
 
 __all__ = ["LogitRelaxedBernoulli", "RelaxedBernoulli"]
 
@@ -45,7 +45,7 @@ class LogitRelaxedBernoulli(BinaryProbsOrLogits, Distribution):
         return self.temperature.log() + diff - 2 * diff.exp().log1p()
 
 
-class RelaxedBernoulli(TransformedDistribution):
+class RelaxedBernoulli(RelaxedParameters, TransformedDistribution):
     """A relaxed Bernoulli: values in (0, 1), sigmoid of a LogitRelaxedBernoulli draw; as temperature goes to 0
     draws approach 0 or 1 with Bernoulli(probs) frequencies."""
 
@@ -60,15 +60,3 @@ class RelaxedBernoulli(TransformedDistribution):
     def expand(self, batch_shape, _instance=None):
         new = self._get_checked_instance(RelaxedBernoulli, _instance)
         return super().expand(batch_shape, _instance=new)
-
-    @property
-    def temperature(self):
-        return self.base_dist.temperature
-
-    @property
-    def logits(self):
-        return self.base_dist.logits
-
-    @property
-    def probs(self):
-        return self.base_dist.probs

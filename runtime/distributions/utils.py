@@ -159,3 +159,19 @@ class BinaryProbsOrLogits:
             if name in self.__dict__:
                 setattr(new, name, self.__dict__[name].expand(tuple(batch_shape)))
                 new._param = getattr(new, name)
+
+
+class RelaxedParameters:
+    """temperature, logits and probs of a relaxed distribution (a TransformedDistribution), read from its base."""
+
+    @property
+    def temperature(self):
+        return self.base_dist.temperature
+
+    @property
+    def logits(self):
+        return self.base_dist.logits
+
+    @property
+    def probs(self):
+        return self.base_dist.probs
