@@ -8,6 +8,12 @@ import runtime
 from helpers import torch
 
 
+def draws(rng):
+    """(real, positive, unit): functions of a shape drawing parameters from `rng`, each call advancing it."""
+    return ((lambda *shape: rng.normal(size=shape)), (lambda *shape: rng.uniform(0.5, 2.0, size=shape)),
+            (lambda *shape: rng.uniform(0.1, 0.9, size=shape)))
+
+
 def ours(values, grad=True):
     return runtime.tensor(np.asarray(values, np.float64), requires_grad=grad)
 

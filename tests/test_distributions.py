@@ -10,38 +10,15 @@ import pytest
 
 import runtime
 import runtime.distributions as D
-from distribution_checks import finite_difference_gradient, ours, rsample_objective, theirs
+from distribution_checks import draws, finite_difference_gradient, ours, rsample_objective, theirs
 from helpers import needs_torch, torch
 
 RNG = np.random.default_rng(1234)
-
-
-def real(*shape):
-    return RNG.normal(size=shape)
-
-
-def positive(*shape):
-    return RNG.uniform(0.5, 2.0, size=shape)
-
-
-def unit(*shape):
-    return RNG.uniform(0.1, 0.9, size=shape)
-
+real, positive, unit = draws(RNG)
 
 # NOTE: cases added later draw from their own generator, so the data of the cases before them stays as it was
 MORE = np.random.default_rng(4321)
-
-
-def more_real(*shape):
-    return MORE.normal(size=shape)
-
-
-def more_positive(*shape):
-    return MORE.uniform(0.5, 2.0, size=shape)
-
-
-def more_unit(*shape):
-    return MORE.uniform(0.1, 0.9, size=shape)
+more_real, more_positive, more_unit = draws(MORE)
 
 
 def close(got, want, tol=1e-10):

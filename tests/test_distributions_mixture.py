@@ -6,7 +6,7 @@ import pytest
 
 import runtime
 import runtime.distributions as D
-from distribution_checks import finite_difference_gradient, ours, rsample_objective, theirs
+from distribution_checks import draws, finite_difference_gradient, ours, rsample_objective, theirs
 from helpers import needs_torch, torch
 from runtime.distributions.mixture_same_family import MixtureSameFamily
 from runtime.distributions.relaxed_bernoulli import LogitRelaxedBernoulli, RelaxedBernoulli
@@ -43,16 +43,7 @@ def modules():
     return [(runtime, Ours())] + ([(torch, Theirs())] if torch is not None else [])
 
 
-def real(*shape):
-    return RNG.normal(size=shape)
-
-
-def positive(*shape):
-    return RNG.uniform(0.5, 2.0, size=shape)
-
-
-def unit(*shape):
-    return RNG.uniform(0.1, 0.9, size=shape)
+real, positive, unit = draws(RNG)
 
 
 def simplex(*shape):
