@@ -340,14 +340,19 @@ def _joined_products(terms: list) -> list:
 
     NOTE: a recurrent weight's gradient is a sum of one such product per step (h_t^T @ dgates_t, K the batch):
     T small matrix products and T - 1 additions of [M, N] become two copies of the operands and one product."""
+    keys = [_thin_product(t) for t in terms]
     groups: dict[tuple, list] = {}
-    for t in terms:
-        key = _thin_product(t)
+    for key, t in zip(keys, terms):
         if key is not None:
             groups.setdefault(key, []).append(t)
-    joined = {id(g[0]): _join(g) for g in groups.values() if len(g) > 1}
-    kept = {id(t) for g in groups.values() if len(g) > 1 for t in g}
-    return [joined[id(t)] if id(t) in joined else t for t in terms if id(t) in joined or id(t) not in kept]
+    out, joined = [], set()
+    for key, t in zip(keys, terms):
+        if key is None or len(groups[key]) == 1:
+            out.append(t)
+        elif key not in joined:  # the group's first term: the joined product stands in its place
+            joined.add(key)
+            out.append(_join(groups[key]))
+    return out
 
 
 def _thin_product(value):
