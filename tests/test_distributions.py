@@ -10,7 +10,8 @@ import pytest
 
 import runtime
 import runtime.distributions as D
-from distribution_checks import draws, finite_difference_gradient, ours, rsample_objective, theirs
+import distribution_checks as checks
+from distribution_checks import close, draws, finite_difference_gradient, ours, rsample_objective, theirs
 from helpers import needs_torch, torch
 
 RNG = np.random.default_rng(1234)
@@ -21,28 +22,9 @@ MORE = np.random.default_rng(4321)
 more_real, more_positive, more_unit = draws(MORE)
 
 
-def close(got, want, tol=1e-10):
-    assert tuple(got.shape) == tuple(want.shape)
-    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=tol, atol=tol)
-
-
 def check_against_torch(build, params, compute, tol=1e-10):
-    """compute(distribution, module) on both sides, build(module's distributions, *params) making the distribution:
-    equal values, and equal gradients of a random weighting of them with respect to every parameter."""
-    our_params, their_params = [ours(p) for p in params], [theirs(p) for p in params]
-    got = compute(build(D, *our_params), runtime)
-    want = compute(build(torch.distributions, *their_params), torch)
-    close(got, want, tol)
-    if not want.requires_grad:
-        assert not got.requires_grad
-        return
-    weights = RNG.normal(size=tuple(want.shape))
-    got_grads = runtime.autograd.grad((got * ours(weights, False)).sum(), our_params, allow_unused=True)
-    want_grads = torch.autograd.grad((want * theirs(weights, False)).sum(), their_params, allow_unused=True)
-    for got_grad, want_grad in zip(got_grads, want_grads):
-        assert (got_grad is None) == (want_grad is None)
-        if want_grad is not None:
-            close(got_grad, want_grad, tol)
+    """distribution_checks.check_against_torch over runtime.distributions and torch.distributions."""
+    checks.check_against_torch(build, params, compute, D, torch.distributions, RNG, tol)
 
 
 def scored(values):

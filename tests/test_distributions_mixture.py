@@ -6,7 +6,7 @@ import pytest
 
 import runtime
 import runtime.distributions as D
-from distribution_checks import draws, finite_difference_gradient, ours, rsample_objective, theirs
+from distribution_checks import check_against_torch, draws, finite_difference_gradient, ours, rsample_objective
 from helpers import needs_torch, torch
 from runtime.distributions.mixture_same_family import MixtureSameFamily
 from runtime.distributions.relaxed_bernoulli import LogitRelaxedBernoulli, RelaxedBernoulli
@@ -49,11 +49,6 @@ real, positive, unit = draws(RNG)
 def simplex(*shape):
     p = RNG.uniform(0.2, 1.0, size=shape)
     return p / p.sum(-1, keepdims=True)
-
-
-def close(got, want, tol=1e-10):
-    assert tuple(got.shape) == tuple(want.shape)
-    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=tol, atol=tol)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,17 +118,7 @@ CASES = {
 @pytest.mark.parametrize("name", CASES)
 def test_values_and_gradients_match_torch(name):
     build, params, compute = CASES[name]
-    our_params, their_params = [ours(p) for p in params], [theirs(p) for p in params]
-    got = compute(build(Ours(), *our_params), runtime)
-    want = compute(build(Theirs(), *their_params), torch)
-    close(got, want)
-    weights = RNG.normal(size=tuple(want.shape))
-    got_grads = runtime.autograd.grad((got * ours(weights, False)).sum(), our_params, allow_unused=True)
-    want_grads = torch.autograd.grad((want * theirs(weights, False)).sum(), their_params, allow_unused=True)
-    for got_grad, want_grad in zip(got_grads, want_grads):
-        assert (got_grad is None) == (want_grad is None)
-        if want_grad is not None:
-            close(got_grad, want_grad)
+    check_against_torch(build, params, compute, Ours(), Theirs(), RNG)
 
 
 @needs_torch
