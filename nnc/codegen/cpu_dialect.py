@@ -26,6 +26,7 @@ class CpuDialect(Dialect):
         self.approx_digest: str | None = None
         self.nowait = False  # a product calls nnc.codegen.nowait.gemv (the batch-1 linear with the helper thread)
         self.nowait_rows = False  # a product calls nnc.codegen.nowait.batched_rows (Winograd's products)
+        self.streaming = False  # a loop stores its outputs through nnc.codegen.streaming's stages
 
     def call(self, name, args, attrs, compute):
         if name in self.NUMPY:
@@ -73,6 +74,11 @@ class CpuDialect(Dialect):
 
             digest = file_digest(nowait.__file__) + file_digest(rows_kernel.__file__)
             lines.append(f"from nnc.codegen.nowait import batched_rows as nowait_rows  # {digest}")
+        if self.streaming:
+            from . import streaming
+
+            digest = file_digest(streaming.__file__)
+            lines.append(f"from nnc.codegen.streaming import stack_row, stream_row  # {digest}")
         return lines
 
 
