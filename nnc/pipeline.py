@@ -104,6 +104,7 @@ def trace_for_compile(module: Module, concrete: dict, examples: dict, max_breaks
     breaks: list[GraphBreak] = []
     while True:
         tracer = Tracer(leaf_paths=[b.path for b in breaks])
+        tracer.replays_attributes = True
         try:
             traced = symbolic_trace(module, concrete_args=concrete or None, tracer=tracer, example_inputs=examples,
                                     dynamic=dynamic, shape_env=shape_env)
@@ -145,6 +146,9 @@ class Compilation:
         self.graph_breaks: list[GraphBreak] = []
         self.forward: GraphModule | None = None   # decompose, then functionalize and simplify
         self.writes: list[functionalize.Write] = []  # functionalize: what forward writes in place, in order
+        # trace: (module path, name) of each plain attribute forward sets to a tensor; the graph returns
+        # (result, (their values...)) and `run` sets them (nnc.trace.Tracer.set_attribute)
+        self.set_attributes: list[tuple[str, str]] = []
         self.returned_inputs: dict[int, int] = {}   # output leaf position -> input written and returned as is
         self.opaque: list = []                    # split: the forward's nodes that run eagerly
         self.main: CompiledGraph | None = None    # split: the forward compiled whole ...
@@ -177,21 +181,29 @@ class Compilation:
     def direct_runner(self):
         """run(tensors, wants_grad=False) as a function of the tensors with the least Python around one numba call,
         for a compilation whose forward is one whole-graph plan writing no input; None otherwise."""
-        return self.main.direct_runner() if self.main is not None and not self.writes else None
+        if self.main is None or self.writes or self.set_attributes:
+            return None
+        return self.main.direct_runner()
 
     def run(self, tensors: list, wants_grad: bool):
         """What the compiled module returns for these input tensors (after the codegen stage); the tensors forward
-        writes in place get their new values."""
+        writes in place get their new values, and the attributes it sets theirs."""
         result = (self.main or self.split).run(tensors, wants_grad)
-        if not self.writes:
+        if not self.writes and not self.set_attributes:
             return result
-        user, values = result
-        functionalize.apply_writes(self.writes, values, tensors, self.forward)
+        user = result
+        if self.writes:
+            user, values = result
+            functionalize.apply_writes(self.writes, values, tensors, self.forward)
         if self.returned_inputs:
             leaves, spec = pytree.flatten(user)
             for position, k in self.returned_inputs.items():
                 leaves[position] = tensors[k]
             user = pytree.unflatten(leaves, spec)
+        if self.set_attributes:
+            user, values = user
+            for (path, name), value in zip(self.set_attributes, values):
+                setattr(self.module.get_submodule(path), name, value)
         return user
 
     def accepts(self, tensors: list) -> bool:
@@ -220,6 +232,7 @@ def _trace(c: Compilation) -> None:
         c.traced, c.graph_breaks = trace_for_compile(c.module, c.concrete,
                                                      pytree.replace_tensors(c.examples, _copies(c.tensors)),
                                                      dynamic=c.dynamic, shape_env=c.shape_env)
+    c.set_attributes = c.traced.graph.meta.get("set_attributes", [])
     if c.codegen and c.target == "cpu":
         from .codegen.compile_workers import start_early
 

@@ -299,6 +299,9 @@ class Tracer:
         self.graph: Graph | None = None
         self.root: Module | None = None
         self.leaf_paths = frozenset(leaf_paths)  # submodules recorded as calls whatever their type (graph breaks)
+        # a traced tensor set as a plain module attribute in forward (`self.loss = mse(x, target)`) becomes an extra
+        # output that the compiled module sets after each call (nnc.pipeline); else such a forward runs eagerly
+        self.replays_attributes = False
         self.specializes_sizes = False
         self._values: dict = {}
         # Dynamic dimensions (nnc.symbolic): placeholder name -> dims, the symbols' ShapeEnv, and the values of the
@@ -472,6 +475,41 @@ class Tracer:
         self.create_proxy("call_function", builtins.setattr, (Proxy(owner, self), name, value), {})
         self._assigned[(id(module), name)] = value
 
+    def set_attribute(self, module: Module, name: str, value: Proxy) -> None:
+        """`module.name = value` of a traced tensor on a plain attribute: recorded for graph.meta["set_attributes"]
+        (the value becomes an extra output, set on the module after each compiled call), and held by the module
+        until the trace ends, so that forward reads it back as the traced value."""
+        path = self.path_of(module)
+        self._attribute_before.setdefault((id(module), name), (module, name, module.__dict__.get(name, _UNSET)))
+        self._set_attributes.pop((path, name), None)  # (the last assignment's order: where eager leaves it)
+        self._set_attributes[(path, name)] = value
+        module.__dict__[name] = value
+
+    def _restore_set_attributes(self) -> None:
+        """Put back what the attributes forward set held before the trace (or remove them)."""
+        for module, name, before in self._attribute_before.values():
+            if before is _UNSET:
+                module.__dict__.pop(name, None)
+            else:
+                module.__dict__[name] = before
+
+    def _with_set_attributes(self, result):
+        """The graph's result with the traced values of the attributes forward set, as (result, (values...)), and
+        graph.meta["set_attributes"] naming them; a forward that read one's earlier tensor (kept from a call before
+        the trace) cannot be compiled: the graph would keep that tensor as a constant."""
+        if not self._set_attributes:
+            return result
+        constants = {id(t) for t in self.constants.values()}
+        for module, name, before in self._attribute_before.values():
+            if isinstance(before, Tensor) and id(before) in constants:
+                error = TraceError(f"{type(module).__name__}.forward reads {name}, the tensor an earlier call set, "
+                                   f"and sets it again: the compiled graph would keep the earlier tensor, so this "
+                                   f"forward runs eagerly")
+                error.module_path = self.path_of(module)
+                raise error
+        self.graph.meta["set_attributes"] = list(self._set_attributes)
+        return result, tuple(self._set_attributes.values())
+
     # -- the trace ---------------------------------------------------------------------------------
 
     def trace(self, root: Module, concrete_args: dict | None = None, example_inputs: dict | None = None,
@@ -510,6 +548,8 @@ class Tracer:
         for name, t in self._state_tensors.items():
             self._tensor_paths.setdefault(id(t), name)  # a tied tensor is named by its first path, as torch does
         self._attr_nodes, self._module_stack, self._assigned = {}, [""], {}
+        self._set_attributes: dict[tuple[str, str], Proxy] = {}  # (module path, name) -> traced value (set_attribute)
+        self._attribute_before: dict = {}  # (id(module), name) -> (module, name, value before the trace)
         # NOTE: tensors a runtime function made during this trace (runtime.zeros(3) in forward): eager makes them
         # anew on every call, so a constant holding one is fresh per call (functionalize need not write it back)
         self._made: dict[int, Tensor] = {}
@@ -526,7 +566,9 @@ class Tracer:
             except TraceError as error:
                 error.module_path = getattr(error, "module_path", "")
                 raise
-        self.graph.output(self._to_graph_args(result))
+            finally:
+                self._restore_set_attributes()
+        self.graph.output(self._to_graph_args(self._with_set_attributes(result)))
         self.graph.meta.update(training=root.training, constants=self.constants,
                                concrete_args=dict(concrete_args or {}))
         if self.fresh_constants:
@@ -662,6 +704,9 @@ class Tracer:
             if buffer:
                 tracer.assign_buffer(module, name, value)
                 return
+            if isinstance(value, Proxy) and tracer.replays_attributes and not _registered(module, name):
+                tracer.set_attribute(module, name, value)
+                return
             if _changes_state(module, name, value):
                 raise TraceError(f"forward sets {type(module).__name__}.{name} {_where()}: the compiled graph would "
                                  f"not repeat that on later calls, so this forward runs eagerly (a tensor kept "
@@ -697,6 +742,14 @@ class Tracer:
             yield
         finally:
             _set_all(self._patches)
+
+
+_UNSET = object()  # an attribute the module did not have
+
+
+def _registered(module: Module, name: str) -> bool:
+    """Whether `name` is one of the module's parameters, buffers or submodules."""
+    return any(name in (module.__dict__.get(registry) or ()) for registry in ("_parameters", "_buffers", "_modules"))
 
 
 def _changes_state(module: Module, name: str, value) -> bool:
