@@ -1,5 +1,5 @@
-"""nnc.compile on models with narrow integer inputs: compiled == eager, forward and backward, with every kernel
-compiled (no interpreter fallback)."""
+"""nnc.compile on models with narrow integer inputs and numpy scalar operands: compiled == eager, forward and
+backward, with every kernel compiled (no interpreter fallback)."""
 from __future__ import annotations
 
 import copy
@@ -105,3 +105,35 @@ def test_bfloat16_model_falls_back_with_a_warning_and_matches_eager():
         assert a.dtype is b.dtype is runtime.bfloat16
         np.testing.assert_array_equal(a.float().numpy(), b.float().numpy())
     assert any(p.fallbacks for p in _plans(compiled))
+
+
+class GaussianLogLikelihood(nn.Module):
+    """A normalizing flow's prior term: numpy scalars (np.log, np.pi, a float32 scale) as operands of tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        z = self.fc(x)
+        log_prior = -0.5 * (z ** 2).sum(-1) - 0.5 * z.shape[-1] * np.log(2 * np.pi)
+        return log_prior * np.float32(0.5) + np.int64(2), z * np.float64(1.5)
+
+
+def test_numpy_scalar_operands_compile_as_python_numbers():
+    """torch takes a numpy scalar operand as a Python number (it does not widen a float32 tensor to float64); the
+    compiled graph does the same, with every node compiled (it used to run such an op eagerly)."""
+    model = GaussianLogLikelihood()
+    x = runtime.randn(5, 4)
+    compiled = nnc.compile(model)
+    results = []
+    for fn in (model, compiled):
+        model.zero_grad()
+        outs = fn(x)
+        (outs[0].sum() + outs[1].sum()).backward()
+        results.append([o.detach() for o in outs] + [p.grad for p in model.parameters()])
+    for got, want in zip(results[1], results[0]):
+        assert got.dtype == want.dtype == runtime.float32
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    (artifact,) = compiled._cache.values()
+    assert not artifact.opaque, [n.meta.get("opaque_reason") for n in artifact.opaque]

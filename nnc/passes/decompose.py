@@ -68,6 +68,8 @@ class MetaValue:
             if handler is not None and not isinstance(x, (MetaValue, Tensor)):
                 return handler(op, inputs, attrs)
         builder = next((x.builder for x in inputs if isinstance(x, MetaValue)), None) or current_builder()
+        if any(isinstance(x, np.generic) for x in inputs):  # a numpy scalar operand is a Python number, as in eager
+            inputs = tuple(x.item() if isinstance(x, np.generic) else x for x in inputs)
         if amp.state.dtype is not None and op.kind == Kind.MATMUL:  # the caller's autocast: casts, as eager makes
             inputs = amp.autocast_inputs(op, inputs)
         return builder.emit(op, inputs, attrs)
