@@ -20,6 +20,7 @@ from runtime import api, factories
 from runtime.autograd import FunctionCtx, grad_mode, no_grad
 from runtime.nn import Module
 from runtime.nn.modules import container
+from runtime.nn.utils.weight_norm import WeightNorm
 from runtime.tensor import Tensor
 
 from . import pytree
@@ -312,9 +313,12 @@ class Tracer:
         self._replay = None
 
     def is_leaf_module(self, module: Module, qualified_name: str) -> bool:
-        """Built-in layers (and any module with hooks, so they keep firing) are recorded as calls."""
-        if has_hooks(module) or qualified_name in self.leaf_paths:
+        """Built-in layers (and any module with hooks, so they keep firing) are recorded as calls, except a module
+        whose only hooks are pre-hooks the trace runs inline (`inline_pre_hooks`): it is traced through."""
+        if qualified_name in self.leaf_paths:
             return True
+        if has_hooks(module):
+            return not (self.replays_attributes and inline_pre_hooks(module))
         if isinstance(module, (container.Sequential, container.ModuleList, container.ModuleDict)):
             return False
         return type(module).__module__.startswith("runtime.nn.modules")
@@ -326,6 +330,10 @@ class Tracer:
             return self.create_proxy("call_module", qualified_name, args, kwargs, module_path=qualified_name)
         self._module_stack.append(qualified_name)
         try:
+            for hook in inline_pre_hooks(module) if has_hooks(module) else ():
+                changed = hook(module, args)
+                if changed is not None:
+                    args = changed if isinstance(changed, tuple) else (changed,)
             return self._run_watched(module, qualified_name, forward, args, kwargs)
         except TraceError as error:  # the innermost module that failed: a graph break can make it a call
             if not hasattr(error, "module_path"):
@@ -879,6 +887,21 @@ HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_back
 def has_hooks(module: Module) -> bool:
     """Whether any forward or backward hook is registered on the module itself."""
     return any(getattr(module, name) for name in HOOK_TABLES)
+
+
+# Forward pre-hooks that only compute a module attribute from its parameters (torch.nn.utils.weight_norm's): a
+# compiling trace runs them inline, so the attribute they set is a traced value (Tracer.set_attribute), and the
+# module compiles with them instead of running as an eager call.
+_INLINE_PRE_HOOK_TYPES = (WeightNorm,)
+
+
+def inline_pre_hooks(module: Module) -> list:
+    """The module's forward pre-hooks when every hook on it is one a trace runs inline, else []."""
+    hooks = list(module._forward_pre_hooks.values())
+    others = [name for name in HOOK_TABLES if name != "_forward_pre_hooks" and getattr(module, name)]
+    if not hooks or others or getattr(module, "_forward_pre_hooks_with_kwargs", None):
+        return []
+    return hooks if all(type(h) in _INLINE_PRE_HOOK_TYPES for h in hooks) else []
 
 
 def symbolic_trace(module: Module, concrete_args: dict | None = None, tracer: Tracer | None = None,

@@ -100,3 +100,42 @@ def test_a_compiled_model_with_the_hook_trains_as_eager():
             optimizer.step()
     for (name, a), b in zip(eager.named_parameters(), twin.parameters()):
         np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+class _TemporalBlock(nn.Module):
+    """A TCN block: a dilated causal Conv1d under weight_norm, chomped, plus a 1x1 residual."""
+
+    def __init__(self, channels=4, kernel=3, dilation=2):
+        super().__init__()
+        self.chomp = (kernel - 1) * dilation
+        self.conv = _weight_norm(nn.Conv1d(channels, channels, kernel, padding=self.chomp, dilation=dilation))
+        self.out = _weight_norm(nn.Linear(channels, 2), dim=None)
+
+    def forward(self, x):
+        y = runtime.relu(self.conv(x)[:, :, :-self.chomp] + x)
+        return self.out(y.transpose(1, 2))
+
+
+def test_weight_normed_layers_compile_with_their_hook_inline():
+    """The hook's weight is a traced value: the model compiles whole (no eager module), gives eager's outputs and
+    gradients, and leaves each module's weight as eager mode does, with its gradient history."""
+    import nnc
+
+    runtime.manual_seed(4)
+    model = _TemporalBlock()
+    x = runtime.randn(2, 4, 9)
+    compiled = nnc.compile(model)
+    results = []
+    for fn in (model, compiled):
+        model.zero_grad()
+        out = fn(x)
+        out.square().sum().backward()
+        weight = model.conv.weight
+        assert weight.grad_fn is not None
+        results.append([out.detach().numpy(), weight.detach().numpy()]
+                       + [p.grad.numpy().copy() for p in model.parameters()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    (artifact,) = compiled._cache.values()
+    assert not artifact.opaque and not artifact.graph_breaks
+    assert sorted(artifact.set_attributes) == [("conv", "weight"), ("out", "weight")]
