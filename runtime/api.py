@@ -997,6 +997,13 @@ def triu(input, diagonal=0):
     return masked_fill(input, _off_triangle(input, diagonal, False, "triu"), 0)
 
 
+def _on_host(input, name: str) -> None:
+    """Raise for a CUDA tensor: `name` chooses entries by their values on the host."""
+    if getattr(input, "is_cuda", False):
+        raise NotImplementedError(f"{name} has no CUDA lowering in runtime's eager CUDA backend (it reads values on "
+                                  f"the host); run it on the CPU (tensor.cpu())")
+
+
 def _values(input, name: str) -> np.ndarray:
     """The numpy values of an eager tensor, for ops whose result depends on values (not only shapes)."""
     from .tensor import Tensor
@@ -1007,18 +1014,6 @@ def _values(input, name: str) -> np.ndarray:
         raise NotImplementedError(f"{name} has no CUDA lowering in runtime's eager CUDA backend (it reads values on "
                                   f"the host); run it on the CPU (tensor.cpu())")
     return input.detach().numpy()
-
-
-def _topk_indices(a: np.ndarray, k: int, axis: int, largest: bool) -> np.ndarray:
-    """Indices of the k largest (or smallest) entries along axis, best first; nan counts as the largest."""
-    n = a.shape[axis]
-    if 0 < k < n:  # O(n) selection, then a sort of the k chosen only
-        idx = np.argpartition(a, n - k if largest else k - 1, axis=axis)
-    else:
-        idx = np.argsort(a, axis=axis)
-    idx = np.take(idx, np.arange(n - k, n) if largest else np.arange(k), axis=axis)
-    order = np.argsort(np.take_along_axis(a, idx, axis=axis), axis=axis, kind="stable")
-    return np.take_along_axis(idx, np.flip(order, axis=axis) if largest else order, axis=axis)
 
 
 def topk(input, k, dim=-1, largest=True, sorted=True):
@@ -1032,9 +1027,9 @@ def topk(input, k, dim=-1, largest=True, sorted=True):
     d = wrap_dim(dim, input.ndim)
     if not 0 <= k <= input.shape[d]:
         raise RuntimeError("selected index k out of range")
-    # NOTE: which entries win reads values, so the indices come from numpy on the eager tensor (a constant
-    # to autograd); the values are a gather, whose rule scatters the gradient back to the chosen entries.
-    indices = input.new_tensor(_topk_indices(_values(input, "topk"), k, d, largest), dtype=dt.int64)
+    _on_host(input, "topk")
+    # NOTE: the values are a gather, whose rule scatters the gradient back to the chosen entries
+    indices = apply("topk_indices", input, k=int(k), dim=d, largest=bool(largest))
     return ValuesIndices(gather(input, d, indices), indices)
 
 
@@ -1073,7 +1068,7 @@ def _draw_without_replacement(p: np.ndarray, count: int, gen: np.random.Generato
     # drawing one by one in proportion to the remaining probabilities. A zero probability finishes last.
     with np.errstate(divide="ignore"):
         times = gen.exponential(size=p.shape) / p
-    return _topk_indices(times, count, 1, largest=False)
+    return _ops._np_topk_indices(times, count, 1, largest=False)
 
 
 def multinomial(input, num_samples, replacement=False, *, generator=None):
@@ -1944,29 +1939,19 @@ def argwhere(input):
     return nonzero(input)
 
 
-def _sorted_indices(input, dim, descending, stable, name):
-    a = _values(input, name)
-    if a.ndim == 0:
-        return np.zeros((), np.int64)
-    if a.dtype.kind == "b":
-        a = a.astype(np.int8)
-    if descending:
-        # NOTE: a stable descending order that keeps equal elements in their order and puts nan first (as torch)
-        key = -a if a.dtype.kind == "f" else -a.astype(np.int64)
-        if a.dtype.kind == "f":
-            key = np.where(np.isnan(a), -np.inf, key)
-            order = np.argsort(key, axis=dim, kind="stable")
-            return order
-        return np.argsort(key, axis=dim, kind="stable")
-    return np.argsort(a, axis=dim, kind="stable")
+def _sorted_indices(input, dim, descending, name):
+    """The stable order of input along dim as an int64 tensor (sort_indices; a 0-dim input's is 0)."""
+    _on_host(input, name)
+    if input.ndim == 0:
+        return input.new_tensor(0, dtype=dt.int64)
+    return apply("sort_indices", input, dim=dim, descending=bool(descending))
 
 
 def sort(input, dim=-1, descending=False, stable=False):
     if isinstance(dim, bool):  # sort(x, True)? no: torch's second positional is dim
         raise TypeError("sort(): argument 'dim' must be int, not bool")
     d = wrap_dim(dim, input.ndim)
-    idx = _sorted_indices(input, d, descending, stable, "sort")
-    indices = input.new_tensor(idx.astype(np.int64), dtype=dt.int64)
+    indices = _sorted_indices(input, d, descending, "sort")
     if input.ndim == 0:
         return ValuesIndices(clone(input), indices)
     return ValuesIndices(gather(input, d, indices), indices)

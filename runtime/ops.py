@@ -241,6 +241,12 @@ def _arg_reduce_rule(op, shapes, attrs, dtypes):
     return reduced_shape(shapes[0], (dim,), attrs.get("keepdim", False))
 
 
+def _topk_rule(op, shapes, attrs, dtypes):
+    shape = list(shapes[0])
+    shape[attrs["dim"]] = attrs["k"]
+    return tuple(shape)
+
+
 def _matmul_rule(op, shapes, attrs, dtypes):
     a, b = shapes
     if len(a) < 2 or len(b) < 2:
@@ -693,6 +699,30 @@ def _arg_reduce(np_fn):
     return forward
 
 
+def _np_topk_indices(a, k, dim, largest):
+    """Indices of the k largest (or smallest) entries along dim, best first; nan counts as the largest."""
+    n = a.shape[dim]
+    if 0 < k < n:  # O(n) selection, then a sort of the k chosen only
+        idx = np.argpartition(a, n - k if largest else k - 1, axis=dim)
+    else:
+        idx = np.argsort(a, axis=dim)
+    idx = np.take(idx, np.arange(n - k, n) if largest else np.arange(k), axis=dim)
+    order = np.argsort(np.take_along_axis(a, idx, axis=dim), axis=dim, kind="stable")
+    return np.take_along_axis(idx, np.flip(order, axis=dim) if largest else order, axis=dim).astype(np.int64)
+
+
+def _np_sort_indices(a, dim, descending):
+    """A stable order along dim: equal entries keep their order, nan sorts as the largest (first if descending)."""
+    if a.dtype.kind == "b":
+        a = a.astype(np.int8)
+    if descending:
+        key = -a if a.dtype.kind == "f" else -a.astype(np.int64)
+        if a.dtype.kind == "f":
+            key = np.where(np.isnan(a), -np.inf, key)
+        a = key
+    return np.argsort(a, axis=dim, kind="stable").astype(np.int64)
+
+
 def _np_linear(x, w):
     return np.matmul(x, w.T)
 
@@ -1115,6 +1145,12 @@ _A = dict(kind=Kind.REDUCTION, arity=1, shape_rule=_arg_reduce_rule, dtype_rule=
           attr_names=("dim", "keepdim"))
 _register(OpDef("argmax", forward=_arg_reduce(np.argmax), **_A))
 _register(OpDef("argmin", forward=_arg_reduce(np.argmin), **_A))
+# which entries win reads values; public topk and sort gather their values with these (gather's rule scatters the
+# gradient back), so the choice is an op of the graph, not a constant read from an eager tensor
+_register(OpDef("topk_indices", Kind.OTHER, 1, _np_topk_indices, _topk_rule, _arg_dtype,
+                attr_names=("k", "dim", "largest")))
+_register(OpDef("sort_indices", Kind.OTHER, 1, _np_sort_indices, _first_input_rule,
+                lambda op, operands, attrs: (None, dt.int64), attr_names=("dim", "descending")))
 
 # matmul (2-D or batched; the public matmul handles 1-D operands around it)
 _register(OpDef("matmul", Kind.MATMUL, 2, np.matmul, _matmul_rule, _same_required,

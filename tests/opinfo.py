@@ -220,6 +220,22 @@ SAMPLES: dict[str, list[Sample]] = {
                Sample((away(3, 4),), {"dim": None, "keepdim": False}, lambda torch, x: torch.argmax(x)),
                Sample((away(3, 4),), {"dim": 0, "keepdim": True}, lambda torch, x: torch.argmax(x, 0, True))],
     "argmin": [Sample((away(3, 4),), {"dim": 1, "keepdim": False}, lambda torch, x: torch.argmin(x, 1))],
+    "topk_indices": [
+        Sample((away(3, 6),), {"k": 2, "dim": 1, "largest": True},
+               lambda torch, x: torch.topk(x, 2, 1).indices),
+        Sample((away(4, 3, 5),), {"k": 3, "dim": 0, "largest": False},
+               lambda torch, x: torch.topk(x, 3, 0, largest=False).indices, note="smallest, along dim 0"),
+        Sample((away(2, 5),), {"k": 5, "dim": 1, "largest": True},
+               lambda torch, x: torch.topk(x, 5, 1).indices, note="k = the whole dim"),
+    ],
+    "sort_indices": [
+        Sample((away(3, 6),), {"dim": 1, "descending": False},
+               lambda torch, x: torch.sort(x, dim=1, stable=True).indices),
+        Sample((away(4, 3, 2),), {"dim": 0, "descending": True},
+               lambda torch, x: torch.sort(x, dim=0, descending=True, stable=True).indices, note="descending"),
+        Sample((ints(3, 7, low=0, high=3),), {"dim": 1, "descending": True},
+               lambda torch, x: torch.sort(x, dim=1, descending=True, stable=True).indices, note="ties keep their order"),
+    ],
     "matmul": [
         Sample((away(3, 4), away(4, 5)), torch_fn=lambda torch, x, y: torch.matmul(x, y)),
         Sample((away(2, 3, 4), away(4, 5)), torch_fn=lambda torch, x, y: torch.matmul(x, y), note="batch x 2-D"),
