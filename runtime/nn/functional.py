@@ -1757,6 +1757,9 @@ def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
 
 def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
                   sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """The rows of `weight` at `input`, summed, averaged or maxed per bag: each row of a 2-D input is a bag, or a
+    1-D input is cut into bags where `offsets` says. Sum and mean are one index_add over each index's bag, written
+    with graph ops, so a traced model compiles them; max picks per bag with the eager indices."""
     if mode not in ("sum", "mean", "max"):
         raise ValueError(f"mode has to be one of sum, mean or max, got {mode}")
     if per_sample_weights is not None and mode != "sum":
@@ -1767,46 +1770,81 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
         if offsets is not None:
             raise ValueError("if input is 2D, then offsets has to be None, as input is treated is a mini-batch of "
                              "fixed length sequences.")
-        bags, length = input.shape
-        starts = [i * length for i in range(bags)]
         flat = input.reshape(-1)
         psw = per_sample_weights.reshape(-1) if per_sample_weights is not None else None
     elif input.ndim == 1:
         if offsets is None:
             raise ValueError("offsets has to be a 1D Tensor but got None")
-        starts = [int(v) for v in offsets.tolist()]
-        if include_last_offset:
-            starts = starts[:-1]
+        if _is_eager(offsets) and offsets.numel() and int(offsets[0]) != 0:
+            raise RuntimeError(f"offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start "
+                               f"from position 0. However, got {int(offsets[0])}")
         flat, psw = input, per_sample_weights
     else:
         raise ValueError(f"input has to be 1D or 2D Tensor, but got Tensor of dimension {input.ndim}")
-    ends = starts[1:] + [flat.shape[0]]
-    if include_last_offset and input.ndim == 1:
-        ends = [int(v) for v in offsets.tolist()][1:]
     num = weight.shape[0]
     if padding_idx is not None:
         padding_idx = padding_idx + num if padding_idx < 0 else padding_idx
     if max_norm is not None:
         _embedding_renorm_(weight, flat, max_norm, norm_type)
-    if not _is_eager(flat):
-        raise RuntimeError("embedding_bag reads its indices to form bags: it runs eagerly only")
-    ids = flat.tolist()
-    rows = weight.index_select(0, flat) if flat.numel() else weight.new_zeros((0, weight.shape[1]))
+    if mode == "max":
+        return _embedding_bag_max(input, weight, offsets, flat, include_last_offset, padding_idx)
+    rows = weight.index_select(0, flat)
     if psw is not None:
         rows = rows * psw.unsqueeze(-1)
+    kept = None if padding_idx is None else (flat != padding_idx).to(rows.dtype)
+    if kept is not None:
+        rows = rows * kept.unsqueeze(-1)
+    if input.ndim == 2:
+        bags, length = input.shape
+        out = rows.reshape(bags, length, weight.shape[1]).sum(1)
+        counts = kept.reshape(bags, length).sum(1) if kept is not None else None
+        size = length
+    else:
+        # NOTE: with include_last_offset the last offset is not a bag's start, and torch's last bag runs to the
+        # end of the input whatever that offset says
+        starts = offsets[:-1] if include_last_offset else offsets
+        bags = starts.shape[0]
+        bag = _bag_of_each_index(starts, flat.shape[0])
+        out = rows.new_zeros((bags, weight.shape[1])).index_add(0, bag, rows)
+        ones = kept if kept is not None else rows.new_ones(flat.shape)
+        counts = rows.new_zeros((bags,)).index_add(0, bag, ones)
+        size = None
+    if mode == "sum":
+        return out
+    if counts is None:
+        return out / size
+    return out / counts.clamp(min=1).unsqueeze(-1)  # an empty bag (or one of padding only) gives zeros
+
+
+def _bag_of_each_index(starts, n: int):
+    """For each of the n positions of a 1-D embedding_bag input, its bag: how many of the bags' starts after the
+    first are at or before it (a cumulative count)."""
+    later = starts[1:].to(dt.int64)
+    marks = factories.zeros(n + 1, dtype=dt.int64).index_add(0, later, factories.ones_like(later))
+    return marks[:n].cumsum(0)
+
+
+def _embedding_bag_max(input, weight, offsets, flat, include_last_offset: bool, padding_idx):
+    """mode="max": each bag's largest rows, picked with the eager indices (ties and empty bags as torch's)."""
+    if input.ndim == 2:
+        bags, length = input.shape
+        starts = [i * length for i in range(bags)]
+    else:
+        starts = [int(v) for v in offsets.tolist()]
+        if include_last_offset:
+            starts = starts[:-1]
+    ends = starts[1:] + [flat.shape[0]]  # (the last bag runs to the end, as torch's, whatever a last offset says)
+    if not _is_eager(flat):
+        raise RuntimeError("embedding_bag with mode='max' reads its indices to form bags: it runs eagerly only")
+    ids = flat.tolist()
+    rows = weight.index_select(0, flat) if flat.numel() else weight.new_zeros((0, weight.shape[1]))
     out = []
     for s, e in zip(starts, ends):
         keep = [i for i in range(s, e) if padding_idx is None or ids[i] != padding_idx]
         if not keep:
             out.append(weight.new_zeros((weight.shape[1],)))
             continue
-        bag = rows.index_select(0, _index(keep))
-        if mode == "sum":
-            out.append(bag.sum(0))
-        elif mode == "mean":
-            out.append(bag.mean(0))
-        else:
-            out.append(bag.max(0)[0])
+        out.append(rows.index_select(0, _index(keep)).max(0)[0])
     return api.stack(out, 0) if out else weight.new_zeros((0, weight.shape[1]))
 
 
