@@ -4,6 +4,7 @@ from __future__ import annotations
 import warnings
 
 from ..autograd.grad_mode import no_grad
+from ..ops import is_tensor_like
 from ..tensor import Size, Tensor
 from . import constraints
 from .utils import as_size, lazy_property
@@ -51,6 +52,8 @@ class Distribution:
             if constraints.is_dependent(constraint) or self._is_lazy_and_unset(name):
                 continue
             value = getattr(self, name)
+            if _traced(value):  # a compiler's stand-in: its values are not known while tracing
+                continue
             if not bool(constraint.check(value).all()):
                 raise ValueError(f"Expected parameter {name} ({type(value).__name__} of shape {tuple(value.shape)}) "
                                  f"of distribution {self!r} to satisfy the constraint {constraint!r}, but found "
@@ -146,7 +149,7 @@ class Distribution:
     def _validate_sample(self, value) -> None:
         """Raise torch's ValueError unless value is a tensor whose shape broadcasts with batch_shape + event_shape
         and whose entries lie in the support."""
-        if not isinstance(value, Tensor):
+        if not isinstance(value, Tensor) and not _traced(value):
             raise ValueError("The value argument to log_prob must be a Tensor")
         self._check_sample_shape(value.shape)
         try:
@@ -155,7 +158,7 @@ class Distribution:
             warnings.warn(f"{self.__class__} does not define `support` to enable sample validation. Please initialize "
                           "the distribution with `validate_args=False` to turn off validation.", stacklevel=3)
             return
-        if not bool(support.check(value).all()):
+        if not _traced(value) and not bool(support.check(value).all()):
             raise ValueError(f"Expected value argument ({type(value).__name__} of shape {tuple(value.shape)}) to be "
                              f"within the support ({support!r}) of the distribution {self!r}, but found invalid "
                              f"values:\n{_shown(value)}")
@@ -177,3 +180,9 @@ class Distribution:
                 value = self.__dict__[name]
                 shown.append(f"{name}: {value if value.numel() == 1 else value.size()}")
         return f"{type(self).__name__}({', '.join(shown)})"
+
+
+def _traced(value) -> bool:
+    """A compiler's stand-in for a tensor (a tracer's proxy): its shape is known, its values are not, so the value
+    checks of validation run in eager mode only (as the losses' checks of their targets do)."""
+    return is_tensor_like(value) and not isinstance(value, Tensor)

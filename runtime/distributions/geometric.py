@@ -5,6 +5,7 @@ from .. import api
 from .. import factories
 from ..autograd.grad_mode import no_grad
 from ..nn import functional as F
+from ..tensor import Tensor
 from ..typeinfo import finfo
 from . import constraints
 from .distribution import Distribution
@@ -21,7 +22,8 @@ class Geometric(BinaryProbsOrLogits, Distribution):
 
     def __init__(self, probs=None, logits=None, validate_args=None):
         super().__init__(self._set_parameter(probs, logits), validate_args=validate_args)
-        if self._validate_args and probs is not None and not bool((self.probs > 0).all()):
+        if (self._validate_args and probs is not None and isinstance(self.probs, Tensor)
+                and not bool((self.probs > 0).all())):
             invalid = self.probs.detach()[~(self.probs > 0)]
             raise ValueError(f"Expected parameter probs ({type(self.probs).__name__} of shape "
                              f"{tuple(self.probs.shape)}) of distribution {self!r} to be positive but found invalid "

@@ -10,6 +10,7 @@ from .. import api
 from .. import dtypes as dt
 from ..autograd.grad_mode import enable_grad
 from ..factories import tensor
+from ..ops import is_tensor_like
 from ..tensor import Size, Tensor
 from ..typeinfo import finfo
 
@@ -34,12 +35,14 @@ def as_size(shape) -> Size:
 def broadcast_all(*values):
     """Numbers and tensors as tensors of one broadcast shape; numbers take the first tensor's dtype and device (or
     the default dtype)."""
-    if not all(isinstance(v, Tensor) or is_number(v) for v in values):
+    # NOTE: a tensor-like (a compiler's traced value) counts as a tensor, as torch's __torch_function__ objects do
+    tensors_in = [isinstance(v, Tensor) or is_tensor_like(v) for v in values]
+    if not all(t or is_number(v) for t, v in zip(tensors_in, values)):
         raise ValueError("Input arguments must all be instances of Number, torch.Tensor or objects implementing "
                          "__torch_function__.")
-    like = next((v for v in values if isinstance(v, Tensor)), None)
+    like = next((v for t, v in zip(tensors_in, values) if t), None)
     options = {"dtype": dt.get_default_dtype()} if like is None else {"dtype": like.dtype, "device": like.device}
-    tensors = [v if isinstance(v, Tensor) else tensor(v, **options) for v in values]
+    tensors = [v if t else tensor(v, **options) for t, v in zip(tensors_in, values)]
     return tuple(api.broadcast_tensors(*tensors))
 
 
