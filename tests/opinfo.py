@@ -234,7 +234,8 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample((away(4, 3, 2),), {"dim": 0, "descending": True},
                lambda torch, x: torch.sort(x, dim=0, descending=True, stable=True).indices, note="descending"),
         Sample((ints(3, 7, low=0, high=3),), {"dim": 1, "descending": True},
-               lambda torch, x: torch.sort(x, dim=1, descending=True, stable=True).indices, note="ties keep their order"),
+               lambda torch, x: torch.sort(x, dim=1, descending=True, stable=True).indices,
+               note="ties keep their order"),
     ],
     "matmul": [
         Sample((away(3, 4), away(4, 5)), torch_fn=lambda torch, x, y: torch.matmul(x, y)),
