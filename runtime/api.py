@@ -1783,21 +1783,17 @@ def scatter_reduce(input, dim, index, src, reduce, *, include_self=True):
         count = where(count == 0, 1, count)
         out = total / count
         return out if input.dtype.is_floating_point else floor_divide(total, count)
-    if reduce not in ("prod", "amax", "amin"):
+    if reduce in ("amax", "amin"):
+        return apply("scatter_extremum", input, index, src, dim=d, reduce=reduce, include_self=bool(include_self))
+    if reduce != "prod":
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
     if _records_grad((input, src), {}, None):
         raise RuntimeError(f"scatter_reduce(reduce='{reduce}'): runtime has no gradient for this reduction")
-    ufunc = {"prod": np.multiply, "amax": np.maximum, "amin": np.minimum}[reduce]
     out = _values(input, "scatter_reduce").copy()
     idx = _along_axis(_values(index, "scatter_reduce"), d)
     if not include_self:
-        fill = {"prod": 1, "amax": -np.inf, "amin": np.inf}[reduce]
-        touched = np.zeros(out.shape, bool)
-        touched[idx] = True
-        if out.dtype.kind != "f" and reduce != "prod":
-            fill = np.iinfo(out.dtype).min if reduce == "amax" else np.iinfo(out.dtype).max
-        out[touched] = fill
-    ufunc.at(out, idx, _values(src, "scatter_reduce").astype(out.dtype))
+        out[idx] = 1
+    np.multiply.at(out, idx, _values(src, "scatter_reduce").astype(out.dtype))
     return input.new_tensor(out)
 
 

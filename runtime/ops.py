@@ -790,6 +790,42 @@ def _np_scatter_add(x, index, src, dim):
     return out
 
 
+def _np_scatter_extremum(x, index, src, dim, reduce, include_self):
+    """scatter_reduce's amax/amin: each scattered position's max (min) of its sources, and of x's own entry when
+    include_self (else x's entry is left out there); positions no index reaches keep x's entry."""
+    _check_index_range(index, dim, x.shape[dim])
+    at = _along_axis_index(index, dim)
+    out = x.copy()
+    if not include_self:
+        if out.dtype.kind == "f":
+            fill = -np.inf if reduce == "amax" else np.inf
+        else:
+            info = np.iinfo(out.dtype) if out.dtype.kind in "iu" else None
+            fill = (info.min if reduce == "amax" else info.max) if info is not None else reduce == "amin"
+        out[at] = fill
+    (np.maximum if reduce == "amax" else np.minimum).at(out, at, src.astype(out.dtype, copy=False))
+    return out
+
+
+def _scatter_extremum_shares(out, x, index, src, dim):
+    """(x's entries equal to their result, sources equal to theirs, how many entries share each result)."""
+    self_is_result = (x == out).to(out.dtype)
+    src_is_result = (src == out.gather(dim, index)).to(out.dtype)
+    return self_is_result, src_is_result, self_is_result.scatter_add(dim, index, src_is_result)
+
+
+def _scatter_extremum_self_vjp(g, out, x, index, src, dim, reduce, include_self):
+    """torch's rule: a result's gradient is spread evenly over the entries equal to it."""
+    self_is_result, _, shares = _scatter_extremum_shares(out, x, index, src, dim)
+    grad = self_is_result * (g / shares)
+    return grad if include_self else grad.scatter(dim, index, 0.0)
+
+
+def _scatter_extremum_src_vjp(g, out, x, index, src, dim, reduce, include_self):
+    _, src_is_result, shares = _scatter_extremum_shares(out, x, index, src, dim)
+    return src_is_result * (g / shares).gather(dim, index)
+
+
 def _np_log_softmax(x, dim):
     if x.size == 0:
         return x.copy()
@@ -1191,6 +1227,9 @@ _register(OpDef("scatter_add", Kind.OTHER, 3, _np_scatter_add, _first_input_rule
                 vjp=(lambda g, out, x, index, src, dim: g, None,
                      lambda g, out, x, index, src, dim: apply("gather", g, index, dim=dim)),
                 saves=(1,), attr_names=("dim",)))
+_register(OpDef("scatter_extremum", Kind.OTHER, 3, _np_scatter_extremum, _first_input_rule, _scatter_dtype,
+                cast_inputs=(0, 2), vjp=(_scatter_extremum_self_vjp, None, _scatter_extremum_src_vjp),
+                saves=(0, 1, 2, "out"), attr_names=("dim", "reduce", "include_self")))
 # log_softmax, nll_loss and nll_loss's backward: fused ops (as in torch's ATen), so that eager cross-entropy costs
 # a few dispatches instead of a dozen; nnc expands each into the primitives above (`decomposition`).
 _NLL_ATTRS = ("dim", "reduction", "ignore_index")

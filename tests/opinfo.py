@@ -220,6 +220,15 @@ SAMPLES: dict[str, list[Sample]] = {
                Sample((away(3, 4),), {"dim": None, "keepdim": False}, lambda torch, x: torch.argmax(x)),
                Sample((away(3, 4),), {"dim": 0, "keepdim": True}, lambda torch, x: torch.argmax(x, 0, True))],
     "argmin": [Sample((away(3, 4),), {"dim": 1, "keepdim": False}, lambda torch, x: torch.argmin(x, 1))],
+    "scatter_extremum": [
+        Sample((away(4, 5), np.array([[0, 1, 3, 3, 2], [3, 0, 1, 1, 0], [0, 0, 2, 1, 3]]), away(3, 5)),
+               {"dim": 0, "reduce": "amax", "include_self": True},
+               lambda torch, x, i, s: torch.scatter_reduce(x, 0, i, s, "amax")),
+        Sample((away(3, 6), np.array([[5, 0, 0, 2], [1, 1, 4, 4], [3, 2, 2, 0]]), away(3, 4)),
+               {"dim": 1, "reduce": "amin", "include_self": False},
+               lambda torch, x, i, s: torch.scatter_reduce(x, 1, i, s, "amin", include_self=False),
+               note="amin, the input left out where scattered"),
+    ],
     "topk_indices": [
         Sample((away(3, 6),), {"k": 2, "dim": 1, "largest": True},
                lambda torch, x: torch.topk(x, 2, 1).indices),
