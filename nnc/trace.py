@@ -569,6 +569,10 @@ class Tracer:
         args = self._placeholders(root, concrete_args or {}, example_inputs)
         with self._patched(), _state_kept(root, self.specializes_sizes):
             try:
+                # NOTE: the root's inline pre-hooks run here too: the compiled module also runs them eagerly
+                # before each call (they see the wrapped model), but the graph must compute what they set
+                for hook in inline_pre_hooks(root) if self.replays_attributes and has_hooks(root) else ():
+                    hook(root, args.positional)
                 result = self._run_watched(root, "", root.forward, args.positional, args.keyword,
                                            args.names)
             except TraceError as error:

@@ -139,3 +139,25 @@ def test_weight_normed_layers_compile_with_their_hook_inline():
     (artifact,) = compiled._cache.values()
     assert not artifact.opaque and not artifact.graph_breaks
     assert sorted(artifact.set_attributes) == [("conv", "weight"), ("out", "weight")]
+
+
+def test_a_weight_normed_layer_compiled_by_itself_runs_its_hook_in_the_graph():
+    """The root's hook runs eagerly before each call (it sees the wrapped model) and inline in the trace, so the
+    layer compiles (it used to run eagerly with a warning) and its weight and gradients are eager's."""
+    import nnc
+
+    runtime.manual_seed(5)
+    layer, twin = _weight_norm(nn.Linear(3, 2)), _weight_norm(nn.Linear(3, 2))
+    twin.load_state_dict(layer.state_dict())
+    compiled = nnc.compile(twin)
+    x = runtime.randn(4, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for model in (layer, compiled):
+            model(x).square().sum().backward()
+    np.testing.assert_allclose(twin.weight.detach().numpy(), layer.weight.detach().numpy(), rtol=1e-6)
+    for name in ("weight_g", "weight_v", "bias"):
+        np.testing.assert_allclose(getattr(twin, name).grad.numpy(), getattr(layer, name).grad.numpy(), rtol=1e-5,
+                                   atol=1e-7, err_msg=name)
+    (artifact,) = compiled._cache.values()
+    assert artifact.set_attributes == [("", "weight")]
