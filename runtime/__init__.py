@@ -57,7 +57,8 @@ def compile(model=None, **options):
         return lambda fn: fn
     return model
 
-__version__ = "0.1.0"
+from . import version  # noqa: E402
+__version__ = version.__version__
 from . import optim  # noqa: E402,F401
 from .legacy import (BFloat16Tensor, BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor, HalfTensor,  # noqa: E402,F401
                      IntTensor, LongTensor, ShortTensor)

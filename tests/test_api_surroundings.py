@@ -1,5 +1,5 @@
 """What training scripts touch around the model: torch.backends flags, torch.accelerator, torch.cuda, autocast and
-GradScaler, torch.compile's spelling."""
+GradScaler, torch.compile's spelling, torch.version."""
 from __future__ import annotations
 
 import warnings
@@ -35,6 +35,21 @@ def test_no_accelerator_and_no_cuda():
     runtime.cuda.synchronize()
     with pytest.raises(RuntimeError, match="no CUDA"):
         runtime.cuda.current_device()
+
+
+def test_version_reports_like_a_cpu_build_of_torch(torch):
+    """An environment report (`torch.version.cuda`, `torch.version.debug`, ...) runs unchanged: the fields exist
+    with the types of a CPU build's, and CUDA's is None where runtime's CUDA backend finds no GPU."""
+    assert runtime.version.__version__ == runtime.__version__
+    for name in ("debug", "git_version", "hip", "rocm", "xpu"):
+        assert type(getattr(runtime.version, name)) is type(getattr(torch.version, name)), name
+    cuda = runtime.version.cuda
+    if not runtime.cuda.is_available():
+        assert cuda is None
+    else:
+        assert cuda is None or all(part.isdigit() for part in cuda.split("."))
+    with pytest.raises(AttributeError, match="no attribute 'cudnn'"):
+        runtime.version.cudnn
 
 
 def test_autocast_runs_matmuls_in_float16(torch):
