@@ -453,6 +453,27 @@ class Tensor:
     def cpu(self, memory_format=None) -> "Tensor":
         return self.to(CPU, memory_format=memory_format)
 
+    def share_memory_(self) -> "Tensor":
+        """Move the values into shared memory, as torch does for Hogwild training: processes forked later share
+        them, and spawned ones given this tensor (multiprocessing's pickler: runtime.multiprocessing) attach to the
+        same memory, so in-place updates anywhere are seen everywhere. A no-op when already shared, and for CUDA
+        tensors (as torch's). A view's values belong to the tensor it views: share that one first."""
+        if self.is_cuda or self.is_shared():
+            return self
+        if self._base is not None:
+            raise RuntimeError("share_memory_(): this tensor is a view; call share_memory_() on the tensor it "
+                               "views (its ._base) before making views of it")
+        from . import _shared_memory
+
+        self._data = _shared_memory.share(self._data)
+        return self
+
+    def is_shared(self) -> bool:
+        """Whether the values are in shared memory (share_memory_, or received from another process so)."""
+        from . import _shared_memory
+
+        return not self.is_cuda and _shared_memory.find(self._data) is not None
+
     def cuda(self, device=None, non_blocking=False, memory_format=None) -> "Tensor":
         return self.to(check_device(device if device is not None else "cuda"), memory_format=memory_format)
 

@@ -414,6 +414,12 @@ class Module:
         return self.to(check_device(device if device is not None else "cuda"))
 
     def share_memory(self) -> "Module":
+        """Every parameter and buffer (and gradient already allocated) moved into shared memory: Tensor's
+        share_memory_, so processes started afterwards train this same model (Hogwild)."""
+        for t in [*self.parameters(), *self.buffers()]:
+            t.share_memory_()
+            if t.grad is not None:
+                t.grad.share_memory_()
         return self
 
     # ------------------------------------------------------------------------------------------
