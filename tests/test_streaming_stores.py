@@ -185,3 +185,32 @@ def test_kernels_below_the_threshold_store_plainly(kernel_dir):
     assert math.prod(x.shape) * 4 < cpu_elementwise.STREAM_MIN_BYTES
     _compare(model, x, dict(rtol=1e-5, atol=1e-5))
     assert not _streamed_sources(kernel_dir)
+
+
+class LinearGate(nn.Module):
+    """A linear layer whose product feeds a broadcasting epilogue (the matmul kernel's elementwise_function)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(24, 40)
+        self.scale = nn.Parameter(torch.randn(40))
+
+    def forward(self, x):
+        return torch.relu(self.fc(x) * self.scale) + 1.0
+
+
+@pytest.mark.parametrize("rows", [7, 7000])  # serial, and parallel (2**18 elements and more)
+def test_matmul_epilogues_that_stream_match_eager(streaming_everywhere, rows):
+    torch.manual_seed(3)
+    model = LinearGate()
+    x = torch.randn(rows, 24)
+    compiled = nnc.compile(model)
+    results = []
+    for fn in (model, compiled):
+        xi = x.detach().clone().requires_grad_(True)
+        model.zero_grad()
+        fn(xi).square().sum().backward()
+        results.append([fn(x).detach().numpy(), xi.grad.numpy()] + [p.grad.numpy().copy() for p in model.parameters()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    assert any("_epilogue" in s for s in _streamed_sources(streaming_everywhere))
