@@ -6,7 +6,7 @@ import warnings
 
 from ...autograd import grad_mode
 from . import rnn  # noqa: F401
-from . import parametrizations, parametrize, prune  # noqa: F401,E402
+from . import parametrizations, parametrize, prune, stateless  # noqa: F401,E402
 from .clip_grad import clip_grads_with_norm_, get_total_norm  # noqa: F401
 from .fusion import fuse_conv_bn_eval, fuse_conv_bn_weights, fuse_linear_bn_eval, fuse_linear_bn_weights  # noqa: F401,E501
 from .spectral_norm import remove_spectral_norm, spectral_norm  # noqa: F401
