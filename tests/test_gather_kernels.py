@@ -204,3 +204,24 @@ def test_views_of_the_index_fold_into_gather_kernels_when_contiguous(transposed)
     assert not [k for k in kernels if k.kind == "opaque" and {"reshape", "permute"} & set(k.meta["ops"])]
     copies = [k for k in kernels if k.meta["ops"] == ["clone"]]
     assert bool(copies) == transposed, [(k.kind, k.meta["ops"]) for k in kernels]
+
+
+class ConvThenAntialiasedResize(nn.Module):
+    """A batch-1 conv output resized with antialiasing: its gathers read the conv's [1, C, H, W] value through a
+    permute whose size-1 dim has a stride a C-contiguous array would not have."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 2, 3, padding=1).double()
+
+    def forward(self, x):
+        return nn.functional.interpolate(self.conv(x), size=(5, 5), mode="bilinear", antialias=True,
+                                         align_corners=False)
+
+
+def test_a_view_strided_only_along_a_size_one_dim_is_a_contiguous_run_for_gathers():
+    runtime.manual_seed(6)
+    compiled = _compare(ConvThenAntialiasedResize(), runtime.randn(1, 2, 4, 4, dtype=runtime.float64))
+    kernels = [k for c in compiled.compilations for p in c.plans for k in p.kernels]
+    folded = [v for k in kernels if k.kind == "gather" for v in k.meta.get("views", {}).values()]
+    assert any(1 in v.shape for v in folded)  # the case: a folded view with a size-1 dim, compiled

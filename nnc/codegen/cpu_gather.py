@@ -111,10 +111,17 @@ def _reads(kb: KernelBuilder, node) -> list[Array | None]:
             arrays.append(None)
             continue
         a = kb.read_of(arg)
-        if a.strides is not None and tuple(a.strides) != tuple(c_strides(a.shape)):
+        if a.strides is not None and not _contiguous_run(a):
             raise Unsupported(f"{arg.name} is a strided view; a gather kernel reads contiguous runs only")
         arrays.append(a)
     return arrays
+
+
+def _contiguous_run(a: Array) -> bool:
+    """Whether a folded view reads its base's elements offset, offset + 1, ... in C order: its strides are the
+    C-contiguous ones except along size-1 dims, where any stride reads the same element (the views pass folds such
+    a permute of a [1, C, H, W] value)."""
+    return all(n == 1 or s == c for n, s, c in zip(a.shape, a.strides, c_strides(a.shape)))
 
 
 def _size(value) -> str:
