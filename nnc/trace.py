@@ -844,12 +844,15 @@ class _Args:
         self.names = names  # "argument NAME" for each positional, then each keyword argument
 
 
+_FUNCTIONAL_MORE = "runtime.nn._functional_more"
+
+
 def _is_api_function(namespace, name: str, fn) -> bool:
     if name.startswith("_") or not callable(fn) or isinstance(fn, type):
         return False
     module = getattr(fn, "__module__", "") or ""
-    if namespace is F:
-        return module == F.__name__
+    if namespace is F:  # (F re-exports _functional_more's functions: CTC, grid_sample, unpooling, ...)
+        return module in (F.__name__, _FUNCTIONAL_MORE)
     return module in ("runtime.api", "runtime.factories") and name in vars(runtime)
 
 

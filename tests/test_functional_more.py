@@ -244,3 +244,41 @@ def test_pool_with_indices_lp_pool3d_and_conv_tbc_match_torch(torch):
     (xi, w, b), (txi, tw, tb) = _pair(torch, rng.standard_normal((6, 2, 3)), rng.standard_normal((3, 3, 4)),
                                       rng.standard_normal(4))
     _check(torch, F.conv_tbc(xi, w, b, 1), torch.conv_tbc(txi, tw, tb, 1), [xi, w, b], [txi, tw, tb])
+
+
+class _SpeechModel(runtime.nn.Module):
+    """A GRU acoustic model trained with CTC: ctc_loss reads its lengths and targets as Python values."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = runtime.nn.GRU(4, 6)
+        self.out = runtime.nn.Linear(6, 5)
+
+    def forward(self, x, targets, in_lens, tgt_lens):
+        h, _ = self.rnn(x)
+        return F.ctc_loss(F.log_softmax(self.out(h), -1), targets, in_lens, tgt_lens, zero_infinity=True)
+
+
+def test_a_compiled_model_runs_only_ctc_loss_eagerly():
+    """The functions of this module are recorded as calls when traced, like nn.functional's own: ctc_loss, which
+    reads values, becomes one eager node, and the GRU and the projection around it compile (the whole forward
+    used to run eagerly)."""
+    import nnc
+
+    runtime.manual_seed(2)
+    model = _SpeechModel()
+    rng = np.random.default_rng(2)
+    args = (runtime.randn(7, 2, 4), runtime.tensor(rng.integers(1, 5, (2, 3))), runtime.tensor([7, 6]),
+            runtime.tensor([3, 2]))
+    compiled = nnc.compile(model)
+    results = []
+    for fn in (model, compiled):
+        model.zero_grad()
+        loss = fn(*args)
+        loss.backward()
+        results.append([loss.item()] + [p.grad.numpy().copy() for p in model.parameters()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    (artifact,) = compiled._cache.values()
+    assert type(artifact).__name__ == "Compilation"
+    assert [n.target.__name__ for n in artifact.opaque] == ["ctc_loss"]
