@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 import nnc
 import runtime
@@ -249,7 +249,8 @@ REARRANGE = ["transpose_round_trip", "rotate_columns", "chunk_gate", "swap_row_p
 def programs(draw):
     steps = []
     for _ in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "rearrange", "no_grad", "custom"]))
+        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "rearrange", "no_grad", "custom",
+                                     "keep"]))
         if kind in ("unary", "no_grad"):
             steps.append((kind, draw(st.sampled_from(UNARY))))
         elif kind == "binary":
@@ -258,8 +259,8 @@ def programs(draw):
             steps.append(("reduce", draw(st.sampled_from(REDUCE))))
         elif kind == "rearrange":
             steps.append(("rearrange", draw(st.sampled_from(REARRANGE))))
-        elif kind == "custom":
-            steps.append(("custom",))
+        elif kind in ("custom", "keep"):
+            steps.append((kind,))
         else:
             steps.append(("matmul",))
     return steps
@@ -295,7 +296,8 @@ class HalfGradient(runtime.autograd.Function):
 
 class Program(nn.Module):
     """A random chain over a [4, 6] input: elementwise ops, broadcasts, reductions (row kernels among them),
-    matmuls, views, cats and gathers, values made under no_grad, and a custom autograd.Function."""
+    matmuls, views, cats and gathers, values made under no_grad, a custom autograd.Function, and values kept on
+    the module (`self.kept = ...`, read back in the same forward: nnc.trace's set attributes)."""
 
     def __init__(self, steps):
         super().__init__()
@@ -329,13 +331,26 @@ class Program(nn.Module):
                 h = h * factor + h
             elif step[0] == "custom":
                 h = HalfGradient.apply(h)
+            elif step[0] == "keep":
+                self.kept = h.tanh()
+                h = h + 0.5 * self.kept
             else:
                 h = h @ self.w
         return h
 
 
+def assert_same_kept(eager, compiled):
+    """The value a Program keeps on itself, if any step keeps one: compiled equals eager, with its history."""
+    if not hasattr(eager, "kept"):
+        return
+    kept = compiled.kept
+    np.testing.assert_allclose(kept.detach().numpy(), eager.kept.detach().numpy(), rtol=1e-9, atol=1e-9)
+    assert (kept.grad_fn is None) == (eager.kept.grad_fn is None)
+
+
 @settings(max_examples=25, deadline=None)
 @given(steps=programs())
+@example(steps=[("keep",), ("matmul",), ("reduce", "softmax"), ("keep",)])  # kept twice, read back each time
 def test_random_programs_compile_to_eager_results(steps):
     # NOTE: float64, so the comparison is tight: random chains amplify float32 rounding through cancellation
     runtime.manual_seed(0)
@@ -344,10 +359,12 @@ def test_random_programs_compile_to_eager_results(steps):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a silent fallback would hide a compiler bug here
         assert_same_forward_and_grads(eager, compiled, runtime.randn(4, 6, dtype=runtime.float64), atol=1e-9)
+    assert_same_kept(eager, compiled)
 
 
 @settings(max_examples=12, deadline=None)
 @given(steps=programs())
+@example(steps=[("unary", "tanh"), ("keep",), ("matmul",)])
 def test_random_programs_in_whole_graph_mode_compute_eager_results(steps):
     runtime.manual_seed(0)
     eager = Program(steps).double()
@@ -359,6 +376,7 @@ def test_random_programs_in_whole_graph_mode_compute_eager_results(steps):
     (artifact,) = compiled._cache.values()
     assert artifact.forward_plan.whole_graph
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-9)
+    assert_same_kept(eager, compiled)
 
 
 def test_outputs_the_caller_holds_are_never_overwritten_and_dropped_ones_are_reused():
