@@ -1,5 +1,5 @@
 """What training scripts touch around the model: torch.backends flags, torch.accelerator, torch.cuda, autocast and
-GradScaler, torch.compile's spelling, torch.version."""
+GradScaler, torch.compile's spelling, torch.version, torch.nn.attention's sdpa_kernel."""
 from __future__ import annotations
 
 import warnings
@@ -121,3 +121,29 @@ def test_compile_returns_the_model_with_a_note():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert runtime.compile(mode="max-autotune")(len) is len
+
+
+@pytest.mark.parametrize("backends,works", [("MATH", True), (["FLASH_ATTENTION", "EFFICIENT_ATTENTION"], True),
+                                            ("EFFICIENT_ATTENTION", False), (["CUDNN_ATTENTION"], False)])
+def test_sdpa_kernel_restricts_the_backends_as_torch_does_on_cpu(torch, backends, works):
+    names = backends if isinstance(backends, list) else [backends]
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 2, 4, 8)).astype(np.float32)
+    outcomes = []
+    for lib in (runtime, torch):
+        chosen = [getattr(lib.nn.attention.SDPBackend, n) for n in names]
+        with lib.nn.attention.sdpa_kernel(chosen if isinstance(backends, list) else chosen[0]):
+            try:
+                out = lib.nn.functional.scaled_dot_product_attention(*(lib.tensor(q),) * 3)
+                outcomes.append(out.numpy())
+            except RuntimeError as error:
+                outcomes.append(str(error))
+    assert isinstance(outcomes[0], np.ndarray) == works
+    if works:
+        np.testing.assert_allclose(outcomes[0], outcomes[1], rtol=1e-5, atol=1e-6)
+    else:
+        assert outcomes[0] == outcomes[1]  # torch's message
+    runtime.nn.functional.scaled_dot_product_attention(*(runtime.tensor(q),) * 3)  # restored after the block
+    with pytest.raises(AssertionError, match="SDPBackend"):
+        with runtime.nn.attention.sdpa_kernel("math"):
+            pass

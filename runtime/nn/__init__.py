@@ -5,3 +5,4 @@ from .modules import Module  # noqa: F401
 from .parameter import Buffer, Parameter, UninitializedParameter  # noqa: F401
 from . import parallel  # noqa: E402,F401  (runtime.nn.parallel.DistributedDataParallel)
 from .parallel import DataParallel  # noqa: E402,F401
+from . import attention  # noqa: E402,F401

@@ -17,6 +17,7 @@ from .. import dtypes as dt
 from .. import factories
 from ..autograd.grad_mode import is_grad_enabled, no_grad
 from ..ops import apply, broadcast_shapes
+from .attention import check_usable as _check_sdpa_backends
 from ..tensor import Tensor
 
 __all__ = [
@@ -944,6 +945,7 @@ def adaptive_avg_pool2d(input, output_size):
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
+    _check_sdpa_backends()
     if query.ndim < 2 or key.ndim < 2 or value.ndim < 2:
         raise RuntimeError(f"scaled_dot_product_attention: query, key and value must be at least 2-D, got "
                            f"{list(query.shape)}, {list(key.shape)} and {list(value.shape)}")
