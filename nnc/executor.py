@@ -13,6 +13,7 @@ import numpy as np
 
 from runtime.tensor import Tensor
 
+from . import pytree
 from .graph import Node, map_arg, nodes_in
 from .graph_module import GraphModule
 from .interpreter import Interpreter
@@ -276,6 +277,9 @@ def _single_output(output, returned: list, extra: list):
         return lambda results: Tensor._from_array(results[0])
     if type(output) is tuple and list(output) == returned:
         return lambda results: tuple(map(Tensor._from_array, results))
+    leaves, spec = pytree.flatten(output)  # nested: (result, (values of attributes forward sets)), dicts, ...
+    if leaves == returned and all(isinstance(leaf, Node) for leaf in leaves):
+        return lambda results: pytree.unflatten(list(map(Tensor._from_array, results)), spec)
     return None
 
 

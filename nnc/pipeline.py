@@ -181,9 +181,12 @@ class Compilation:
     def direct_runner(self):
         """run(tensors, wants_grad=False) as a function of the tensors with the least Python around one numba call,
         for a compilation whose forward is one whole-graph plan writing no input; None otherwise."""
-        if self.main is None or self.writes or self.set_attributes:
+        if self.main is None or self.writes:
             return None
-        return self.main.direct_runner()
+        run = self.main.direct_runner()
+        if run is None or not self.set_attributes:
+            return run
+        return lambda tensors: self._set_attributes_of(run(tensors))
 
     def run(self, tensors: list, wants_grad: bool):
         """What the compiled module returns for these input tensors (after the codegen stage); the tensors forward
@@ -200,10 +203,14 @@ class Compilation:
             for position, k in self.returned_inputs.items():
                 leaves[position] = tensors[k]
             user = pytree.unflatten(leaves, spec)
-        if self.set_attributes:
-            user, values = user
-            for (path, name), value in zip(self.set_attributes, values):
-                setattr(self.module.get_submodule(path), name, value)
+        return self._set_attributes_of(user) if self.set_attributes else user
+
+    def _set_attributes_of(self, result):
+        """The module's result, from the graph's (result, values of the attributes forward sets): each of those set
+        on its module, as eager forward leaves it."""
+        user, values = result
+        for (path, name), value in zip(self.set_attributes, values):
+            setattr(self.module.get_submodule(path), name, value)
         return user
 
     def accepts(self, tensors: list) -> bool:

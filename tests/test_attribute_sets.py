@@ -158,6 +158,34 @@ def test_attributes_follow_every_call_and_reads_in_forward_see_the_new_value():
     assert _artifacts_compiled(compiled)
 
 
+class KeepsScores(nn.Module):
+    """Keeps its attention weights and returns a dict: nested outputs of a whole graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        self.scores = torch.softmax(self.proj(x) @ x.transpose(-2, -1), dim=-1)
+        return {"mixed": self.scores @ x}
+
+
+def test_the_no_grad_fast_path_serves_models_that_keep_values():
+    torch.manual_seed(3)
+    model = KeepsScores()
+    compiled = nnc.compile(model)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1, 5, 4)
+            got = compiled(x)
+            scores = model.scores.numpy().copy()
+            want = model(x)
+            np.testing.assert_allclose(got["mixed"].numpy(), want["mixed"].numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(scores, model.scores.numpy(), rtol=1e-5, atol=1e-6)
+    (artifact,) = compiled._cache.values()
+    assert artifact.direct_runner() is not None  # one numba call, with the attribute set after it
+
+
 class Accumulates(nn.Module):
     """Reads the tensor an earlier call left and sets it again: the graph cannot keep that, so it runs eagerly."""
 
