@@ -453,6 +453,19 @@ class Tensor:
     def cpu(self, memory_format=None) -> "Tensor":
         return self.to(CPU, memory_format=memory_format)
 
+    @property
+    def layout(self):
+        """runtime.strided: a dense tensor's layout (runtime.sparse's tensors have runtime.sparse_coo)."""
+        from .sparse import strided
+
+        return strided
+
+    def to_sparse(self, sparse_dim: int | None = None):
+        """The nonzero entries as a sparse COO tensor (runtime.sparse)."""
+        from .sparse import to_sparse
+
+        return to_sparse(self, sparse_dim)
+
     def share_memory_(self) -> "Tensor":
         """Move the values into shared memory, as torch does for Hogwild training: processes forked later share
         them, and spawned ones given this tensor (multiprocessing's pickler: runtime.multiprocessing) attach to the
