@@ -63,7 +63,7 @@ from . import optim  # noqa: E402,F401
 from . import multiprocessing  # noqa: E402,F401  (registers how shared tensors travel between processes)
 from . import profiler  # noqa: E402,F401
 from . import func  # noqa: E402,F401
-from . import sparse  # noqa: E402,F401
+from . import sparse, special  # noqa: E402,F401
 from .sparse import sparse_coo, sparse_coo_tensor, strided  # noqa: E402,F401
 spmm = _api.spmm
 from .legacy import (BFloat16Tensor, BoolTensor, ByteTensor, CharTensor, DoubleTensor, FloatTensor, HalfTensor,  # noqa: E402,F401
