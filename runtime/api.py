@@ -613,8 +613,6 @@ def sum_to_size(input, *size):
 # ---------------------------------------------------------------------------------------------
 
 def matmul(input, other):
-    if getattr(input, "is_sparse", False) or getattr(other, "is_sparse", False):  # (a compiler's stand-ins too)
-        return _sparse_mm(input, other)
     if input.ndim == 0 or other.ndim == 0:
         raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are "
                            f"{input.ndim}D and {other.ndim}D")
@@ -631,22 +629,14 @@ def matmul(input, other):
 
 
 def mm(input, mat2):
-    if getattr(input, "is_sparse", False) or getattr(mat2, "is_sparse", False):
-        return _sparse_mm(input, mat2)
     if input.ndim != 2 or mat2.ndim != 2:
         raise RuntimeError(f"mm: expected 2-D tensors, got {input.ndim}D and {mat2.ndim}D")
     return apply("matmul", input, mat2)
 
 
-def _sparse_mm(input, other):
-    from .sparse import mm as sparse_mm
-
-    return sparse_mm(input, other)
-
-
 def spmm(input, mat2):
-    """torch.spmm: a sparse matrix times a dense one."""
-    return _sparse_mm(input, mat2)
+    """torch.spmm: a sparse matrix times a dense one (runtime.sparse's tensors take the matmul over)."""
+    return mm(input, mat2)
 
 
 def bmm(input, mat2):

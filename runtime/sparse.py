@@ -171,9 +171,6 @@ class SparseCooTensor:
     def __matmul__(self, other):
         return mm(self, other)
 
-    def __rmatmul__(self, other):
-        return mm(other, self)
-
     def __add__(self, other):
         if isinstance(other, SparseCooTensor):
             if other.shape != self.shape:
@@ -218,9 +215,12 @@ class SparseCooTensor:
 
     @staticmethod
     def _apply_op(op, inputs, attrs):
-        """Any other op: computed on the dense form of the sparse operands."""
+        """A product with a dense matrix (mm, matmul, @ either way round), as `mm`; dense * sparse, sparse; any
+        other op computed on the dense form of the sparse operands."""
         from .ops import apply
 
+        if op.name == "matmul":
+            return mm(*inputs)
         if op.name == "mul" and len(inputs) == 2:  # dense * sparse is sparse, as sparse * dense
             sparse = inputs[0] if isinstance(inputs[0], SparseCooTensor) else inputs[1]
             return sparse * (inputs[1] if sparse is inputs[0] else inputs[0])
