@@ -4,8 +4,8 @@ from __future__ import annotations
 import math as _math
 
 from . import api as _api
-from .dtypes import (ALL_DTYPES as _ALL_DTYPES, bfloat16, dtype, float16, float32, float64, int8, int16,  # noqa: F401
-                     int32, int64, uint8, get_default_dtype, promote_types, set_default_dtype)
+from .dtypes import (ALL_DTYPES as _ALL_DTYPES, bfloat16, complex64, complex128, dtype, float16, float32,  # noqa: F401
+                     float64, int8, int16, int32, int64, uint8, get_default_dtype, promote_types, set_default_dtype)
 from .dtypes import bool_ as bool  # noqa: F401  (runtime.bool, as torch.bool)
 from .typeinfo import finfo, iinfo  # noqa: F401
 from .device import device  # noqa: F401
@@ -30,10 +30,12 @@ from .backends import (are_deterministic_algorithms_enabled, get_float32_matmul_
                        use_deterministic_algorithms)
 
 half, float, double, long, int, short = float16, float32, float64, int64, int32, int16
+cfloat, cdouble = complex64, complex128
 
 # Every public API function is also a module-level function: runtime.exp(x), runtime.cat([...]).
 # runtime.float etc. are dtypes, not the methods of those names
-_METHOD_ONLY = {"float", "double", "half", "bfloat16", "long", "int", "short", "byte", "char", "bool", "type_as"}
+_METHOD_ONLY = {"float", "double", "half", "bfloat16", "long", "int", "short", "byte", "char", "bool", "type_as",
+                "cfloat", "cdouble"}
 _MODULE_FUNCTIONS = {name: fn for name, fn in _api.METHODS.items()
                      if not name.startswith("new_") and name not in _METHOD_ONLY}
 _MODULE_FUNCTIONS.update(where=_api.where, cat=_api.cat, concat=_api.cat, concatenate=_api.cat, stack=_api.stack,

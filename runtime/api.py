@@ -494,7 +494,7 @@ def sum(input, dim=None, keepdim=False, *, dtype=None):
 def mean(input, dim=None, keepdim=False, *, dtype=None):
     if dtype is not None:
         input = input.to(dtype)
-    if not input.dtype.is_floating_point:
+    if not input.dtype.is_differentiable:
         raise RuntimeError(f"mean(): could not infer output dtype. Input dtype must be either a floating point "
                            f"or complex dtype. Got: {input.dtype}")
     dims = wrap_dims(dim, input.ndim)
@@ -965,7 +965,8 @@ def _conversion(dtype_name: str):
     convert.__name__ = convert.__qualname__ = {"float32": "float", "float64": "double", "float16": "half",
                                                "bfloat16": "bfloat16", "int64": "long", "int32": "int",
                                                "int16": "short", "int8": "char", "uint8": "byte",
-                                               "bool_": "bool"}[dtype_name]
+                                               "bool_": "bool", "complex64": "cfloat",
+                                               "complex128": "cdouble"}[dtype_name]
     return convert
 
 
@@ -1163,7 +1164,67 @@ def frac(input):
 
 
 def sgn(input):
-    return sign(input)
+    return _ops._sgn(input) if input.dtype.is_complex else sign(input)
+
+
+# complex numbers (runtime/ops.py says which primitives take them)
+
+def is_complex(input):
+    return input.dtype.is_complex
+
+
+def is_conj(input):
+    return False  # conj() here computes the conjugate, where torch may set a lazy bit
+
+
+def conj(input):
+    """The complex conjugate; a real tensor itself, as in torch."""
+    return apply("conj", input) if input.dtype.is_complex else input
+
+
+def conj_physical(input):
+    return apply("conj", input) if input.dtype.is_complex else clone(input)
+
+
+def resolve_conj(input):
+    return input
+
+
+resolve_neg = resolve_conj
+
+
+def real(input):
+    """The real parts of a complex tensor, a view of its memory; a real tensor itself."""
+    return apply("real", input) if input.dtype.is_complex else input
+
+
+def imag(input):
+    if not input.dtype.is_complex:
+        raise RuntimeError("imag is not implemented for tensors with non-complex dtypes.")
+    return apply("imag", input)
+
+
+def angle(input):
+    return apply("angle", input)
+
+
+def view_as_real(input):
+    if not input.dtype.is_complex:
+        raise RuntimeError("view_as_real is only supported for complex tensors")
+    return apply("view_as_real", input)
+
+
+def view_as_complex(input):
+    return apply("view_as_complex", input)
+
+
+def complex(real, imag):  # noqa: A001 (torch's name)
+    return apply("complex", real, imag)
+
+
+def polar(abs, angle):  # noqa: A002 (torch's names)
+    """abs * (cos(angle) + i sin(angle))."""
+    return complex(abs * cos(angle), abs * sin(angle))
 
 
 def signbit(input):
@@ -1262,6 +1323,8 @@ def isposinf(input):
 
 
 def isreal(input):
+    if input.dtype.is_complex:
+        return imag(input) == 0
     return apply("full", like=input, shape=tuple(input.shape), value=True, dtype=dt.bool_)
 
 
@@ -2663,7 +2726,8 @@ METHODS = {name: globals()[name] for name in """
     index_select clone detach repeat new_full new_zeros new_ones new_empty tril triu topk multinomial
 """.split()}
 METHODS.update({f.__name__: f for f in map(_conversion, ("float32", "float64", "float16", "bfloat16", "int64", "int32",
-                                                         "int16", "int8", "uint8", "bool_"))})
+                                                         "int16", "int8", "uint8", "bool_", "complex64",
+                                                         "complex128"))})
 METHODS.update(type_as=type_as, multiply=mul, subtract=sub, divide=div, true_divide=div, greater=gt, less=lt,
                greater_equal=ge, less_equal=le, not_equal=ne)
 METHODS.update({name: globals()[name] for name in """
@@ -2678,6 +2742,7 @@ METHODS.update({name: globals()[name] for name in """
     quantile nanquantile unique unique_consecutive bincount histc histogram dot vdot inner outer ger mv addmm addmv
     addr baddbmm addbmm kron cross norm dist renorm cov corrcoef logdet matrix_power matrix_exp det inverse slogdet
     adjoint frexp i0 mvlgamma index_reduce bernoulli index_put
+    is_complex is_conj conj conj_physical resolve_conj resolve_neg angle
 """.split()})
 METHODS.update(polygamma=lambda self, n: polygamma(n, self), is_signed=is_signed, is_nonzero=is_nonzero)
 # torch.* functions that are not Tensor methods
@@ -2686,6 +2751,7 @@ FUNCTIONS = {name: globals()[name] for name in """
     column_stack tril_indices triu_indices block_diag std_mean var_mean einsum tensordot cdist searchsorted bucketize
     isin trapezoid cumulative_trapezoid vander unravel_index combinations logspace scalar_tensor can_cast
     hann_window hamming_window bartlett_window blackman_window kaiser_window polygamma fill poisson binomial normal
+    real imag view_as_real view_as_complex complex polar
 """.split()}
 # in-place Tensor methods: self = f(self, ...) (Tensor._inplace_composite), where Tensor has no faster one
 INPLACE = """

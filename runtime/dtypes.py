@@ -8,23 +8,33 @@ import numpy as np
 class dtype:
     """A tensor element type; `runtime.float32` etc. are the only instances."""
 
-    __slots__ = ("name", "np", "category", "is_floating_point", "itemsize", "is_signed")
+    __slots__ = ("name", "np", "category", "is_floating_point", "is_differentiable", "itemsize", "is_signed")
 
-    # NOTE: categories order the promotion lattice: bool < integer < floating.
+    # NOTE: categories order the promotion lattice: bool < integer < floating < complex.
     def __init__(self, name: str, np_dtype, category: int):
         self.name = name
         self.np = np.dtype(np_dtype)
         self.category = category
         self.is_floating_point = category == FLOAT
+        self.is_differentiable = category >= FLOAT  # floating and complex tensors carry gradients, as in torch
         self.itemsize = self.np.itemsize
         self.is_signed = category != BOOL and self.np.kind != "u"
 
     @property
     def is_complex(self) -> bool:
-        return False
+        return self.category == COMPLEX
 
     def to_real(self) -> "dtype":
-        return self
+        """The dtype of a complex dtype's real and imaginary parts (complex64 -> float32); other dtypes unchanged."""
+        return _REAL_OF.get(self, self)
+
+    def to_complex(self) -> "dtype":
+        """The complex dtype whose parts have this floating dtype (float32 -> complex64), as torch's to_complex."""
+        if self.category == COMPLEX:
+            return self
+        if self.category != FLOAT:
+            raise RuntimeError(f"to_complex: expected a floating-point dtype, got {self}")
+        return complex128 if self is float64 else complex64
 
     def __repr__(self) -> str:
         return f"runtime.{self.name}"
@@ -33,7 +43,7 @@ class dtype:
         return (_dtype_by_name, (self.name,))
 
 
-BOOL, INT, FLOAT = 0, 1, 2
+BOOL, INT, FLOAT, COMPLEX = 0, 1, 2, 3
 
 bool_ = dtype("bool", np.bool_, BOOL)
 uint8 = dtype("uint8", np.uint8, INT)
@@ -48,6 +58,9 @@ float16 = dtype("float16", np.float16, FLOAT)
 bfloat16 = dtype("bfloat16", ml_dtypes.bfloat16, FLOAT)
 float32 = dtype("float32", np.float32, FLOAT)
 float64 = dtype("float64", np.float64, FLOAT)
+complex64 = dtype("complex64", np.complex64, COMPLEX)
+complex128 = dtype("complex128", np.complex128, COMPLEX)
+_REAL_OF = {complex64: float32, complex128: float64}
 
 
 def astype(array: np.ndarray, np_dtype, **kwargs) -> np.ndarray:
@@ -60,7 +73,7 @@ def astype(array: np.ndarray, np_dtype, **kwargs) -> np.ndarray:
     return array.astype(np_dtype, **kwargs)
 
 
-ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
+ALL_DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64, complex64, complex128)
 NP_TO_DTYPE = {d.np: d for d in ALL_DTYPES}
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 
@@ -90,6 +103,8 @@ def as_dtype(value) -> dtype:
         return int64
     if value is bool:
         return bool_
+    if value is complex:
+        return complex128
     try:
         return from_numpy_dtype(value)
     except TypeError:
@@ -112,6 +127,8 @@ def promote_types(a: dtype, b: dtype) -> dtype:
     """The smallest dtype both a and b convert to without losing their category (torch's table)."""
     if a is b:
         return a
+    if a.category == COMPLEX or b.category == COMPLEX:  # complex64 with float64 is complex128, as in torch
+        return promote_types(a.to_real(), b.to_real()).to_complex()
     if a.category != b.category:
         return a if a.category > b.category else b
     if a.is_signed != b.is_signed:  # uint8 with a signed integer: a signed type that holds 0..255
@@ -127,8 +144,10 @@ def scalar_category(value) -> int:
         return BOOL
     if isinstance(value, int):
         return INT
+    if isinstance(value, complex):
+        return COMPLEX
     return FLOAT
 
 
 def default_for_category(category: int) -> dtype:
-    return (bool_, int64, _default_float)[category]
+    return (bool_, int64, _default_float, _default_float.to_complex())[category]

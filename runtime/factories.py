@@ -52,6 +52,8 @@ def _infer_dtype(data, array: np.ndarray) -> dt.dtype:
         return dt.int64
     if kind == "f":
         return dt.get_default_dtype()
+    if kind == "c":  # Python complex numbers: the complex dtype of the default float dtype, as in torch
+        return dt.get_default_dtype().to_complex()
     raise TypeError(f"can't convert data of type {type(data).__name__} (numpy dtype {array.dtype}) to a tensor")
 
 
@@ -239,6 +241,9 @@ def rand(*size, generator=None, dtype=None, device=None, requires_grad=False, **
     _no_extra(kw, "rand")
     device = check_device(device)
     target = _dtype_or_default(dtype)
+    if target.kind == "c":  # uniform real and imaginary parts, as torch draws them
+        return _finish(_complex_draws(_random(generator, device).random, _new_shape(size), target, 1.0),
+                       requires_grad, device)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
     values = _random(generator, device).random(dtype=draw_dtype, out=aligned_empty(_new_shape(size), draw_dtype))
     return _finish(values.astype(target, copy=False), requires_grad, device)
@@ -249,10 +254,22 @@ def randn(*size, generator=None, dtype=None, device=None, requires_grad=False, *
     _no_extra(kw, "randn")
     device = check_device(device)
     target = _dtype_or_default(dtype)
+    if target.kind == "c":  # parts of variance 1/2, so that E|z|^2 = 1, as torch draws them
+        return _finish(_complex_draws(_random(generator, device).standard_normal, _new_shape(size), target,
+                                      np.sqrt(0.5)), requires_grad, device)
     draw_dtype = target if target in (np.float32, np.float64) else np.float64
     values = _random(generator, device).standard_normal(dtype=draw_dtype,
                                                         out=aligned_empty(_new_shape(size), draw_dtype))
     return _finish(values.astype(target, copy=False), requires_grad, device)
+
+
+def _complex_draws(draw, shape: tuple, target: np.dtype, scale: float) -> np.ndarray:
+    """Complex values whose real and imaginary parts are consecutive draws of `draw` (scaled by `scale`)."""
+    part = np.float32 if target == np.complex64 else np.float64
+    parts = draw(dtype=part, out=aligned_empty(shape + (2,), part))
+    if scale != 1.0:
+        parts *= part(scale)
+    return parts.view(target)[..., 0]
 
 
 def randint(*args, size=None, generator=None, dtype=None, device=None, requires_grad=False) -> Tensor:

@@ -107,6 +107,8 @@ class OpDef:
 
     def vjp_rule(self, i: int):
         """The derivative rule for input i, or None."""
+        if self.name in HOLOMORPHIC and i < len(self.vjp) and self.vjp[i] is not None:
+            return _conjugating(self.vjp[i])
         if self.arity is None:
             rule = self.vjp[0]
             return lambda g, out, *inputs, **attrs: rule(g, out, *inputs, index=i, **attrs)
@@ -115,6 +117,8 @@ class OpDef:
     def infer(self, *operands, **attrs):
         """(shape, dtype) of the result from operands' .shape/.dtype (or Python scalars)."""
         compute_dtype, out_dtype = self.dtype_rule(self, operands, attrs)
+        if out_dtype.category == dt.COMPLEX or compute_dtype is not None and compute_dtype.category == dt.COMPLEX:
+            check_complex(self)
         shapes = [_shape_of(x) for x in operands]
         dtypes = [x.dtype if is_tensor_like(x) else None for x in operands]
         return tuple(self.shape_rule(self, shapes, attrs, dtypes)), out_dtype
@@ -430,7 +434,7 @@ def _arange_rule(op, shapes, attrs, dtypes):
 # Operands are tensor-likes (with .dtype and .ndim) or Python scalars.
 # ---------------------------------------------------------------------------------------------
 
-_SCALAR_TYPES = (bool, int, float)
+_SCALAR_TYPES = (bool, int, float, complex)
 
 
 def result_type(operands) -> dt.dtype:
@@ -454,8 +458,11 @@ def result_type(operands) -> dt.dtype:
                 zero_t = d if zero_t is None or zero_t is d else dt.promote_types(zero_t, d)
     result = dim_t
     if zero_t is not None and (result is None or zero_t.category > result.category):
-        result = zero_t
+        complex_over_float = result is not None and zero_t.category == dt.COMPLEX and result.category == dt.FLOAT
+        result = result.to_complex() if complex_over_float else zero_t  # float32 and a complex128 0-dim: complex64
     if result is None or scalar_cat > result.category:
+        if scalar_cat == dt.COMPLEX and result is not None and result.category == dt.FLOAT:
+            return result.to_complex()  # a float64 tensor times 1j is complex128, as in torch
         result = dt.default_for_category(max(scalar_cat, 0))
     return result
 
@@ -467,7 +474,7 @@ def _promote(op, operands, attrs):
 
 def _to_float(op, operands, attrs):
     t = result_type(operands)
-    if not t.is_floating_point:
+    if not t.is_differentiable:
         t = dt.get_default_dtype()
     return t, t
 
@@ -486,7 +493,7 @@ def _keep(op, operands, attrs):
 
 def _sum_dtype(op, operands, attrs):
     d = operands[0].dtype
-    return None, (d if d.is_floating_point else dt.int64)
+    return None, (d if d.is_differentiable else dt.int64)
 
 
 def _same_required(op, operands, attrs):
@@ -523,15 +530,24 @@ def _no_bool(rule, what):
 
 def _integral(op, operands, attrs):
     for x in operands:
-        if is_tensor_like(x) and x.dtype.is_floating_point or type(x) is float:
+        if is_tensor_like(x) and x.dtype.is_differentiable or type(x) in (float, complex):
             kind = x.dtype if is_tensor_like(x) else "float"
             raise TypeError(f"{op.name}: expected integer or bool tensors, got {kind}")
     return _promote(op, operands, attrs)
 
 
 def _arg_dtype(op, operands, attrs):
+    if operands[0].dtype.is_complex:
+        raise RuntimeError(f"{op.name}(): does not support complex input, which has no order")
     if operands[0].dtype is dt.bool_:
         raise RuntimeError(f"{op.name}(): does not support bool input")
+    return None, dt.int64
+
+
+def _order_dtype(op, operands, attrs):
+    """int64 positions of a sort, which orders bools as torch does, but not complex numbers (they have no order)."""
+    if operands[0].dtype.is_complex:
+        raise RuntimeError(f"{op.name}(): does not support complex input, which has no order")
     return None, dt.int64
 
 
@@ -630,6 +646,8 @@ def _quiet(fn):
 
 
 def _np_sigmoid(x):
+    if x.dtype.kind == "c":
+        return 1 / (1 + np.exp(-x))
     # NOTE: split by sign so exp never overflows: 1/(1+e^-x) for x>=0, e^x/(1+e^x) for x<0.
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
@@ -888,6 +906,8 @@ def _np_nll_loss_backward(g, logp, target, dim, reduction, ignore_index):
 
 
 def _np_cast(x, dtype):
+    if x.dtype.kind == "c" and not dtype.is_complex:  # the real part, as torch's cast keeps (without numpy's warning)
+        x = x.real
     # NOTE: numpy's "K" order would give an expanded input's copy a strided layout; torch's copy is contiguous there
     return dt.astype(x, dtype.np, order="C" if 0 in x.strides else "K")
 
@@ -949,6 +969,8 @@ def _pow_vjp_base(g, out, x, y):
 
 
 def _pow_vjp_exponent(g, out, x, y):
+    if is_tensor_like(x) and x.dtype.is_complex:  # no order to test the base's sign by
+        return (g * out * x.log()).where(x != 0, 0.0)
     if not is_tensor_like(x):  # a Python scalar base: 2 ** t
         return g * out * math.log(x) if x > 0 else (g * out * math.log(abs(x) or 1.0)).where(y < 0, 0.0)
     return (g * out * x.log()).where(~((x == 0) & (y >= 0)), 0.0)
@@ -1133,7 +1155,8 @@ E("bitwise_or", np.bitwise_or, "({0} | {1})", _integral)
 E("bitwise_xor", np.bitwise_xor, "({0} ^ {1})", _integral)
 # unary math
 E("neg", np.negative, "(-{0})", _no_bool(_keep, "Negation"), vjp=(lambda g, out, x: -g,))
-E("abs", np.abs, "abs({0})", _keep, vjp=(lambda g, out, x: g * x.sign(),), saves=(0,))
+E("abs", np.abs, "abs({0})", lambda op, operands, attrs: (None, operands[0].dtype.to_real()),
+  vjp=(lambda g, out, x: g * (_sgn(x) if x.dtype.is_complex else x.sign()),), saves=(0,))
 E("sign", _np_sign, "sign({0})", _keep, vjp=(_zero_vjp,))
 E("floor", np.floor, "floor({0})", _keep, vjp=(_zero_vjp,))
 E("exp", _quiet(np.exp), "exp({0})", _to_float, vjp=(lambda g, out, x: g * out,), saves=("out",))
@@ -1186,7 +1209,7 @@ _register(OpDef("argmin", forward=_arg_reduce(np.argmin), **_A))
 _register(OpDef("topk_indices", Kind.OTHER, 1, _np_topk_indices, _topk_rule, _arg_dtype,
                 attr_names=("k", "dim", "largest")))
 _register(OpDef("sort_indices", Kind.OTHER, 1, _np_sort_indices, _first_input_rule,
-                lambda op, operands, attrs: (None, dt.int64), attr_names=("dim", "descending")))
+                _order_dtype, attr_names=("dim", "descending")))
 
 # matmul (2-D or batched; the public matmul handles 1-D operands around it)
 _register(OpDef("matmul", Kind.MATMUL, 2, np.matmul, _matmul_rule, _same_required,
@@ -1933,3 +1956,132 @@ for _distribution in ("uniform", "normal"):
     _register(OpDef(f"philox_{_distribution}", Kind.ELEMENTWISE, 1, _philox_draw(_distribution), _full_rule,
                     _draw_dtype, template=f"philox_{_distribution}({{0}}, {{1}})", vjp=(None,), cast_inputs=(),
                     attr_names=("shape", "dtype", "stream"), needs_index=True))
+
+
+# ---------------------------------------------------------------------------------------------
+# Complex numbers: which ops take complex64/complex128 tensors, the ops of their own, and torch's gradient
+# convention. For a real loss L of z = x + iy torch's gradient is dL/dx + i dL/dy; for an op holomorphic in its
+# inputs that makes an input's gradient g * conj(f'(z)), so the real rules above, g * f'(z) with real coefficients,
+# serve complex inputs when they read conj(z) (`_conjugating`). Ops off these lists raise for complex tensors.
+# ---------------------------------------------------------------------------------------------
+
+HOLOMORPHIC = frozenset("""mul div pow exp log log1p sqrt rsqrt reciprocal sin cos tanh sigmoid tan sinh cosh expm1
+    matmul linear""".split())
+COMPLEX_OPS = HOLOMORPHIC | frozenset("""add sub neg eq ne logical_not logical_and logical_or all any where cast clone
+    detach sum reshape permute expand getitem cat index_put gather scatter_add full constant_pad cumsum abs conj
+    real imag complex view_as_real view_as_complex angle""".split())
+
+
+def check_complex(op: OpDef) -> None:
+    """torch's error for an op that does not take complex tensors (it has no order, or no rule here yet)."""
+    if op.name not in COMPLEX_OPS:
+        raise TypeError(f"{op.name}: complex tensors are not supported by this op")
+
+
+def _conj(x):
+    if is_tensor_like(x):
+        return apply("conj", x) if x.dtype.is_complex else x
+    return x.conjugate() if type(x) is complex else x
+
+
+def _conjugating(rule):
+    """A holomorphic op's rule g * f'(z) as the complex rule g * conj(f'(z)): f' has real coefficients, so
+    f'(conj z) = conj(f'(z)), and the rule reads the conjugates of the op's inputs and output."""
+
+    def complex_rule(g, out, *inputs, **attrs):
+        if not any(is_tensor_like(x) and x.dtype.is_complex or type(x) is complex for x in (out,) + inputs):
+            return rule(g, out, *inputs, **attrs)
+        return rule(g, _conj(out), *[_conj(x) for x in inputs], **attrs)
+
+    return complex_rule
+
+
+def _sgn(z):
+    """z / |z|, 0 where z is 0: the gradient of |z|."""
+    magnitude = apply("abs", z)
+    return (z / magnitude.where(magnitude != 0, 1.0)).where(magnitude != 0, 0.0)
+
+
+def _part_dtype(op, operands, attrs):
+    d = operands[0].dtype
+    if not d.is_complex:
+        raise RuntimeError(f"{op.name}: expected a complex tensor, got {d}")
+    return None, d.to_real()
+
+
+def _angle_dtype(op, operands, attrs):
+    d = operands[0].dtype
+    if d.is_complex:
+        return None, d.to_real()
+    return _to_float(op, operands, attrs)
+
+
+def _complex_dtype(op, operands, attrs):
+    a, b = (x.dtype if is_tensor_like(x) else None for x in operands)
+    if a is not b or a not in (dt.float32, dt.float64):
+        raise RuntimeError(f"complex(): expected both inputs to be float or double tensors of one dtype, "
+                           f"got {a} and {b}")
+    return None, a.to_complex()
+
+
+def _view_as_complex_dtype(op, operands, attrs):
+    d = operands[0].dtype
+    if d not in (dt.float32, dt.float64):
+        raise RuntimeError(f"view_as_complex is only supported for float and double tensors, but got a tensor of "
+                           f"dtype {d}")
+    return None, d.to_complex()
+
+
+def _view_as_real_rule(op, shapes, attrs, dtypes):
+    return tuple(shapes[0]) + (2,)
+
+
+def _view_as_complex_rule(op, shapes, attrs, dtypes):
+    shape = tuple(shapes[0])
+    if not shape or shape[-1] != 2:
+        raise ShapeError(f"view_as_complex: Tensor must have a last dimension of size 2, got shape {_fmt(shape)}")
+    return shape[:-1]
+
+
+def _np_complex(real, imag):
+    out = np.empty(np.broadcast_shapes(np.shape(real), np.shape(imag)), dtype=np.result_type(real, imag, 1j))
+    out.real, out.imag = real, imag
+    return out
+
+
+def _np_view_as_real(z):
+    parts = z.real  # float values at z's strides: the real parts, each followed by its imaginary part
+    return np.lib.stride_tricks.as_strided(parts, z.shape + (2,), parts.strides + (parts.itemsize,))
+
+
+def _np_view_as_complex(x):
+    if x.strides[-1] != x.itemsize:
+        raise RuntimeError("view_as_complex: Tensor must have a last dimension with stride 1")
+    if any(st % (2 * x.itemsize) for st, size in zip(x.strides[:-1], x.shape[:-1]) if size > 1):
+        raise RuntimeError("view_as_complex: Tensor must have a stride divisible by 2 for all but last dimension")
+    return x.view(np.complex64 if x.dtype == np.float32 else np.complex128)[..., 0]
+
+
+def _angle_vjp(g, out, z):
+    if not z.dtype.is_complex:
+        return g.new_zeros(z.shape)
+    return (g * z * 1j / (apply("abs", z) ** 2)).where(z != 0, 0.0)
+
+
+# NOTE: kind other, not elementwise: no code generator has complex arithmetic (nnc runs complex values in numpy)
+_register(OpDef("conj", Kind.OTHER, 1, np.conjugate, _same_shape_rule, _keep,
+                vjp=(lambda g, out, z: apply("conj", g),)))
+_register(OpDef("complex", Kind.OTHER, 2, _np_complex, _broadcast_rule, _complex_dtype,
+                vjp=(lambda g, out, re, im: apply("real", g), lambda g, out, re, im: apply("imag", g))))
+_register(OpDef("angle", Kind.OTHER, 1, np.angle, _same_shape_rule, _angle_dtype, vjp=(_angle_vjp,),
+                saves=(0,)))
+# the parts and the pair view share the complex tensor's memory, as torch's do; real's gradient is real, which
+# the input's complex dtype takes as it is, and imag's is i times it
+_register(OpDef("real", Kind.OTHER, 1, np.real, _same_shape_rule, _part_dtype, is_view=True,
+                vjp=(lambda g, out, z: g,)))
+_register(OpDef("imag", Kind.OTHER, 1, np.imag, _same_shape_rule, _part_dtype, is_view=True,
+                vjp=(lambda g, out, z: g * 1j,)))
+_register(OpDef("view_as_real", Kind.OTHER, 1, _np_view_as_real, _view_as_real_rule, _part_dtype, is_view=True,
+                vjp=(lambda g, out, z: apply("complex", g[..., 0], g[..., 1]),)))
+_register(OpDef("view_as_complex", Kind.OTHER, 1, _np_view_as_complex, _view_as_complex_rule,
+                _view_as_complex_dtype, is_view=True, vjp=(lambda g, out, x: apply("view_as_real", g),)))

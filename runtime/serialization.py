@@ -419,7 +419,7 @@ def _view(storage: np.ndarray, np_dtype: np.dtype, shape, offset: int, strides, 
 def _new_tensor(array: np.ndarray, requires_grad, what: str) -> Tensor:
     t = from_numpy(array)
     if requires_grad is not False:
-        if requires_grad is not True or not t.dtype.is_floating_point:
+        if requires_grad is not True or not t.dtype.is_differentiable:
             raise _FileError(f"has a malformed {what}: requires_grad={requires_grad!r} for a {t.dtype.name} tensor")
         t.requires_grad_(True)
     return t

@@ -23,7 +23,8 @@ from .device import CPU, check_device, device_of
 from .ops import OPS
 from .utils import state_version
 
-_SCALARS = (int, float, bool)
+_SCALARS = (int, float, bool, complex)
+_COMPLEX = dt.COMPLEX
 _NP_TO_DTYPE = dt.NP_TO_DTYPE
 _BFLOAT16, _BFLOAT16_NP = dt.bfloat16, dt.bfloat16.np
 _grad_state = grad_mode.state
@@ -125,6 +126,8 @@ class Tensor:
                 plain = tuple(v if isinstance(v, Tensor) else _scalar_operand(op, v) for v in inputs)
                 return Tensor._apply_op(op, plain, attrs)
         compute, out_dtype = op.dtype_rule(op, inputs, attrs)
+        if out_dtype.category == _COMPLEX or compute is not None and compute.category == _COMPLEX:
+            ops.check_complex(op)
         if on_device:
             from .cuda import dispatch
 
@@ -164,7 +167,7 @@ class Tensor:
                 result._view_version = vc[0]
                 if not _grad_state.enabled:
                     result._no_grad_view = True
-        if requires and _grad_state.enabled and out_dtype.is_floating_point and op.differentiable:
+        if requires and _grad_state.enabled and out_dtype.is_differentiable and op.differentiable:
             result._grad_fn = OpNode(op, inputs, attrs, out, result._vc(), [_edge(x) for x in inputs])
             result._rg = True
         if start is not None:
@@ -284,6 +287,30 @@ class Tensor:
     @property
     def mT(self) -> "Tensor":
         return self.transpose(-2, -1)
+
+    @property
+    def real(self) -> "Tensor":
+        return api.real(self)
+
+    @real.setter
+    def real(self, value) -> None:
+        self.real.copy_(value)
+
+    @property
+    def imag(self) -> "Tensor":
+        return api.imag(self)
+
+    @imag.setter
+    def imag(self, value) -> None:
+        self.imag.copy_(value)
+
+    @property
+    def mH(self) -> "Tensor":
+        return api.conj(self.mT)
+
+    @property
+    def H(self) -> "Tensor":
+        return api.conj(self.T)
 
     def size(self, dim=None):
         return self.shape if dim is None else self._data.shape[api.wrap_dim(dim, self.ndim)]
@@ -629,8 +656,9 @@ class Tensor:
             raise RuntimeError("you can only change requires_grad flags of leaf variables. If you want to use a "
                                "computed variable in a subgraph that doesn't require differentiation use "
                                "var_no_grad = var.detach().")
-        if requires_grad and not self.dtype.is_floating_point:
-            raise RuntimeError(f"only Tensors of floating point dtype can require gradients (got {self.dtype})")
+        if requires_grad and not self.dtype.is_differentiable:
+            raise RuntimeError(f"only Tensors of floating point and complex dtype can require gradients (got "
+                               f"{self.dtype})")
         self._rg = bool(requires_grad)
         return self
 
@@ -1022,7 +1050,7 @@ class Tensor:
 _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "HalfTensor",
                "bfloat16": "BFloat16Tensor", "int64": "LongTensor",
                "int32": "IntTensor", "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor",
-               "bool": "BoolTensor"}
+               "bool": "BoolTensor", "complex64": "ComplexFloatTensor", "complex128": "ComplexDoubleTensor"}
 _INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_view_fn", "_view_version",
                    "_no_grad_view", "_version_counter", "_backward_hooks", "_acc_ref"}
 

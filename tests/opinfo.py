@@ -473,6 +473,66 @@ SAMPLES: dict[str, list[Sample]] = {
 }
 
 
+def cplx(*shape, low=0.3, high=2.0):
+    """Random complex values with real parts in [low, high) (off log's and sqrt's branch cut, away from 0)."""
+    return _rng.uniform(low, high, shape) + 1j * _rng.uniform(-2.0, 2.0, shape)
+
+
+def _complex_unary(torch_name, make=cplx):
+    return [Sample((make(3, 4),), torch_fn=lambda torch, x: getattr(torch, torch_name)(x), note="complex")]
+
+
+def _complex_binary(torch_name):
+    t = lambda torch, x, y: getattr(torch, torch_name)(x, y)  # noqa: E731
+    return [Sample((cplx(3, 4), cplx(3, 4)), torch_fn=t, note="complex"),
+            Sample((cplx(3, 4), away(4)), torch_fn=t, note="complex and real"),
+            Sample((cplx(3, 4), 1.5 - 0.5j), torch_fn=t, note="complex scalar")]
+
+
+# complex samples of the ops that take complex tensors (runtime.ops.COMPLEX_OPS)
+for _name in ("add", "sub", "mul", "div"):
+    SAMPLES[_name] = SAMPLES[_name] + _complex_binary(_name)
+SAMPLES["pow"] = SAMPLES["pow"] + [
+    Sample((cplx(3, 4), 2.0), torch_fn=lambda torch, x, y: torch.pow(x, y), note="complex base"),
+    Sample((cplx(3, 4), cplx(3, 4)), torch_fn=lambda torch, x, y: torch.pow(x, y), note="complex")]
+for _name in ("neg", "exp", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "tan",
+              "sinh", "cosh", "expm1", "abs", "conj"):
+    SAMPLES[_name] = SAMPLES.get(_name, []) + _complex_unary(_name, (lambda *s: cplx(*s, high=1.0))
+                                                             if _name in ("sinh", "cosh", "exp", "expm1") else cplx)
+SAMPLES["eq"] = SAMPLES["eq"] + [Sample((cplx(3, 4), 1.0 + 0j), torch_fn=lambda torch, x, y: torch.eq(x, y))]
+SAMPLES["matmul"] = SAMPLES["matmul"] + [
+    Sample((cplx(3, 4), cplx(4, 5)), torch_fn=lambda torch, x, y: torch.matmul(x, y), note="complex"),
+    Sample((cplx(2, 3, 4), cplx(4, 5)), torch_fn=lambda torch, x, y: torch.matmul(x, y), note="complex batch")]
+SAMPLES["linear"] = SAMPLES["linear"] + [
+    Sample((cplx(4, 5), cplx(3, 5)), torch_fn=lambda torch, x, w: torch.nn.functional.linear(x, w), note="complex")]
+SAMPLES["sum"] = SAMPLES["sum"] + [
+    Sample((cplx(3, 4),), {"dims": (1,), "keepdim": False}, lambda torch, x: torch.sum(x, 1), note="complex")]
+SAMPLES["cumsum"] = SAMPLES["cumsum"] + [
+    Sample((cplx(3, 4),), {"dim": 1}, torch_fn=lambda torch, x: torch.cumsum(x, 1), note="complex")]
+SAMPLES["cast"] = SAMPLES["cast"] + [
+    Sample((away(3, 4),), {"dtype": dt.complex128}, lambda torch, x: x.to(torch.complex128), note="real to complex"),
+    Sample((cplx(3, 4),), {"dtype": dt.complex64}, lambda torch, x: x.to(torch.complex64), fd=False,
+           note="complex narrowed: complex64 steps are too coarse for finite differences")]
+SAMPLES["reshape"] = SAMPLES["reshape"] + [
+    Sample((cplx(3, 4),), {"shape": (2, 6)}, lambda torch, x: x.reshape(2, 6), note="complex")]
+SAMPLES["getitem"] = SAMPLES["getitem"] + [
+    Sample((cplx(3, 4),), {"key": (("slice", 1, None, 2), ("slice", None, -1, None))}, lambda torch, x: x[1::2, :-1],
+           note="complex")]
+SAMPLES["where"] = SAMPLES["where"] + [
+    Sample((bools(3, 4), cplx(3, 4), cplx(3, 4)), torch_fn=lambda torch, c, x, y: torch.where(c, x, y),
+           note="complex")]
+SAMPLES.update({
+    "angle": [Sample((cplx(3, 4),), torch_fn=lambda torch, x: torch.angle(x)),
+              Sample((away(3, 4),), torch_fn=lambda torch, x: torch.angle(x), fd=False, note="real: 0 or pi")],
+    "complex": [Sample((away(3, 4), away(3, 4)), torch_fn=lambda torch, x, y: torch.complex(x, y)),
+                Sample((away(3, 1), away(4)), torch_fn=lambda torch, x, y: torch.complex(x, y), note="broadcast")],
+    "real": [Sample((cplx(3, 4),), torch_fn=lambda torch, x: torch.real(x))],
+    "imag": [Sample((cplx(3, 4),), torch_fn=lambda torch, x: torch.imag(x))],
+    "view_as_real": [Sample((cplx(3, 4),), torch_fn=lambda torch, x: torch.view_as_real(x))],
+    "view_as_complex": [Sample((away(3, 4, 2),), torch_fn=lambda torch, x: torch.view_as_complex(x))],
+})
+
+
 def _wg_mats(torch, tile, like):
     from runtime import _winograd
     return [torch.tensor(m, dtype=like.dtype) for m in _winograd.matrices(tile)]

@@ -279,3 +279,12 @@ def test_multinomial_errors_match_torch(probs, count, replacement, message):
 def test_multinomial_needs_floating_probabilities():
     with pytest.raises(RuntimeError, match="multinomial only supports floating-point dtypes"):
         runtime.multinomial(runtime.tensor([1, 2]), 1)
+
+
+def test_sort_orders_bools_and_refuses_complex_numbers():
+    flags = runtime.tensor([True, False, True, False])
+    values, indices = flags.sort(stable=True)
+    assert values.tolist() == [False, False, True, True] and indices.tolist() == [1, 3, 0, 2]
+    assert flags.argsort(stable=True).tolist() == [1, 3, 0, 2] and runtime.msort(flags).tolist() == values.tolist()
+    with pytest.raises(RuntimeError, match="complex"):
+        runtime.tensor([1 + 1j, 2j]).sort()

@@ -22,14 +22,14 @@ def _cases(keep=lambda op, sample: True):
 
 def _differentiable_inputs(op, sample):
     return [i for i, x in enumerate(sample.inputs)
-            if isinstance(x, np.ndarray) and x.dtype.kind == "f" and op.vjp_rule(i) is not None]
+            if isinstance(x, np.ndarray) and x.dtype.kind in "fc" and op.vjp_rule(i) is not None]
 
 
 def _has_gradient(op, sample):
     if not (op.differentiable and _differentiable_inputs(op, sample)):
         return False
     out = ops.apply(op.name, *_runtime_inputs(op, sample, np.float64, False), **sample.attrs)
-    return out.dtype.is_floating_point
+    return out.dtype.is_differentiable
 
 
 def _inputs(lib, op, sample, float_dtype, requires_grad):
@@ -38,6 +38,8 @@ def _inputs(lib, op, sample, float_dtype, requires_grad):
     for i, x in enumerate(sample.inputs):
         if isinstance(x, np.ndarray):
             array = x.astype(float_dtype) if x.dtype.kind == "f" else x.copy()
+            if x.dtype.kind == "c":  # complex samples: the complex dtype of the case's float dtype
+                array = x.astype(np.result_type(float_dtype, np.complex64))
             t = lib.from_numpy(array)
             if requires_grad and i in _differentiable_inputs(op, sample):
                 t.requires_grad_()
@@ -55,6 +57,12 @@ def _torch_inputs(op, sample, float_dtype, requires_grad):
     return _inputs(torch, op, sample, float_dtype, requires_grad)
 
 
+def _seed(rng, out):
+    """Random output weights for a backward: complex ones for a complex output."""
+    values = rng.standard_normal(tuple(out.shape))
+    return values + 1j * rng.standard_normal(tuple(out.shape)) if out.dtype.is_complex else values
+
+
 ALL_CASES = _cases()
 GRAD_CASES = _cases(_has_gradient)
 FD_CASES = _cases(lambda op, s: _has_gradient(op, s) and s.fd)
@@ -63,7 +71,7 @@ FD_CASES = _cases(lambda op, s: _has_gradient(op, s) and s.fd)
 def _assert_close(ours, theirs, float_dtype):
     assert ours.dtype.name == str(theirs.dtype).removeprefix("torch."), (ours.dtype, theirs.dtype)
     assert tuple(ours.shape) == tuple(theirs.shape)
-    expected = theirs.detach().numpy()
+    expected = theirs.detach().resolve_conj().numpy()
     if expected.dtype.kind in "biu":
         np.testing.assert_array_equal(ours.numpy(), expected)
     else:
@@ -126,12 +134,12 @@ def test_gradients_match_torch(name, i):
     ours_in = _runtime_inputs(op, sample, np.float64, True)
     theirs_in = _torch_inputs(op, sample, np.float64, True)
     ours, theirs = ops.apply(name, *ours_in, **sample.attrs), sample.torch_fn(torch, *theirs_in)
-    seed = np.random.default_rng(i).standard_normal(tuple(ours.shape))
+    seed = _seed(np.random.default_rng(i), ours)
     diff = _differentiable_inputs(op, sample)
     our_grads = runtime.autograd.grad(ours, [ours_in[k] for k in diff], runtime.tensor(seed), allow_unused=True)
     their_grads = torch.autograd.grad(theirs, [theirs_in[k] for k in diff], torch.tensor(seed), allow_unused=True)
     for k, a, b in zip(diff, our_grads, their_grads):
-        expected = np.zeros(sample.inputs[k].shape) if b is None else b.numpy()
+        expected = np.zeros(sample.inputs[k].shape) if b is None else b.resolve_conj().numpy()
         got = np.zeros(sample.inputs[k].shape) if a is None else a.numpy()
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12, err_msg=f"gradient of input {k}")
 
@@ -144,7 +152,7 @@ def test_gradients_read_only_what_saved_tensor_hooks_kept(name, i):
     diff = _differentiable_inputs(op, sample)
     plain_in = _runtime_inputs(op, sample, np.float64, True)
     out = ops.apply(name, *plain_in, **sample.attrs)
-    seed = runtime.tensor(np.random.default_rng(i).standard_normal(tuple(out.shape)))
+    seed = runtime.tensor(_seed(np.random.default_rng(i), out))
     want = runtime.autograd.grad(out, [plain_in[k] for k in diff], seed, allow_unused=True)
     hooked_in = _runtime_inputs(op, sample, np.float64, True)
     packed = []
@@ -153,7 +161,7 @@ def test_gradients_read_only_what_saved_tensor_hooks_kept(name, i):
         out = ops.apply(name, *hooked_in, **sample.attrs)
     assert len(packed) == sum(1 for s in op.saves if s == "out" or isinstance(hooked_in[s], runtime.Tensor))
     for x in hooked_in:
-        if isinstance(x, runtime.Tensor) and x.dtype.is_floating_point:
+        if isinstance(x, runtime.Tensor) and x.dtype.is_differentiable:
             x.detach().numpy()[...] = np.nan
     got = runtime.autograd.grad(out, [hooked_in[k] for k in diff], seed, allow_unused=True)
     for k, a, b in zip(diff, got, want):

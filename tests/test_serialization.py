@@ -299,7 +299,7 @@ def _tamper(structure: dict, change: str) -> None:
     elif change == "storage":
         record["storage"] = 5
     elif change == "dtype":
-        record["dtype"] = "complex64"
+        record["dtype"] = "complex32"
     elif change == "tag":
         structure["object"] = {"set": [1, 2]}
     elif change == "tensor_ref":

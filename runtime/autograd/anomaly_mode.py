@@ -71,7 +71,7 @@ def check_gradients(node, grads) -> None:
     if not state.check_nan:
         return
     for k, g in enumerate(grads):
-        if g is not None and g.dtype.is_floating_point and bool(g.isnan().any()):
+        if g is not None and g.dtype.is_differentiable and bool(g.isnan().any()):
             raise RuntimeError(f"Function '{node.name()}' returned nan values in its {k}th output.")
 
 

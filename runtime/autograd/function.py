@@ -121,7 +121,7 @@ class Function:
         meta = [(tuple(o.shape), o.dtype) if isinstance(o, Tensor) else ((), None) for o in outs]
         node = FunctionNode(cls, ctx, args, meta)
         for nr, o in enumerate(outs):
-            if isinstance(o, Tensor) and o.dtype.is_floating_point and id(o) not in ctx.non_differentiable:
+            if isinstance(o, Tensor) and o.dtype.is_differentiable and id(o) not in ctx.non_differentiable:
                 o._grad_fn, o._out_nr, o._rg = node, nr, True
         return outs[0] if single else outs
 

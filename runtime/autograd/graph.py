@@ -124,7 +124,7 @@ class OpNode(Node):
         packed, unpack = saved_hooks.pack_all(tensors)
         self.packed = (positions, packed, unpack, [tuple(t.shape) for t in tensors])
         # NOTE: integer and bool inputs (indices, masks) stay: rules read them, and they carry no gradient history
-        self.inputs = [_Unsaved(x) if isinstance(x, Tensor) and x.dtype.is_floating_point else x for x in self.inputs]
+        self.inputs = [_Unsaved(x) if isinstance(x, Tensor) and x.dtype.is_differentiable else x for x in self.inputs]
         self.out_data, self.saved_versions, self.saved_with_history = None, (), ()
 
     def name(self) -> str:
@@ -269,11 +269,21 @@ class CopySlices(Node):
         for op, extra, attrs in self.view_fn:
             views.append(_tensor_mod.Tensor._apply_op(op, (views[-1],) + extra, attrs))
         fn_grads = self.fn.apply([views[-1]])
+        if g.dtype.is_complex:
+            return [self._complex_base_grad(g, views, fn_grads[self.old_index])] + \
+                [gi for k, gi in enumerate(fn_grads) if k != self.old_index]
         with grad_mode.no_grad():
             region = self._spread(views[-1].new_ones(views[-1].shape), views) != 0
         old = fn_grads[self.old_index]
         base_grad = g.where(~region, 0.0) if old is None else self._spread(old, views).where(region, g)
         return [base_grad] + [gi for k, gi in enumerate(fn_grads) if k != self.old_index]
+
+    def _complex_base_grad(self, g, views, old):
+        """A complex base's gradient: a view may hold parts of its elements (real, imag, view_as_real), which no
+        elementwise region can mark, so the view's share of g is taken out by the view steps themselves (they
+        select, so spreading back what they select is that share) and the old view's gradient put in."""
+        base_grad = g - self._spread(views[-1], views)
+        return base_grad if old is None else base_grad + self._spread(old, views)
 
     def _spread(self, t, views):
         """t, shaped like the view, placed where the view lies in its base: the view steps' own rules in reverse."""

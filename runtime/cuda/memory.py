@@ -15,13 +15,21 @@ HOST_ARRAY = np.ndarray  # what a CPU tensor's storage is
 
 
 def empty(shape, dtype) -> "cuda.devicearray.DeviceNDArray":
-    return cuda.device_array(tuple(shape), dtype=np.dtype(dtype))
+    return cuda.device_array(tuple(shape), dtype=_real_only(np.dtype(dtype)))
 
 
 def to_device(host: np.ndarray):
     """A new device array holding a C-contiguous copy of a host array."""
     host = np.asarray(host)
+    _real_only(host.dtype)
     return cuda.to_device(host if host.flags.c_contiguous else host.copy(order="C"))
+
+
+def _real_only(dtype: np.dtype) -> np.dtype:
+    if dtype.kind == "c":
+        raise TypeError(f"CUDA tensors of dtype {dtype} are not supported: complex tensors stay on the CPU (the "
+                        f"device kernels have no complex arithmetic)")
+    return dtype
 
 
 def is_c_contiguous(a) -> bool:

@@ -1,0 +1,249 @@
+"""Complex tensors: dtypes and promotion, the complex ops and views, torch's gradient convention (checked by finite
+differences and against torch), and a LLaMA-style model with complex rotary embeddings."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import runtime
+from helpers import needs_torch, torch
+
+C = 1.5 - 0.5j
+
+
+def complex_tensor(*shape, dtype=runtime.complex128, requires_grad=False, seed=0):
+    rng = np.random.default_rng(seed)
+    values = rng.uniform(0.3, 2.0, shape) + 1j * rng.uniform(-2.0, 2.0, shape)
+    return runtime.tensor(values, dtype=dtype, requires_grad=requires_grad)
+
+
+# -- dtypes and promotion ------------------------------------------------------------------------------------------
+
+def test_python_complex_numbers_give_the_default_complex_dtype():
+    assert runtime.tensor([1 + 2j, 3.0]).dtype is runtime.complex64
+    assert runtime.tensor(np.array([1j])).dtype is runtime.complex128  # numpy arrays keep their dtype
+    assert runtime.cfloat is runtime.complex64 and runtime.cdouble is runtime.complex128
+    assert runtime.complex64.is_complex and not runtime.complex64.is_floating_point
+    assert runtime.complex64.to_real() is runtime.float32 and runtime.float64.to_complex() is runtime.complex128
+
+
+@pytest.mark.parametrize("a,b,want", [
+    ("complex64", "float64", "complex128"), ("complex64", "int64", "complex64"), ("float16", "complex64", "complex64"),
+    ("complex128", "complex64", "complex128"), ("bool", "complex64", "complex64")])
+def test_promote_types(a, b, want):
+    assert runtime.promote_types(getattr(runtime, a), getattr(runtime, b)) is getattr(runtime, want)
+
+
+@needs_torch
+@pytest.mark.parametrize("make", [
+    lambda lib: lib.ones(2, dtype=lib.float64) * 1j,
+    lambda lib: lib.ones(2, dtype=lib.int64) * 1j,
+    lambda lib: lib.ones(2) + lib.tensor(1j, dtype=lib.complex128),
+    lambda lib: lib.ones(2, dtype=lib.int32) + lib.tensor(1j, dtype=lib.complex128),
+    lambda lib: lib.tensor(2.0, dtype=lib.float64) * 1j,
+    lambda lib: lib.ones(2, dtype=lib.complex64) * lib.ones(2, dtype=lib.float64),
+], ids=["f64*1j", "i64*1j", "f32+c128-0d", "i32+c128-0d", "f64-0d*1j", "c64*f64"])
+def test_result_dtypes_match_torch(make):
+    assert make(runtime).dtype.name == str(make(torch).dtype).removeprefix("torch.")
+
+
+def test_complex_draws_have_torchs_moments():
+    runtime.manual_seed(0)
+    z = runtime.randn(200_000, dtype=runtime.cfloat).numpy()
+    assert z.dtype == np.complex64
+    assert abs(np.mean(np.abs(z) ** 2) - 1.0) < 0.02  # real and imaginary parts of variance 1/2 each
+    assert abs(np.var(z.real) - 0.5) < 0.01 and abs(np.mean(z.real * z.imag)) < 0.01
+    u = runtime.rand(100_000, dtype=runtime.cdouble).numpy()
+    assert 0 <= u.real.min() and u.real.max() < 1 and 0 <= u.imag.min() and u.imag.max() < 1
+
+
+# -- ops and views -------------------------------------------------------------------------------------------------
+
+def test_parts_and_pair_views_share_memory_with_the_complex_tensor():
+    z = complex_tensor(3, 2)
+    before = z.numpy().copy()
+    runtime.view_as_real(z)[:, 1, 0] = 7.0  # the real part of row 1, column 1
+    z.imag[0] = 0.0
+    want = before.copy()
+    want[:, 1] = 7.0 + 1j * want[:, 1].imag
+    want[0] = want[0].real
+    np.testing.assert_array_equal(z.numpy(), want)
+    pairs = runtime.zeros(4, 2, dtype=runtime.float64)
+    runtime.view_as_complex(pairs).mul_(0).add_(1 + 2j)
+    np.testing.assert_array_equal(pairs.numpy(), np.tile([1.0, 2.0], (4, 1)))
+
+
+def test_real_tensors_are_their_own_real_part_and_conjugate():
+    x = runtime.randn(3)
+    assert x.real is x and x.conj() is x and runtime.isreal(x).all()
+    with pytest.raises(RuntimeError, match="imag is not implemented for tensors with non-complex dtypes"):
+        x.imag
+    z = runtime.tensor([1 + 0j, 2 + 1j])
+    assert runtime.isreal(z).tolist() == [True, False] and z.is_complex() and not z.is_floating_point()
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda z: z < z, "lt: complex tensors are not supported"),
+    (lambda z: z.argmax(), "argmax.*complex"),
+    (lambda z: z.relu(), "relu: complex tensors are not supported"),
+    (lambda z: runtime.view_as_complex(runtime.zeros(2, 3)), "last dimension of size 2"),
+    (lambda z: runtime.view_as_complex(runtime.zeros(2, 4)[:, ::2]), "stride 1"),
+    (lambda z: runtime.view_as_complex(runtime.zeros(2, 2, dtype=runtime.int64)), "float and double"),
+    (lambda z: runtime.complex(runtime.zeros(2), runtime.zeros(2, dtype=runtime.float64)), "complex"),
+    (lambda z: runtime.view_as_real(runtime.zeros(2)), "only supported for complex tensors"),
+], ids=["order", "argmax", "relu", "pair-size", "pair-stride", "pair-dtype", "complex-dtypes", "view_as_real-real"])
+def test_what_complex_tensors_cannot_do_raises_naming_it(call, message):
+    with pytest.raises((RuntimeError, TypeError), match=message):
+        call(complex_tensor(3, 2))
+
+
+def test_a_complex_tensor_requires_grad_and_survives_save_and_load():
+    z = complex_tensor(2, 3, dtype=runtime.complex64, requires_grad=True)
+    assert z.requires_grad
+    buffer = io.BytesIO()
+    runtime.save({"z": z.detach(), "w": z.detach().to(runtime.complex128)}, buffer)
+    buffer.seek(0)
+    loaded = runtime.load(buffer)
+    assert loaded["z"].dtype is runtime.complex64 and loaded["w"].dtype is runtime.complex128
+    np.testing.assert_array_equal(loaded["z"].numpy(), z.detach().numpy())
+
+
+# -- gradients: torch's convention, dL/dRe + i dL/dIm ----------------------------------------------------------------
+
+GRADIENT_PROGRAMS = {
+    "rotation": lambda z, w: runtime.view_as_real(z * w).pow(2).sum(-1),
+    "polar": lambda z, w: runtime.polar(z.abs(), w.angle()).real * z.imag,
+    "matmul": lambda z, w: (z @ w.mT).abs(),
+    "conj-product": lambda z, w: (z * w.conj()).real + (z / w).imag,
+    "transcendental": lambda z, w: (z.exp() * w.log() + z.sqrt().sin()).abs(),
+    "parts-and-pairs": lambda z, w: runtime.view_as_complex(stacked_parts(z) * 2).angle() + w.sgn().real,
+    "sum-and-mean": lambda z, w: (z.sum(0) * w.mean()).abs(),
+}
+
+
+def stacked_parts(z):
+    return runtime.stack([z.real, z.imag * 0.5], -1)
+
+
+@pytest.mark.parametrize("name", sorted(GRADIENT_PROGRAMS))
+def test_gradients_match_finite_differences(name):
+    z, w = complex_tensor(3, 3, requires_grad=True, seed=1), complex_tensor(3, 3, requires_grad=True, seed=2)
+    assert runtime.autograd.gradcheck(GRADIENT_PROGRAMS[name], (z, w), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_a_real_input_of_a_complex_computation_gets_a_real_gradient():
+    r = runtime.tensor([0.5, 1.5, -2.0], dtype=runtime.float64, requires_grad=True)
+    theta = runtime.tensor([0.3, -1.0, 2.0], dtype=runtime.float64, requires_grad=True)
+    assert runtime.autograd.gradcheck(lambda r, t: (runtime.polar(r, t) * (1 + 2j)).imag, (r, theta))
+    (runtime.polar(r, theta) * C).abs().sum().backward()
+    assert r.grad.dtype is runtime.float64 and theta.grad.dtype is runtime.float64
+
+
+# -- a LLaMA-style model: rotary embeddings as complex products ------------------------------------------------------
+
+def make_llama(lib, vocab=40, dim=16, heads=2, layers=2, max_len=16, upcast=True):
+    """A small LLaMA in the shape of Meta's reference: RMSNorm, SwiGLU, causal attention, and rotary embeddings as
+    complex products with a precomputed complex buffer (polar, view_as_complex, view_as_real), in float32 as the
+    reference computes them (`upcast`) or in the model's dtype."""
+    nn, F = lib.nn, lib.nn.functional
+
+    def rotations(head_dim, length, theta=10000.0):
+        inverse = 1.0 / theta ** (lib.arange(0, head_dim, 2)[: head_dim // 2].float() / head_dim)
+        angles = lib.outer(lib.arange(length).float(), inverse)
+        return lib.polar(lib.ones_like(angles), angles)
+
+    def rotate(x, rot):
+        pairs = lib.view_as_complex((x.float() if upcast else x).reshape(*x.shape[:-1], -1, 2))
+        return lib.view_as_real(pairs * rot.view(1, x.shape[1], 1, -1)).flatten(3).type_as(x)
+
+    class RMSNorm(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(lib.ones(d))
+
+        def forward(self, x):
+            return x * lib.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+            self.v, self.o = nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim, bias=False)
+
+        def forward(self, x, rot):
+            b, t, _ = x.shape
+            q, k, v = (f(x).view(b, t, heads, dim // heads) for f in (self.q, self.k, self.v))
+            q, k = rotate(q, rot), rotate(k, rot)
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True)
+            return self.o(y.transpose(1, 2).reshape(b, t, dim))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.attention, self.norm2 = RMSNorm(dim), Attention(), RMSNorm(dim)
+            self.w1, self.w3 = nn.Linear(dim, 2 * dim, bias=False), nn.Linear(dim, 2 * dim, bias=False)
+            self.w2 = nn.Linear(2 * dim, dim, bias=False)
+
+        def forward(self, x, rot):
+            x = x + self.attention(self.norm1(x), rot)
+            h = self.norm2(x)
+            return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, dim)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.norm, self.head = RMSNorm(dim), nn.Linear(dim, vocab, bias=False)
+            self.rot = rotations(dim // heads, max_len)  # a plain attribute, as in the reference
+
+        def forward(self, tokens, targets):
+            x, rot = self.embed(tokens), self.rot[: tokens.shape[1]]
+            for block in self.blocks:
+                x = block(x, rot)
+            logits = self.head(self.norm(x))
+            return F.cross_entropy(logits.view(-1, vocab), targets.view(-1))
+
+    return Llama()
+
+
+def llama_batches(steps=3, batch=2, length=8, vocab=40):
+    return [(runtime.randint(0, vocab, (batch, length)), runtime.randint(0, vocab, (batch, length)))
+            for _ in range(steps)]
+
+
+@needs_torch
+def test_llama_with_complex_rotary_embeddings_matches_torch():
+    runtime.manual_seed(0)
+    ours, theirs = make_llama(runtime), make_llama(torch)
+    theirs.load_state_dict({k: torch.tensor(v.numpy()) for k, v in ours.state_dict().items()})
+    tokens, targets = llama_batches(steps=1)[0]
+    loss = ours(tokens, targets)
+    want = theirs(torch.tensor(tokens.numpy()), torch.tensor(targets.numpy()))
+    loss.backward()
+    want.backward()
+    np.testing.assert_allclose(loss.item(), want.item(), rtol=1e-6)
+    grads = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), grads[name].grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def write_through_parts(a, b, variant):
+    z = runtime.complex(a, b)
+    if variant in ("pairs", "both"):
+        runtime.view_as_real(z)[..., 0].mul_(2.0)
+    if variant in ("imag", "both"):
+        z.imag.add_(a)
+    if variant == "real-slice":
+        z[1:].real.mul_(3.0)
+    return (z * z.conj()).real + z.angle()
+
+
+@pytest.mark.parametrize("variant", ["pairs", "imag", "both", "real-slice"])
+def test_eager_writes_through_complex_parts_have_the_gradients_of_finite_differences(variant):
+    a = runtime.randn(3, 2, dtype=runtime.float64, requires_grad=True)
+    b = runtime.randn(3, 2, dtype=runtime.float64, requires_grad=True)
+    assert runtime.autograd.gradcheck(lambda a, b: write_through_parts(a, b, variant), (a, b))
