@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import get_default_dtype
+
 PREFIX = "tensor("
 
 
@@ -82,6 +84,20 @@ class _Formatter:
         return s.rjust(self.max_width)
 
 
+class _ComplexFormatter:
+    """Formats complex elements as torch does: real and imaginary parts through a _Formatter each, joined by a sign."""
+
+    def __init__(self, data):
+        self.real, self.imag = _Formatter(data.real), _Formatter(data.imag)
+        # NOTE: torch wraps lines by both parts' widths plus the 'j'; the joining '+' is not counted.
+        self.max_width = self.real.max_width + self.imag.max_width + 1
+
+    def format(self, v):
+        """'1.+2.j': the imaginary part drops its padding and gets a '+' unless it carries its own sign."""
+        imag = (self.imag.format(v.imag) + "j").lstrip()
+        return self.real.format(v.real) + ("" if imag[0] in "+-" else "+") + imag
+
+
 def _summarized(data):
     """Keep only the edge items along every axis (what the formatter measures)."""
     edge = PRINT_OPTS.edgeitems
@@ -121,8 +137,14 @@ def _nested_str(data, indent, summarize, fmt):
 
 def _body_str(data, indent):
     summarize = data.size > PRINT_OPTS.threshold
-    fmt = _Formatter(_summarized(data) if summarize else data)
+    shown = _summarized(data) if summarize else data
+    fmt = _ComplexFormatter(shown) if data.dtype.kind == "c" else _Formatter(shown)
     return _nested_str(data, indent, summarize, fmt)
+
+
+def _is_default_complex(np_dtype):
+    """Whether a complex dtype is the default complex one (complex128 under a float64 default, else complex64)."""
+    return np_dtype == get_default_dtype().to_complex().np
 
 
 def _add_suffixes(text, suffixes, indent):
@@ -146,6 +168,8 @@ def format_tensor(data: "np.ndarray", dtype_name: str, is_default_dtype: bool,
     data = np.asarray(data)
     if data.dtype.name == "bfloat16":  # ml_dtypes' type: printed from its exact float32 values
         data = data.astype(np.float32)
+    if data.dtype.kind == "c":  # torch leaves the default complex dtype unnamed, as it does the default float one
+        is_default_dtype = is_default_dtype or _is_default_complex(data.dtype)
     extra = list(device)
     if data.size == 0:
         if data.ndim != 1:
