@@ -111,7 +111,9 @@ def _summarized(data):
 def _vector_str(row, indent, summarize, fmt):
     per_line = max(1, (PRINT_OPTS.linewidth - indent) // (fmt.max_width + 2))
     edge = PRINT_OPTS.edgeitems
-    if summarize and row.shape[0] > 2 * edge:
+    if summarize and not edge:  # NOTE: row[-0:] would be the whole row; torch shows the ellipsis alone
+        items = ["..."]
+    elif summarize and row.shape[0] > 2 * edge:
         items = [fmt.format(v) for v in row[:edge].tolist()] + [" ..."]
         items += [fmt.format(v) for v in row[-edge:].tolist()]
     else:
@@ -180,6 +182,8 @@ def format_tensor(data: "np.ndarray", dtype_name: str, is_default_dtype: bool,
             extra.append(f"dtype={dtype_name}")
         body = "[]"
     else:
+        if not PRINT_OPTS.edgeitems:  # torch names the shape whenever no edge items could show it
+            extra.append(f"size={tuple(int(d) for d in data.shape)}")
         if not is_default_dtype:
             extra.append(f"dtype={dtype_name}")
         body = _body_str(data, len(PREFIX))

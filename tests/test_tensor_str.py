@@ -176,7 +176,8 @@ def print_options():
 
 PRINT_OPTION_CASES = [dict(precision=2), dict(precision=8), dict(threshold=5), dict(edgeitems=1, threshold=10),
                       dict(linewidth=30), dict(sci_mode=True), dict(sci_mode=False), dict(profile="short"),
-                      dict(profile="full"), dict(profile="short", precision=6, sci_mode=True)]
+                      dict(profile="full"), dict(profile="short", precision=6, sci_mode=True), dict(edgeitems=0),
+                      dict(edgeitems=0, threshold=3)]
 
 
 @pytest.mark.parametrize("options", PRINT_OPTION_CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
