@@ -99,7 +99,7 @@ def gather_dim(node: Node) -> int | None:
     if not isinstance(index, Node) or index.meta.get("dtype") is None:
         return None
     dtype = index.meta["dtype"]
-    if getattr(dtype, "is_floating_point", True) or getattr(dtype, "name", "bool") == "bool":
+    if getattr(dtype, "is_differentiable", True) or getattr(dtype, "name", "bool") == "bool":
         return None  # a bool index is a mask: another operation
     if node.meta.get("shape") is None or node.args[0].meta.get("shape") is None:
         return None
@@ -111,7 +111,7 @@ def own_kernel_kind(node: Node) -> str | None:
     sliding-window ops of convolution and pooling), "gather" for a getitem/index_put of one integer index tensor
     after full slices (see gather_dim), "take" for torch.gather / scatter_add (is_take), "cat" for a plain cat
     (is_plain_cat); None for every other node."""
-    if node.op != "call_function" or not isinstance(node.target, Prim):
+    if node.op != "call_function" or not isinstance(node.target, Prim) or has_complex_values(node):
         return None
     if node.target.op.kernel_kind is not None:
         return node.target.op.kernel_kind
@@ -120,6 +120,13 @@ def own_kernel_kind(node: Node) -> str | None:
     if is_take(node):
         return "take"
     return "cat" if is_plain_cat(node) else None
+
+
+def has_complex_values(node: Node) -> bool:
+    """Whether a node computes or reads complex values, which no code generator has arithmetic for: numpy runs it
+    (the interpreter), as an opaque step."""
+    values = (node,) + tuple(node.all_input_nodes)
+    return any(getattr(v.meta.get("dtype"), "is_complex", False) for v in values)
 
 
 def is_take(node: Node) -> bool:

@@ -1,14 +1,19 @@
 """Complex tensors: dtypes and promotion, the complex ops and views, torch's gradient convention (checked by finite
-differences and against torch), and a LLaMA-style model with complex rotary embeddings."""
+differences and against torch), and a LLaMA-style model with complex rotary embeddings, eager and compiled."""
 from __future__ import annotations
 
+import copy
 import io
+import warnings
 
 import numpy as np
 import pytest
 
+import nnc
 import runtime
 from helpers import needs_torch, torch
+
+from test_real_models import train
 
 C = 1.5 - 0.5j
 
@@ -229,6 +234,53 @@ def test_llama_with_complex_rotary_embeddings_matches_torch():
     grads = dict(theirs.named_parameters())
     for name, p in ours.named_parameters():
         np.testing.assert_allclose(p.grad.numpy(), grads[name].grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_llama_with_complex_rotary_embeddings_trains_compiled_as_eager():
+    """Complex values run in numpy (opaque steps, no warning) while the rest compiles: forward and backward plans,
+    no graph break, the same losses, gradients and weights as eager in float64."""
+    runtime.manual_seed(0)
+    runtime.set_default_dtype(runtime.float64)
+    try:
+        model = make_llama(runtime, upcast=False)
+        batches = llama_batches()
+        compiled = nnc.compile(copy.deepcopy(model))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback to eager, no kernel failing to compile
+            got = train(compiled, batches)
+        want = train(model, batches)
+    finally:
+        runtime.set_default_dtype(runtime.float32)
+    (artifact,) = compiled._cache.values()
+    assert artifact.graph_breaks == [] and artifact.split is None
+    assert artifact.training_plan is not None and artifact.backward_plan is not None
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-9)
+    for step_got, step_want in zip(got[1], want[1]):
+        for g, w in zip(step_got, step_want):
+            np.testing.assert_allclose(g, w, rtol=1e-8, atol=1e-12)
+
+
+class WritesThroughPairs(runtime.nn.Module):
+    def forward(self, a, b):
+        z = runtime.complex(a, b)
+        runtime.view_as_real(z)[..., 0].mul_(2.0)  # doubles the real parts, in z's memory
+        z.imag.add_(a)
+        return (z * z.conj()).real + z.angle()
+
+
+def test_writes_through_complex_views_compile_as_eager():
+    a = runtime.randn(4, 3, dtype=runtime.float64, requires_grad=True)
+    b = runtime.randn(4, 3, dtype=runtime.float64, requires_grad=True)
+    model = WritesThroughPairs()
+    want = model(a, b)
+    want_grads = runtime.autograd.grad(want.sum(), (a, b))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = nnc.compile(model)(a, b)
+    got_grads = runtime.autograd.grad(got.sum(), (a, b))
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12)
+    for g, w in zip(got_grads, want_grads):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12)
 
 
 def write_through_parts(a, b, variant):

@@ -246,7 +246,7 @@ def _requires_grad(graph, wrt: set) -> set:
         if node in wrt:
             requires.add(node)
         elif node.op == "call_function" and isinstance(node.target, Prim) and node.target.op.differentiable \
-                and node.meta.get("dtype") is not None and node.meta["dtype"].is_floating_point \
+                and node.meta.get("dtype") is not None and node.meta["dtype"].is_differentiable \
                 and any(n in requires for n in node.all_input_nodes):
             requires.add(node)
         elif node.op in ("call_function", "call_method", "call_module") and "opaque_reason" in node.meta \

@@ -88,6 +88,10 @@ class MetaValue:
     ndim = property(lambda self: len(self.node.meta["shape"]))
     T = property(lambda self: self.permute(tuple(range(self.ndim - 1, -1, -1))))
     mT = property(lambda self: self.transpose(-2, -1))
+    mH = property(lambda self: api.conj(self.transpose(-2, -1)))
+    H = property(lambda self: api.conj(self.T))
+    real = property(lambda self: api.real(self))
+    imag = property(lambda self: api.imag(self))
 
     def size(self, dim=None):
         return tuple(self.shape) if dim is None else self.shape[api.wrap_dim(dim, self.ndim)]

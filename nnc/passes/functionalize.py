@@ -64,7 +64,9 @@ class Storage:
         if self.layout is None:
             # NOTE: symbolic sizes (nnc.symbolic) at their hints: with every dynamic size >= 2, whether numpy views
             # or copies depends on which dims are merged or moved, not on their sizes
-            self.layout = np.empty(hint_of(self.root.meta["shape"]), dtype=np.int8)
+            # NOTE: of the root's dtype (memory untouched), so that views reinterpreting it (view_as_real of a
+            # complex value, view_as_complex) see its element size
+            self.layout = np.empty(hint_of(self.root.meta["shape"]), dtype=self.root.meta["dtype"].np)
         return self.layout
 
 
@@ -164,6 +166,9 @@ def _scatter(view, new):
     return current
 
 
+_COMPLEX_PARTS = ("real", "imag")
+
+
 def _inverse(builder, op, attrs, parent, child):
     """parent's new value when its view `op(parent, **attrs)` now holds `child` (both nodes)."""
     name = op.name
@@ -175,6 +180,15 @@ def _inverse(builder, op, attrs, parent, child):
         return builder.emit_node(op, (child,), {"dims": inverse})
     if name == "getitem":
         return builder.emit_node(OPS["index_put"], (parent, child), {"key": attrs["key"], "accumulate": False})
+    if name in _COMPLEX_PARTS:  # a complex parent rebuilt from its parts, one of them the child
+        real = child if name == "real" else builder.emit_node(OPS["real"], (parent,), {})
+        imag = child if name == "imag" else builder.emit_node(OPS["imag"], (parent,), {})
+        return builder.emit_node(OPS["complex"], (real, imag), {})
+    if name == "view_as_real":
+        parts = [builder.emit_node(OPS["getitem"], (child,), {"key": (("ellipsis",), ("int", k))}) for k in (0, 1)]
+        return builder.emit_node(OPS["complex"], tuple(parts), {})
+    if name == "view_as_complex":
+        return builder.emit_node(OPS["view_as_real"], (child,), {})
     if name == "detach":  # the new value, with the gradient path of the old one (autograd never saw the write)
         difference = builder.emit_node(OPS["sub"], (child, parent), {})
         return builder.emit_node(OPS["add"], (parent, builder.emit_node(OPS["detach"], (difference,), {})), {})

@@ -91,10 +91,12 @@ import math
 
 import networkx as nx
 
+from runtime.dtypes import INT
 from runtime.ops import Kind
 
 from ..graph import Graph, Node, target_name
-from ..kernel import BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel, own_kernel_kind
+from ..kernel import (BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel, has_complex_values,
+                      own_kernel_kind)
 from ..prims import Prim
 from ..symbolic import Shape, is_symbolic
 from .views import fold_views, is_view_node, why_not_folded
@@ -125,7 +127,7 @@ def op_name(node: Node) -> str:
 def rank(node: Node) -> int:
     """The node's place on the fusion lattice (see the module docstring)."""
     op = op_of(node)
-    if op is None:
+    if op is None or has_complex_values(node) and not op.is_view:
         return OPAQUE
     if op.kind == Kind.ELEMENTWISE:
         if op.divisor is not None and _integral(node):
@@ -145,7 +147,7 @@ def rank(node: Node) -> int:
 
 def _integral(node: Node) -> bool:
     dtype = node.meta.get("dtype")
-    return dtype is not None and not dtype.is_floating_point and dtype.name != "bool"
+    return dtype is not None and dtype.category == INT
 
 
 def is_pointwise(node: Node) -> bool:
@@ -781,6 +783,8 @@ def _opaque_reason(node: Node, graph: Graph, folded: dict) -> str:
     if r == INJECTIVE:
         return (f"injective: view/shape op {op.name} runs as a step of its own (not folded into its readers: "
                 f"{why_not_folded(node, graph, folded)})")
+    if has_complex_values(node) and not op.is_view:
+        return f"opaque: {op.name} of complex values runs in numpy (no code generator has complex arithmetic)"
     if op.kind == Kind.REDUCTION:
         return f"opaque: reduction {op.name} has no fusable accumulator (OpDef.reducer); run as is"
     return f"opaque: {op.kind} op {op.name} runs as is"
