@@ -44,8 +44,8 @@ class Reducer:
     identity: identity(numpy dtype) -> the accumulator's start value.
     accumulator: accumulator(input numpy dtype, output numpy dtype) -> the accumulator's numpy dtype.
     block: how a block of values may be reduced out of order (in vector lanes): "fold" (the combine reassociates),
-      "max" / "min" (lanes keep the greater / lesser; a nan is checked apart, as numpy's max propagates it), or
-      None (in order only).
+      "max" / "min" (lanes keep the greater / lesser; a nan is checked apart, as numpy's max propagates it),
+      "all" / "any" (the true values counted), or None (in order only).
     additive: the combine adds, so spans of values may be summed in their own dtype before they are widened to the
       accumulator's (the error of a span's sum is bounded by its length).
     """
@@ -1078,8 +1078,8 @@ _PROD = Reducer("({0} * {1})", lambda d: 1, _widened, block="fold")
 # max/min of the template language propagate nan, as numpy's amax/amin do
 _AMAX = Reducer("max({0}, {1})", _lowest, _output_dtype, block="max")
 _AMIN = Reducer("min({0}, {1})", _highest, _output_dtype, block="min")
-_ALL = Reducer("({0} and {1})", lambda d: True, _bool_dtype)
-_ANY = Reducer("({0} or {1})", lambda d: False, _bool_dtype)
+_ALL = Reducer("({0} and {1})", lambda d: True, _bool_dtype, block="all")
+_ANY = Reducer("({0} or {1})", lambda d: False, _bool_dtype, block="any")
 
 
 def _unchanged(in_shape, in_dtype, out_shape, out_dtype, attrs):

@@ -521,6 +521,32 @@ def test_float_block_max_and_min_helpers_match_numpy_on_special_values(op, dtype
             assert np.isnan(want) or got == want, (n, trial, buf, got, want)
 
 
+@pytest.mark.parametrize("dtype", [np.bool_, np.float32, np.int64])
+@pytest.mark.parametrize("op", ["all", "any"])
+def test_all_and_any_block_helpers_match_numpy(op, dtype):
+    """The counting helpers behind blocked all/any (a row kernel's fully-masked-row test): blocks of 1 to 70
+    values and of 1024, all true, all false, one odd value out, and nan (nonzero, so true) against numpy."""
+    from types import SimpleNamespace
+
+    from nnc.codegen.cpu_reduction import block_helper
+
+    kb = SimpleNamespace(helpers={})
+    name = block_helper(kb, op, OPS[op].reducer, np.dtype(dtype), np.dtype(np.bool_))
+    helper = getattr(cache.load_module("import numpy as np\nfrom numba import njit\n" + kb.helpers[name])[0], name)
+    rng = np.random.default_rng(0)
+    reference = np.all if op == "all" else np.any
+    for n in list(range(1, 71)) + [1024]:
+        blocks = [np.ones(n, dtype), np.zeros(n, dtype), rng.integers(0, 2, n).astype(dtype)]
+        for base in (np.ones(n, dtype), np.zeros(n, dtype)):
+            odd = base.copy()
+            odd[rng.integers(0, n)] = not base[0]
+            blocks.append(odd)
+        if dtype is np.float32:
+            blocks.append(np.where(rng.random(n) < 0.5, np.nan, 0.0).astype(dtype))
+        for buf in blocks:
+            assert helper(buf, n) == reference(buf), (n, buf)
+
+
 SIBLINGS = [
     # shape, dims, keepdim, skeleton (as REDUCTIONS): two reductions sharing one pass over the input
     ((6, 7, 9), (2,), False, "row"),

@@ -259,6 +259,32 @@ def test_fully_masked_rows_give_nan_as_eager(dtype):
     assert_matches_eager(model, x)
 
 
+class MaskedSDPA(nn.Module):
+    """scaled_dot_product_attention with a boolean mask whose first row masks every key: its scores are all -inf,
+    which the softmax's row kernel tests with an `all` reduction (and gives zeros there)."""
+
+    def __init__(self, t):
+        super().__init__()
+        mask = torch.ones(t, t).tril().bool()
+        mask[0] = False
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_attention_rows_testing_for_full_masks_are_blocked_and_match_eager(dtype):
+    """The `all` of a fully-masked-row test is counted in vector blocks (cpu_reduction.block_helper), so the row
+    kernel keeps its blocked form; the compiled forward and backward match eager, zeros on the masked row."""
+    q, k, v = [torch.randn(2, 64, 8, dtype=dtype) for _ in range(3)]
+    report = nnc.explain(MaskedSDPA(64), q, k, v)
+    (row,) = [kernel for kernel in compute_kernels(report.kernels) if kernel.kind == "row"]
+    assert "all" in row.ops and row.generated and "block_all_bool" in row.source
+    assert_matches_eager(MaskedSDPA(64).to(dtype), q, k, v)
+    assert not nnc.compile(MaskedSDPA(64).to(dtype))(q, k, v)[:, 0].numpy().any()
+
+
 def test_masked_attention_matches_eager():
     q, k, v = [torch.randn(2, 16, 8, dtype=torch.float64) for _ in range(3)]
     assert_matches_eager(Attention(16).double(), q, k, v)

@@ -156,10 +156,10 @@ def reduction_kernel(op, shape, dims, dtype=torch.float32):
     return Kernel(f"{op}_k", "reduction", [n for n in g.nodes if n.op == "call_function"], [x], [out], shape)
 
 
-@pytest.mark.parametrize("op,blocked", [("sum", True), ("amax", True), ("prod", True), ("all", False),
-                                        ("any", False)])
+@pytest.mark.parametrize("op,blocked", [("sum", True), ("amax", True), ("prod", True), ("all", True),
+                                        ("any", True)])
 def test_schedule_of_a_reduction_kernel_asks_its_reducers(op, blocked):
-    """A kernel's schedule blocks its rows only when every reducer has a block helper (bool ones have none)."""
+    """A kernel's schedule blocks its rows only when every reducer has a block helper (all of them have one)."""
     dtype = torch.bool if op in ("all", "any") else torch.float32
     got = schedule(reduction_kernel(op, (8, 500), (1,), dtype))
     assert (got.layout, got.n_outer, got.n_red, got.blocked) == ("rows", 8, 500, blocked)

@@ -116,8 +116,8 @@ def reduction_schedule_of(kernel: Kernel) -> ReductionSchedule:
 
 
 def blockable(accs) -> bool:
-    """Whether every accumulator has a block helper (bool accumulators have none)."""
-    return all(a.reducer.block is not None and a.acc_dtype.kind != "b" for a in accs)
+    """Whether every accumulator has a block helper."""
+    return all(a.reducer.block is not None for a in accs)
 
 
 def reduction_parts(kb: KernelBuilder):
@@ -456,6 +456,13 @@ def block_helper(kb: KernelBuilder, op_name: str, reducer: Reducer, in_dtype: np
                  "    for q in range(n):",
                  f"        acc = {kb.body.fold(reducer.combine, 'acc', value, acc_dtype)}",
                  "    return acc"]
+    elif reducer.block in ("all", "any"):
+        # NOTE: a chain of short-circuit `and`s runs one branch per element; counting the true values vectorizes.
+        # Forced inline, as the extremum helpers are, so that a row kernel's constant n unrolls.
+        lines = [f"@njit({_HELPER_FLAGS}, forceinline=True)", f"def {name}(buf, n):",
+                 f'    """{op_name} of buf[:n]: its true (nonzero) values counted."""',
+                 "    count = 0", "    for q in range(n):", "        count += 1 if buf[q] != 0 else 0",
+                 f"    return {'count == n' if reducer.block == 'all' else 'count > 0'}"]
     elif in_dtype in _ORDER_KEYS:
         lines = _float_extreme_helper(name, op_name, reducer.block, in_dtype)
     else:
