@@ -32,6 +32,10 @@ Cases (all float32; every figure is a median measured in this run, every ratio i
                    is what the ratio measures.
   5c models_infer_b1_loaded  the GPT's and the CNN's batch-1 inference (cases 8b and 7b) quiet, then beside one
                    CPU-bound process. Targets: each compiled beside the neighbour <= 2x its quiet time.
+  9 llama_train_b8 a LLaMA in Meta's reference shape (examples/llama.py: RMSNorm, SwiGLU, rotary embeddings as
+                   complex products; 2 layers, 4 heads, dim 64, block 64, vocab 256, batch 8) AdamW step: compiled
+                   (its complex products run in numpy) vs runtime eager vs torch eager. No target: a real model's
+                   standing, reported.
   6 compile_time   compile time of that MLP's forward+backward, cold (a fresh NNC_CACHE_DIR, in a subprocess) and
                    from the disk cache (a second subprocess with the same directory). Targets: < 3 s cold,
                    < 0.5 s from the cache.
@@ -87,6 +91,7 @@ except ImportError:  # run as `python tools/bench_compile.py`: put the repo root
     from tools.bench_eager import _calibrate, _header, _time_loop, harness_overhead, selected_names
     from tools.bench_mlp import LR, MOMENTUM, _batch, _blas_line, _fmt, _mlp, _spread, infer_step, train_step
 
+sys.path.insert(0, os.path.join(_ROOT, "examples"))  # the LLaMA of case 9 (examples/llama.py)
 import numba  # noqa: E402  (imported after the thread flags above are applied)
 import numpy as np  # noqa: E402
 from numba import njit, prange  # noqa: E402
@@ -971,6 +976,31 @@ def case_gpt_train(opts, args):
     return variants, res, ratios, targets, "torch eager"
 
 
+def _llama_setup(lib, compiled, batch=8, length=64, vocab=256):
+    def setup():
+        from llama import make_llama  # examples/llama.py
+
+        lib.manual_seed(0)
+        model = make_llama(lib, vocab=vocab, dim=64, heads=4, layers=2, max_len=length)
+        run = nnc.compile(model) if compiled else model
+        opt = lib.optim.AdamW(model.parameters(), lr=1e-3)
+        rng = np.random.default_rng(0)
+        return run, opt, lib.tensor(rng.integers(0, vocab, (batch, length))), \
+            lib.tensor(rng.integers(0, vocab, (batch, length)))
+    return setup
+
+
+def case_llama_train(opts, args):
+    variants = [Variant("nnc.compile", _llama_setup(runtime, True), _train_step_with_loss, compiled=lambda s: s[0],
+                        note="complex rotary products in numpy, the rest in kernels"),
+                Variant("runtime eager", _llama_setup(runtime, False), _train_step_with_loss)]
+    if torch is not None:
+        variants.append(Variant("torch eager", _llama_setup(torch, False), _train_step_with_loss))
+    res = measure_variants(variants, **opts)
+    ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
+    return variants, res, ratios, [], "torch eager"
+
+
 def _infer_case(build_setup, label, torch_compile=False):
     """A batch-1 inference case; with torch_compile, build_setup(torch, torch.compile) is a --torch-compile row."""
     def case(opts, args):
@@ -1118,6 +1148,8 @@ CASES = {
                      None),
     "gpt_train_b8": ("8a", "GPT (2 layers, 2 heads, n_embd 64, block 64, dropout 0.1) AdamW step", "[8,64]",
                      case_gpt_train),
+    "llama_train_b8": ("9", "LLaMA (2 layers, 4 heads, dim 64, complex RoPE) AdamW step", "[8,64]",
+                       case_llama_train),
     "gpt_infer_b1": ("8b", "the GPT's no_grad forward, last position's logits", "[1,64]",
                      _infer_case(lambda lib, c: _gpt_setup(lib, c, train=False, batch=1), "GPT")),
     "cnn_infer_b1": ("7b", "the MNIST CNN's no_grad forward", "[1,1,28,28]",
