@@ -233,3 +233,50 @@ def test_eager_writes_through_complex_parts_have_the_gradients_of_finite_differe
     a = runtime.randn(3, 2, dtype=runtime.float64, requires_grad=True)
     b = runtime.randn(3, 2, dtype=runtime.float64, requires_grad=True)
     assert runtime.autograd.gradcheck(lambda a, b: write_through_parts(a, b, variant), (a, b))
+
+
+# -- optimizers: complex parameters are updated as their real and imaginary parts ----------------------------------
+
+OPTIMIZERS = [("SGD", dict(momentum=0.9, nesterov=True, weight_decay=0.01)), ("Adam", dict(amsgrad=True)),
+              ("AdamW", dict(weight_decay=0.1)), ("RMSprop", dict(momentum=0.5, centered=True)), ("Adagrad", {}),
+              ("Adadelta", {}), ("Adamax", {}), ("NAdam", {}), ("RAdam", {}), ("ASGD", {}), ("Rprop", {}),
+              ("LBFGS", {})]
+
+
+def optimize(lib, name, options, start, target, steps=3):
+    """A complex parameter after `steps` steps of optimizer `name` on |p - target|^2, in library `lib`."""
+    p = lib.nn.Parameter(lib.tensor(start))
+    opt = getattr(lib.optim, name)([p], lr=0.1, **options)
+    goal = lib.tensor(target)
+
+    def closure():
+        opt.zero_grad()
+        loss = ((p - goal).abs() ** 2).sum()
+        loss.backward()
+        return loss
+
+    for _ in range(steps):
+        opt.step(closure)
+    return p.detach().numpy(), opt
+
+
+@pytest.mark.parametrize("name,options", OPTIMIZERS, ids=[name for name, _ in OPTIMIZERS])
+def test_a_complex_parameter_steps_as_its_real_pairs_would(name, options):
+    rng = np.random.default_rng(3)
+    start, target = rng.standard_normal((2, 3, 4)) + 1j * rng.standard_normal((2, 3, 4))
+    got, opt = optimize(runtime, name, options, start, target)
+    pairs = lambda z: np.stack([z.real, z.imag], -1)  # noqa: E731
+    want, _ = optimize(runtime, name, options, pairs(start), pairs(target))  # the loss is the same function of them
+    np.testing.assert_allclose(pairs(got), want, rtol=1e-12, atol=1e-14)
+    state = opt.state[opt.param_groups[0]["params"][0]]
+    assert all(t.dtype is runtime.complex128 for k, t in state.items() if isinstance(t, runtime.Tensor)
+               and t.ndim == 2), state
+
+
+@needs_torch
+@pytest.mark.parametrize("name,options", OPTIMIZERS, ids=[name for name, _ in OPTIMIZERS])
+def test_complex_parameters_step_as_torchs(name, options):
+    rng = np.random.default_rng(4)
+    start, target = rng.standard_normal((3, 4)) + 1j * rng.standard_normal((3, 4)), rng.standard_normal((3, 4)) * 1j
+    np.testing.assert_allclose(optimize(runtime, name, options, start, target)[0],
+                               optimize(torch, name, options, start, target)[0], rtol=1e-10, atol=1e-12)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..autograd.grad_mode import enable_grad, no_grad
 from ..tensor import Tensor
-from .optimizer import Optimizer, as_float, check_hyper, raise_no_cuda
+from .optimizer import _as_pairs, Optimizer, as_float, check_hyper, raise_no_cuda
 
 
 def _cubic_minimum(x1, f1, g1, x2, f2, g2, bounds=None):
@@ -116,16 +116,18 @@ class LBFGS(Optimizer):
             raise ValueError("LBFGS doesn't support per-parameter options (parameter groups)")
         self._params = self.param_groups[0]["params"]
 
+    # NOTE: a complex parameter takes part as the float pairs of its real and imaginary parts, as in torch
     def _flat_grad(self) -> np.ndarray:
-        parts = [np.zeros(p.numel(), p._data.dtype) if p._grad is None else p._grad._data.reshape(-1)
-                 for p in self._params]
+        parts = [np.zeros(_real_parts(p._data).size, _real_parts(p._data).dtype) if p._grad is None
+                 else _real_parts(p._grad._data).reshape(-1) for p in self._params]
         return np.concatenate(parts) if parts else np.zeros(0)
 
     def _add(self, step, update) -> None:
         offset = 0
         for p in self._params:
-            n = p.numel()
-            p._data += (step * update[offset:offset + n]).reshape(p._data.shape).astype(p._data.dtype, copy=False)
+            data = _real_parts(p._data)
+            n = data.size
+            data += (step * update[offset:offset + n]).reshape(data.shape).astype(data.dtype, copy=False)
             p._bump_version()
             offset += n
 
@@ -247,3 +249,8 @@ class LBFGS(Optimizer):
         state["prev_flat_grad"] = _tensor(prev_grad)
         state["prev_loss"] = prev_loss
         return orig_loss
+
+
+def _real_parts(values: np.ndarray) -> np.ndarray:
+    """A complex array as its float pairs (optimizer._as_pairs); any other array itself."""
+    return _as_pairs(values) if values.dtype.kind == "c" else values

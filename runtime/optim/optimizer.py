@@ -197,9 +197,29 @@ class Optimizer:
         """One parameter's update from its gradient `g`, then its version bump."""
         if p.is_cuda:
             self._update_cuda(p, g, group)
+        elif p._data.dtype.kind == "c":
+            self._update_as_pairs(p, g._data, group)
         else:
             self._update(p, g._data, group)
         p._bump_version()
+
+    def _update_as_pairs(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
+        """A complex parameter updated as torch updates it: as the float pairs of its real and imaginary parts
+        (view_as_real), its gradient and its complex state alike, so that elementwise rules (Adam's squares and
+        roots) act on each part. The state stays complex between steps."""
+        complex_data, pairs_shape = p._data, p._data.shape + (2,)
+        state = self.state[p]
+        held = [t for t in state.values() if isinstance(t, Tensor) and t._data.dtype.kind == "c"]
+        p._data = _as_pairs(complex_data)
+        for t in held:
+            t._data = _as_pairs(t._data)
+        try:
+            self._update(p, _as_pairs(grad), group)
+        finally:
+            p._data = complex_data
+            for t in state.values():  # the complex state held, and the state this first step made as pairs
+                if isinstance(t, Tensor) and t._data.shape == pairs_shape and t._data.dtype.kind == "f":
+                    t._data = t._data.view(complex_data.dtype)[..., 0]
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         """Update p._data in place from its gradient array (read-only: it is p.grad's memory)."""
@@ -328,3 +348,9 @@ def _copy_state(param: Tensor, index, value, key=None):
     if isinstance(value, (list, tuple)):
         return type(value)(_copy_state(param, index, v) for v in value)
     return copy.deepcopy(value)
+
+
+def _as_pairs(values: np.ndarray) -> np.ndarray:
+    """A complex array's memory as float pairs (real, imaginary) in a last dim of 2, as torch.view_as_real."""
+    parts = values.real
+    return np.lib.stride_tricks.as_strided(parts, values.shape + (2,), parts.strides + (parts.itemsize,))
