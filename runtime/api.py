@@ -516,7 +516,8 @@ def var(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
     dims = wrap_dims(dim, input.ndim)
     count = math.prod(input.shape[d] for d in dims)
     centered = input - input.mean(dims, keepdim=True)
-    return (centered * centered).sum(dims, keepdim=keepdim) / builtins.max(count - correction, 0)
+    squares = real(centered * conj(centered)) if input.dtype.is_complex else centered * centered  # |x - mean|^2
+    return squares.sum(dims, keepdim=keepdim) / builtins.max(count - correction, 0)
 
 
 @rounds_bfloat16_once
@@ -2427,17 +2428,19 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
 
 
 def _vector_norm(x, ord, dim, keepdim):
-    if not x.dtype.is_floating_point:
+    if not x.dtype.is_differentiable:
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got "
                            f"{x.dtype.name}")
     dims = wrap_dims(dim, x.ndim) if dim is not None else tuple(range(x.ndim))
     a = abs(x)
+    if x.dtype.is_complex:  # the norm of the magnitudes
+        x = a
     if ord == inf:
         return a.amax(dims, keepdim)
     if ord == -inf:
         return a.amin(dims, keepdim)
     if ord == 0:
-        return (a != 0).to(x.dtype).sum(dims, keepdim)
+        return (a != 0).to(a.dtype).sum(dims, keepdim)
     if ord == 1:
         return a.sum(dims, keepdim)
     if ord == 2:

@@ -126,7 +126,21 @@ GRADIENT_PROGRAMS = {
     "transcendental": lambda z, w: (z.exp() * w.log() + z.sqrt().sin()).abs(),
     "parts-and-pairs": lambda z, w: runtime.view_as_complex(stacked_parts(z) * 2).angle() + w.sgn().real,
     "sum-and-mean": lambda z, w: (z.sum(0) * w.mean()).abs(),
+    "variance-and-norms": lambda z, w: z.var(1) * z.std(0) + runtime.linalg.vector_norm(w, dim=0)
+    + runtime.linalg.vector_norm(w, 3, dim=1) + w.norm(),
 }
+
+
+@needs_torch
+@pytest.mark.parametrize("call", [lambda lib, z: z.var(), lambda lib, z: z.std(1, correction=0),
+                                  lambda lib, z: lib.linalg.vector_norm(z), lambda lib, z: lib.linalg.norm(z, 1),
+                                  lambda lib, z: lib.linalg.vector_norm(z, float("inf"), dim=0)],
+                         ids=["var", "std", "norm2", "norm1", "norm-inf"])
+def test_variance_and_norms_of_complex_tensors_are_torchs(call):
+    values = complex_tensor(3, 4, seed=5).numpy()
+    got, want = call(runtime, runtime.tensor(values)), call(torch, torch.tensor(values))
+    assert got.dtype is runtime.float64 and str(want.dtype) == "torch.float64"
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
 
 
 def stacked_parts(z):
@@ -280,3 +294,15 @@ def test_complex_parameters_step_as_torchs(name, options):
     start, target = rng.standard_normal((3, 4)) + 1j * rng.standard_normal((3, 4)), rng.standard_normal((3, 4)) * 1j
     np.testing.assert_allclose(optimize(runtime, name, options, start, target)[0],
                                optimize(torch, name, options, start, target)[0], rtol=1e-10, atol=1e-12)
+
+
+def test_module_to_a_complex_dtype_casts_floating_and_complex_tensors_as_torch():
+    model = runtime.nn.Linear(2, 2)
+    model.register_parameter("c", runtime.nn.Parameter(runtime.ones(2, dtype=runtime.cfloat)))
+    model.register_buffer("counts", runtime.ones(2, dtype=runtime.int64))
+    model.to(runtime.complex128)
+    assert [t.dtype for t in (model.weight, model.c, model.counts)] == [runtime.complex128] * 2 + [runtime.int64]
+    model.double()  # floating tensors only: the complex ones stay
+    assert model.c.dtype is runtime.complex128
+    with pytest.raises(TypeError, match="floating point or complex dtypes"):
+        model.to(runtime.int32)

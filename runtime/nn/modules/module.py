@@ -380,13 +380,14 @@ class Module:
                 device = check_device(a)
         if dtype is not None:
             dtype = dt.as_dtype(dtype)
-            if not dtype.is_floating_point:
-                raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
+            if not dtype.is_differentiable:
+                raise TypeError(f"nn.Module.to only accepts floating point or complex dtypes, but got desired "
+                                f"dtype={dtype}")
         if device is not None and all(t.device == device for t in self._tensors()):
             device = None
         if dtype is None and device is None and fmt is mf.preserve_format:
             return self
-        return self._apply(lambda t: t.to(device=device, dtype=dtype if t.is_floating_point() else None,
+        return self._apply(lambda t: t.to(device=device, dtype=dtype if t.dtype.is_differentiable else None,
                                           memory_format=_module_format(t, fmt)))
 
     def _tensors(self):
