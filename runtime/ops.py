@@ -1969,7 +1969,7 @@ HOLOMORPHIC = frozenset("""mul div pow exp log log1p sqrt rsqrt reciprocal sin c
     matmul linear""".split())
 COMPLEX_OPS = HOLOMORPHIC | frozenset("""add sub neg eq ne logical_not logical_and logical_or all any where cast clone
     detach sum reshape permute expand getitem cat index_put gather scatter_add full constant_pad cumsum abs conj
-    real imag complex view_as_real view_as_complex angle""".split())
+    real imag complex view_as_real view_as_complex angle fft_c2c fft_r2c fft_c2r""".split())
 
 
 def check_complex(op: OpDef) -> None:
@@ -2085,3 +2085,84 @@ _register(OpDef("view_as_real", Kind.OTHER, 1, _np_view_as_real, _view_as_real_r
                 vjp=(lambda g, out, z: apply("complex", g[..., 0], g[..., 1]),)))
 _register(OpDef("view_as_complex", Kind.OTHER, 1, _np_view_as_complex, _view_as_complex_rule,
                 _view_as_complex_dtype, is_view=True, vjp=(lambda g, out, x: apply("view_as_real", g),)))
+
+
+# Discrete Fourier transforms over `dims` (numpy's pocketfft), torch's three primitives: complex to complex (forward or
+# inverse), real to the half spectrum along the last of dims, and a half spectrum back to real values of `last_size`
+# along it. `norm` scales as numpy's and torch's do ("backward": the inverse by 1/n, "forward": the forward by 1/n,
+# "ortho": both by 1/sqrt(n)). Each is linear, and its rule is its adjoint: the transform the other way under the
+# dual norm (`_DUAL_NORM`), through the half spectrum's zero padding or its doubled interior bins for the real ones.
+_DUAL_NORM = {"backward": "forward", "ortho": "ortho", "forward": "backward"}
+
+
+def _fft_c2c_dtype(op, operands, attrs):
+    d = operands[0].dtype
+    if not d.is_complex:
+        raise RuntimeError(f"{op.name}: expected a complex input, got {d}")
+    return None, d
+
+
+def _fft_r2c_dtype(op, operands, attrs):
+    d = operands[0].dtype
+    if d not in (dt.float32, dt.float64):
+        raise RuntimeError(f"{op.name}: expected a float or double input, got {d}")
+    return None, d.to_complex()
+
+
+def _fft_r2c_rule(op, shapes, attrs, dtypes):
+    shape, last = list(shapes[0]), attrs["dims"][-1]
+    shape[last] = shape[last] // 2 + 1
+    return tuple(shape)
+
+
+def _fft_c2r_rule(op, shapes, attrs, dtypes):
+    shape, last = list(shapes[0]), attrs["dims"][-1]
+    if shape[last] != attrs["last_size"] // 2 + 1:
+        raise ShapeError(f"fft_c2r: a half spectrum of {attrs['last_size']} values has {attrs['last_size'] // 2 + 1} "
+                         f"bins along dim {last}, got {shape[last]}")
+    shape[last] = attrs["last_size"]
+    return tuple(shape)
+
+
+def _np_fft_c2c(x, dims, norm, forward):
+    return (np.fft.fftn if forward else np.fft.ifftn)(x, axes=dims, norm=norm)
+
+
+def _np_fft_r2c(x, dims, norm):
+    return np.fft.rfftn(x, axes=dims, norm=norm)
+
+
+def _np_fft_c2r(x, dims, norm, last_size):
+    sizes = [x.shape[d] for d in dims[:-1]] + [last_size]
+    return np.fft.irfftn(x, s=sizes, axes=dims, norm=norm)
+
+
+def _fft_c2c_vjp(g, out, x, dims, norm, forward):
+    return apply("fft_c2c", g, dims=dims, norm=_DUAL_NORM[norm], forward=not forward)
+
+
+def _fft_r2c_vjp(g, out, x, dims, norm):
+    """The inverse transform of the half spectrum's gradient padded with zeros to the whole spectrum, real part."""
+    last = dims[-1]
+    pads = tuple((0, x.shape[last] - g.shape[last], 0) if d == last else (0, 0, 0) for d in range(g.ndim))
+    whole = apply("constant_pad", g, pads=pads, value=0)
+    return apply("real", apply("fft_c2c", whole, dims=dims, norm=_DUAL_NORM[norm], forward=False))
+
+
+def _fft_c2r_vjp(g, out, x, dims, norm, last_size):
+    """The half spectrum of the gradient, its interior bins doubled: each stands for itself and its conjugate."""
+    last, bins = dims[-1], x.shape[dims[-1]]
+    spectrum = apply("fft_r2c", g, dims=dims, norm=_DUAL_NORM[norm])
+    edges = 1 + (last_size % 2 == 0 and bins > 1)  # the zero bin, and the Nyquist bin of an even length
+    pieces = [g.new_full((1,), 1.0)] + ([g.new_full((bins - edges,), 2.0)] if bins > edges else [])
+    pieces += [g.new_full((1,), 1.0)] if edges == 2 else []
+    weights = apply("cat", *pieces, dim=0).reshape(tuple(bins if d == last else 1 for d in range(g.ndim)))
+    return spectrum * weights
+
+
+_register(OpDef("fft_c2c", Kind.OTHER, 1, _np_fft_c2c, _same_shape_rule, _fft_c2c_dtype, vjp=(_fft_c2c_vjp,),
+                attr_names=("dims", "norm", "forward")))
+_register(OpDef("fft_r2c", Kind.OTHER, 1, _np_fft_r2c, _fft_r2c_rule, _fft_r2c_dtype, vjp=(_fft_r2c_vjp,),
+                attr_names=("dims", "norm")))
+_register(OpDef("fft_c2r", Kind.OTHER, 1, _np_fft_c2r, _fft_c2r_rule, _part_dtype, vjp=(_fft_c2r_vjp,),
+                attr_names=("dims", "norm", "last_size")))

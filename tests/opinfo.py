@@ -530,6 +530,17 @@ SAMPLES.update({
     "imag": [Sample((cplx(3, 4),), torch_fn=lambda torch, x: torch.imag(x))],
     "view_as_real": [Sample((cplx(3, 4),), torch_fn=lambda torch, x: torch.view_as_real(x))],
     "view_as_complex": [Sample((away(3, 4, 2),), torch_fn=lambda torch, x: torch.view_as_complex(x))],
+    "fft_c2c": [Sample((cplx(3, 4),), {"dims": (1,), "norm": "backward", "forward": True},
+                       lambda torch, x: torch.fft.fft(x)),
+                Sample((cplx(3, 4),), {"dims": (0, 1), "norm": "ortho", "forward": False},
+                       lambda torch, x: torch.fft.ifft2(x, norm="ortho"))],
+    "fft_r2c": [Sample((away(3, 5),), {"dims": (1,), "norm": "backward"}, lambda torch, x: torch.fft.rfft(x)),
+                Sample((away(3, 4),), {"dims": (0, 1), "norm": "forward"},
+                       lambda torch, x: torch.fft.rfft2(x, norm="forward"))],
+    "fft_c2r": [Sample((cplx(3, 4),), {"dims": (1,), "norm": "backward", "last_size": 6},
+                       lambda torch, x: torch.fft.irfft(x, n=6)),
+                Sample((cplx(3, 3),), {"dims": (0, 1), "norm": "ortho", "last_size": 5},
+                       lambda torch, x: torch.fft.irfft2(x, s=(3, 5), norm="ortho"))],
 })
 
 
