@@ -1223,6 +1223,22 @@ def complex(real, imag):  # noqa: A001 (torch's name)
     return apply("complex", real, imag)
 
 
+def stft(input, n_fft, hop_length=None, win_length=None, window=None, center=True, pad_mode="reflect",
+         normalized=False, onesided=None, return_complex=None):
+    from .fft import stft as short_time_transform  # NOTE: runtime.fft imports this module
+
+    return short_time_transform(input, n_fft, hop_length, win_length, window, center, pad_mode, normalized,
+                                onesided, return_complex)
+
+
+def istft(input, n_fft, hop_length=None, win_length=None, window=None, center=True, normalized=False,
+          onesided=None, length=None, return_complex=False):
+    from .fft import istft as inverse_short_time_transform
+
+    return inverse_short_time_transform(input, n_fft, hop_length, win_length, window, center, normalized, onesided,
+                                        length, return_complex)
+
+
 def polar(abs, angle):  # noqa: A002 (torch's names)
     """abs * (cos(angle) + i sin(angle))."""
     return complex(abs * cos(angle), abs * sin(angle))
@@ -2745,7 +2761,7 @@ METHODS.update({name: globals()[name] for name in """
     quantile nanquantile unique unique_consecutive bincount histc histogram dot vdot inner outer ger mv addmm addmv
     addr baddbmm addbmm kron cross norm dist renorm cov corrcoef logdet matrix_power matrix_exp det inverse slogdet
     adjoint frexp i0 mvlgamma index_reduce bernoulli index_put
-    is_complex is_conj conj conj_physical resolve_conj resolve_neg angle
+    is_complex is_conj conj conj_physical resolve_conj resolve_neg angle stft istft
 """.split()})
 METHODS.update(polygamma=lambda self, n: polygamma(n, self), is_signed=is_signed, is_nonzero=is_nonzero)
 # torch.* functions that are not Tensor methods

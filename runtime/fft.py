@@ -2,12 +2,15 @@
 (numpy's pocketfft underneath), with torch's argument rules, dtypes and gradients."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from . import dtypes as dt
 from .api import conj, roll, wrap_dim
 from .factories import tensor
 from .ops import _DUAL_NORM, apply
+from .tensor import Tensor
 
 __all__ = ["fft", "ifft", "fft2", "ifft2", "fftn", "ifftn", "rfft", "irfft", "rfft2", "irfft2", "rfftn", "irfftn",
            "hfft", "ihfft", "hfft2", "ihfft2", "hfftn", "ihfftn", "fftfreq", "rfftfreq", "fftshift", "ifftshift"]
@@ -198,3 +201,109 @@ def ifftshift(input, dim=None):
     """fftshift undone."""
     dims = _all_dims(input.ndim) if dim is None else ((dim,) if isinstance(dim, int) else tuple(dim))
     return roll(input, tuple(-(input.shape[d] // 2) for d in dims), dims)
+
+
+# -- short-time transforms (torch.stft and torch.istft; api.stft and api.istft call these) ---------------------------
+
+def _window_of(window, win_length: int, n_fft: int, like, name: str):
+    """The window, centered in n_fft values (zeros around a shorter one); a rectangular one when none is given."""
+    if window is None:
+        warnings.warn(f"{name}: a window was not provided; a rectangular window is applied, which is known to "
+                      f"cause spectral leakage (torch warns alike)", UserWarning, stacklevel=4)
+        window = like.new_ones((win_length,), dtype=_real_dtype(like))
+    if window.ndim != 1 or window.shape[0] != win_length:
+        raise RuntimeError(f"{name}: expected a 1-D window of win_length={win_length} values, got shape "
+                           f"{list(window.shape)}")
+    if win_length > n_fft or win_length < 1:
+        raise RuntimeError(f"{name}: expected 0 < win_length <= n_fft, but got win_length={win_length}")
+    left = (n_fft - win_length) // 2
+    return _resized(apply("constant_pad", window, pads=((left, 0, 0),), value=0), (0,), (n_fft,))
+
+
+def _real_dtype(x) -> dt.dtype:
+    return x.dtype.to_real() if x.dtype.is_complex else _float_of(x)
+
+
+def stft(input, n_fft, hop_length=None, win_length=None, window=None, center=True, pad_mode="reflect",
+         normalized=False, onesided=None, return_complex=None):
+    """Fourier transforms of windowed frames of a signal [L] or [B, L]: [(B,) n_fft // 2 + 1 or n_fft, frames]."""
+    if return_complex is None and not input.dtype.is_complex and (window is None or not window.dtype.is_complex):
+        raise RuntimeError("stft requires the return_complex parameter be given for real inputs, and will further "
+                           "require that return_complex=True in a future PyTorch release.")
+    if input.ndim not in (1, 2):
+        raise RuntimeError(f"stft: expected a 1D or 2D tensor, got shape {list(input.shape)}")
+    hop_length = n_fft // 4 if hop_length is None else hop_length
+    win_length = n_fft if win_length is None else win_length
+    if hop_length <= 0:
+        raise RuntimeError(f"stft: expected hop_length > 0, but got hop_length={hop_length}")
+    x = input.unsqueeze(0) if input.ndim == 1 else input
+    if center:
+        from .nn.functional import pad
+
+        x = pad(x.unsqueeze(1), (n_fft // 2, n_fft // 2), mode=pad_mode).squeeze(1)
+    if not 0 < n_fft <= x.shape[-1]:
+        raise RuntimeError(f"stft: expected 0 < n_fft <= {x.shape[-1]} (the padded signal's length), but got "
+                           f"n_fft={n_fft}")
+    frames = x.unfold(-1, n_fft, hop_length) * _window_of(window, win_length, n_fft, x, "stft")
+    complex_input = frames.dtype.is_complex
+    onesided = not complex_input if onesided is None else onesided
+    if onesided and complex_input:
+        raise RuntimeError("Cannot have onesided output if window or input is complex")
+    norm = "ortho" if normalized else "backward"
+    spectrum = (rfft(frames, norm=norm) if onesided else fft(frames, norm=norm)).transpose(-2, -1)
+    spectrum = spectrum.squeeze(0) if input.ndim == 1 else spectrum
+    if return_complex is False:
+        warnings.warn("stft with return_complex=False is deprecated (as in torch): it returns view_as_real",
+                      UserWarning, stacklevel=3)
+        from .api import view_as_real
+
+        return view_as_real(spectrum)
+    return spectrum
+
+
+def istft(input, n_fft, hop_length=None, win_length=None, window=None, center=True, normalized=False,
+          onesided=None, length=None, return_complex=False):
+    """The signal whose stft is `input`: inverse transforms of the frames, overlap-added and divided by the sum of
+    the squared windows (torch's istft; that sum must not vanish anywhere it divides)."""
+    if not input.dtype.is_complex:
+        raise RuntimeError("istft requires a complex-valued input tensor")
+    if input.ndim not in (2, 3):
+        raise RuntimeError(f"istft: expected a 2D or 3D complex tensor, got shape {list(input.shape)}")
+    hop_length = n_fft // 4 if hop_length is None else hop_length
+    win_length = n_fft if win_length is None else win_length
+    onesided = input.shape[-2] != n_fft if onesided is None else onesided
+    bins = n_fft // 2 + 1 if onesided else n_fft
+    if input.shape[-2] != bins:
+        raise RuntimeError(f"istft: expected the frequency dim to have {bins} bins for n_fft={n_fft} "
+                           f"({'one' if onesided else 'two'}-sided), got {input.shape[-2]}")
+    spectrum = (input.unsqueeze(0) if input.ndim == 2 else input).transpose(-2, -1)
+    norm = "ortho" if normalized else "backward"
+    if return_complex:
+        if onesided:
+            raise RuntimeError("cannot have onesided output if the output is complex")
+        frames = ifft(spectrum, n=n_fft, norm=norm)
+    else:
+        frames = irfft(spectrum[..., : n_fft // 2 + 1], n=n_fft, norm=norm)
+    win = _window_of(window, win_length, n_fft, frames, "istft")
+    count = frames.shape[-2]
+    total = n_fft + hop_length * (count - 1)
+    signal = _overlap_add(frames * win, hop_length, total)
+    envelope = _overlap_add((win * win).expand(1, count, n_fft), hop_length, total)
+    start = n_fft // 2 if center else 0
+    end = total if length is None and not center else (start + length if length is not None else total - start)
+    end = min(end, total)
+    signal, envelope = signal[..., start:end], envelope[..., start:end]
+    if isinstance(envelope, Tensor) and bool((envelope.abs() < 1e-11).any()):  # (eager: a trace divides as is)
+        raise RuntimeError("istft: window overlap add min: the windows' squares sum to zero somewhere (choose a "
+                           "window and hop_length whose overlaps cover every sample)")
+    signal = signal / envelope
+    if length is not None and signal.shape[-1] < length:
+        signal = _resized(signal, (signal.ndim - 1,), (length,))
+    return signal.squeeze(0) if input.ndim == 2 else signal
+
+
+def _overlap_add(frames, hop: int, total: int):
+    """Frames [B, count, n] summed at offsets 0, hop, 2 hop, ... into signals [B, total]."""
+    batch, count, n = frames.shape
+    positions = (np.arange(count)[:, None] * hop + np.arange(n)[None, :]).reshape(-1)
+    return frames.new_zeros((batch, total)).index_add(1, tensor(positions), frames.reshape(batch, count * n))

@@ -152,3 +152,113 @@ def test_a_spectral_layer_with_complex_weights_compiles_and_trains_as_eager():
     for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-14)
     assert model.weights.grad.dtype is runtime.complex128
+
+
+# -- short-time transforms ---------------------------------------------------------------------------------------
+
+STFT_CASES = [dict(n_fft=16), dict(n_fft=16, hop_length=5, win_length=12, window="hann"),
+              dict(n_fft=15, center=False, window="hamming", normalized=True),
+              dict(n_fft=16, onesided=False, window="hann"), dict(n_fft=16, pad_mode="constant", window="hann")]
+STFT_IDS = ["rectangular", "short-window", "uncentered-odd-normalized", "two-sided", "constant-pad"]
+
+
+def short_time(lib, signal, case):
+    """stft of the signal, then istft back to its length: (spectrum, signal)."""
+    kwargs = dict(case)
+    if kwargs.get("window") is not None:
+        make = lib.hann_window if kwargs["window"] == "hann" else lib.hamming_window
+        kwargs["window"] = make(kwargs.get("win_length", kwargs["n_fft"]), dtype=lib.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the rectangular window's warning
+        spectrum = lib.stft(signal, return_complex=True, **kwargs)
+        back = {k: v for k, v in kwargs.items() if k != "pad_mode"}
+        return spectrum, lib.istft(spectrum, length=signal.shape[-1], **back)
+
+
+@needs_torch
+@pytest.mark.parametrize("case", STFT_CASES, ids=STFT_IDS)
+def test_stft_and_istft_match_torch_values_and_gradients(case):
+    x = np.random.default_rng(2).standard_normal((2, 100))
+    results = []
+    for lib in (runtime, torch):
+        signal = lib.tensor(x, requires_grad=True)
+        spectrum, back = short_time(lib, signal, case)
+        ((spectrum.abs() ** 2).sum() + (back * back).sum()).backward()
+        results.append((values(spectrum), values(back), signal.grad.numpy()))
+    for got, want in zip(*results):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_istft_inverts_stft_and_refuses_windows_that_leave_gaps():
+    x = runtime.randn(3, 64, dtype=runtime.float64)
+    window = runtime.hann_window(16, dtype=runtime.float64)
+    spectrum = x.stft(16, hop_length=4, window=window, return_complex=True)
+    assert tuple(spectrum.shape) == (3, 9, 17)
+    np.testing.assert_allclose(spectrum.istft(16, hop_length=4, window=window, length=64).numpy(), x.numpy(),
+                               atol=1e-12)
+    with pytest.raises(RuntimeError, match="return_complex"):
+        runtime.stft(x, 16, window=window)
+    with pytest.raises(RuntimeError, match="window overlap add min"):
+        runtime.istft(spectrum, 16, hop_length=16, window=window, center=False)
+
+
+class LogSpectrogram(runtime.nn.Module):
+    """An audio front end: log power spectrogram (stft with a Hann window buffer), then a linear map of each frame."""
+
+    def __init__(self, n_fft=32, classes=4):
+        super().__init__()
+        self.register_buffer("window", runtime.hann_window(n_fft, dtype=runtime.float64))
+        self.n_fft = n_fft
+        self.head = runtime.nn.Linear(n_fft // 2 + 1, classes).double()
+
+    def forward(self, audio):
+        spectrum = runtime.stft(audio, self.n_fft, hop_length=8, window=self.window, return_complex=True)
+        power = (spectrum.abs() ** 2 + 1e-6).log()
+        return self.head(power.transpose(1, 2)).mean(1)
+
+
+def test_a_spectrogram_front_end_compiles_as_eager():
+    runtime.manual_seed(0)
+    model = LogSpectrogram()
+    audio = runtime.randn(2, 256, dtype=runtime.float64, requires_grad=True)
+    want = model(audio)
+    (want_grad,) = runtime.autograd.grad(want.sum(), audio)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compiled = nnc.compile(model)
+        got = compiled(audio)
+    (got_grad,) = runtime.autograd.grad(got.sum(), audio)
+    (artifact,) = compiled._cache.values()
+    assert artifact.graph_breaks == []
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(got_grad.numpy(), want_grad.numpy(), rtol=1e-10, atol=1e-14)
+
+
+class SpectralGate(runtime.nn.Module):
+    """A denoiser's shape: a learned gain per frequency bin between stft and istft."""
+
+    def __init__(self, n_fft=32):
+        super().__init__()
+        self.register_buffer("window", runtime.hann_window(n_fft, dtype=runtime.float64))
+        self.gain = runtime.nn.Parameter(runtime.zeros(n_fft // 2 + 1, 1, dtype=runtime.float64))
+        self.n_fft = n_fft
+
+    def forward(self, audio):
+        spectrum = runtime.stft(audio, self.n_fft, hop_length=8, window=self.window, return_complex=True)
+        gated = spectrum * self.gain.sigmoid()
+        return runtime.istft(gated, self.n_fft, hop_length=8, window=self.window, length=audio.shape[-1])
+
+
+def test_a_spectral_gate_between_stft_and_istft_compiles_as_eager():
+    model = SpectralGate()
+    audio = runtime.randn(2, 128, dtype=runtime.float64)
+    want = model(audio)
+    (want_grad,) = runtime.autograd.grad((want ** 2).sum(), model.gain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = nnc.compile(model)(audio)
+    (got_grad,) = runtime.autograd.grad((got ** 2).sum(), model.gain)
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_grad.numpy(), want_grad.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(want.detach().numpy(), audio.numpy() * 0.5, atol=1e-12)  # gain sigmoid(0) = 1/2
