@@ -2792,6 +2792,19 @@ def _where_method(self, condition, y):
 METHODS["where"] = _where_method
 
 
+def _equality(fn):
+    """== or != as torch's: against None, a string or a container Python's own answer (NotImplemented, then
+    identity), so that `t == None` is False and `t in [None, "auto"]` works; elementwise against the rest."""
+
+    def compare(self, other):
+        if other is None or isinstance(other, (str, list, tuple, dict, set)):
+            return NotImplemented
+        return fn(self, other)
+
+    compare.__name__ = fn.__name__
+    return compare
+
+
 def _reflected(fn):
     return lambda self, other: fn(other, self)
 
@@ -2808,7 +2821,7 @@ DUNDERS = {
     "__and__": bitwise_and, "__rand__": _reflected(bitwise_and),
     "__or__": bitwise_or, "__ror__": _reflected(bitwise_or),
     "__xor__": bitwise_xor, "__rxor__": _reflected(bitwise_xor),
-    "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le, "__gt__": gt, "__ge__": ge,
+    "__eq__": _equality(eq), "__ne__": _equality(ne), "__lt__": lt, "__le__": le, "__gt__": gt, "__ge__": ge,
     "__lshift__": bitwise_left_shift, "__rlshift__": _reflected(bitwise_left_shift),
     "__rshift__": bitwise_right_shift, "__rrshift__": _reflected(bitwise_right_shift),
     "__neg__": neg, "__abs__": abs, "__invert__": bitwise_not, "__getitem__": getitem,

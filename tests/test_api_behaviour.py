@@ -151,3 +151,12 @@ def test_in_place_composites_record_gradients():
     x = runtime.tensor([0.3, 0.6], dtype=runtime.float64, requires_grad=True)
     assert gradcheck(lambda t: (t * 1).atan_().sinh_(), (x,))
     assert gradcheck(lambda t: (t * 1).cumsum_(0), (x,))
+
+
+def test_equality_with_none_strings_and_containers_is_pythons_answer_as_in_torch():
+    """torch's == and != return NotImplemented for such operands: `t == None` is False, and a tensor can be looked
+    for in a list of options (`mask in (None, "causal")`) without the ambiguous-bool error."""
+    t = runtime.ones(2)
+    assert (t == None) is False and (t != None) is True  # noqa: E711
+    assert (t == "causal") is False and t not in (None, "causal") and (t == [1.0, 1.0]) is False
+    assert (t == 1.0).tolist() == [True, True] and (t != runtime.zeros(2)).tolist() == [True, True]
