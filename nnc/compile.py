@@ -19,7 +19,7 @@ from runtime.nn.parameter import Buffer, Parameter
 from runtime.tensor import Tensor
 from runtime.utils import state_version
 
-from . import pytree
+from runtime.utils import _pytree as pytree
 from .attribute_guards import AttributeChecks
 from .codegen.targets import check_target
 from .graph_module import share_state

@@ -6,7 +6,7 @@ import numpy as np
 from runtime.autograd import Function, grad_mode, no_grad
 from runtime.tensor import Tensor
 
-from . import pytree
+from runtime.utils import _pytree as pytree
 from .executor import Plan
 from .graph import Graph, Node, fetch_attr, map_arg
 from .graph_module import GraphModule

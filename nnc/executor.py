@@ -13,7 +13,7 @@ import numpy as np
 
 from runtime.tensor import Tensor
 
-from . import pytree
+from runtime.utils import _pytree as pytree
 from .graph import Node, map_arg, nodes_in
 from .graph_module import GraphModule
 from .interpreter import Interpreter

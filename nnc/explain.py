@@ -164,7 +164,7 @@ def explain(module: Module, *args, backward: bool = False, target: str | None = 
 
 def _on_device(module: Module, examples: dict) -> bool:
     """Whether the module's parameters or its example inputs are CUDA tensors."""
-    from . import pytree
+    from runtime.utils import _pytree as pytree
 
     tensors = [*module.parameters(), *module.buffers(), *pytree.tensor_leaves(list(examples.values()))]
     return any(t.is_cuda for t in tensors)

@@ -9,7 +9,7 @@ import operator
 import re
 from typing import Any, Callable
 
-from . import pytree
+from runtime.utils import _pytree as pytree
 
 # NOTE: generated code refers to these by name, so nodes never take them (nor builtins' names).
 _CODE_NAMES = {"self", "runtime", "F", "prims", "operator", "builtins", "inf", "nan", "getattr"}

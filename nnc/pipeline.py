@@ -26,7 +26,7 @@ from runtime import amp
 from runtime.autograd import grad_mode
 from runtime.nn import Module
 
-from . import pytree
+from runtime.utils import _pytree as pytree
 from .attribute_guards import recording
 from .collector import full_collections_deferred
 from .compiled_graph import CompiledGraph

@@ -342,7 +342,7 @@ def profile_plans(compilation, plans: list, kernels: dict, needs_grad: bool, sec
     "step_seconds" (median forward+backward), "profile" (the nnc.profile, eager ops included)}."""
     from runtime.autograd import enable_grad, no_grad
 
-    from . import pytree
+    from runtime.utils import _pytree as pytree
     from .profile import profile
 
     info_of = {}  # id(Kernel) or id(Plan) -> KernelInfo
@@ -394,7 +394,7 @@ def guards_and_recompiles(module, inputs: list) -> dict:
     which is another guard value): what each compiled variant assumes, and why each compile happened."""
     from runtime.autograd import no_grad
 
-    from . import pytree
+    from runtime.utils import _pytree as pytree
     from .compile import compile as nnc_compile
 
     compiled = nnc_compile(module)

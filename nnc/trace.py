@@ -23,7 +23,7 @@ from runtime.nn.modules import container
 from runtime.nn.utils.weight_norm import WeightNorm
 from runtime.tensor import Tensor
 
-from . import pytree
+from runtime.utils import _pytree as pytree
 from .graph import Graph, fetch_attr, has_side_effect, map_arg
 from .prims import prims
 from .python_state import AttributesKept, ReachableState

@@ -25,7 +25,7 @@ from runtime.nn import Module
 from runtime.ops import OPS, Kind
 from runtime.tensor import Tensor
 
-from .. import pytree
+from runtime.utils import _pytree as pytree
 from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims

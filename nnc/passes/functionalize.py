@@ -328,7 +328,7 @@ def add_write_backs(builder) -> None:
 def returned_inputs(outputs) -> dict:
     """{output leaf position: placeholder name} for outputs that are an input written in place, returned as it
     is: eager returns that very tensor, so the caller substitutes it after the write."""
-    from ..pytree import flatten
+    from runtime.utils._pytree import flatten
 
     leaves, _ = flatten(outputs)
     found = {}

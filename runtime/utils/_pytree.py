@@ -1,7 +1,8 @@
-"""Pytrees: nested tuples, lists, dicts and namedtuples of values, flattened to leaves and a hashable structure."""
+"""Pytrees: nested tuples, lists, dicts and namedtuples of values, flattened to leaves and a hashable structure
+(torch.utils._pytree's tree_flatten, tree_unflatten and tree_map are the same functions under torch's names)."""
 from __future__ import annotations
 
-from runtime.tensor import Tensor
+from ..tensor import Tensor
 
 
 class Spec:
@@ -97,3 +98,12 @@ def tensor_leaves(value) -> list:
 
 def has_tensor(value) -> bool:
     return bool(tensor_leaves(value))
+
+
+def tree_map(fn, value):
+    """`value` with every leaf replaced by fn(leaf)."""
+    leaves, spec = flatten(value)
+    return unflatten([fn(leaf) for leaf in leaves], spec)
+
+
+tree_flatten, tree_unflatten, tree_leaves = flatten, unflatten, lambda value: flatten(value)[0]
