@@ -1,12 +1,13 @@
 """torch.func for runtime: functional_call, a module run with other parameters and buffers in place of its own
-(meta-learning's inner loops, model ensembles). The other transforms of torch.func (vmap, grad, jacrev) are not
-here."""
+(meta-learning's inner loops, model ensembles), stack_module_state, and the transforms of _transforms.py (grad,
+grad_and_value, vjp, jvp, jacrev, jacfwd, hessian, vmap)."""
 from __future__ import annotations
 
 import contextlib
 
 from ..nn.modules.module import Module
 from ..utils import state_version
+from ._transforms import grad, grad_and_value, hessian, jacfwd, jacrev, jvp, vjp, vmap  # noqa: F401
 
 _UNSET = object()
 
@@ -96,3 +97,19 @@ def _reparametrized(module: Module, values: dict):
             else:
                 registry[leaf] = old
         state_version.bump()
+
+
+def stack_module_state(models) -> tuple[dict, dict]:
+    """(parameters, buffers) of same-shaped models, each name's tensors stacked along a new first dim: an ensemble's
+    state for vmap over functional_call. The stacked parameters are new leaves that require grad."""
+    from ..api import stack
+
+    models = list(models)
+    if not models:
+        raise RuntimeError("stack_module_state: Expected at least one model, got 0.")
+    if len({type(m) for m in models}) > 1 or len({m.training for m in models}) > 1:
+        raise RuntimeError("stack_module_state: Expected all models to be of the same class and training mode")
+    params = {name: stack([dict(m.named_parameters())[name].detach() for m in models]).requires_grad_(True)
+              for name, _ in models[0].named_parameters()}
+    buffers = {name: stack([dict(m.named_buffers())[name] for m in models]) for name, _ in models[0].named_buffers()}
+    return params, buffers
