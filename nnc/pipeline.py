@@ -285,7 +285,9 @@ def _read_only(parameters):
             error.add_note("nnc: parameters are read-only while compiling; a forward that writes one runs eagerly")
         raise
     finally:
-        for array in arrays:
+        # NOTE: numpy makes a view writeable only while its base is, so bases first (a captured tensor and a view
+        # of it can come in either order)
+        for array in sorted(arrays, key=lambda a: a.base is not None):
             array.flags.writeable = True
 
 

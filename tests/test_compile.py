@@ -442,3 +442,27 @@ def test_compiling_or_explaining_a_compiled_module_compiles_the_model_it_wraps()
         out = again(x)
     assert report.graph_breaks == [] and next(again.parameters()) is model[0].weight
     np.testing.assert_allclose(out.detach().numpy(), model(x).detach().numpy(), rtol=1e-6)
+
+
+class ReadsAnAttributeAndItsView(nn.Module):
+    """A plain tensor attribute read first through a view (unsqueeze), then itself: both are captured constants."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = runtime.tensor([1.0, 2.0])
+
+    def forward(self, x):
+        y = x + self.anchor.unsqueeze(0)
+        return y * 2 - self.anchor
+
+
+def test_a_captured_tensor_and_its_view_captured_first_compile():
+    """Compiling makes captured tensors read-only for a while; a view listed before its base was made writeable
+    again first, which numpy refuses while the base is read-only, and the compile failed."""
+    model = ReadsAnAttributeAndItsView()
+    x = runtime.ones(3, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = nnc.compile(model)(x)
+    np.testing.assert_array_equal(got.numpy(), model(x).numpy())
+    assert model.anchor._data.flags.writeable
