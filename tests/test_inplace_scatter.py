@@ -491,3 +491,61 @@ def test_values_that_broadcast_or_hold_one_value_run_as_a_generated_gather_kerne
     gathers = [k for k in report.kernels if k.kind == "gather"]
     assert gathers and all(k.generated and not k.fallback for k in gathers), str(report)
     _compiled_matches_eager(PutRows(), x.requires_grad_(), v.requires_grad_())
+
+
+class ForcesIntoViews(nn.Module):
+    """Forces accumulated into rows of a tensor made in forward, as simulation code writes them; `order` puts the
+    writes without graph values before or after the others."""
+
+    def __init__(self, order):
+        super().__init__()
+        self.order = order
+
+    def forward(self, x, s):
+        forces = runtime.zeros_like(x)
+        if self.order == "constant first":
+            forces[:, 1] -= 9.81
+        forces[0, :3] += s[0] * x[1, :3]
+        forces[2, 1:] -= s[0] * x[1, 1:]
+        forces[1, 1:3] = s[1, :2]
+        if self.order == "constant last":
+            forces[:, 1] -= 9.81
+            forces *= 2.0
+        return forces * x + forces.sum()
+
+
+@pytest.mark.parametrize("order", ["constant first", "constant last"])
+def test_writes_into_views_of_a_tensor_made_in_forward_compile_as_one_graph(order):
+    _compiled_matches_eager(ForcesIntoViews(order), *_inputs(runtime))
+
+
+class MassSprings(nn.Module):
+    """A differentiable mass-spring simulation in the shape of pytorch/examples' differentiable_physics: spring forces
+    added into rows of a fresh force tensor, semi-implicit Euler steps, the anchor particle pinned by writes."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = runtime.tensor([0.0, 0.0], dtype=runtime.float64)
+        self.free = nn.Parameter(runtime.tensor([[0.7, -0.2], [1.4, 0.3]], dtype=runtime.float64))
+        self.springs = [(0, 1, 1.0, 10.0), (1, 2, 0.5, 5.0)]
+
+    def forward(self, velocity):
+        position = runtime.cat([self.anchor.unsqueeze(0), self.free])
+        for _ in range(4):
+            forces = runtime.zeros_like(position)
+            for i, j, rest, stiffness in self.springs:
+                d = position[j] - position[i]
+                length = d.norm()
+                force = stiffness * (length - rest) * d / (length + 1e-6)
+                forces[i] += force
+                forces[j] -= force
+            forces[:, 1] -= 9.81
+            velocity = velocity + forces * 0.01
+            position = position + velocity * 0.01
+            position[0] = self.anchor
+            velocity[0] = runtime.zeros(2, dtype=runtime.float64)
+        return position
+
+
+def test_a_mass_spring_simulation_compiles_as_one_graph():
+    _compiled_matches_eager(MassSprings(), runtime.zeros(3, 2, dtype=runtime.float64))

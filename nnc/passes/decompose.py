@@ -22,7 +22,7 @@ import runtime
 import runtime.factories as factories
 from runtime import amp, api, dtypes as dt
 from runtime.nn import Module
-from runtime.ops import OPS, Kind
+from runtime.ops import OPS, Kind, apply
 from runtime.tensor import Tensor
 
 from runtime.utils import _pytree as pytree
@@ -517,29 +517,42 @@ def _replay_node(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
 
 def _written_constant_as_graph_value(builder: GraphBuilder, node: Node, args, kwargs, env: dict):
     """(args, kwargs) with the tensor `node` writes made a graph value when it is a real tensor written with graph
-    values (a constant made in forward: `torch.zeros_like(x).scatter_(1, index, 1.0)`). Every env entry holding it
-    then holds that value, so later readers see the write."""
+    values (a constant made in forward: `torch.zeros_like(x).scatter_(1, index, 1.0)`), or a view of one
+    (`forces = torch.zeros_like(x); forces[i] += f`): the view's steps are replayed on the base's graph value, so the
+    write reaches the base. Every env entry holding either then holds its value, so later readers see the write."""
     target = _real_tensor_written_with_graph_values(node, args, kwargs)
     if target is None:
         return args, kwargs
-    if target.requires_grad or target._base is not None:
+    base = target if target._base is None else target._base
+    if base.requires_grad or base._base is not None or (target is not base and target._view_fn is None):
         raise FunctionalizeError(f"{node.name} writes graph values into a tensor made in forward that requires "
-                                 f"grad or is a view; it runs eagerly")
-    value = builder.value_of_constant(target)
+                                 f"grad or is a view of one; it runs eagerly")
+    value = builder.value_of_constant(base)
     value.storage.gradless = not value.storage.written_with_grad
+    held_values = {id(base): value}
+    if target is not base:
+        view = value
+        for op, extra, attrs in target._view_fn:
+            view = apply(op.name, view, *extra, **attrs)
+        held_values[id(target)] = view
     for key, held in env.items():
-        if held is target:
-            env[key] = value
-        elif any(_aliases(t, target) for t in pytree.tensor_leaves(held)):
-            # NOTE: a view or detached alias computed eagerly holds the old values, and its view ops are not in the
-            # graph to replay after the write
+        if id(held) in held_values:
+            env[key] = held_values[id(held)]
+        elif _read_later(key, node, env) and any(_aliases(t, base) for t in pytree.tensor_leaves(held)):
+            # NOTE: another view or detached alias computed eagerly holds the old values, and its view ops are not
+            # in the graph to replay after the write
             raise FunctionalizeError(f"{node.name} writes graph values into a tensor made in forward that has "
-                                     f"views or aliases; it runs eagerly")
+                                     f"other views or aliases; it runs eagerly")
 
     def swap(v):
-        return value if v is target else v
+        return held_values.get(id(v), v) if isinstance(v, Tensor) else v
 
     return tuple(map(swap, args)), {k: swap(v) for k, v in kwargs.items()}
+
+
+def _read_later(key: Node, node: Node, env: dict) -> bool:
+    """Whether a replayed node's value is read by a node not replayed yet (env holds the replayed ones)."""
+    return any(user is not node and user not in env for user in key.users)
 
 
 def _aliases(t: Tensor, target: Tensor) -> bool:
