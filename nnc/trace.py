@@ -11,6 +11,7 @@ import os
 import sys
 import sysconfig
 import threading
+import weakref
 
 import numpy as np
 
@@ -696,10 +697,18 @@ class Tracer:
     @contextlib.contextmanager
     def _patched_here(self, owner: int):
         tracer = self
-        original_call = Module.__call__
+        original_call, original_init = Module.__call__, Module.__init__
         original_getattr, original_setattr = Module.__getattr__, Module.__setattr__
+        made_in_forward = weakref.WeakSet()  # modules constructed while tracing (a patch extractor built per call)
+
+        def traced_init(module, *args, **kwargs):
+            made_in_forward.add(module)
+            original_init(module, *args, **kwargs)
 
         def traced_call(module, *args, **kwargs):
+            if module in made_in_forward and not any(True for _ in module.parameters()) and \
+                    not any(True for _ in module.buffers()):
+                return original_call(module, *args, **kwargs)  # made anew per call, holding no tensors: inlined
             return tracer.call_module(module, module.forward, args, kwargs)
 
         def traced_getattr(module, name):
@@ -719,6 +728,10 @@ class Tracer:
             if isinstance(value, Proxy) and tracer.replays_attributes and not _registered(module, name):
                 tracer.set_attribute(module, name, value)
                 return
+            if module in made_in_forward and not isinstance(value, (Proxy, Tensor)) and \
+                    (not isinstance(value, Module) or value in made_in_forward):
+                original_setattr(module, name, value)  # a module made anew by every call: no state outlives it
+                return
             if _changes_state(module, name, value):
                 raise TraceError(f"forward sets {type(module).__name__}.{name} {_where()}: the compiled graph would "
                                  f"not repeat that on later calls, so this forward runs eagerly (a tensor kept "
@@ -726,6 +739,7 @@ class Tracer:
             original_setattr(module, name, value)
 
         patches = [(Module, "__call__", for_thread(owner, traced_call, original_call)),
+                   (Module, "__init__", for_thread(owner, traced_init, original_init)),
                    (Module, "__getattr__", for_thread(owner, traced_getattr, original_getattr)),
                    (Module, "__setattr__", for_thread(owner, traced_setattr, original_setattr))]
         for name in WRITING_METHODS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import copy
 import logging
+import warnings
 
 import numpy as np
 
@@ -333,3 +334,60 @@ def test_a_deque_is_state_and_a_logger_is_not():
 
     compiled = assert_calls_match(OnlyLogs(), inputs)
     assert "_partly" not in vars(compiled) and compiled.compilations[0].graph_breaks == []
+
+
+class PatchExtractor(nn.Module):
+    """Image patches by unfold, as pytorch/examples' vision transformer builds them: the module is constructed
+    anew inside each forward."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size = size
+
+    def forward(self, images):
+        b = images.shape[0]
+        s = self.size
+        return images.unfold(2, s, s).unfold(3, s, s).permute(0, 2, 3, 1, 4, 5).contiguous().view(b, -1, 3 * s * s)
+
+
+class TinyViT(nn.Module):
+    def __init__(self, patch=4, dim=16, heads=2, classes=5):
+        super().__init__()
+        self.patch = patch
+        self.proj = nn.Linear(3 * patch * patch, dim)
+        self.cls = nn.Parameter(runtime.randn(2, 1, dim, dtype=runtime.float64))
+        self.norm = nn.LayerNorm(dim)
+        self.attention = nn.MultiheadAttention(dim, heads)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, images):
+        tokens = self.proj(PatchExtractor(self.patch)(images))
+        tokens = runtime.cat((self.cls, tokens), dim=1)
+        tokens = tokens + self.attention(self.norm(tokens), self.norm(tokens), self.norm(tokens))[0]
+        return self.head(tokens[:, 0])
+
+
+def test_a_parameter_free_module_made_in_forward_is_traced_through():
+    runtime.manual_seed(0)
+    model = TinyViT().double()
+    images = [runtime.randn(2, 3, 8, 8, dtype=runtime.float64) for _ in range(2)]
+    compiled = assert_calls_match(model, images)
+    (artifact,) = compiled._cache.values()
+    assert artifact.graph_breaks == [] and artifact.split is None
+
+
+class BuildsALayerPerCall(nn.Module):
+    """A layer with parameters made in forward: freshly drawn weights every call, which a graph cannot repeat."""
+
+    def forward(self, x):
+        return nn.Linear(3, 2).double()(x)
+
+
+def test_a_module_with_parameters_made_in_forward_still_runs_eagerly():
+    x = runtime.randn(4, 3, dtype=runtime.float64)
+    compiled = nnc.compile(BuildsALayerPerCall())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = compiled(x), compiled(x)
+    assert not np.allclose(first.detach().numpy(), second.detach().numpy())  # new weights per call, as eager
+    assert any("eager" in str(w.message) for w in caught)
