@@ -6,6 +6,7 @@ import pytest
 
 import runtime
 from helpers import torch
+from test_tensor_str import PRINT_OPTION_CASES
 
 if torch is None:  # every test here compares with torch's repr
     pytest.skip("torch (the oracle) is not installed", allow_module_level=True)
@@ -124,12 +125,6 @@ def print_options():
     torch.set_printoptions(profile="default")
     runtime.set_default_dtype(runtime.float32)
     torch.set_default_dtype(torch.float32)
-
-
-PRINT_OPTION_CASES = [dict(precision=2), dict(precision=8), dict(threshold=5), dict(edgeitems=1, threshold=10),
-                      dict(linewidth=30), dict(sci_mode=True), dict(sci_mode=False), dict(profile="short"),
-                      dict(profile="full"), dict(profile="short", precision=6, sci_mode=True), dict(edgeitems=0),
-                      dict(edgeitems=0, threshold=3)]
 
 
 @pytest.mark.parametrize("options", PRINT_OPTION_CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))

@@ -963,17 +963,22 @@ def _is_torch(module) -> bool:
     return torch is not None and isinstance(module, torch.nn.Module)
 
 
-def case_gpt_train(opts, args):
-    variants = [Variant("nnc.compile", _gpt_setup(runtime, True), _train_step_with_loss, compiled=lambda s: s[0],
-                        note="dropout 0.1 drawn in the kernels: one graph, forward and backward"),
-                Variant("runtime eager", _gpt_setup(runtime, False), _train_step_with_loss)]
-    if torch is not None:
-        variants.append(Variant("torch eager", _gpt_setup(torch, False), _train_step_with_loss))
-    res = measure_variants(variants, **opts)
-    ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
-    r = _ratio(res, "nnc.compile", "torch eager")
-    targets = [Target("GPT training step compiled <= 0.8x torch eager", _x(r), None if r is None else r <= 0.8)]
-    return variants, res, ratios, targets, "torch eager"
+def _training_case(build_setup, note, target=None):
+    """A training-step case (the model's forward with its loss, backward, and optimizer step), compiled vs runtime
+    eager vs torch eager; `target` names the case in its <= 0.8x torch eager target, None for no target."""
+    def case(opts, args):
+        variants = [Variant("nnc.compile", build_setup(runtime, True), _train_step_with_loss,
+                            compiled=lambda s: s[0], note=note),
+                    Variant("runtime eager", build_setup(runtime, False), _train_step_with_loss)]
+        if torch is not None:
+            variants.append(Variant("torch eager", build_setup(torch, False), _train_step_with_loss))
+        res = measure_variants(variants, **opts)
+        ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
+        r = _ratio(res, "nnc.compile", "torch eager")
+        targets = [] if target is None else [Target(f"{target} training step compiled <= 0.8x torch eager", _x(r),
+                                                    None if r is None else r <= 0.8)]
+        return variants, res, ratios, targets, "torch eager"
+    return case
 
 
 def _llama_setup(lib, compiled, batch=8, length=64, vocab=256):
@@ -988,17 +993,6 @@ def _llama_setup(lib, compiled, batch=8, length=64, vocab=256):
         return run, opt, lib.tensor(rng.integers(0, vocab, (batch, length))), \
             lib.tensor(rng.integers(0, vocab, (batch, length)))
     return setup
-
-
-def case_llama_train(opts, args):
-    variants = [Variant("nnc.compile", _llama_setup(runtime, True), _train_step_with_loss, compiled=lambda s: s[0],
-                        note="complex rotary products in numpy, the rest in kernels"),
-                Variant("runtime eager", _llama_setup(runtime, False), _train_step_with_loss)]
-    if torch is not None:
-        variants.append(Variant("torch eager", _llama_setup(torch, False), _train_step_with_loss))
-    res = measure_variants(variants, **opts)
-    ratios = [("nnc.compile", "torch eager"), ("nnc.compile", "runtime eager"), ("runtime eager", "torch eager")]
-    return variants, res, ratios, [], "torch eager"
 
 
 def _infer_case(build_setup, label, torch_compile=False):
@@ -1147,9 +1141,10 @@ CASES = {
     "compile_time": ("6", "MLP fwd+bwd compile time, cold and from the disk cache (subprocesses)", "[128,784]",
                      None),
     "gpt_train_b8": ("8a", "GPT (2 layers, 2 heads, n_embd 64, block 64, dropout 0.1) AdamW step", "[8,64]",
-                     case_gpt_train),
+                     _training_case(_gpt_setup, "dropout 0.1 drawn in the kernels: one graph, forward and backward",
+                                    "GPT")),
     "llama_train_b8": ("9", "LLaMA (2 layers, 4 heads, dim 64, complex RoPE) AdamW step", "[8,64]",
-                       case_llama_train),
+                       _training_case(_llama_setup, "complex rotary products in numpy, the rest in kernels")),
     "gpt_infer_b1": ("8b", "the GPT's no_grad forward, last position's logits", "[1,64]",
                      _infer_case(lambda lib, c: _gpt_setup(lib, c, train=False, batch=1), "GPT")),
     "cnn_infer_b1": ("7b", "the MNIST CNN's no_grad forward", "[1,1,28,28]",
