@@ -432,3 +432,21 @@ def test_a_write_through_data_reaches_the_tensor_without_history(name, call):
         return z + h
 
     _compare(body)
+
+
+def test_a_write_into_an_attribute_read_opaquely_runs_eagerly_and_right(monkeypatch):
+    """A property the graph cannot follow (here MetaValue's `imag`, taken away) is an opaque read whose result may
+    share the tensor's memory: a write into it runs eagerly instead of being lost to a value of its own."""
+    from nnc.passes.decompose import MetaValue
+
+    class WritesThroughImag(runtime.nn.Module):
+        def forward(self, a, b):
+            z = runtime.complex(a, b)
+            z.imag.add_(a)
+            return (z * z.conj()).real
+
+    monkeypatch.delattr(MetaValue, "imag")
+    a, b = runtime.randn(3, 2, dtype=runtime.float64), runtime.randn(3, 2, dtype=runtime.float64)
+    with pytest.warns(RuntimeWarning, match="could not compile"):
+        got = nnc.compile(WritesThroughImag())(a, b)
+    np.testing.assert_allclose(got.numpy(), WritesThroughImag()(a, b).numpy(), rtol=1e-12)

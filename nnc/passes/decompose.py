@@ -718,7 +718,10 @@ def _opaque(builder: GraphBuilder, node: Node, args, kwargs, reason: str):
     new.meta.update(node.meta)
     new.meta["opaque_reason"] = reason
     if "shape" in node.meta:
-        return MetaValue(new, builder)
+        value = MetaValue(new, builder)
+        if node.op == "call_function" and node.target is builtins.getattr:  # a property may return a view
+            value.storage.read_as_attribute = f".{node.args[1]}" if len(node.args) > 1 else "getattr"
+        return value
     items = node.meta.get("tensor_meta")
     if isinstance(items, list):
         import operator

@@ -43,7 +43,7 @@ class FunctionalizeError(RuntimeError):
 class Storage:
     """The memory a base value and its views share: its current value (a node), its root and a version."""
 
-    __slots__ = ("root", "node", "version", "layout", "views", "written_with_grad", "gradless")
+    __slots__ = ("root", "node", "version", "layout", "views", "written_with_grad", "gradless", "read_as_attribute")
 
     def __init__(self, node):
         self.root = node      # the node that first computed this memory (a placeholder, get_attr or any op)
@@ -55,6 +55,7 @@ class Storage:
         self.views = 0        # views taken of it so far
         self.written_with_grad = False  # written by a node not recorded under no_grad
         self.gradless = False  # carries no history: made under no_grad or a constant, since written under no_grad only
+        self.read_as_attribute = None  # an opaque attribute read (`x.some_view`): its memory may be another value's
 
     @property
     def written(self) -> bool:
@@ -115,8 +116,11 @@ def write(target, new) -> object:
     values change and the history does not, as in eager: the tracer lets such a write reach only values without
     history (buffers, constants, values made under no_grad), so `new` is written detached."""
     builder = target.builder
-    new = _as_written(target, new)
     storage = target.storage
+    if storage.read_as_attribute is not None:
+        raise FunctionalizeError(f"an in-place write into `{storage.read_as_attribute}`, an attribute the graph reads "
+                                 f"opaquely: it may share another tensor's memory, so the write runs eagerly")
+    new = _as_written(target, new)
     if builder.origin is not None and builder.origin.meta.get("no_grad"):
         if storage.written_with_grad:
             raise FunctionalizeError("an in-place write under no_grad into a value written earlier with gradients "
