@@ -123,7 +123,7 @@ class Tensor:
                 handler = getattr(type(x), "_apply_op", None)
                 if handler is not None:  # a foreign tensor-like (a graph proxy) takes over
                     return handler(op, inputs, attrs)
-                plain = tuple(v if isinstance(v, Tensor) else _scalar_operand(op, v) for v in inputs)
+                plain = tuple(v if isinstance(v, Tensor) else _scalar_operand(op, v, inputs) for v in inputs)
                 return Tensor._apply_op(op, plain, attrs)
         compute, out_dtype = op.dtype_rule(op, inputs, attrs)
         if out_dtype.category == _COMPLEX or compute is not None and compute.category == _COMPLEX:
@@ -1181,10 +1181,16 @@ def _edge(x):  # NOTE: _apply_op has refreshed a view's grad_fn before
     return None
 
 
-def _scalar_operand(op, x):
-    """numpy scalars and other numbers become Python scalars; anything else is a clear TypeError."""
+def _scalar_operand(op, x, inputs=()):
+    """numpy scalars and other numbers become Python scalars; a numpy array a tensor (`t + np.ones(2)`): torch's
+    operators hand those to numpy, whose promotion decides the result's dtype (float32 with an int64 array is
+    float64), so the array takes that dtype. Anything else is a clear TypeError."""
     if isinstance(x, np.generic) or isinstance(x, (int, float)):
         return x.item() if isinstance(x, np.generic) else x
+    if isinstance(x, np.ndarray):
+        dt.from_numpy_dtype(x.dtype)  # a clear error for a dtype runtime has not
+        result = np.result_type(*[v._data.dtype if isinstance(v, Tensor) else v for v in inputs if v is not None])
+        return Tensor._from_array(x.astype(result) if result.kind in "fc" and result != x.dtype else x)
     raise TypeError(f"{op.name}(): expected Tensor or number operands, got {type(x).__name__}")
 
 

@@ -160,3 +160,11 @@ def test_equality_with_none_strings_and_containers_is_pythons_answer_as_in_torch
     assert (t == None) is False and (t != None) is True  # noqa: E711
     assert (t == "causal") is False and t not in (None, "causal") and (t == [1.0, 1.0]) is False
     assert (t == 1.0).tolist() == [True, True] and (t != runtime.zeros(2)).tolist() == [True, True]
+
+
+def test_a_numpy_array_operand_is_a_tensor_of_its_dtype_as_in_torch(torch):
+    for op in (lambda t, a: t + a, lambda t, a: t * a, lambda t, a: t == a, lambda t, a: t - a):
+        for array in (np.ones(2), np.arange(2), np.ones(2, np.float32)):
+            got, want = op(runtime.ones(2), array), op(torch.ones(2), array)
+            assert got.dtype.name == str(want.dtype).removeprefix("torch.")
+            assert got.tolist() == want.tolist()
