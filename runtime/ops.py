@@ -1966,7 +1966,7 @@ for _distribution in ("uniform", "normal"):
 # ---------------------------------------------------------------------------------------------
 
 HOLOMORPHIC = frozenset("""mul div pow exp log log1p sqrt rsqrt reciprocal sin cos tanh sigmoid tan sinh cosh expm1
-    matmul linear""".split())
+    matmul linear prod cumprod""".split())
 COMPLEX_OPS = HOLOMORPHIC | frozenset("""add sub neg eq ne logical_not logical_and logical_or all any where cast clone
     detach sum reshape permute expand getitem cat index_put gather scatter_add full constant_pad cumsum abs conj
     real imag complex view_as_real view_as_complex angle fft_c2c fft_r2c fft_c2r""".split())

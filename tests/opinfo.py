@@ -507,6 +507,12 @@ SAMPLES["linear"] = SAMPLES["linear"] + [
     Sample((cplx(4, 5), cplx(3, 5)), torch_fn=lambda torch, x, w: torch.nn.functional.linear(x, w), note="complex")]
 SAMPLES["sum"] = SAMPLES["sum"] + [
     Sample((cplx(3, 4),), {"dims": (1,), "keepdim": False}, lambda torch, x: torch.sum(x, 1), note="complex")]
+SAMPLES["prod"] = SAMPLES["prod"] + [
+    Sample((cplx(3, 4),), {"dims": (1,), "keepdim": False}, lambda torch, x: torch.prod(x, 1), note="complex"),
+    Sample((np.array([[1 + 1j, 0j, 2 - 1j], [0j, 0j, 1j]]),), {"dims": (1,), "keepdim": False},
+           lambda torch, x: torch.prod(x, 1), fd=False, note="complex zeros")]
+SAMPLES["cumprod"] = SAMPLES["cumprod"] + [
+    Sample((cplx(3, 4),), {"dim": 1}, torch_fn=lambda torch, x: torch.cumprod(x, 1), note="complex")]
 SAMPLES["cumsum"] = SAMPLES["cumsum"] + [
     Sample((cplx(3, 4),), {"dim": 1}, torch_fn=lambda torch, x: torch.cumsum(x, 1), note="complex")]
 SAMPLES["cast"] = SAMPLES["cast"] + [
