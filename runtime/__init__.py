@@ -16,7 +16,7 @@ from ._tensor_str import set_printoptions  # noqa: F401
 from .threads import get_num_threads, set_num_threads  # noqa: F401
 from .legacy_linalg import (cholesky, cholesky_inverse, cholesky_solve, pinverse, qr, svd,  # noqa: F401
                             triangular_solve)
-from .factories import (arange, as_tensor, empty, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
+from .factories import (arange, as_tensor, asarray, empty, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
                         linspace, ones, ones_like, rand, rand_like, randint, randint_like, randn, randn_like,
                         randperm, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401
@@ -45,6 +45,24 @@ _MODULE_FUNCTIONS.update({name: _api.with_out(fn) for name, fn in _MODULE_FUNCTI
                           if getattr(fn, "__module__", "") == "runtime.api" and name != "result_type"})
 _MODULE_FUNCTIONS.update({name: _api.with_out(fn) for name, fn in _api.FUNCTIONS.items()})
 globals().update(_MODULE_FUNCTIONS)
+
+# torch.relu_(t) and its kind: the in-place methods torch also offers as functions of the tensor they write
+_INPLACE_FUNCTIONS = """abs_ acos_ acosh_ addmv_ arccos_ arccosh_ arcsin_ arcsinh_ arctan_ arctanh_ asin_ asinh_ atan_
+    atanh_ ceil_ clamp_ clamp_max_ clamp_min_ clip_ cos_ cosh_ deg2rad_ detach_ erf_ erfc_ exp2_ exp_ expm1_ fill_ fix_
+    floor_ frac_ gcd_ i0_ index_put_ lcm_ ldexp_ log10_ log1p_ log2_ log_ logit_ nan_to_num_ neg_ negative_ rad2deg_
+    reciprocal_ relu_ resize_as_ round_ rsqrt_ sigmoid_ sin_ sinc_ sinh_ sqrt_ square_ tan_ tanh_ trunc_ xlogy_
+    zero_""".split()
+
+
+def _inplace_function(name: str):
+    def write(input, *args, **kwargs):
+        return getattr(input, name)(*args, **kwargs)
+
+    write.__name__ = write.__qualname__ = name
+    return write
+
+
+globals().update({_name: _inplace_function(_name) for _name in _INPLACE_FUNCTIONS if hasattr(Tensor, _name)})
 inf, nan, pi, e = _math.inf, _math.nan, _math.pi, _math.e
 
 
@@ -60,6 +78,21 @@ def compile(model=None, **options):
     return model
 
 from . import version  # noqa: E402
+from .func import vmap  # noqa: E402, F401  (torch.vmap)
+
+
+def is_same_size(input, other) -> bool:
+    return tuple(input.shape) == tuple(other.shape)
+
+
+def typename(obj) -> str:
+    """torch's name of a tensor's type ("torch.FloatTensor"), else the object's qualified class name."""
+    if isinstance(obj, Tensor):
+        return obj.type()
+    cls = obj if isinstance(obj, type) else type(obj)
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", None) else f"{module}.{cls.__qualname__}"
+
 __version__ = version.__version__
 from . import optim  # noqa: E402,F401
 from . import multiprocessing  # noqa: E402,F401  (registers how shared tensors travel between processes)

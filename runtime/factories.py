@@ -99,6 +99,22 @@ def as_tensor(data, dtype=None, device=None) -> Tensor:
     return _finish(_array_from(data, dtype, copy=False), False, device or CPU)
 
 
+def asarray(obj, *, dtype=None, device=None, copy=None, requires_grad=False) -> Tensor:
+    """obj as a tensor, sharing its memory where it can (copy=None), always copied (copy=True), or never (copy=False:
+    a conversion that needs a copy raises)."""
+    out = tensor(obj, dtype=dtype, device=device) if copy else as_tensor(obj, dtype=dtype, device=device)
+    if copy is False and not _shares_memory(obj, out):
+        raise ValueError(f"asarray(copy=False): {type(obj).__name__} cannot become a tensor of dtype {out.dtype} "
+                         f"without a copy")
+    return out.requires_grad_(True) if requires_grad else out
+
+
+def _shares_memory(obj, out: Tensor) -> bool:
+    source = obj._data if isinstance(obj, Tensor) else obj
+    return isinstance(source, np.ndarray) and isinstance(out._data, np.ndarray) and \
+        np.shares_memory(source, out._data)
+
+
 def from_numpy(array: np.ndarray) -> Tensor:
     """A tensor sharing memory with a numpy array."""
     if not isinstance(array, np.ndarray):

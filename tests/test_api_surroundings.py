@@ -147,3 +147,26 @@ def test_sdpa_kernel_restricts_the_backends_as_torch_does_on_cpu(torch, backends
     with pytest.raises(AssertionError, match="SDPBackend"):
         with runtime.nn.attention.sdpa_kernel("math"):
             pass
+
+
+def test_top_level_in_place_functions_write_their_tensor():
+    x = runtime.tensor([-1.0, 2.0])
+    assert runtime.relu_(x) is x and x.tolist() == [0.0, 2.0]
+    assert runtime.clamp_(x, max=1.0).tolist() == [0.0, 1.0] and runtime.zero_(x).tolist() == [0.0, 0.0]
+    assert runtime.sigmoid_(x).tolist() == [0.5, 0.5]
+
+
+def test_asarray_shares_memory_unless_asked_to_copy():
+    a = np.ones(3, np.float32)
+    shared, copied = runtime.asarray(a), runtime.asarray(a, copy=True)
+    a[0] = 5
+    assert shared.tolist() == [5.0, 1.0, 1.0] and copied.tolist() == [1.0, 1.0, 1.0]
+    assert runtime.asarray([1, 2]).dtype is runtime.int64 and runtime.asarray(a, requires_grad=True).requires_grad
+    with pytest.raises(ValueError, match="without a copy"):
+        runtime.asarray(a, dtype=runtime.float64, copy=False)
+
+
+def test_vmap_typename_and_is_same_size_at_top_level():
+    assert runtime.vmap(lambda row: row.sum())(runtime.ones(3, 2)).tolist() == [2.0, 2.0, 2.0]
+    assert runtime.typename(runtime.ones(2)) == "torch.FloatTensor" and runtime.typename(3) == "int"
+    assert runtime.is_same_size(runtime.ones(2, 3), runtime.zeros(2, 3))
