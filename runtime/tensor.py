@@ -76,6 +76,7 @@ class Tensor:
     _no_grad_view = False  # made while grad mode was off (or from such a view): torch forbids rebasing it
     _version_counter = None
     _backward_hooks = None
+    _post_accumulate_hooks = None  # a leaf's hooks run after its .grad is accumulated
     _acc_ref = None
     __array_ufunc__ = None  # numpy defers to our reflected operators (np.float32(2) * t)
     __hash__ = object.__hash__
@@ -692,6 +693,47 @@ class Tensor:
         self._backward_hooks[handle.id] = hook
         return handle
 
+    def register_post_accumulate_grad_hook(self, hook):
+        """Call hook(tensor) after this leaf's gradient is accumulated into .grad (an optimizer step per parameter
+        during backward); the hook returns None."""
+        if self._grad_fn is not None or self._base is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if not self._rg:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        from .utils.hooks import RemovableHandle
+
+        if self._post_accumulate_hooks is None:
+            self._post_accumulate_hooks = {}
+        handle = RemovableHandle(self._post_accumulate_hooks)
+        self._post_accumulate_hooks[handle.id] = hook
+        return handle
+
+    @property
+    def is_cpu(self) -> bool:
+        return not self.is_cuda
+
+    is_xpu = is_mps = is_xla = property(lambda self: False)
+
+    @property
+    def itemsize(self) -> int:
+        return self.element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel() * self.element_size()
+
+    def data_ptr(self) -> int:
+        """The address of the first element (tensors sharing memory at the same offset give the same)."""
+        if self.is_cuda:
+            return self._data.__cuda_array_interface__["data"][0]
+        return self._data.ctypes.data
+
+    def pin_memory(self, device=None) -> "Tensor":
+        return self  # no page-locked host memory here: the tensor itself, as a CPU-only torch build gives
+
+    def is_pinned(self, device=None) -> bool:
+        return False
+
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None) -> None:
         from .autograd import backward
 
@@ -1052,7 +1094,7 @@ _TYPE_NAMES = {"float32": "FloatTensor", "float64": "DoubleTensor", "float16": "
                "int32": "IntTensor", "int16": "ShortTensor", "int8": "CharTensor", "uint8": "ByteTensor",
                "bool": "BoolTensor", "complex64": "ComplexFloatTensor", "complex128": "ComplexDoubleTensor"}
 _INTERNAL_ATTRS = {"_data", "_rg", "_grad_fn", "_out_nr", "_grad", "_base", "_view_fn", "_view_version",
-                   "_no_grad_view", "_version_counter", "_backward_hooks", "_acc_ref"}
+                   "_no_grad_view", "_version_counter", "_backward_hooks", "_acc_ref", "_post_accumulate_hooks"}
 
 
 def _check_no_partial_overlap(out, src) -> None:

@@ -464,3 +464,34 @@ def test_a_leaf_gradient_is_accumulated_as_soon_as_it_is_complete():
     w.register_hook(lambda g: order.append("w"))
     (h.sum() * w).sum().backward()
     assert order == ["w", "h"]
+
+
+def test_post_accumulate_grad_hooks_step_each_parameter_during_backward():
+    """The optimizer-in-backward pattern: each parameter steps (and frees its gradient) as soon as its gradient is
+    accumulated, eagerly and through a compiled module alike, with the weights a separate step would give."""
+    import copy
+
+    import nnc
+
+    model, x = runtime.nn.Linear(3, 2), runtime.randn(4, 3)
+    reference = copy.deepcopy(model)
+    opt = runtime.optim.SGD(reference.parameters(), lr=0.1)
+    reference(x).square().sum().backward()
+    opt.step()
+    for module in (copy.deepcopy(model), nnc.compile(copy.deepcopy(model))):
+        optimizers = {p: runtime.optim.SGD([p], lr=0.1) for p in module.parameters()}
+        stepped = []
+
+        def step(p, optimizers=optimizers, stepped=stepped):
+            stepped.append(p)
+            optimizers[p].step()
+            optimizers[p].zero_grad()
+
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(step)
+        module(x).square().sum().backward()
+        assert len(stepped) == 2 and all(p.grad is None for p in module.parameters())
+        for got, want in zip(module.parameters(), reference.parameters()):
+            np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-6)
+    with pytest.raises(RuntimeError, match="non-leaf"):
+        (x.requires_grad_() * 2).register_post_accumulate_grad_hook(lambda t: None)

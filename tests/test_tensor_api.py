@@ -987,3 +987,10 @@ def test_numpy_scalar_operands():
     r, t = pair(data)
     assert_same(r * np.float64(2.0), t * np.float64(2.0))
     assert_same(r + np.int64(3), t + np.int64(3))
+
+
+def test_memory_and_device_attributes_as_torch_has_them():
+    t = runtime.ones(2, 3)
+    assert t.is_cpu and not (t.is_xpu or t.is_mps or t.is_xla) and not t.is_pinned() and t.pin_memory() is t
+    assert (t.itemsize, t.nbytes) == (4, 24) and runtime.ones(2, dtype=runtime.float64).itemsize == 8
+    assert t.data_ptr() == t[0].data_ptr() and t[1].data_ptr() == t.data_ptr() + 12

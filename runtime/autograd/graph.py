@@ -324,6 +324,11 @@ class AccumulateGrad(Node):
     def accumulate(self, grads) -> None:
         _accumulate_into(self.variable, grads[0], grad_mode.state.enabled, stealable=True)
         del grads[:]  # drop our reference so ownership checks see only the gradient's real owners
+        hooks = self.variable._post_accumulate_hooks
+        if hooks:
+            for fn in list(hooks.values()):
+                if fn(self.variable) is not None:
+                    raise RuntimeError("post accumulate grad hooks cannot return anything")
 
 
 def _accumulate_into(tensor, g, create_graph: bool, stealable: bool = False) -> None:
