@@ -344,3 +344,26 @@ def test_a_worker_error_is_raised_in_the_main_process_and_timeouts():
         list(DataLoader(_Slow(), batch_size=None, num_workers=1, timeout=0.5))
     with pytest.raises(ValueError, match="persistent_workers"):
         DataLoader(_Fails(), persistent_workers=True)
+
+
+def test_chain_and_stack_datasets():
+    class Counting(runtime.utils.data.IterableDataset):
+        def __init__(self, n):
+            self.n = n
+
+        def __iter__(self):
+            return iter(range(self.n))
+
+        def __len__(self):
+            return self.n
+
+    chained = runtime.utils.data.ChainDataset([Counting(2), Counting(3)])
+    assert list(chained) == [0, 1, 0, 1, 2] and len(chained) == 5
+    images, labels = runtime.arange(6.0).reshape(3, 2), runtime.tensor([1, 0, 1])
+    stacked = runtime.utils.data.StackDataset(images, labels)
+    assert len(stacked) == 3 and stacked[1][0].tolist() == [2.0, 3.0] and stacked[1][1].item() == 0
+    named = runtime.utils.data.StackDataset(image=images, label=labels)
+    batch = next(iter(runtime.utils.data.DataLoader(named, batch_size=2)))
+    assert set(batch) == {"image", "label"} and batch["label"].tolist() == [1, 0]
+    with pytest.raises(ValueError, match="Size mismatch"):
+        runtime.utils.data.StackDataset(images, runtime.tensor([1, 2]))

@@ -81,6 +81,51 @@ class ConcatDataset(Dataset):
         return self.datasets[which][index - start]
 
 
+class ChainDataset(IterableDataset):
+    """Iterable datasets one after the other, as one stream."""
+
+    def __init__(self, datasets):
+        self.datasets = datasets
+
+    def __iter__(self):
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise AssertionError("ChainDataset only supports IterableDataset")
+            yield from d
+
+    def __len__(self) -> int:
+        total = 0
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise AssertionError("ChainDataset only supports IterableDataset")
+            total += len(d)
+        return total
+
+
+class StackDataset(Dataset):
+    """Datasets of one length zipped: sample i is the tuple (positional) or dict (keyword) of their samples i."""
+
+    def __init__(self, *args, **kwargs):
+        if args and kwargs:
+            raise ValueError("StackDataset takes either datasets (samples are tuples) or named datasets (samples "
+                             "are dicts), but both were given")
+        self.datasets = args if args else kwargs
+        parts = list(args) if args else list(kwargs.values())
+        if not parts:
+            raise ValueError("At least one dataset should be passed")
+        self._length = len(parts[0])
+        if any(len(d) != self._length for d in parts):
+            raise ValueError("Size mismatch between datasets")
+
+    def __getitem__(self, index):
+        if isinstance(self.datasets, dict):
+            return {k: d[index] for k, d in self.datasets.items()}
+        return tuple(d[index] for d in self.datasets)
+
+    def __len__(self) -> int:
+        return self._length
+
+
 def random_split(dataset, lengths, generator=None):
     """Disjoint random subsets of the given lengths (or fractions summing to 1), drawn with runtime's generator."""
     from ...factories import randperm
