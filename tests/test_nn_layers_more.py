@@ -284,3 +284,38 @@ def test_interpolate_names_bad_sizes_and_keeps_infinities_where_torch_does(torch
         got = F.interpolate(runtime.tensor(data), **kw).numpy()
         want = torch.nn.functional.interpolate(torch.tensor(data), **kw).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def _lazy_lenet(lib):
+    """LeNet as d2l.ai writes it: lazy convolutions, batch norms and linears sized by the first input."""
+    nn = lib.nn
+    return nn.Sequential(nn.LazyConv2d(6, kernel_size=5, padding=2), nn.LazyBatchNorm2d(), nn.Sigmoid(),
+                         nn.AvgPool2d(2, 2), nn.LazyConv2d(16, kernel_size=5), nn.LazyBatchNorm2d(), nn.Sigmoid(),
+                         nn.AvgPool2d(2, 2), nn.Flatten(), nn.LazyLinear(120), nn.LazyBatchNorm1d(), nn.Sigmoid(),
+                         nn.LazyLinear(10))
+
+
+def test_lazy_modules_become_their_class_on_the_first_call():
+    model = _lazy_lenet(runtime)
+    lazy_conv = model[0]
+    first_weight = lazy_conv.weight
+    assert lazy_conv.has_uninitialized_params() and repr(lazy_conv).startswith("LazyConv2d(0, 6")
+    model(runtime.randn(4, 1, 28, 28))
+    assert type(lazy_conv) is runtime.nn.Conv2d and lazy_conv.weight is first_weight  # materialized in place
+    assert [tuple(p.shape) for p in model[:2].parameters()] == [(6, 1, 5, 5), (6,), (6,), (6,)]
+    assert tuple(model[5].running_mean.shape) == (16,) and type(model[10]) is runtime.nn.BatchNorm1d
+    unbatched = runtime.nn.LazyInstanceNorm1d(affine=True)
+    unbatched(runtime.randn(3, 7))  # (C, L): channels at dim 0
+    assert tuple(unbatched.weight.shape) == (3,)
+
+
+def test_a_lazy_model_has_torchs_state_dict_and_outputs(torch):
+    ours, theirs = _lazy_lenet(runtime), _lazy_lenet(torch)
+    x = np.random.default_rng(0).standard_normal((4, 1, 28, 28)).astype(np.float32)
+    ours(runtime.tensor(x))
+    theirs(torch.tensor(x))
+    assert {k: tuple(v.shape) for k, v in ours.state_dict().items()} == \
+        {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+    theirs.load_state_dict({k: torch.tensor(v.numpy()) for k, v in ours.state_dict().items()})
+    np.testing.assert_allclose(ours(runtime.tensor(x)).detach().numpy(), theirs(torch.tensor(x)).detach().numpy(),
+                               rtol=1e-4, atol=1e-5)

@@ -12,5 +12,8 @@ from .transformer import (Transformer, TransformerDecoder, TransformerDecoderLay
 from .activation import *  # noqa: F401,F403
 from .extra import *  # noqa: F401,F403
 from .layers import BatchNorm3d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d  # noqa: F401
+from .lazy import (LazyBatchNorm1d, LazyBatchNorm2d, LazyBatchNorm3d, LazyConv1d, LazyConv2d, LazyConv3d,  # noqa: F401
+                   LazyConvTranspose1d, LazyConvTranspose2d, LazyConvTranspose3d, LazyInstanceNorm1d,
+                   LazyInstanceNorm2d, LazyInstanceNorm3d)
 from .loss import *  # noqa: F401,F403
 from .more import *  # noqa: F401,F403
