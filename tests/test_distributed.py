@@ -81,6 +81,10 @@ def test_ddp_equals_single_process_whichever_way_mpi_progresses(launch, progress
     launch("ddp_equivalence.py", "mlp", "eager", progress)
 
 
+def test_sync_batchnorm_under_ddp_equals_batchnorm_on_the_whole_batch(launch):
+    launch("sync_batchnorm.py")
+
+
 def test_ddp_join_trains_on_uneven_inputs(launch):
     launch("ddp_join.py")
 

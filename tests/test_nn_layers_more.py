@@ -319,3 +319,18 @@ def test_a_lazy_model_has_torchs_state_dict_and_outputs(torch):
     theirs.load_state_dict({k: torch.tensor(v.numpy()) for k, v in ours.state_dict().items()})
     np.testing.assert_allclose(ours(runtime.tensor(x)).detach().numpy(), theirs(torch.tensor(x)).detach().numpy(),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_sync_batchnorm_without_a_process_group_is_batchnorm_and_converts_models():
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Sequential(nn.BatchNorm1d(3)), nn.InstanceNorm1d(3))
+    model[1].running_mean.fill_(0.5)
+    weight = model[1].weight
+    converted = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    assert type(converted[1]) is nn.SyncBatchNorm and type(converted[2][0]) is nn.SyncBatchNorm
+    assert type(converted[3]) is nn.InstanceNorm1d  # instance norms keep their class, as in torch
+    assert converted[1].weight is weight and converted[1].running_mean.tolist() == [0.5] * 3
+    x = runtime.randn(4, 3, 5, 5)
+    plain = nn.BatchNorm2d(3)
+    np.testing.assert_allclose(nn.SyncBatchNorm(3)(x).detach().numpy(), plain(x).detach().numpy(), rtol=1e-6)
+    assert repr(nn.SyncBatchNorm(3)) == "SyncBatchNorm(3, eps=1e-05, momentum=0.1, affine=True, bias=True, " \
+        "track_running_stats=True)"

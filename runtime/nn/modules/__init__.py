@@ -15,5 +15,6 @@ from .layers import BatchNorm3d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvT
 from .lazy import (LazyBatchNorm1d, LazyBatchNorm2d, LazyBatchNorm3d, LazyConv1d, LazyConv2d, LazyConv3d,  # noqa: F401
                    LazyConvTranspose1d, LazyConvTranspose2d, LazyConvTranspose3d, LazyInstanceNorm1d,
                    LazyInstanceNorm2d, LazyInstanceNorm3d)
+from .sync_batchnorm import SyncBatchNorm  # noqa: F401
 from .loss import *  # noqa: F401,F403
 from .more import *  # noqa: F401,F403
