@@ -92,3 +92,44 @@ def test_invalid_hyperparameters_raise_value_error(name, kwargs):
 def test_unsupported_flags_raise_not_implemented():
     with pytest.raises(NotImplementedError, match="capturable"):
         runtime.optim.NAdam([runtime.zeros(2, requires_grad=True)], capturable=True)
+
+
+@pytest.mark.parametrize("options", [{}, {"weight_decay": 0.1, "maximize": True},
+                                     {"lr": 0.1, "d": 2.0, "eps": (1e-20, 1e-4), "beta2_decay": -0.5}],
+                         ids=["defaults", "decay-maximize", "options"])
+def test_adafactor_matches_torch(torch, options):
+    """A 3-D weight (factored second moment over its last two dims) and a bias (a full one), four steps."""
+    results = []
+    for lib in (runtime, torch):
+        rng = np.random.default_rng(0)
+        w = lib.nn.Parameter(lib.tensor(rng.standard_normal((2, 3, 4))))
+        b = lib.nn.Parameter(lib.tensor(rng.standard_normal(4)))
+        opt = lib.optim.Adafactor([w, b], **options)
+        for _ in range(4):
+            opt.zero_grad()
+            ((w.sum(0) * b).sin().sum() + (w ** 2).sum()).backward()
+            opt.step()
+        state = opt.state_dict()["state"]
+        results.append((w.detach().numpy(), b.detach().numpy(), {k: sorted(v) for k, v in state.items()}))
+    (w, b, keys), (tw, tb, tkeys) = results
+    np.testing.assert_allclose(w, tw, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(b, tb, rtol=1e-12, atol=1e-14)
+    assert keys == tkeys == {0: ["col_var", "row_var", "step"], 1: ["step", "variance"]}
+
+
+def test_adafactor_fits_a_linear_map_and_refuses_bad_hyperparameters():
+    runtime.manual_seed(0)
+    model = runtime.nn.Linear(4, 3)
+    x = runtime.randn(64, 4)
+    y = x @ runtime.randn(4, 3)
+    opt = runtime.optim.Adafactor(model.parameters(), lr=0.05)
+    first = None
+    for _ in range(200):
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+    assert loss.item() < 0.05 * first
+    with pytest.raises(ValueError, match="beta2_decay"):
+        runtime.optim.Adafactor(model.parameters(), beta2_decay=0.5)

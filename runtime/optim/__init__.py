@@ -1,6 +1,7 @@
 """runtime.optim: optimizers and learning-rate schedulers, as torch.optim."""
 from . import lr_scheduler, swa_utils  # noqa: F401
 from .adadelta import Adadelta, Adagrad, Adamax  # noqa: F401
+from .adafactor import Adafactor  # noqa: F401
 from .adam import Adam, AdamW  # noqa: F401
 from .asgd import ASGD, Rprop  # noqa: F401
 from .lbfgs import LBFGS  # noqa: F401
