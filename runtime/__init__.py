@@ -16,7 +16,7 @@ from ._tensor_str import set_printoptions  # noqa: F401
 from .threads import get_num_threads, set_num_threads  # noqa: F401
 from .legacy_linalg import (cholesky, cholesky_inverse, cholesky_solve, pinverse, qr, svd,  # noqa: F401
                             triangular_solve)
-from .factories import (arange, as_tensor, asarray, empty, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
+from .factories import (arange, as_tensor, asarray, empty, frombuffer, empty_like, eye, from_numpy, full, full_like,  # noqa: F401
                         linspace, ones, ones_like, rand, rand_like, randint, randint_like, randn, randn_like,
                         randperm, tensor, zeros, zeros_like)
 from .random import Generator, default_generator, get_rng_state, initial_seed, manual_seed, seed, set_rng_state  # noqa: F401

@@ -1,6 +1,8 @@
 """Tensor factories: tensor, as_tensor, from_numpy, zeros, ones, full, arange, rand, ... and *_like."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from . import dtypes as dt
@@ -113,6 +115,21 @@ def _shares_memory(obj, out: Tensor) -> bool:
     source = obj._data if isinstance(obj, Tensor) else obj
     return isinstance(source, np.ndarray) and isinstance(out._data, np.ndarray) and \
         np.shares_memory(source, out._data)
+
+
+def frombuffer(buffer, *, dtype, count: int = -1, offset: int = 0, requires_grad: bool = False) -> Tensor:
+    """A 1-D tensor over an object's buffer (bytes, bytearray, memoryview, array.array), sharing its memory; count
+    elements (-1: all after offset bytes). A read-only buffer gives a tensor not to be written, as torch warns."""
+    target = dt.as_dtype(dtype)
+    view = memoryview(buffer)
+    if len(view) == 0 or view.nbytes <= offset:
+        raise ValueError(f"both buffer length ({view.nbytes}) and offset ({offset}) must be positive and offset "
+                         f"smaller than the buffer length")
+    if view.readonly:
+        warnings.warn("The given buffer is not writable: writing to the tensor made from it is undefined behavior, "
+                      "as in torch", UserWarning, stacklevel=2)
+    out = Tensor._from_array(np.frombuffer(buffer, dtype=target.np, count=count, offset=offset))
+    return out.requires_grad_(True) if requires_grad else out
 
 
 def from_numpy(array: np.ndarray) -> Tensor:

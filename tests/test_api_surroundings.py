@@ -170,3 +170,14 @@ def test_vmap_typename_and_is_same_size_at_top_level():
     assert runtime.vmap(lambda row: row.sum())(runtime.ones(3, 2)).tolist() == [2.0, 2.0, 2.0]
     assert runtime.typename(runtime.ones(2)) == "torch.FloatTensor" and runtime.typename(3) == "int"
     assert runtime.is_same_size(runtime.ones(2, 3), runtime.zeros(2, 3))
+
+
+def test_frombuffer_shares_a_buffers_memory():
+    data = bytearray((1).to_bytes(4, "little") + (2).to_bytes(4, "little") + (3).to_bytes(4, "little"))
+    t = runtime.frombuffer(data, dtype=runtime.int32)
+    data[0] = 9
+    assert t.tolist() == [9, 2, 3] and runtime.frombuffer(data, dtype=runtime.int32, count=1, offset=4).tolist() == [2]
+    with pytest.warns(UserWarning, match="not writable"):
+        assert runtime.frombuffer(bytes(4), dtype=runtime.float32).tolist() == [0.0]
+    with pytest.raises(ValueError, match="offset"):
+        runtime.frombuffer(data, dtype=runtime.int32, offset=12)
