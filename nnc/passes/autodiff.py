@@ -126,6 +126,7 @@ class _Differentiator:
         if not _recomputable(node) or _read_with_broadcasting(node):
             return None
         cone, leaves, stack = set(), set(), [node]
+        extra, size = 0, nbytes(_storage(node))
         while stack:
             n = stack.pop()
             if n in cone:
@@ -140,9 +141,13 @@ class _Differentiator:
                 # backward it would be a small kernel of its own, since fusion merges chains of one shape only
                 if _recomputable(a) and (is_view_node(a) or not is_view_node(n)) and not _read_with_broadcasting(a):
                     stack.append(a)
-                elif a not in self.saved_leaves:
+                elif a not in self.saved_leaves and a not in leaves:
                     leaves.add(a)
-        extra, size = sum(nbytes(a) for a in leaves), nbytes(_storage(node))
+                    extra += nbytes(a)
+                    # NOTE: leaves only add bytes, so saving `node` is decided (a deep cone, an RNN's history, is not
+                    # walked to its end for each of its nodes); with symbolic sizes the comparison would add a guard
+                    if type(extra) is int and type(size) is int and extra > size:
+                        return None
         if extra > size or extra == size and _saved_on_a_tie(node, leaves):
             return None
         return sorted(cone, key=self.position.__getitem__)
