@@ -268,26 +268,31 @@ class Graph:
 
     def eliminate_dead_code(self, is_impure: Callable[[Node], bool] = lambda n: False) -> bool:
         """Erase nodes whose values nobody reads (placeholders, output, side effects and is_impure nodes stay)."""
-        changed = False
-        for node in reversed(list(self.nodes)):
+        erased = set()
+        for node in reversed(self.nodes):
             kept = node.op in ("placeholder", "output") or has_side_effect(node) or is_impure(node)
             if not node.users and not kept:
-                self.erase_node(node)
-                changed = True
-        return changed
+                node._update_args((), {})  # its inputs lose this user, and may be dead in turn
+                node.graph = None
+                erased.add(node)
+        if erased:  # NOTE: one pass over the list: erase_node's list.remove per node made this quadratic
+            self.nodes = [n for n in self.nodes if n not in erased]
+        return bool(erased)
 
     def lint(self, root=None) -> None:
         """Check the invariants; `root` (a Module) lets attribute and submodule targets be checked too."""
         seen: set = set()
         names: set = set()
-        for position, node in enumerate(self.nodes):
+        past_placeholders = False
+        for node in self.nodes:
             if node.graph is not self:
                 raise GraphError(f"node {node.name} does not belong to this graph")
             if node.name in names:
                 raise GraphError(f"duplicate node name {node.name}")
             names.add(node.name)
-            if node.op == "placeholder" and any(n.op != "placeholder" for n in self.nodes[:position]):
+            if node.op == "placeholder" and past_placeholders:
                 raise GraphError(f"placeholder {node.name} comes after non-placeholder nodes")
+            past_placeholders = past_placeholders or node.op != "placeholder"
             for arg in node.all_input_nodes:
                 if arg not in seen:
                     raise GraphError(f"node {node.name} reads {arg.name}, which is not defined before it")
