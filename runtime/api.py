@@ -1665,16 +1665,17 @@ def _split_n(input, sections, dim, name):
     return tensor_split(input, sections, dim)
 
 
-def hsplit(input, sections):
-    return _split_n(input, sections, 0 if input.ndim == 1 else 1, "hsplit")
+def hsplit(input, sections, *indices):
+    """Split along dim 1 (dim 0 of a vector); `t.hsplit(1, 2)` gives the indices as separate arguments, as in torch."""
+    return _split_n(input, (sections, *indices) if indices else sections, 0 if input.ndim == 1 else 1, "hsplit")
 
 
-def vsplit(input, sections):
-    return _split_n(input, sections, 0, "vsplit")
+def vsplit(input, sections, *indices):
+    return _split_n(input, (sections, *indices) if indices else sections, 0, "vsplit")
 
 
-def dsplit(input, sections):
-    return _split_n(input, sections, 2, "dsplit")
+def dsplit(input, sections, *indices):
+    return _split_n(input, (sections, *indices) if indices else sections, 2, "dsplit")
 
 
 def split_with_sizes(input, split_sizes, dim=0):
@@ -2326,6 +2327,30 @@ def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     return _scaled_sum(input, bmm(batch1, batch2).sum(0), beta, alpha)
 
 
+def _sublist_equation(arguments) -> tuple:
+    """(equation, operands) of einsum's sublist form: operands each followed by its dims' integers (0-51) or
+    Ellipsis, then optionally the output's."""
+    def letters(sublist) -> str:
+        out = ""
+        for d in sublist:
+            if d is Ellipsis:
+                out += "..."
+                continue
+            d = d.__index__() if hasattr(d, "__index__") else d  # ints, or an integer tensor's elements
+            if isinstance(d, int) and 0 <= d < 52:
+                out += chr(ord("a") + d) if d < 26 else chr(ord("A") + d - 26)
+            else:
+                raise ValueError(f"einsum(): subscript in subscript list is not within the valid range [0, 52), "
+                                 f"got {d}")
+        return out
+
+    terms = []
+    for k in range(0, len(arguments) - 1, 2):
+        terms.append(letters(arguments[k + 1]))
+    equation = ",".join(terms) + ("->" + letters(arguments[-1]) if len(arguments) % 2 else "")
+    return equation, tuple(arguments[0:2 * len(terms):2])
+
+
 def tensordot(a, b, dims=2):
     if isinstance(dims, int):
         if dims < 0:
@@ -2377,7 +2402,10 @@ def cross(input, other, dim=None):
 
 
 def einsum(equation, *operands):
-    """einsum as broadcast products and sums of primitives (no BLAS path); '...' and repeated indices included."""
+    """einsum as broadcast products and sums of primitives (no BLAS path); '...' and repeated indices included. The
+    sublist form, einsum(x, [0, 1], y, [1, 2], [0, 2]), names the dims with integers (and Ellipsis)."""
+    if not isinstance(equation, str):
+        equation, operands = _sublist_equation((equation,) + operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     eq = equation.replace(" ", "")

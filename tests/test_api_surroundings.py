@@ -181,3 +181,16 @@ def test_frombuffer_shares_a_buffers_memory():
         assert runtime.frombuffer(bytes(4), dtype=runtime.float32).tolist() == [0.0]
     with pytest.raises(ValueError, match="offset"):
         runtime.frombuffer(data, dtype=runtime.int32, offset=12)
+
+
+def test_split_methods_take_indices_as_arguments_and_einsum_takes_sublists():
+    x = runtime.arange(12.0).reshape(2, 6)
+    assert [tuple(t.shape) for t in x.hsplit(1, 2)] == [(2, 1), (2, 1), (2, 4)]
+    assert [tuple(t.shape) for t in runtime.arange(24.0).reshape(2, 3, 4).dsplit(1, 3)] == [(2, 3, 1), (2, 3, 2),
+                                                                                            (2, 3, 1)]
+    np.testing.assert_allclose(runtime.einsum(x, [0, 1], x, [2, 1], [0, 2]).numpy(),
+                               runtime.einsum("ij,kj->ik", x, x).numpy())
+    assert tuple(runtime.einsum(x, (1, 0)).shape) == (6, 2) and tuple(runtime.einsum(x, runtime.tensor([1, 0])).shape) \
+        == (6, 2) and tuple(runtime.einsum(x, [Ellipsis, 1], [1]).shape) == (6,)
+    with pytest.raises(ValueError, match="valid range"):
+        runtime.einsum(x, [0, 60])
