@@ -86,16 +86,17 @@ def _one(n, dim):
 
 # -- complex to complex ----------------------------------------------------------------------------------------------
 
-def fftn(input, s=None, dim=None, norm=None):
+def _c2c(input, s, dim, norm, forward: bool):
     dims, sizes = _plan(input, s, dim, _all_dims)
-    x = _resized(_as_complex(input), dims, sizes)
-    return apply("fft_c2c", x, dims=dims, norm=_norm(norm), forward=True)
+    return apply("fft_c2c", _resized(_as_complex(input), dims, sizes), dims=dims, norm=_norm(norm), forward=forward)
+
+
+def fftn(input, s=None, dim=None, norm=None):
+    return _c2c(input, s, dim, norm, forward=True)
 
 
 def ifftn(input, s=None, dim=None, norm=None):
-    dims, sizes = _plan(input, s, dim, _all_dims)
-    x = _resized(_as_complex(input), dims, sizes)
-    return apply("fft_c2c", x, dims=dims, norm=_norm(norm), forward=False)
+    return _c2c(input, s, dim, norm, forward=False)
 
 
 def fft(input, n=None, dim=-1, norm=None):

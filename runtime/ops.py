@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -107,8 +107,6 @@ class OpDef:
 
     def vjp_rule(self, i: int):
         """The derivative rule for input i, or None."""
-        if self.name in HOLOMORPHIC and i < len(self.vjp) and self.vjp[i] is not None:
-            return _conjugating(self.vjp[i])
         if self.arity is None:
             rule = self.vjp[0]
             return lambda g, out, *inputs, **attrs: rule(g, out, *inputs, index=i, **attrs)
@@ -1994,6 +1992,11 @@ def _conjugating(rule):
         return rule(g, _conj(out), *[_conj(x) for x in inputs], **attrs)
 
     return complex_rule
+
+
+# the holomorphic ops' rules conjugate what they read when complex values come (wrapped once, here)
+for _name in HOLOMORPHIC:
+    OPS[_name] = replace(OPS[_name], vjp=tuple(r and _conjugating(r) for r in OPS[_name].vjp))
 
 
 def _sgn(z):

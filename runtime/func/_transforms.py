@@ -252,7 +252,7 @@ def vmap(func, in_dims=0, out_dims=0, randomness="error", *, chunk_size=None):
                 set_rng_state(state)
             sliced = [leaf.select(d, i) if d is not None else leaf for leaf, d in zip(leaves, dims)]
             results.append(func(*tree_unflatten(sliced, spec), **kwargs))
-            if randomness == "error" and not _same_state(state, get_rng_state()):
+            if randomness == "error" and state != get_rng_state():  # the generator's state: plain numbers
                 raise RuntimeError("vmap: called random operation while in randomness error mode. Please either use "
                                    "the 'same' or 'different' randomness flags on vmap or perform the randomness "
                                    "operation out of vmap")
@@ -291,10 +291,6 @@ def _batch_size(leaves: list, dims: list) -> int:
         raise ValueError(f"vmap: Expected all tensors to have the same size in the mapped dimension, got sizes "
                          f"{sizes} for the mapped dimension")
     return sizes[0]
-
-
-def _same_state(a, b) -> bool:
-    return a == b  # the generator's state: a dict of Python numbers
 
 
 def _stacked(results: list, out_dims):

@@ -8,7 +8,13 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..autograd.grad_mode import enable_grad, no_grad
+from ..ops import OPS
 from ..tensor import Tensor, copy_array
+
+
+# a complex array's memory as float pairs (real, imaginary) in a last dim of 2, and back: the op table's forwards of
+# view_as_real and view_as_complex
+_as_pairs, _as_complex = OPS["view_as_real"].forward, OPS["view_as_complex"].forward
 
 
 class _RequiredParameter:
@@ -219,7 +225,7 @@ class Optimizer:
             p._data = complex_data
             for t in state.values():  # the complex state held, and the state this first step made as pairs
                 if isinstance(t, Tensor) and t._data.shape == pairs_shape and t._data.dtype.kind == "f":
-                    t._data = t._data.view(complex_data.dtype)[..., 0]
+                    t._data = _as_complex(t._data)
 
     def _update(self, p: Tensor, grad: np.ndarray, group: dict) -> None:
         """Update p._data in place from its gradient array (read-only: it is p.grad's memory)."""
@@ -348,9 +354,3 @@ def _copy_state(param: Tensor, index, value, key=None):
     if isinstance(value, (list, tuple)):
         return type(value)(_copy_state(param, index, v) for v in value)
     return copy.deepcopy(value)
-
-
-def _as_pairs(values: np.ndarray) -> np.ndarray:
-    """A complex array's memory as float pairs (real, imaginary) in a last dim of 2, as torch.view_as_real."""
-    parts = values.real
-    return np.lib.stride_tricks.as_strided(parts, values.shape + (2,), parts.strides + (parts.itemsize,))
