@@ -145,6 +145,10 @@ def sub(input, other, *, alpha=1):
 def _scaled_add(input, other, alpha, name):
     if getattr(input, "dtype", None) is dt.bfloat16 and type(alpha) in (int, float):
         alpha = float(dt.bfloat16.np.type(alpha))  # torch casts alpha to the op's dtype, then computes in float32
+    if is_tensor_like(input) and is_tensor_like(other) and other.dtype.is_floating_point:
+        wider = result_type(input, other)
+        if wider is not other.dtype:  # NOTE: a float32 parameter plus alpha times a bfloat16 update: alpha * other
+            other = other.to(wider)   # is computed at the result's precision, not rounded to bfloat16 first
     return _add_scaled_other(input, other, alpha, name)
 
 
@@ -469,8 +473,23 @@ def addcdiv(input, tensor1, tensor2, *, value=1):
 
 
 @rounds_bfloat16_once
+@rounds_bfloat16_once
 def lerp(input, end, weight):
-    return input + (end - input) * weight
+    """torch's two-sided formula, exact at both ends: input + w (end - input) where |w| < 0.5, else
+    end + (w - 1)(end - input), a number w taken at the precision torch computes in (float32 for float32). torch
+    computes it as one fused multiply-add; in float32 so does this, through float64 (the product is exact there)."""
+    diff = end - input
+    if is_tensor_like(weight):
+        small = abs(weight) < 0.5
+        base, coefficient = where(small, input, end), where(small, weight, weight - 1)
+    else:
+        if getattr(diff, "dtype", None) in (dt.float32, dt.float16):
+            weight = float(np.float32(weight))
+        small = builtins.abs(weight) < 0.5
+        base, coefficient = (input if small else end), (weight if small else weight - 1)
+    if getattr(diff, "dtype", None) is dt.float32 and getattr(base, "dtype", dt.float32) is dt.float32:
+        return (coefficient * diff.double() + base).to(dt.float32)
+    return base + coefficient * diff
 
 
 # ---------------------------------------------------------------------------------------------
@@ -2307,22 +2326,27 @@ def _scaled_sum(input, product, beta, alpha):
     return (input if beta == 1 else input * beta) + out
 
 
+@rounds_bfloat16_once
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     return _scaled_sum(input, mm(mat1, mat2), beta, alpha)
 
 
+@rounds_bfloat16_once
 def addmv(input, mat, vec, *, beta=1, alpha=1):
     return _scaled_sum(input, mv(mat, vec), beta, alpha)
 
 
+@rounds_bfloat16_once
 def addr(input, vec1, vec2, *, beta=1, alpha=1):
     return _scaled_sum(input, outer(vec1, vec2), beta, alpha)
 
 
+@rounds_bfloat16_once
 def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
     return _scaled_sum(input, bmm(batch1, batch2), beta, alpha)
 
 
+@rounds_bfloat16_once
 def addbmm(input, batch1, batch2, *, beta=1, alpha=1):
     return _scaled_sum(input, bmm(batch1, batch2).sum(0), beta, alpha)
 
@@ -2471,6 +2495,7 @@ def norm(input, p="fro", dim=None, keepdim=False, dtype=None):
     return _vector_norm(input, 2 if p is None else p, dim, keepdim)
 
 
+@rounds_bfloat16_once
 def _vector_norm(x, ord, dim, keepdim):
     if not x.dtype.is_differentiable:
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got "

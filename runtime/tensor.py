@@ -846,11 +846,22 @@ class Tensor:
 
     def add_(self, other, *, alpha=1):
         _check_no_partial_overlap(self._data, other)
+        if alpha != 1 and self._scaled_other_rounds(other):
+            return self._inplace_composite("add", api.add, other, alpha=alpha)
         return self._inplace("add", other if alpha == 1 else other * alpha)
 
     def sub_(self, other, *, alpha=1):
         _check_no_partial_overlap(self._data, other)
+        if alpha != 1 and self._scaled_other_rounds(other):
+            return self._inplace_composite("sub", api.sub, other, alpha=alpha)
         return self._inplace("sub", other if alpha == 1 else other * alpha)
+
+    def _scaled_other_rounds(self, other) -> bool:
+        """Whether `other * alpha` would round where torch's fused self + alpha * other does not: into bfloat16,
+        or at a float precision below the result's (a float32 parameter plus alpha times a bfloat16 update)."""
+        if self.dtype is _BFLOAT16:
+            return True
+        return isinstance(other, Tensor) and other.dtype.is_floating_point and other.dtype is not self.dtype
 
     def mul_(self, other):
         return self._inplace("mul", other)
@@ -919,7 +930,7 @@ class Tensor:
         return self._inplace("add", tensor1 / tensor2 * value if value != 1 else tensor1 / tensor2)
 
     def lerp_(self, end, weight):
-        return self._inplace("add", (end - self) * weight)
+        return self._inplace_composite("lerp", api.lerp, end, weight)
 
     def masked_fill_(self, mask, value):
         self._check_writeable()

@@ -168,3 +168,59 @@ def test_a_numpy_array_operand_is_a_tensor_of_its_dtype_as_in_torch(torch):
             got, want = op(runtime.ones(2), array), op(torch.ones(2), array)
             assert got.dtype.name == str(want.dtype).removeprefix("torch.")
             assert got.tolist() == want.tolist()
+
+
+def _float32_pair(seed=0):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(4099) * 3).astype(np.float32) for _ in range(2)]
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.2, 0.7, 0.95, 1.0])
+def test_lerp_is_exact_at_its_ends_and_one_rounding_in_between(weight):
+    """torch's two-sided formula (end - (1 - w)(end - start) from w = 0.5 on) as one fused multiply-add: a number
+    weight taken in float32, the sum rounded once (here: the float64 result of the float32 steps, rounded)."""
+    a, b = _float32_pair()
+    out = runtime.from_numpy(a).lerp(runtime.from_numpy(b), weight).numpy()
+    w = np.float64(np.float32(weight))
+    diff = (b - a).astype(np.float64)  # the difference itself is a float32 operation
+    exact = (a + w * diff) if w < 0.5 else (b + (w - 1) * diff)
+    np.testing.assert_array_equal(out, exact.astype(np.float32))
+    if weight == 1.0:
+        np.testing.assert_array_equal(out, b)
+
+
+@pytest.mark.parametrize("weight", [0.3, 0.95, "tensor"])
+def test_lerp_and_lerp_in_place_give_torchs_bits(torch, weight):
+    a, b = _float32_pair(1)
+    w = np.linspace(-0.2, 1.2, a.size, dtype=np.float32)
+    results = []
+    for lib in (runtime, torch):
+        weight_ = lib.from_numpy(w) if weight == "tensor" else weight
+        start = lib.from_numpy(a.copy())
+        out = start.lerp(lib.from_numpy(b), weight_)
+        start.lerp_(lib.from_numpy(b), weight_)
+        results.append((out.numpy(), start.numpy()))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_lerp_in_place_records_its_gradient():
+    start = runtime.tensor([1.0, 2.0], dtype=runtime.float64, requires_grad=True)
+    end = runtime.tensor([3.0, -1.0], dtype=runtime.float64, requires_grad=True)
+    h = start * 1
+    h.lerp_(end, 0.75)
+    h.sum().backward()
+    np.testing.assert_allclose(start.grad.numpy(), [0.25, 0.25])
+    np.testing.assert_allclose(end.grad.numpy(), [0.75, 0.75])
+
+
+def test_a_scaled_add_of_a_narrower_float_is_not_rounded_to_it_first():
+    """param.add_(update, alpha=-lr) with a bfloat16 update into float32 (as Muon does): alpha * update at float32,
+    not rounded to bfloat16 before the sum; out of place too."""
+    p = runtime.tensor([1.0, 2.0, -3.0])
+    update = runtime.tensor([0.3, 0.7, 0.11], dtype=runtime.bfloat16)
+    exact = (p.numpy().astype(np.float64) + 0.1 * update.float().numpy().astype(np.float64)).astype(np.float32)
+    np.testing.assert_array_equal(runtime.add(p, update, alpha=0.1).numpy(), exact)
+    np.testing.assert_array_equal(p.clone().add_(update, alpha=0.1).numpy(), exact)
+    exact_sub = (p.numpy().astype(np.float64) - 0.1 * update.float().numpy()).astype(np.float32)
+    np.testing.assert_array_equal(p.clone().sub_(update, alpha=0.1).numpy(), exact_sub)

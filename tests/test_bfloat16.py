@@ -70,6 +70,11 @@ OPS = {
     "layer_norm": lambda m, x, y: m.nn.functional.layer_norm(x, (x.shape[-1],)),
     "add_alpha": lambda m, x, y: m.add(x, y, alpha=0.3), "int_operand": lambda m, x, y: x + m.arange(x.shape[1]),
     "float32_operand": lambda m, x, y: x * y.float(), "compare": lambda m, x, y: x > 0.3,
+    "lerp": lambda m, x, y: x.lerp(y, 0.7), "lerp_small": lambda m, x, y: x.lerp(y, 0.2),
+    "lerp_tensor_weight": lambda m, x, y: x.lerp(y, (y * 0.25).clamp(-1, 1)),
+    "norm": lambda m, x, y: x.norm(dim=1), "norm_all": lambda m, x, y: x.norm(),
+    "addmm": lambda m, x, y: m.addmm(x[:, :33], x, y.T, beta=-4.775, alpha=2.0315),
+    "add_inplace_alpha": lambda m, x, y: x.clone().add_(y, alpha=0.3),
 }
 
 
@@ -77,7 +82,8 @@ OPS = {
 # softmax along a non-last dim and add(alpha=) round differently inside: their float32 results can differ in the
 # last bits, which flips a bfloat16 rounding now and then (about 1 element in 100 to 10000). Those ops may differ by
 # one bfloat16 step; every other op must give torch's bits.
-ONE_STEP = {"exp", "tanh", "sigmoid", "matmul", "linear", "softmax_dim0", "add_alpha", "layer_norm"}
+ONE_STEP = {"exp", "tanh", "sigmoid", "matmul", "linear", "softmax_dim0", "add_alpha", "layer_norm", "norm", "norm_all",
+            "addmm", "add_inplace_alpha"}
 
 
 def _run_both(op, seed=5):

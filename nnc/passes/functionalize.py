@@ -220,7 +220,7 @@ def _addcdiv_(self, tensor1, tensor2, *, value=1):
 
 
 def _lerp_(self, end, weight):
-    return write(self, api.add(self, (end - self) * weight))
+    return write(self, api.lerp(self, end, weight))
 
 
 # NOTE: as eager does, fill_, zero_ and copy_ are `self[...] = value`: the result still depends on self (with a zero
