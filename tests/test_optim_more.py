@@ -1,5 +1,5 @@
-"""Adadelta, Adagrad, Adamax, NAdam, RAdam, ASGD and Rprop against torch: parameter trajectories (float64 and
-float32), state_dict layout and values, resuming from torch's state_dict, and hyperparameter errors."""
+"""Adadelta, Adagrad, Adamax, NAdam, RAdam, ASGD, Rprop, Adafactor and Muon against torch: parameter trajectories
+(float64 and float32), state_dict layout and values, resuming from torch's state_dict, and hyperparameter errors."""
 from __future__ import annotations
 
 import numpy as np
@@ -133,3 +133,63 @@ def test_adafactor_fits_a_linear_map_and_refuses_bad_hyperparameters():
     assert loss.item() < 0.05 * first
     with pytest.raises(ValueError, match="beta2_decay"):
         runtime.optim.Adafactor(model.parameters(), beta2_decay=0.5)
+
+
+@pytest.mark.parametrize("options", [{}, {"nesterov": False, "adjust_lr_fn": "match_rms_adamw", "lr": 0.05},
+                                     {"momentum": 0.5, "weight_decay": 0.0, "ns_steps": 3, "eps": 1e-3}],
+                         ids=["defaults", "plain-momentum-moonshot", "options"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_muon_matches_torch(torch, options, dtype):
+    """A tall and a wide matrix (the iteration runs on the wide side), four steps: torch's parameters and state."""
+    results = []
+    for lib in (runtime, torch):
+        rng = np.random.default_rng(0)
+        w = lib.nn.Parameter(lib.tensor(rng.standard_normal((6, 4)), dtype=getattr(lib, dtype)))
+        v = lib.nn.Parameter(lib.tensor(rng.standard_normal((3, 5)), dtype=getattr(lib, dtype)))
+        opt = lib.optim.Muon([w, v], **options)
+        for _ in range(4):
+            opt.zero_grad()
+            ((w.sum(1)[:3, None] * v).sin().sum() + (w ** 3).sum()).backward()
+            opt.step()
+        state = opt.state_dict()
+        results.append((w.detach().numpy(), v.detach().numpy(), state["state"][0]["momentum_buffer"].numpy(),
+                        state["param_groups"]))
+    for ours, theirs in zip(results[0][:3], results[1][:3]):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+    assert results[0][3] == results[1][3]
+
+
+def test_muon_orthogonalizes_its_update_and_fits_a_linear_map():
+    from runtime.optim.muon import orthogonalize
+
+    g = runtime.randn(16, 6, generator=runtime.Generator().manual_seed(0))
+    singular = np.linalg.svd(orthogonalize(g, (3.4445, -4.775, 2.0315), 5, 1e-7).float().numpy(), compute_uv=False)
+    assert singular.min() > 0.5 and singular.max() < 1.5  # U S' V^T with S' near 1, whatever g's spread
+    runtime.manual_seed(0)
+    x = runtime.randn(64, 8)
+    target = x @ runtime.randn(8, 8)
+    w = runtime.nn.Parameter(runtime.zeros(8, 8))
+    opt = runtime.optim.Muon([w], lr=0.05, weight_decay=0.0)
+    losses = []
+    for _ in range(100):
+        opt.zero_grad()
+        loss = ((x @ w - target) ** 2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.05 * losses[0]
+
+
+def test_muon_refuses_what_torch_refuses():
+    with pytest.raises(ValueError, match="2D parameters"):
+        runtime.optim.Muon([runtime.nn.Parameter(runtime.zeros(3))])
+    with pytest.raises(ValueError, match="not supported"):
+        runtime.optim.Muon([runtime.nn.Parameter(runtime.zeros(3, 3))], adjust_lr_fn="other")
+    with pytest.raises(ValueError, match="Learning rate"):
+        runtime.optim.Muon([runtime.nn.Parameter(runtime.zeros(3, 3))], lr=-1.0)
+    z = runtime.nn.Parameter(runtime.zeros(2, 2, dtype=runtime.complex64))
+    z.grad = runtime.ones(2, 2, dtype=runtime.complex64)
+    before = z.detach().clone()
+    with pytest.raises(RuntimeError, match="complex"):
+        runtime.optim.Muon([z]).step()
+    assert runtime.equal(z.detach(), before)
