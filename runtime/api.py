@@ -1281,10 +1281,19 @@ def hypot(input, other):
 
 def logaddexp(input, other):
     # NOTE: max + log1p(exp(-|a - b|)) never overflows; equal infinities give that infinity, not nan
+    input, other = _floating_operands(input, other)
     m = maximum(input, other)
     d = abs(input - other)
     out = m + log1p(exp(-d))
     return where(input == other, input + math.log(2.0), out)
+
+
+def _floating_operands(input, other) -> tuple:
+    """Tensor operands of a floating-point op, bool or integer ones as the float dtype they promote to."""
+    wanted = result_type(input, other)
+    if not wanted.is_floating_point and not wanted.is_complex:
+        wanted = dt.get_default_dtype()
+    return tuple(a.to(wanted) if is_tensor_like(a) and a.dtype is not wanted else a for a in (input, other))
 
 
 def logaddexp2(input, other):
@@ -1310,8 +1319,10 @@ def float_power(input, exponent):
 
 
 def logit(input, eps=None):
-    x = input if eps is None else clamp(input, eps, 1 - eps)
-    return log(x / (1 - x))
+    # NOTE: not clamp(input, eps, 1 - eps): with eps > 0.5 torch takes eps below eps and 1 - eps above 1 - eps
+    x = input if eps is None else where(input < eps, eps, where(input > 1 - eps, 1 - eps, input))
+    # NOTE: log(x) - log1p(-x), not log(x / (1 - x)): its gradient at 0 and 1 is torch's inf, not 0/0
+    return log(x) - log1p(-x)
 
 
 def sinc(input):
@@ -2722,8 +2733,6 @@ def i0(input):
 def mvlgamma(input, p):
     if p < 1:
         raise RuntimeError("p has to be greater than or equal to 1")
-    if bool((input <= (p - 1) / 2).any()):
-        raise RuntimeError(f"All elements must be greater than (p-1)/2 = {(p - 1) / 2}")
     total = lgamma(input)
     for j in range(1, p):
         total = total + lgamma(input - j / 2)

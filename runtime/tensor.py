@@ -1017,7 +1017,8 @@ class Tensor:
         if high is None:
             low, high = (0, low) if low else (0, 2 ** 24 if self.dtype is dt.float32 else
                                               2 ** 53 if self.dtype is dt.float64 else 2 ** 11 if
-                                              self.dtype is dt.float16 else np.iinfo(self.dtype.np).max)
+                                              self.dtype is dt.float16 else 2 if self.dtype is dt.bool_ else
+                                              np.iinfo(self.dtype.np).max)
         if low >= high:
             raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
         return self._fill_random(rng(generator).integers(low, high, self._data.shape))

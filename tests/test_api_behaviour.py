@@ -224,3 +224,39 @@ def test_a_scaled_add_of_a_narrower_float_is_not_rounded_to_it_first():
     np.testing.assert_array_equal(p.clone().add_(update, alpha=0.1).numpy(), exact)
     exact_sub = (p.numpy().astype(np.float64) - 0.1 * update.float().numpy()).astype(np.float32)
     np.testing.assert_array_equal(p.clone().sub_(update, alpha=0.1).numpy(), exact_sub)
+
+
+def test_logaddexp_promotes_a_bool_operand(torch):
+    x, b = [0.3, -0.5, 2.0], [True, False, True]
+    for fn in ("logaddexp", "logaddexp2"):
+        ours = getattr(runtime, fn)(runtime.tensor(x), runtime.tensor(b))
+        theirs = getattr(torch, fn)(torch.tensor(x), torch.tensor(b))
+        assert ours.dtype is runtime.float32
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("eps", [None, 0.1, 0.6, 1.0])
+def test_logit_takes_eps_below_eps_and_one_minus_eps_above(torch, eps):
+    """With eps above 0.5 the two bounds cross: torch still maps x < eps to eps and x > 1 - eps to 1 - eps (a clamp
+    would give 1 - eps everywhere). The gradient is zero where a bound was taken."""
+    values = [0.3, 0.0, 1.0, 0.9, 0.05, 0.5]
+    results = []
+    for lib in (runtime, torch):
+        x = lib.tensor(values, dtype=lib.float64, requires_grad=True)
+        out = lib.logit(x, eps)
+        out.sum().backward()
+        results.append((out.detach().numpy(), x.grad.numpy()))
+    np.testing.assert_allclose(results[0][0], results[1][0])
+    np.testing.assert_allclose(results[0][1], results[1][1])
+
+
+def test_mvlgamma_takes_values_below_its_old_domain(torch):
+    x = [0.3, 2.0, 3.0, -0.7]
+    np.testing.assert_allclose(runtime.mvlgamma(runtime.tensor(x, dtype=runtime.float64), 2).numpy(),
+                               torch.mvlgamma(torch.tensor(x, dtype=torch.float64), 2).numpy())
+
+
+def test_random_fills_a_bool_tensor_with_both_values():
+    runtime.manual_seed(0)
+    out = runtime.zeros(1000, dtype=runtime.bool).random_()
+    assert out.dtype is runtime.bool and 0.4 < out.float().mean().item() < 0.6
