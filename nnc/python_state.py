@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+import random
 import sys
 import types
 
@@ -86,6 +87,31 @@ class ReachableState:
             if _difference(path, value, before) is not None:
                 changed = True
                 _put_back(value, before)
+        return changed
+
+
+class RandomStreams:
+    """The state of Python's `random` module and of numpy's global generator (np.random.rand and friends): a forward
+    that draws from them (`if random.random() < teacher_forcing_ratio`) decides anew on every call, which a
+    compiled graph would freeze at the traced call's draw."""
+
+    def __init__(self):
+        self.python, self.numpy = random.getstate(), np.random.get_state()
+
+    def changed(self) -> str | None:
+        if random.getstate() != self.python:
+            return "the state of Python's random module (it draws from it)"
+        name, keys, position, has_gauss, gauss = np.random.get_state()
+        if (position, has_gauss, gauss) != self.numpy[2:] or not np.array_equal(keys, self.numpy[1]):
+            return "the state of numpy's global random generator (it draws from it)"
+        return None
+
+    def restore(self) -> bool:
+        """Put back the states, so that an eager rerun draws what the traced call drew; whether either changed."""
+        changed = self.changed() is not None
+        if changed:
+            random.setstate(self.python)
+            np.random.set_state(self.numpy)
         return changed
 
 

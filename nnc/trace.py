@@ -27,7 +27,7 @@ from runtime.tensor import Tensor
 from runtime.utils import _pytree as pytree
 from .graph import Graph, fetch_attr, has_side_effect, map_arg
 from .prims import prims
-from .python_state import AttributesKept, ReachableState
+from .python_state import AttributesKept, RandomStreams, ReachableState
 from .symbolic import has_symbols, hint_of
 
 
@@ -350,7 +350,8 @@ class Tracer:
         such a forward runs eagerly; what the trace changed is put back (it may hold traced values)."""
         names = names or [f"argument {k}" for k in range(len(args))] + [f"argument {k}" for k in kwargs]
         roots = list(zip(names, [*args, *kwargs.values()]))
-        watched = [ReachableState.of_module(module, path), ReachableState(roots), ReachableState.of_globals(forward)]
+        watched = [ReachableState.of_module(module, path), ReachableState(roots), ReachableState.of_globals(forward),
+                   RandomStreams()]
         try:
             result = forward(*args, **kwargs)
             changed = next((what for what in (state.changed() for state in watched) if what), None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import copy
 import logging
+import random
 import warnings
 
 import numpy as np
@@ -391,3 +392,59 @@ def test_a_module_with_parameters_made_in_forward_still_runs_eagerly():
         first, second = compiled(x), compiled(x)
     assert not np.allclose(first.detach().numpy(), second.detach().numpy())  # new weights per call, as eager
     assert any("eager" in str(w.message) for w in caught)
+
+
+class TeacherForcedDecoder(nn.Module):
+    """A seq2seq decoder loop that feeds back its own prediction or the target, as Python's random module decides
+    on each step (the teacher-forcing ratio of the well-known translation tutorials)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.GRUCell(3, 4, dtype=runtime.float64)
+        self.out = nn.Linear(4, 3, dtype=runtime.float64)
+
+    def forward(self, target):
+        h, token, outputs = runtime.zeros(target.shape[0], 4, dtype=runtime.float64), target[:, 0], []
+        for t in range(1, target.shape[1]):
+            h = self.cell(token, h)
+            outputs.append(self.out(h))
+            token = target[:, t] if random.random() < 0.5 else outputs[-1]
+        return runtime.stack(outputs, 1)
+
+
+class NoisyHead(nn.Module):
+    """Scales by numpy's global generator (np.random.rand), drawn anew on every call."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = TeacherForcedDecoder()
+
+    def forward(self, target):
+        return self.decoder(target) * float(np.random.rand())
+
+
+def _seeded_calls(model, inputs):
+    outs = []
+    for seed, x in enumerate(inputs):
+        random.seed(seed)
+        np.random.seed(seed)
+        outs.append(model(x))
+    outs[-1].sum().backward()
+    return [o.detach().numpy() for o in outs], [p.grad.numpy() for p in model.parameters()]
+
+
+def test_a_forward_drawing_from_pythons_or_numpys_random_decides_anew_on_every_compiled_call():
+    """The draws (a submodule's random.random(), the root's np.random.rand()) would be frozen into a graph at the
+    traced call's values: those forwards run eagerly, the rest compiles, and under the same seeds every call gives
+    eager's outputs and gradients (the failed trace puts the generators back, so eager reruns draw the same)."""
+    runtime.manual_seed(0)
+    for model in (TeacherForcedDecoder(), NoisyHead()):
+        inputs = [runtime.randn(2, 6, 3, dtype=runtime.float64) for _ in range(5)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _seeded_calls(nnc.compile(copy.deepcopy(model)), inputs)
+        want = _seeded_calls(model, inputs)
+        for a, b in zip(got[0] + got[1], want[0] + want[1]):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    explained = str(nnc.explain(NoisyHead(), inputs[0]))
+    assert "Python's random module" in explained or "numpy's global random generator" in explained

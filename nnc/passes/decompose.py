@@ -30,7 +30,7 @@ from ..graph import Graph, Node, fetch_attr, has_side_effect, map_arg
 from ..graph_module import GraphModule
 from ..prims import prims
 from ..symbolic import has_symbols, is_symbolic
-from ..python_state import AttributesKept
+from ..python_state import AttributesKept, RandomStreams
 from ..trace import PATCHING, RANDOM_FACTORIES, for_thread, has_hooks
 from . import functionalize
 from .functionalize import FunctionalizeError
@@ -502,6 +502,9 @@ def _replay_node(builder: GraphBuilder, gm: GraphModule, node: Node, env: dict):
             raise DecomposeError("the module changes its own state (buffers) in forward")
         if snapshot.attributes_changed():
             raise DecomposeError("the module sets its own attributes in forward, which must happen on every call")
+        drew = snapshot.drew()
+        if drew:
+            raise DecomposeError(f"the module changes {drew}, anew on every call")
         return result
     except FunctionalizeError:
         raise
@@ -587,9 +590,14 @@ class _StateSnapshot:
         buffers = list(module.buffers()) if module is not None else []
         self.saved = [(t, t._vc()[0], t._data.copy()) for t in buffers]
         self.attributes = AttributesKept(module) if module is not None else None
+        self.streams = RandomStreams() if module is not None else None
 
     def changed(self) -> bool:
         return any(t._vc()[0] != version for t, version, _ in self.saved)
+
+    def drew(self) -> str | None:
+        """What global random generator the replay drew from (Python's, numpy's), if any."""
+        return self.streams.changed() if self.streams is not None else None
 
     def attributes_changed(self) -> bool:
         """Whether forward rebound an attribute of a module (a counter, a tensor kept for the next call) or changed
@@ -601,6 +609,8 @@ class _StateSnapshot:
             if t._vc()[0] != version:
                 t._data[...] = data
         self.attributes_changed()
+        if self.streams is not None:
+            self.streams.restore()
 
 
 def _erase_new_nodes(builder: GraphBuilder, existing: set) -> None:
