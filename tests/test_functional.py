@@ -241,7 +241,7 @@ CASES = {
     "binary_cross_entropy_weight_none": (
         lambda lib, f, x, t, w: f.binary_cross_entropy(x, t, weight=w, reduction="none"),
         [G(U(3, 4)), G(U(3, 4, seed=1)), U(4, seed=2)]),
-    # forward only: at inputs 0 and 1 gradients differ by design (see test_binary_cross_entropy_edges)
+    # forward only: at inputs 0 and 1 the target's gradient differs (see test_binary_cross_entropy_edges)
     "binary_cross_entropy_edges": (lambda lib, f, x, t: f.binary_cross_entropy(x, t, reduction="none"),
                                    [np.array([0.0, 1.0, 0.0, 1.0, 1e-50]), np.array([0.0, 1.0, 0.3, 0.6, 0.5])]),
     "bce_with_logits": (lambda lib, f, x, t: f.binary_cross_entropy_with_logits(x, t), [R(3, 4), U(3, 4)]),
@@ -598,16 +598,41 @@ def test_feature_dropout_shapes():
 
 
 def test_binary_cross_entropy_edges():
-    """At inputs 0 / 1 the loss is torch's (log clamped at -100); gradients are those of that clamped
-    forward (finite: the clamped log term passes none), where torch's backward divides by
-    max(x(1-x), 1e-12) for the input and gives inf for the target."""
+    """At inputs 0 / 1 the loss is torch's (log clamped at -100) and so is the input's gradient, torch's
+    (x - t) / max(x(1-x), 1e-12): huge, as a saturated float32 sigmoid gives it, not 0. The target's gradient is
+    the clamped logs' difference (torch's is an infinity there)."""
     x = runtime.tensor([0.0, 1.0, 0.0, 1.0], dtype=runtime.float64, requires_grad=True)
     y = runtime.tensor([0.0, 1.0, 0.3, 0.6], dtype=runtime.float64, requires_grad=True)
     loss = F.binary_cross_entropy(x, y, reduction="sum")
     loss.backward()
     np.testing.assert_allclose(loss.item(), 0.3 * 100 + 0.4 * 100)
-    np.testing.assert_allclose(x.grad.numpy(), [1.0, -1.0, 0.7, -0.6])  # (1-t)/(1-x) at 0, -t/x at 1
+    np.testing.assert_allclose(x.grad.numpy(), [0.0, 0.0, -0.3e12, 0.4e12])
     np.testing.assert_allclose(y.grad.numpy(), [100.0, -100.0, 100.0, -100.0])
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_binary_cross_entropy_at_saturated_inputs_matches_torch_eager_and_compiled(dtype):
+    """Values (float32's -100 clamp is exactly 100, not log of a subnormal floor) and input gradients."""
+    import nnc
+
+    p = np.array([1.0, 0.0, 0.3, 1e-44, 1 - 1e-13, 0.999], dtype)
+    t = np.array([0.0, 1.0, 0.0, 1.0, 0.2, 0.7], dtype)
+
+    class Loss(runtime.nn.Module):
+        def forward(self, x, y):
+            return F.binary_cross_entropy(x, y, reduction="none")
+
+    results = []
+    for lib, fn in ((torch, torch.nn.functional.binary_cross_entropy), (runtime, Loss()),
+                    (runtime, nnc.compile(Loss()))):
+        x = lib.tensor(p, requires_grad=True)
+        out = fn(x, lib.tensor(t)) if lib is runtime else fn(x, lib.tensor(t), reduction="none")
+        out.sum().backward()
+        results.append((out.detach().numpy(), x.grad.numpy()))
+    for ours in results[1:]:
+        np.testing.assert_allclose(ours[0], results[0][0], rtol=1e-6)
+        np.testing.assert_allclose(ours[1], results[0][1], rtol=1e-6)
 
 
 def test_dropout_inplace_and_feature_dropout():

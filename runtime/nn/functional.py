@@ -1179,7 +1179,25 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     return _reduce(loss, reduction)
 
 
-_LOG_EPS = math.exp(-100.0)
+# NOTE: torch's backward of binary_cross_entropy divides by max(x (1 - x), _BCE_EPS)
+_BCE_EPS = 1e-12
+
+
+def _binary_cross_entropy(input, target):
+    """-(t log x + (1 - t) log(1 - x)) elementwise, as torch's kernel computes it: each log at least -100, and the
+    gradient (x - t) / max(x (1 - x), 1e-12), huge (not 0) where x is 0 or 1 (a saturated sigmoid in float32).
+
+    NOTE: differentiated as written where x (1 - x) >= 1e-12; at the few saturated elements the clamped value
+    carries torch's gradient formula as a constant slope (their second derivative is 0)."""
+    saturated = input * (1 - input) < _BCE_EPS
+    x = input.where(~saturated, 0.5)  # the log's arguments stay away from 0 where it is differentiated
+    loss = -(target * x.log() + (1 - target) * (1 - x).log())
+    if not _is_eager(input) or bool(saturated.any()):
+        fixed = input.detach()
+        value = -(target * fixed.log().clamp(min=-100.0) + (1 - target) * (1 - fixed).log().clamp(min=-100.0))
+        slope = ((fixed - target) / (fixed * (1 - fixed)).clamp(min=_BCE_EPS)).detach()
+        loss = loss.where(~saturated, value + (input - fixed) * slope)
+    return loss
 
 
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
@@ -1190,11 +1208,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
                          f"({input.shape}) is deprecated. Please ensure they have the same size.")
     if _is_eager(input) and input.numel() and bool(((input < 0) | (input > 1)).any()):
         raise RuntimeError("all elements of input should be between 0 and 1")
-    # NOTE: log is clamped at -100 as in torch; the argument is first floored at e^-100 so that
-    # log's gradient never divides by zero at input 0 or 1 (torch's backward clamps similarly).
-    log_x = input.clamp(min=_LOG_EPS).log().clamp(min=-100.0)
-    log_1mx = (1 - input).clamp(min=_LOG_EPS).log().clamp(min=-100.0)
-    loss = -(target * log_x + (1 - target) * log_1mx)
+    loss = _binary_cross_entropy(input, target)
     if weight is not None:
         loss = loss * weight
     return _reduce(loss, reduction)
