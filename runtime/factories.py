@@ -1,6 +1,7 @@
 """Tensor factories: tensor, as_tensor, from_numpy, zeros, ones, full, arange, rand, ... and *_like."""
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -34,17 +35,37 @@ def _random(generator, device) -> np.random.Generator:
     return rng(generator)
 
 
-def _plain(data):
-    """Nested Python data with tensors replaced by their values."""
+def _plain(data, found: list):
+    """Nested Python data with tensors replaced by their values (a one-element tensor by its scalar, as torch takes
+    it); the dtypes of the tensors and numpy values met are appended to `found`."""
     if isinstance(data, Tensor):
-        return data._host()
+        found.append(data.dtype)
+        values = data._host()
+        return values.reshape(()) if values.size == 1 else values
+    if isinstance(data, (np.ndarray, np.generic)):
+        found.append(dt.from_numpy_dtype(data.dtype))
+        return data
     if isinstance(data, (list, tuple)):
-        return [_plain(x) for x in data]
+        return [_plain(x, found) for x in data]
     return data
 
 
-def _infer_dtype(data, array: np.ndarray) -> dt.dtype:
-    """numpy arrays keep their dtype; Python floats take the default dtype, ints int64, bools bool."""
+def _python_scalar_dtypes(data, out: set) -> set:
+    """The dtypes the Python numbers in nested data take (bool, int64, the default float and complex dtypes)."""
+    if isinstance(data, (list, tuple)):
+        for x in data:
+            _python_scalar_dtypes(x, out)
+    elif isinstance(data, (bool, int, float, complex)):
+        out.add(_infer_dtype(data, np.asarray(data)))
+    return out
+
+
+def _infer_dtype(data, array: np.ndarray, found: list = ()) -> dt.dtype:
+    """numpy arrays keep their dtype; Python floats take the default dtype, ints int64, bools bool. In a list
+    holding tensors or numpy values, their dtypes and those of the Python numbers beside them promote together
+    (torch.tensor([x.sum(), 1.0]) of a float64 x is float64)."""
+    if found:
+        return functools.reduce(dt.promote_types, [*found, *_python_scalar_dtypes(data, set())])
     if isinstance(data, (np.ndarray, np.generic, Tensor)):
         return dt.from_numpy_dtype(array.dtype)
     kind = array.dtype.kind
@@ -61,14 +82,17 @@ def _infer_dtype(data, array: np.ndarray) -> dt.dtype:
 
 def _array_from(data, dtype, copy: bool) -> np.ndarray:
     source = data._host() if isinstance(data, Tensor) else data
+    found: list = []
     try:
         if isinstance(source, np.ndarray):
             array = source
         else:
-            array = np.array(_plain(source)) if copy else np.asarray(_plain(source))
+            array = np.array(_plain(source, found)) if copy else np.asarray(_plain(source, found))
     except ValueError as e:
         raise ValueError(f"can't build a tensor from ragged or mixed data: {e}") from None
-    target = dt.as_dtype(dtype) if dtype is not None else _infer_dtype(data, array)
+    if isinstance(source, np.generic):
+        found.clear()  # a numpy scalar on its own keeps its dtype (below)
+    target = dt.as_dtype(dtype) if dtype is not None else _infer_dtype(data, array, found)
     if copy and array is source:
         return _copy(array, target.np)
     return dt.astype(array, target.np, copy=False)

@@ -260,3 +260,27 @@ def test_random_fills_a_bool_tensor_with_both_values():
     runtime.manual_seed(0)
     out = runtime.zeros(1000, dtype=runtime.bool).random_()
     assert out.dtype is runtime.bool and 0.4 < out.float().mean().item() < 0.6
+
+
+_ELEMENT_CASES = {
+    "float64_scalar": lambda lib: [lib.tensor(1.5, dtype=lib.float64)],
+    "float64_with_number": lambda lib: [lib.tensor(1.5, dtype=lib.float64), 2.0],
+    "float16_scalar": lambda lib: [lib.tensor(1.0, dtype=lib.float16)],
+    "int32_scalar": lambda lib: [lib.tensor(1, dtype=lib.int32)],
+    "int32_with_float": lambda lib: [lib.tensor(1, dtype=lib.int32), 2.5],
+    "nested_int32_with_int": lambda lib: [[lib.tensor(1, dtype=lib.int32)], [2]],
+    "one_element_tensor": lambda lib: [lib.tensor([1.5], dtype=lib.float64)],
+    "numpy_scalar_with_float": lambda lib: [np.int32(3), 2.5],
+    "numpy_float64": lambda lib: [np.float64(1.5)],
+    "bfloat16_with_number": lambda lib: [lib.tensor(1.5, dtype=lib.bfloat16), 2.0],
+}
+
+
+@pytest.mark.parametrize("case", sorted(_ELEMENT_CASES))
+def test_tensor_of_a_list_holding_tensors_or_numpy_values_takes_their_dtypes(torch, case):
+    """A value target built as torch.tensor([R]) from a float64 return keeps float64 (actor-critic scripts): the
+    elements' dtypes and the Python numbers' promote together; a one-element tensor is a scalar."""
+    ours = runtime.tensor(_ELEMENT_CASES[case](runtime))
+    theirs = torch.tensor(_ELEMENT_CASES[case](torch))
+    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.") and tuple(ours.shape) == tuple(theirs.shape)
+    np.testing.assert_array_equal(ours.float().numpy(), theirs.float().numpy())
