@@ -448,3 +448,28 @@ def test_a_forward_drawing_from_pythons_or_numpys_random_decides_anew_on_every_c
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
     explained = str(nnc.explain(NoisyHead(), inputs[0]))
     assert "Python's random module" in explained or "numpy's global random generator" in explained
+
+
+class PositionIdsEncoder(nn.Module):
+    """Position ids kept as an expanded, non-persistent buffer (the Hugging Face BERT pattern): read-only memory."""
+
+    def __init__(self, rows=1):
+        super().__init__()
+        self.register_buffer("position_ids", runtime.arange(12).expand((rows, -1)), persistent=False)
+        self.positions = nn.Embedding(12, 4, dtype=runtime.float64)
+        self.norm = nn.LayerNorm(4, dtype=runtime.float64)
+
+    def forward(self, x):
+        return self.norm(x + self.positions(self.position_ids[:, :x.shape[1]]))
+
+
+def test_a_buffer_viewing_an_expanded_tensor_compiles():
+    """Shape propagation used to write every buffer back after its run, and a write into that buffer raises: the
+    whole model ran eagerly, with a warning."""
+    runtime.manual_seed(0)
+    for rows in (1, 2):
+        inputs = [runtime.randn(2, 12, 4, dtype=runtime.float64) for _ in range(2)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the fallback to eager warned
+            assert_calls_match(PositionIdsEncoder(rows), inputs)
+        assert "graph break" not in str(nnc.explain(PositionIdsEncoder(rows), inputs[0]))

@@ -67,7 +67,8 @@ def propagate_shapes(gm, *example_inputs):
 def buffers_kept(root):
     """Undo what running the graph does to buffers (BatchNorm's running stats, a buffer assigned in forward) and to
     attributes: shape propagation is an analysis, so it must not advance the model's state."""
-    saved = [(m, dict(m._buffers), [b.clone() if b is not None else None for b in m._buffers.values()])
+    saved = [(m, dict(m._buffers), [(b._vc()[0], b.clone()) if b is not None else None
+                                     for b in m._buffers.values()])
              for m in root.modules()]
     try:
         with attributes_kept(root):
@@ -77,5 +78,7 @@ def buffers_kept(root):
             module._buffers.clear()
             module._buffers.update(registry)
             for buffer, value in zip(registry.values(), values):
-                if buffer is not None:
-                    buffer.copy_(value)
+                # NOTE: only what was written: a buffer that views an expanded tensor (BERT's position_ids) is
+                # read-only memory, and writing it back would raise
+                if buffer is not None and buffer._vc()[0] != value[0]:
+                    buffer.copy_(value[1])
