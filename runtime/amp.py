@@ -1,8 +1,10 @@
 """runtime.amp: autocast and GradScaler.
 
 autocast('cpu') does what torch's CPU autocast does for matmul-like ops: every primitive of kind matmul (matmul,
-linear, and through them bmm, conv and attention) runs on copies of its floating inputs in the autocast dtype
-(bfloat16 unless dtype=runtime.float16 is given, as in torch), and other ops follow the ordinary promotion rules. As
+linear, and through them bmm, conv, einsum and attention) runs on copies of its floating inputs in the autocast
+dtype (bfloat16 unless dtype=runtime.float16 is given, as in torch); the ops torch's CPU autocast runs in float32
+(losses, prod, cdist, trace, quantile: `runs_in_float32`) take float32 copies of their lower-precision inputs; and
+other ops follow the ordinary promotion rules. As
 in torch, a dtype CPU autocast does not support (float32, ...) gives a warning and disables it, a 'cuda' autocast
 warns and is disabled (there is no CUDA), and enabled=False is a no-op.
 """
@@ -84,6 +86,25 @@ def autocast_inputs(op, inputs):
     target = state.dtype
     return tuple(x.to(target) if getattr(x, "dtype", None) is not None and x.dtype.is_floating_point
                  and x.dtype is not target else x for x in inputs)
+
+
+def runs_in_float32(fn):
+    """Decorate an op torch's CPU autocast runs in float32 (its losses, prod, cdist, trace, quantile): inside
+    autocast, its bfloat16 and float16 tensor arguments are cast to float32 first, so a loss and its .item() are
+    not rounded to bfloat16. Outside autocast the op runs as written."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if state.dtype is None:
+            return fn(*args, **kwargs)
+        return fn(*map(_float32, args), **{k: _float32(v) for k, v in kwargs.items()})
+
+    return wrapped
+
+
+def _float32(value):
+    dtype = getattr(value, "dtype", None)
+    return value.to(dt.float32) if dtype in (dt.bfloat16, dt.float16) and hasattr(value, "to") else value
 
 
 def autocast_bias(bias):

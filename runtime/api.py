@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import amp as _amp
 from . import dtypes as dt
 from . import memory_formats as mf
 from . import ops as _ops
@@ -587,6 +588,7 @@ def argmin(input, dim=None, keepdim=False):
     return apply("argmin", input, dim=None if dim is None else wrap_dim(dim, input.ndim), keepdim=keepdim)
 
 
+@_amp.runs_in_float32
 def prod(input, dim=None, keepdim=False, *, dtype=None):
     if dtype is not None:
         input = input.to(dtype)
@@ -1756,6 +1758,7 @@ def diagflat(input, offset=0):
     return diag_embed(input.reshape(-1), offset)
 
 
+@_amp.runs_in_float32
 def trace(input):
     if input.ndim != 2:
         raise RuntimeError(f"trace: expected a matrix, but got tensor with dim {input.ndim}")
@@ -2155,6 +2158,7 @@ def mode(input, dim=-1, keepdim=False):
     return ValuesIndices(v if keepdim else _own(v.squeeze(d)), i if keepdim else _own(i.squeeze(d)))
 
 
+@_amp.runs_in_float32
 def quantile(input, q, dim=None, keepdim=False, *, interpolation="linear"):
     if not input.dtype.is_floating_point:
         raise RuntimeError("quantile() input tensor must be either float or double dtype")
@@ -2189,6 +2193,7 @@ def quantile(input, q, dim=None, keepdim=False, *, interpolation="linear"):
     return stack(outs, 0)
 
 
+@_amp.runs_in_float32
 def nanquantile(input, q, dim=None, keepdim=False, *, interpolation="linear"):
     if not bool(isnan(input).any()):
         return quantile(input, q, dim, keepdim, interpolation=interpolation)
@@ -2443,6 +2448,8 @@ def einsum(equation, *operands):
         equation, operands = _sublist_equation((equation,) + operands)
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    if _amp.state.dtype is not None and len(operands) > 1:  # NOTE: torch's runs as bmm, which autocast casts
+        operands = _amp.autocast_inputs(None, operands)
     eq = equation.replace(" ", "")
     lhs, arrow, rhs = eq.partition("->")
     terms = lhs.split(",")
@@ -2535,6 +2542,7 @@ def dist(input, other, p=2):
     return _vector_norm(input - other, p, None, False)
 
 
+@_amp.runs_in_float32
 def cdist(x1, x2, p=2.0, compute_mode=None):
     if x1.ndim < 2 or x2.ndim < 2:
         raise RuntimeError(f"cdist only supports at least 2D tensors, X1 got: {x1.ndim}D")

@@ -91,3 +91,59 @@ def test_linear_bias_follows_the_autocast_dtype(bias):
     with runtime.autocast("cpu", dtype=runtime.float16):
         assert layer(runtime.randn(4, 3)).dtype is runtime.float16
     assert layer(runtime.randn(4, 3)).dtype is runtime.float32
+
+
+_FLOAT32_UNDER_AUTOCAST = {
+    "mse_loss": lambda lib, x, t, p, labels: lib.nn.functional.mse_loss(x, t),
+    "l1_loss": lambda lib, x, t, p, labels: lib.nn.functional.l1_loss(x, t),
+    "smooth_l1_loss": lambda lib, x, t, p, labels: lib.nn.functional.smooth_l1_loss(x, t),
+    "huber_loss": lambda lib, x, t, p, labels: lib.nn.functional.huber_loss(x, t),
+    "nll_loss": lambda lib, x, t, p, labels: lib.nn.functional.nll_loss(x, labels),
+    "cross_entropy": lambda lib, x, t, p, labels: lib.nn.CrossEntropyLoss(label_smoothing=0.1)(x, labels),
+    "kl_div": lambda lib, x, t, p, labels: lib.nn.functional.kl_div(x, p, reduction="batchmean"),
+    "binary_cross_entropy": lambda lib, x, t, p, labels: lib.nn.functional.binary_cross_entropy(p, p * 0.5),
+    "bce_with_logits": lambda lib, x, t, p, labels: lib.nn.functional.binary_cross_entropy_with_logits(x, p),
+    "soft_margin_loss": lambda lib, x, t, p, labels: lib.nn.functional.soft_margin_loss(x, t.sign()),
+    "multi_margin_loss": lambda lib, x, t, p, labels: lib.nn.functional.multi_margin_loss(x, labels),
+    "poisson_nll_loss": lambda lib, x, t, p, labels: lib.nn.functional.poisson_nll_loss(x, p),
+    "prod": lambda lib, x, t, p, labels: (x * 0.1 + 1).prod(),
+    "cdist": lambda lib, x, t, p, labels: lib.cdist(x, t),
+    "trace": lambda lib, x, t, p, labels: x[:, :4].trace(),
+    "einsum": lambda lib, x, t, p, labels: lib.einsum("ij,kj->ik", x.float(), t.float()),
+    "sum_stays_low": lambda lib, x, t, p, labels: x.sum(),
+}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", sorted(_FLOAT32_UNDER_AUTOCAST))
+def test_autocast_runs_losses_in_float32_and_einsum_low_as_torch(name):
+    """torch's CPU autocast computes its losses (and prod, cdist, trace) in float32 from bfloat16 activations, so a
+    loss's .item() is not rounded to bfloat16; einsum runs as bmm, in the low dtype."""
+    rng = np.random.default_rng(0)
+    x, t = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    p = rng.uniform(0.05, 0.95, (4, 5)).astype(np.float32)
+    results = []
+    for lib in (runtime, torch):
+        args = [lib.tensor(v).bfloat16() for v in (x, t, p)] + [lib.tensor([0, 1, 2, 3])]
+        with lib.autocast("cpu", dtype=lib.bfloat16):
+            results.append(_FLOAT32_UNDER_AUTOCAST[name](lib, *args))
+    ours, theirs = results
+    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.")
+    np.testing.assert_allclose(ours.float().numpy(), theirs.float().numpy(), rtol=1e-2, atol=1e-2)
+
+
+def test_a_compiled_loss_under_autocast_is_float32_as_eager():
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 5))
+    compiled = nnc.compile(copy.deepcopy(model))
+    x, labels = runtime.randn(4, 8), runtime.tensor([0, 1, 2, 3])
+    losses = []
+    for m in (model, compiled):
+        with runtime.autocast("cpu"):
+            loss = nn.functional.cross_entropy(m(x), labels)
+        loss.backward()
+        losses.append(loss)
+    assert losses[0].dtype is losses[1].dtype is runtime.float32
+    np.testing.assert_allclose(losses[1].item(), losses[0].item(), rtol=1e-6)
+    for a, b in zip(compiled.parameters(), model.parameters()):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-6)

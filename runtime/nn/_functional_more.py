@@ -10,6 +10,7 @@ import itertools
 import math
 import warnings
 
+from .. import amp
 from .. import api
 from .. import dtypes as dt
 from .. import factories
@@ -118,6 +119,7 @@ def pdist(input, p=2.0):
 
 # --- losses ----------------------------------------------------------------------------------------------
 
+@amp.runs_in_float32
 def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     reduction = F._reduction(size_average, reduce, reduction)
     F._check_reduction(reduction)

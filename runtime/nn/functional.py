@@ -997,6 +997,7 @@ def _repeat_heads(x, heads):
 # Losses
 # ---------------------------------------------------------------------------------------------
 
+@amp.runs_in_float32
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
@@ -1008,6 +1009,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     return _reduce(loss, reduction)
 
 
+@amp.runs_in_float32
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
@@ -1018,6 +1020,7 @@ def l1_loss(input, target, size_average=None, reduce=None, reduction="mean", wei
     return _reduce(loss, reduction)
 
 
+@amp.runs_in_float32
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
@@ -1031,6 +1034,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     return _reduce(loss, reduction)
 
 
+@amp.runs_in_float32
 def huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     _check_reduction(reduction)
     if delta <= 0:
@@ -1104,12 +1108,14 @@ def _nll(name, logp, target, weight, ignore_index, reduction):
     return loss.sum() / w.sum()
 
 
+@amp.runs_in_float32
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     return _nll("nll_loss", input, target, weight, ignore_index, reduction)
 
 
+@amp.runs_in_float32
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
     reduction = _reduction(size_average, reduce, reduction)
@@ -1159,6 +1165,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     return nll * (1 - label_smoothing) + reduced * (label_smoothing / n_classes)
 
 
+@amp.runs_in_float32
 def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction, ("none", "mean", "sum", "batchmean"))
@@ -1175,7 +1182,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
         warnings.warn("reduction: 'mean' divides the total loss by both the batch size and the support size."
                       "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
                       "'mean' will be changed to behave the same as 'batchmean' in the next major release.",
-                      stacklevel=2)
+                      stacklevel=3)  # (the caller of amp.runs_in_float32's wrapper)
     return _reduce(loss, reduction)
 
 
@@ -1200,6 +1207,7 @@ def _binary_cross_entropy(input, target):
     return loss
 
 
+@amp.runs_in_float32
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
@@ -1214,6 +1222,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     return _reduce(loss, reduction)
 
 
+@amp.runs_in_float32
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
                                      reduction="mean", pos_weight=None):
     reduction = _reduction(size_average, reduce, reduction)
@@ -1866,12 +1875,14 @@ def _embedding_bag_max(input, weight, offsets, flat, include_last_offset: bool, 
 
 # --- more losses ------------------------------------------------------------------------------------
 
+@amp.runs_in_float32
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     return _reduce((-target * (input1 - input2) + margin).clamp(min=0.0), reduction)
 
 
+@amp.runs_in_float32
 def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
@@ -1880,6 +1891,7 @@ def hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=No
     return _reduce(loss, reduction)
 
 
+@amp.runs_in_float32
 def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
@@ -1887,6 +1899,7 @@ def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="m
     return _reduce(-logsigmoid(target * input), reduction)
 
 
+@amp.runs_in_float32
 def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
@@ -1900,6 +1913,7 @@ def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None,
     return _reduce(loss, reduction)
 
 
+@amp.runs_in_float32
 def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
                         reduce=None, reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
@@ -1921,6 +1935,7 @@ def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_fu
     return _reduce((d_pos - d_neg + margin).clamp(min=0.0), reduction)
 
 
+@amp.runs_in_float32
 def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8, reduce=None,
                      reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
@@ -1966,6 +1981,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
     return _reduce(loss, reduction)
 
 
+@amp.runs_in_float32
 def multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None,
                       reduction="mean"):
     reduction = _reduction(size_average, reduce, reduction)
