@@ -23,7 +23,7 @@ from .random import Generator, default_generator, get_rng_state, initial_seed, m
 from .autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled  # noqa: F401
 from .autograd.grad_mode import is_inference_mode_enabled  # noqa: F401
 from .autograd.anomaly_mode import is_anomaly_check_nan_enabled, is_anomaly_enabled  # noqa: F401
-from . import accelerator, amp, autograd, backends, cuda, fft, hub, jit, linalg, nn, ops, testing, xpu  # noqa: F401
+from . import accelerator, amp, autograd, backends, cpu, cuda, fft, hub, jit, linalg, nn, ops, testing, xpu  # noqa: F401
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled  # noqa: F401
 from .backends import (are_deterministic_algorithms_enabled, get_float32_matmul_precision,  # noqa: F401
                        is_deterministic_algorithms_warn_only_enabled, set_float32_matmul_precision,

@@ -147,3 +147,17 @@ def test_a_compiled_loss_under_autocast_is_float32_as_eager():
     np.testing.assert_allclose(losses[1].item(), losses[0].item(), rtol=1e-6)
     for a, b in zip(compiled.parameters(), model.parameters()):
         np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_deprecated_cpu_amp_namespace_autocasts_and_warns_as_torch():
+    """`torch.cpu.amp.autocast()` (older scripts) is torch.amp.autocast('cpu') with a FutureWarning; torch.cpu
+    answers as the one, synchronous CPU device."""
+    linear = nn.Linear(3, 3)
+    with pytest.warns(FutureWarning, match="torch.amp.autocast"):
+        with runtime.cpu.amp.autocast():
+            assert linear(runtime.randn(2, 3)).dtype is runtime.bfloat16
+    assert linear(runtime.randn(2, 3)).dtype is runtime.float32
+    with pytest.warns(FutureWarning, match="GradScaler"):
+        assert runtime.cpu.amp.GradScaler(enabled=False).is_enabled() is False
+    assert runtime.cpu.is_available() and runtime.cpu.device_count() == 1 and runtime.cpu.current_device() == "cpu"
+    runtime.cpu.synchronize()
