@@ -293,11 +293,24 @@ def mm(mat1, mat2) -> Tensor:
     return out.index_add(0, rows, values.unsqueeze(1) * mat2.index_select(0, cols))
 
 
-def sum(input, dim=None):  # noqa: A001 - torch.sparse.sum's name
-    """torch.sparse.sum over every dim (a 0-dim dense tensor) or the given ones (of the dense form)."""
+def sum(input, dim=None, dtype=None):  # noqa: A001 - torch.sparse.sum's name
+    """torch.sparse.sum over every dim (a 0-dim dense tensor) or the given ones: a sparse tensor of the sparse dims
+    left while some are (their duplicate indices added up), else the dense tensor of the dense dims left."""
+    if dtype is not None:
+        input = input.to(dtype)
     if not isinstance(input, SparseCooTensor):
         return input.sum() if dim is None else input.sum(dim)
-    return input._vals.sum() if dim is None else input.to_dense().sum(dim)
+    if dim is None:
+        return input._vals.sum()
+    dims = sorted({d % input.dim() for d in ((dim,) if isinstance(dim, int) else dim)})
+    sparse = input.sparse_dim()
+    kept = [d for d in range(sparse) if d not in dims]
+    if not kept:
+        return input.to_dense().sum(dims)
+    dense_summed = [d - sparse + 1 for d in dims if d >= sparse]  # dense dims are the values' dims after the first
+    values = input._vals.sum(dense_summed) if dense_summed else input._vals
+    size = [n for d, n in enumerate(input.shape) if d not in dims]
+    return SparseCooTensor(input._idx[kept], values, tuple(size)).coalesce()
 
 
 def FloatTensor(indices, values, size) -> SparseCooTensor:  # noqa: N802 - torch.sparse.FloatTensor's name

@@ -494,6 +494,10 @@ class Tensor:
 
         return to_sparse(self, sparse_dim)
 
+    def to_dense(self, dtype=None, *, masked_grad=None) -> "Tensor":
+        """A dense tensor is its own dense form (torch returns it as is), in `dtype` when one is given."""
+        return self if dtype is None else self.to(dtype)
+
     def share_memory_(self) -> "Tensor":
         """Move the values into shared memory, as torch does for Hogwild training: processes forked later share
         them, and spawned ones given this tensor (multiprocessing's pickler: runtime.multiprocessing) attach to the

@@ -134,3 +134,28 @@ def test_a_gcn_with_a_sparse_adjacency_trains_as_torchs(torch):
     theirs = _gcn_step_losses(torch, adjacency, features, labels, weights)
     np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5)
     np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sparse_dim", [3, 2])
+@pytest.mark.parametrize("dim", [1, (0, 2), (0, 1), -1, (1, 2)])
+def test_sparse_sum_over_some_dims_is_sparse_as_torchs(torch, sparse_dim, dim):
+    """Summing some sparse dims keeps a sparse tensor of the others (duplicates added up); summing them all gives
+    the dense tensor of the dense dims left. Values, layout and the gradient of the dense source match torch."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 4, 2))
+    a[a < 0.3] = 0
+    results = []
+    for lib in (runtime, torch):
+        source = lib.tensor(a, requires_grad=True)
+        out = lib.sparse.sum(source.to_sparse(sparse_dim), dim=dim)
+        dense = out.to_dense()
+        (dense * lib.arange(1, dense.numel() + 1, dtype=lib.float64).reshape(dense.shape)).sum().backward()
+        results.append((out.is_sparse, dense.detach().numpy(), source.grad.numpy()))
+    assert results[0][0] == results[1][0]
+    np.testing.assert_allclose(results[0][1], results[1][1])
+    np.testing.assert_allclose(results[0][2], results[1][2])
+
+
+def test_a_dense_tensor_is_its_own_dense_form():
+    x = runtime.randn(2, 3)
+    assert x.to_dense() is x and x.to_dense(runtime.float64).dtype is runtime.float64
