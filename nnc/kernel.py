@@ -111,7 +111,7 @@ def own_kernel_kind(node: Node) -> str | None:
     sliding-window ops of convolution and pooling), "gather" for a getitem/index_put of one integer index tensor
     after full slices (see gather_dim), "take" for torch.gather / scatter_add (is_take), "cat" for a plain cat
     (is_plain_cat); None for every other node."""
-    if node.op != "call_function" or not isinstance(node.target, Prim) or has_complex_values(node):
+    if node.op != "call_function" or not isinstance(node.target, Prim) or interpreted_dtype(node):
         return None
     if node.target.op.kernel_kind is not None:
         return node.target.op.kernel_kind
@@ -122,11 +122,19 @@ def own_kernel_kind(node: Node) -> str | None:
     return "cat" if is_plain_cat(node) else None
 
 
-def has_complex_values(node: Node) -> bool:
-    """Whether a node computes or reads complex values, which no code generator has arithmetic for: numpy runs it
-    (the interpreter), as an opaque step."""
-    values = (node,) + tuple(node.all_input_nodes)
-    return any(getattr(v.meta.get("dtype"), "is_complex", False) for v in values)
+# The dtypes no code generator has arithmetic for (numba has no complex kernels here, no bfloat16 type and no float16
+# arithmetic on the CPU): nodes of them run in numpy, as eager computes them.
+INTERPRETED_DTYPES = ("complex64", "complex128", "float16", "bfloat16")
+
+
+def interpreted_dtype(node: Node) -> str | None:
+    """The name of a dtype in INTERPRETED_DTYPES that a node computes or reads, if any: numpy runs such a node (the
+    interpreter), quietly, as an opaque step (an autocast cast to bfloat16 and the matmul after it)."""
+    for value in (node,) + tuple(node.all_input_nodes):
+        name = getattr(value.meta.get("dtype"), "name", None)
+        if name in INTERPRETED_DTYPES:
+            return name
+    return None
 
 
 def is_take(node: Node) -> bool:

@@ -85,7 +85,9 @@ class Block(nn.Module):
         return h.softmax(-1) * 2 + h.sum(-1, keepdim=True).exp()
 
 
-def test_bfloat16_model_falls_back_with_a_warning_and_matches_eager():
+def test_bfloat16_model_runs_in_numpy_quietly_and_matches_eager():
+    """No code generator has bfloat16 arithmetic: its nodes are opaque by design (as complex ones), run in numpy as
+    eager runs them, bit for bit, with no warning about kernels failing to compile."""
     runtime.manual_seed(0)
     eager = Block().to(runtime.bfloat16)
     compiled = nnc.compile(copy.deepcopy(eager))
@@ -98,13 +100,14 @@ def test_bfloat16_model_falls_back_with_a_warning_and_matches_eager():
             out.float().pow(2).sum().backward()
         results.append((out, [p.grad for p in model.parameters()], caught))
     (want, want_grads, _), (got, got_grads, caught) = results
-    assert any("bfloat16" in str(w.message) and "interpreter" in str(w.message) for w in caught)
+    assert not caught, [str(w.message) for w in caught]
     assert got.dtype is want.dtype is runtime.bfloat16
     np.testing.assert_array_equal(got.detach().float().numpy(), want.detach().float().numpy())
     for a, b in zip(got_grads, want_grads):
         assert a.dtype is b.dtype is runtime.bfloat16
         np.testing.assert_array_equal(a.float().numpy(), b.float().numpy())
-    assert any(p.fallbacks for p in _plans(compiled))
+    assert not any(p.fallbacks for p in _plans(compiled))
+    assert "of bfloat16 values runs in numpy" in str(nnc.explain(copy.deepcopy(eager), x))
 
 
 class GaussianLogLikelihood(nn.Module):

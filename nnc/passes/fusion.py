@@ -95,7 +95,7 @@ from runtime.dtypes import INT
 from runtime.ops import Kind
 
 from ..graph import Graph, Node, target_name
-from ..kernel import (BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel, has_complex_values,
+from ..kernel import (BROADCAST, ELEMENTWISE, INJECTIVE, OPAQUE, RANK_NAMES, REDUCTION, Kernel, interpreted_dtype,
                       own_kernel_kind)
 from ..prims import Prim
 from ..symbolic import Shape, is_symbolic
@@ -127,7 +127,7 @@ def op_name(node: Node) -> str:
 def rank(node: Node) -> int:
     """The node's place on the fusion lattice (see the module docstring)."""
     op = op_of(node)
-    if op is None or has_complex_values(node) and not op.is_view:
+    if op is None or interpreted_dtype(node) and not op.is_view:
         return OPAQUE
     if op.kind == Kind.ELEMENTWISE:
         if op.divisor is not None and _integral(node):
@@ -164,7 +164,7 @@ def needs_index(node: Node) -> bool:
 
 def is_matmul(node: Node) -> bool:
     op = op_of(node)
-    return op is not None and op.kind == Kind.MATMUL and _shape(node) is not None
+    return op is not None and op.kind == Kind.MATMUL and _shape(node) is not None and not interpreted_dtype(node)
 
 
 def is_window(node: Node) -> bool:
@@ -783,8 +783,9 @@ def _opaque_reason(node: Node, graph: Graph, folded: dict) -> str:
     if r == INJECTIVE:
         return (f"injective: view/shape op {op.name} runs as a step of its own (not folded into its readers: "
                 f"{why_not_folded(node, graph, folded)})")
-    if has_complex_values(node) and not op.is_view:
-        return f"opaque: {op.name} of complex values runs in numpy (no code generator has complex arithmetic)"
+    if interpreted_dtype(node) and not op.is_view:
+        return (f"opaque: {op.name} of {interpreted_dtype(node)} values runs in numpy (no code generator has "
+                f"{interpreted_dtype(node)} arithmetic)")
     if op.kind == Kind.REDUCTION:
         return f"opaque: reduction {op.name} has no fusable accumulator (OpDef.reducer); run as is"
     return f"opaque: {op.kind} op {op.name} runs as is"
