@@ -445,7 +445,7 @@ class Plan:
                                        f"would take longer to compile than it saves; whole_graph=True asks for it)")
             return None
         try:
-            compiled = compile_graph(self.kernels, self.gm.graph, name=self.gm._get_name())
+            compiled = compile_graph(self.kernels, self.gm.graph, name=self.gm._get_name(), requested=requested)
         except WholeGraphUnsupported as reason:
             self.whole_graph_reason = str(reason)
             if requested:

@@ -170,6 +170,34 @@ def test_many_kernels_run_kernel_by_kernel_unless_asked_for(monkeypatch):
     assert_close(got, want)
 
 
+class Unrolled(nn.Module):
+    """The same layer applied four times: an unrolled loop's repeating kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x):
+        for _ in range(4):
+            x = self.fc(x).tanh()
+        return x
+
+
+def test_repeating_kernels_run_kernel_by_kernel_unless_asked_for(monkeypatch):
+    """One numba function compiles every repeat of a kernel (an unrolled loop), kernel by kernel compiles it once:
+    past WHOLE_GRAPH_FEW kernels repeating more than WHOLE_GRAPH_MAX_REPEATS times on average, a forward runs kernel
+    by kernel and says why; whole_graph=True still gets one function."""
+    monkeypatch.setattr(whole_graph, "WHOLE_GRAPH_FEW", 2)
+    monkeypatch.setattr(whole_graph, "WHOLE_GRAPH_MAX_REPEATS", 2)
+    x = runtime.randn(3, 6)
+    want, got, plan = run_both(Unrolled().eval(), x)
+    assert not plan.whole_graph and "repeat 1 distinct" in plan.whole_graph_reason, plan.whole_graph_reason
+    assert_close(got, want)
+    want, got, plan = run_both(Unrolled().eval(), x, whole_graph=True)
+    assert plan.whole_graph
+    assert_close(got, want)
+
+
 def test_whole_graph_off_runs_kernel_by_kernel():
     model = models.MLP().eval()
     want, got, plan = run_both(model, runtime.randn(2, 784), whole_graph=False)

@@ -48,7 +48,15 @@ WHOLE_GRAPH_MAX_ELEMENTS = 2 ** 20
 # kernel compiles each distinct kernel once (2 s for all four: a loop's steps share their kernels). A whole graph
 # saves ~4 us of launch per kernel and call (72 kernels: 83 against 366 us), so past this many kernels, unless asked
 # for with whole_graph=True, a graph runs kernel by kernel. The GPT's batch-1 forward has 25 (2 layers) and 45 (4).
-WHOLE_GRAPH_MAX_KERNELS = 64
+# An nn.LSTM over 28 steps, no_grad, has 62: 23.7 s to compile whole against 2.3 s kernel by kernel, for ~250 us a
+# call (100,000 calls to break even), so the bound is 32.
+WHOLE_GRAPH_MAX_KERNELS = 32
+# NOTE: run_graph links every kernel instance into one function, so an unrolled loop (an nn.LSTM over 28 steps: 62
+# kernels repeating a few) compiles each step anew where kernel by kernel compiles each distinct kernel once (23.7 s
+# against 2.3 s cold). Unless asked for, a graph of more than WHOLE_GRAPH_FEW kernels whose kernels repeat on
+# average more than WHOLE_GRAPH_MAX_REPEATS times runs kernel by kernel (a 2-layer GPT's 25 kernels are 13 distinct).
+WHOLE_GRAPH_FEW = 16
+WHOLE_GRAPH_MAX_REPEATS = 3
 _HAVE_SCIPY = importlib.util.find_spec("scipy") is not None
 SHAPE_ERROR = "nnc whole graph: an argument's shape differs from the compiled one"
 
@@ -292,21 +300,33 @@ def _tuple(names: list[str]) -> str:
     return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
 
 
-def generate_graph(kernels: list[Kernel], graph: Graph, name: str = "graph"):
+def generate_graph(kernels: list[Kernel], graph: Graph, name: str = "graph", requested: bool | None = True):
     """(module source, argument nodes, returned nodes, [(kernel, its Generated module)]); raises
-    WholeGraphUnsupported."""
+    WholeGraphUnsupported (also, unless `requested`, for a graph of repeating kernels: repeats_reason)."""
     reason = unsupported_reason(kernels, graph)
     if reason is not None:
         raise WholeGraphUnsupported(reason)
     emitter = _Emitter(kernels, graph)
     arg_nodes = emitter.arguments()
     emitter.emit()
+    reason = None if requested else repeats_reason([generated for _, generated in emitter.generated])
+    if reason is not None:
+        raise WholeGraphUnsupported(reason)
     if not _HAVE_SCIPY and any("np.dot(" in line for line in emitter.lines):
         # NOTE: numba calls BLAS through scipy's cython bindings; scipy is not a dependency of nnc (the products
         # nnc.codegen.cblas runs, numpy's own OpenBLAS, need no scipy)
         raise WholeGraphUnsupported("a matmul runs in BLAS, which numba calls through scipy (not installed)")
     returned = _returned_nodes(graph, emitter)
     return _module_source(name, len(kernels), emitter, arg_nodes, returned), arg_nodes, returned, emitter.generated
+
+
+def repeats_reason(generated: list[Generated]) -> str | None:
+    """Why a graph's kernels repeat too much to compile as one function (see WHOLE_GRAPH_MAX_REPEATS), or None."""
+    distinct = len({g.source for g in generated})
+    if len(generated) > WHOLE_GRAPH_FEW and len(generated) > WHOLE_GRAPH_MAX_REPEATS * distinct:
+        return (f"its {len(generated)} kernels repeat {distinct} distinct ones (an unrolled loop): kernel by kernel "
+                f"compiles each once, one numba function would compile every repeat; whole_graph=True asks for it")
+    return None
 
 
 def _returned_nodes(graph: Graph, emitter: _Emitter) -> list[Node]:
@@ -351,10 +371,11 @@ def _shape_checks(names: list[str], arg_nodes: list) -> list[str]:
     return lines
 
 
-def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph") -> CompiledGraph:
+def compile_graph(kernels: list[Kernel], graph: Graph, name: str = "graph",
+                  requested: bool | None = True) -> CompiledGraph:
     """Generate, cache and compile the whole graph; WholeGraphUnsupported or KernelCompileError when it cannot."""
     start = time.perf_counter()
-    source, arg_nodes, returned, generated = generate_graph(kernels, graph, name)
+    source, arg_nodes, returned, generated = generate_graph(kernels, graph, name, requested)
     compiled = [compile_generated(kernel, g) for kernel, g in generated]  # imports (and compiles) them
     hits = [c.cache_hit for c in compiled]
     # NOTE: run_graph imports the kernels' modules by name; one the LRU dropped meanwhile is loaded again by that
