@@ -321,6 +321,26 @@ def test_a_lazy_model_has_torchs_state_dict_and_outputs(torch):
                                rtol=1e-4, atol=1e-5)
 
 
+def test_a_lazy_model_loads_a_trained_state_dict_before_its_first_call(torch):
+    """Loading materializes the parameters and the batch norms' running stats (uninitialized buffers) with the
+    checkpoint's shapes and values; the first call keeps them and gives the module its class, as in torch."""
+    trained = _lazy_lenet(runtime)
+    x = runtime.randn(4, 1, 28, 28)
+    trained(x)
+    for module in trained.modules():
+        if getattr(module, "running_mean", None) is not None:
+            module.running_mean.fill_(0.25)
+    trained.eval()
+    fresh = _lazy_lenet(runtime)
+    assert sorted(fresh.state_dict()) == sorted(_lazy_lenet(torch).state_dict())
+    result = fresh.load_state_dict(trained.state_dict())
+    assert not result.missing_keys and not result.unexpected_keys
+    fresh.eval()
+    np.testing.assert_array_equal(fresh(x).detach().numpy(), trained(x).detach().numpy())
+    assert type(fresh[1]) is runtime.nn.BatchNorm2d and type(fresh[9]) is runtime.nn.Linear
+    assert fresh[9].in_features == 16 * 5 * 5 and fresh[10].num_batches_tracked.item() == 1
+
+
 def test_sync_batchnorm_without_a_process_group_is_batchnorm_and_converts_models():
     model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.Sequential(nn.BatchNorm1d(3)), nn.InstanceNorm1d(3))
     model[1].running_mean.fill_(0.5)

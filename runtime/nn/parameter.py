@@ -1,4 +1,5 @@
-"""Parameter (a Tensor a Module registers as learnable), UninitializedParameter (lazy modules) and Buffer."""
+"""Parameter (a Tensor a Module registers as learnable), UninitializedParameter and UninitializedBuffer (lazy
+modules) and Buffer."""
 from __future__ import annotations
 
 import numpy as np
@@ -54,8 +55,28 @@ class UninitializedParameter(Parameter):
         return "<UninitializedParameter>"
 
 
+class UninitializedBuffer(Tensor):
+    """A buffer whose shape is not known yet (a lazy batch norm's running stats); materialize() gives it one."""
+
+    def __new__(cls):
+        return Tensor._from_array(np.zeros((0,), dtype=np.float32), cls)
+
+    def __init__(self):
+        pass
+
+    def materialize(self, shape, dtype=None) -> None:
+        from .. import dtypes as dt
+
+        np_dtype = (dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()).np
+        self._data = np.zeros(tuple(shape), dtype=np_dtype)
+        self.__class__ = Tensor
+
+    def __repr__(self) -> str:
+        return "<UninitializedBuffer>"
+
+
 def is_lazy(param) -> bool:
-    return isinstance(param, UninitializedParameter)
+    return isinstance(param, (UninitializedParameter, UninitializedBuffer))
 
 
 class Buffer(Tensor):

@@ -79,7 +79,9 @@ class LazyLinear(Linear):
 
     def forward(self, input):
         if isinstance(self.weight, UninitializedParameter):
-            self._materialize(input.shape[-1])  # NOTE: the module becomes a plain Linear, as in torch
+            self._materialize(input.shape[-1])
+        self.in_features = self.weight.shape[-1]  # (a weight load_state_dict materialized has it)
+        self.__class__ = Linear  # NOTE: the module becomes a plain Linear, as in torch
         return Linear.forward(self, input)
 
     def _materialize(self, in_features: int) -> None:
@@ -89,7 +91,6 @@ class LazyLinear(Linear):
             if self.bias is not None:
                 self.bias.materialize((self.out_features,), self._factory_kwargs["dtype"])
             self.reset_parameters()
-        self.__class__ = Linear
 
 
 class Bilinear(Module):

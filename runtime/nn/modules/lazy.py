@@ -4,7 +4,7 @@ values, and makes this module that module (as torch's lazy modules become their 
 from __future__ import annotations
 
 from ...autograd import grad_mode
-from ..parameter import UninitializedParameter
+from ..parameter import UninitializedBuffer, UninitializedParameter, is_lazy
 from .extra import InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
 from .layers import (BatchNorm1d, BatchNorm2d, BatchNorm3d, Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d,
                      ConvTranspose3d)
@@ -24,6 +24,10 @@ class _Lazy(Module):
         probe = self.becomes(channels, *args, **kwargs)  # the parameters the module will have
         for name, p in probe._parameters.items():
             self.register_parameter(name, None if p is None else UninitializedParameter())
+        for name, b in probe._buffers.items():  # running stats wait for the channels; a step count does not
+            lazy = b is not None and b.ndim > 0
+            self.register_buffer(name, UninitializedBuffer() if lazy else b,
+                                 persistent=name not in probe._non_persistent_buffers_set)
         described = probe.extra_repr()  # torch shows the channels still unknown as 0
         self._lazy_repr = "0" + described[len(str(channels)):] if described.startswith(str(channels)) else described
 
@@ -31,7 +35,7 @@ class _Lazy(Module):
         return self._lazy_repr
 
     def has_uninitialized_params(self) -> bool:
-        return any(isinstance(p, UninitializedParameter) for p in self._parameters.values())
+        return any(is_lazy(t) for t in (*self._parameters.values(), *self._buffers.values()))
 
     def channel_dim(self, input) -> int:
         return 1 if input.ndim == self.batched_ndim else 0
@@ -43,13 +47,13 @@ class _Lazy(Module):
     def initialize_parameters(self, input) -> None:
         args, kwargs = self._lazy_arguments
         built = self.becomes(input.shape[self.channel_dim(input)], *args, **kwargs)
-        with grad_mode.no_grad():
-            for name, value in built._parameters.items():
-                mine = self._parameters.get(name)
-                if isinstance(mine, UninitializedParameter):
-                    mine.materialize(tuple(value.shape), value.dtype)
-                    mine.copy_(value)
-        self._buffers.update(built._buffers)
+        with grad_mode.no_grad():  # (what load_state_dict materialized keeps its loaded values)
+            for registry, built_registry in ((self._parameters, built._parameters), (self._buffers, built._buffers)):
+                for name, value in built_registry.items():
+                    mine = registry.get(name)
+                    if is_lazy(mine):
+                        mine.materialize(tuple(value.shape), value.dtype)
+                        mine.copy_(value)
         own = set(Module().__dict__)  # Module's registries and hooks: this module keeps its own
         self.__dict__.update({k: v for k, v in built.__dict__.items() if k not in own})
         del self._lazy_arguments, self._lazy_repr
