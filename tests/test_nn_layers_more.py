@@ -354,3 +354,74 @@ def test_sync_batchnorm_without_a_process_group_is_batchnorm_and_converts_models
     np.testing.assert_allclose(nn.SyncBatchNorm(3)(x).detach().numpy(), plain(x).detach().numpy(), rtol=1e-6)
     assert repr(nn.SyncBatchNorm(3)) == "SyncBatchNorm(3, eps=1e-05, momentum=0.1, affine=True, bias=True, " \
         "track_running_stats=True)"
+
+
+def _adaptive(lib):
+    lib.manual_seed(0)
+    return lib.nn.AdaptiveLogSoftmaxWithLoss(16, 20, [4, 10], div_value=2.0, head_bias=True).double()
+
+
+def test_adaptive_log_softmax_matches_torch(torch):
+    """Outputs, loss, gradients (input and every parameter), log_prob, predict and the unbatched form, with the
+    weights of torch's module; a batch whose targets fall in the head and both tail clusters."""
+    rng = np.random.default_rng(0)
+    x, target = rng.standard_normal((7, 16)), np.array([0, 3, 5, 9, 12, 19, 2])
+    results, reference = [], None
+    for lib in (torch, runtime):
+        module = _adaptive(lib)
+        if reference is None:
+            reference = {k: v.detach().numpy() for k, v in module.state_dict().items()}
+        module.load_state_dict({k: lib.tensor(v) for k, v in reference.items()})
+        inputs = lib.tensor(x, requires_grad=True)
+        out, loss = module(inputs, lib.tensor(target))
+        loss.backward()
+        single = module(lib.tensor(x[0]), lib.tensor(target[0])).output
+        results.append([out.detach().numpy(), loss.item(), inputs.grad.numpy(), module.log_prob(lib.tensor(x))
+                        .detach().numpy(), module.predict(lib.tensor(x)).numpy(), single.detach().numpy()]
+                       + [p.grad.numpy() for p in module.parameters()])
+    for theirs, ours in zip(*results):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+def test_adaptive_log_softmax_is_a_distribution_and_refuses_bad_targets():
+    module = _adaptive(runtime)
+    x = runtime.randn(5, 16, dtype=runtime.float64)
+    np.testing.assert_allclose(module.log_prob(x).exp().sum(1).detach().numpy(), np.ones(5))
+    assert module.predict(x).tolist() == module.log_prob(x).argmax(1).tolist()
+    with pytest.raises(RuntimeError, match=r"Target values should be in \[0, 19\]"):
+        module(x, runtime.tensor([0, 1, 2, 3, 20]))
+    with pytest.raises(RuntimeError, match="same size in the batch dimension"):
+        module(x, runtime.tensor([0, 1]))
+    with pytest.raises(ValueError, match="cutoffs"):
+        runtime.nn.AdaptiveLogSoftmaxWithLoss(16, 20, [10, 4])
+
+
+def test_a_compiled_language_model_with_an_adaptive_softmax_trains_as_eager():
+    """Its clusters pick rows by the targets' values (nonzero): that module runs eagerly, the rest compiles."""
+    import copy
+    import warnings
+
+    import nnc
+
+    class LM(runtime.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = runtime.nn.Embedding(20, 16, dtype=runtime.float64)
+            self.adaptive = _adaptive(runtime)
+
+        def forward(self, tokens, targets):
+            return self.adaptive(self.embed(tokens).tanh(), targets).loss
+
+    model = LM()
+    compiled = nnc.compile(copy.deepcopy(model))
+    tokens, targets = runtime.tensor([1, 5, 7, 11, 19, 3]), runtime.tensor([0, 4, 9, 13, 18, 2])
+    losses = []
+    for m in (model, compiled):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loss = m(tokens, targets)
+        loss.backward()
+        losses.append(loss.item())
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-12)
+    for a, b in zip(compiled.parameters(), model.parameters()):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-10, atol=1e-12)

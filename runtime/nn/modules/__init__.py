@@ -18,3 +18,4 @@ from .lazy import (LazyBatchNorm1d, LazyBatchNorm2d, LazyBatchNorm3d, LazyConv1d
 from .sync_batchnorm import SyncBatchNorm  # noqa: F401
 from .loss import *  # noqa: F401,F403
 from .more import *  # noqa: F401,F403
+from .adaptive import AdaptiveLogSoftmaxWithLoss  # noqa: F401
