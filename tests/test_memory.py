@@ -332,3 +332,37 @@ def test_outputs_handed_to_autograd_own_their_memory():
     assert backward.shape == forward.shape == (128, 256) and backward.dtype == forward.dtype == np.float32
     assert backward.flags.owndata
     assert forward.ctypes.data % CACHE_LINE == 0
+
+
+class ReturnsItsInput(torch.nn.Module):
+    """Tensor.type to the dtype it has returns the tensor itself: an opaque call whose result is its input (the
+    Hugging Face GPT-2 attention's `w.type(v.dtype)`), read by a product stored through a permute."""
+
+    def __init__(self):
+        super().__init__()
+        self.W = torch.nn.Parameter(torch.randn(8, 8, dtype=torch.float64))
+
+    def forward(self, x):
+        q = x.view(2, 5, 2, 4).permute(0, 2, 1, 3)
+        w = (q @ q.transpose(-1, -2)).type(x.dtype)
+        a = (w @ q).permute(0, 2, 1, 3).contiguous().view(2, 5, 8)
+        return a @ self.W, w.type(x.dtype)
+
+
+def test_an_opaque_result_keeps_the_buffer_it_may_be_alive_and_escapes_with_it():
+    """The planner gave the opaque call's input buffer to a later kernel's output while the opaque result (that same
+    array) was still to be read: compiled under no_grad was off by 458. The second output is that result itself, so
+    its buffer must not be reused by the next call either."""
+    torch.manual_seed(0)
+    model = ReturnsItsInput()
+    compiled = nnc.compile(model)
+    x1, x2 = torch.randn(2, 5, 8, dtype=torch.float64), torch.randn(2, 5, 8, dtype=torch.float64)
+    with torch.no_grad():
+        first = compiled(x1)
+        kept = first[1].clone()
+        second = compiled(x2)
+        want1, want2 = model(x1), model(x2)
+    np.testing.assert_allclose(first[0].numpy(), want1[0].numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(first[1].numpy(), kept.numpy())  # not overwritten by the second call
+    np.testing.assert_allclose(second[0].numpy(), want2[0].numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(second[1].numpy(), want2[1].numpy(), rtol=1e-12, atol=1e-12)

@@ -9,7 +9,9 @@ not a view. Not planned, each with its reason in `MemoryPlan.unplanned`:
   - outputs of opaque view kernels (reshape, permute, expand, getitem, ...: `OpDef.is_view`): they alias their
     base. A view of a graph input needs nothing; a view of a planned value is recorded in `aliases` and keeps its
     base's buffer alive until the view's own last use;
-  - values that are not one tensor (a tuple from an opaque call, a Python number).
+  - values that are not one tensor (a tuple from an opaque call, a Python number);
+  - results of opaque calls that are not primitives, which run as Python code and may return one of their inputs:
+    they keep their inputs' buffers alive until their own last use, and make them escape when they do.
 
 Lifetimes are in kernel indices: a value is defined by the kernel that writes it and last used by the last kernel
 that reads it (or reads a view of it, or writes a slice of it: a cat whose pieces' producers store into it,
@@ -133,8 +135,18 @@ def plan_memory(kernels: list[Kernel], graph: Graph) -> MemoryPlan:
                 base = folded.get(node.args[0], node.args[0])
                 root[node] = root.get(base, base)
 
-    # values that escape: graph outputs and the bases of views that are graph outputs
+    # NOTE: an opaque call that is not a primitive runs as Python code (the executor's InterpretedStep): its result is
+    # whatever the call returns, never a planned buffer, and it may be one of its inputs or a view of one
+    # (Tensor.type to the dtype it has returns self), so it keeps their buffers alive, and escapes with them
+    may_alias = {node: [root.get(a, a) for a in k.inputs] for k in kernels if k.kind == "opaque"
+                 for node in k.outputs if node not in root and op_of(node) is None}
+
+    # values that escape: graph outputs and the bases of views that are graph outputs (or of opaque results)
     escaping = set(graph_outputs) | {root[n] for n in graph_outputs if n in root}
+    for k in reversed(kernels):
+        for node in k.outputs:
+            if node in escaping:
+                escaping.update(may_alias.get(node, ()))
 
     unplanned: dict[Node, str] = {}
     aliases: dict[Node, Node] = {}
@@ -151,6 +163,8 @@ def plan_memory(kernels: list[Kernel], graph: Graph) -> MemoryPlan:
                     aliases[node] = base
             elif node in escaping:
                 unplanned[node] = "graph output" if node in graph_outputs else "a graph output is a view of it"
+            elif node in may_alias:
+                unplanned[node] = "an opaque call's result (it may be one of its inputs)"
             elif _single_tensor(node) is None:
                 unplanned[node] = "not a single tensor"
             else:
@@ -161,15 +175,21 @@ def plan_memory(kernels: list[Kernel], graph: Graph) -> MemoryPlan:
             unplanned[view] = f"view of {base.name}, which has no planned buffer"
             del aliases[view]
 
-    # lifetimes: the last kernel reading the value or any view of it
+    # lifetimes: the last kernel reading the value or any view of it (or an opaque result that may be it)
     last_use: dict[Node, int] = {node: i for i, node in candidates}
+    read_until: dict[Node, int] = {node: i for i, k in enumerate(kernels) for node in k.outputs}
     for j, k in enumerate(kernels):
         # a kernel writing its product into a value another kernel allocated (a cat's slice, passes/stores.py) uses
         # that buffer as much as a reader does: it must stay that value's until the last writer has run
         for arg in (*k.inputs, *k.meta.get("writes_into", ())):
             value = root.get(arg, arg)
-            if value in last_use:
-                last_use[value] = max(last_use[value], j)
+            read_until[value] = max(read_until.get(value, j), j)
+    for k in reversed(kernels):
+        for node in k.outputs:
+            for base in may_alias.get(node, ()):
+                read_until[base] = max(read_until.get(base, 0), read_until[node])
+    for node in last_use:
+        last_use[node] = max(last_use[node], read_until.get(node, 0))
 
     buffers: list[Buffer] = []
     slots: dict[Node, Slot] = {}
