@@ -395,6 +395,18 @@ def test_outputs_the_caller_holds_are_never_overwritten_and_dropped_ones_are_reu
     np.testing.assert_array_equal(third.numpy(), kept)
 
 
+def test_a_numpy_view_of_an_output_keeps_it_from_being_reused():
+    """An aligned output is itself a view of a byte arena, and numpy points a view of a view at the owner: a kept
+    `out.numpy().T` or `[:, 0]` held the arena, not the output array, which the next call then overwrote."""
+    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU())  # large enough for an aligned output
+    compiled = nnc.compile(model, whole_graph=False)
+    with runtime.no_grad():
+        column = compiled(runtime.randn(2048, 8)).numpy()[:, 0]
+        kept = column.copy()
+        compiled(runtime.randn(2048, 8))
+    np.testing.assert_array_equal(column, kept)
+
+
 def test_outputs_saved_for_backward_are_not_reused_before_backward():
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
     eager, compiled = model, nnc.compile(copy.deepcopy(model))
