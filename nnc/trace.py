@@ -268,9 +268,17 @@ _install_dunders()
 WRITING_METHODS = INPLACE_METHODS + ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__")
 
 
+# Tensor's in-place methods that draw random numbers: drawn into a real tensor while tracing, the values would be
+# frozen into the graph as a constant (timm's DropPath: `x.new_empty(shape).bernoulli_(keep)`)
+RANDOM_WRITING_METHODS = ("bernoulli_", "cauchy_", "exponential_", "geometric_", "log_normal_", "normal_", "random_",
+                          "uniform_")
+
+
 def _checked_write(method, tracer: "Tracer"):
+    draws = method.__name__ in RANDOM_WRITING_METHODS
+
     def write(self, *args, **kwargs):
-        if _has_proxy(args) or _has_proxy(list(kwargs.values())):
+        if draws or _has_proxy(args) or _has_proxy(list(kwargs.values())):
             tracer.write_into_real(self)
         return method(self, *args, **kwargs)
 
@@ -445,9 +453,9 @@ class Tracer:
         return node
 
     def write_into_real(self, tensor: Tensor) -> None:
-        """Traced values are about to be written in place into a real tensor, which the Python code after the write
-        would read unchanged: trace again with the runtime call that made it recorded (_TraceAgain), or, for a tensor
-        from elsewhere, a graph break."""
+        """Traced values (or random draws) are about to be written in place into a real tensor, which the Python code
+        after the write would read unchanged (or frozen): trace again with the runtime call that made it recorded
+        (_TraceAgain), or, for a tensor from elsewhere, a graph break."""
         made = tensor if tensor._base is None else tensor._base
         if self._made.get(id(made)) is made:
             raise _TraceAgain(self._made_by_call[id(made)])

@@ -439,3 +439,45 @@ def test_draws_join_row_kernels_and_match_the_interpreter(dynamic):
     rows = [k for c in generated.compilations for p in c.plans for k in p.kernels if k.kind == "row"]
     assert any("philox_uniform" in k.meta["ops"] and "exp" in k.meta["ops"] for k in rows), \
         [(k.kind, k.meta["ops"]) for c in generated.compilations for p in c.plans for k in p.kernels]
+
+
+class DropPath(nn.Module):
+    """Stochastic depth as timm writes it: a per-sample mask drawn in place into a tensor made in forward."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.keep = keep
+
+    def forward(self, x):
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(self.keep)
+        return x * mask / self.keep
+
+
+class FilledInPlace(nn.Module):
+    """Noise drawn with uniform_ and normal_ into tensors made in forward, read after the fill."""
+
+    def forward(self, x):
+        noise = runtime.empty(x.shape).uniform_(-0.5, 1.5)
+        gauss = runtime.zeros(x.shape)
+        gauss.normal_(2.0, 3.0)
+        return x * 0 + noise, gauss
+
+
+def test_in_place_draws_into_tensors_made_in_forward_draw_anew_on_every_compiled_call():
+    """bernoulli_, uniform_ and normal_ on a tensor made in forward were run once while tracing and frozen into the
+    graph as a constant (DropPath's mask never changed). They are philox draws now: fresh on every call, with the
+    distribution's statistics, repeatable under manual_seed, and no warning."""
+    x = runtime.ones(20000, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drop, fill = nnc.compile(DropPath(0.7)), nnc.compile(FilledInPlace())
+        first, second = drop(x).numpy()[:, 0], drop(x).numpy()[:, 0]
+        (noise, gauss), (noise2, _) = fill(x), fill(x)
+    assert not np.array_equal(first, second) and not np.array_equal(noise.numpy(), noise2.numpy())
+    assert abs((first != 0).mean() - 0.7) < 0.02 and np.allclose(first[first != 0], 1 / 0.7)
+    assert noise.numpy().min() >= -0.5 and noise.numpy().max() < 1.5 and abs(noise.numpy().mean() - 0.5) < 0.02
+    assert abs(gauss.numpy().mean() - 2.0) < 0.1 and abs(gauss.numpy().std() - 3.0) < 0.1
+    runtime.manual_seed(7)
+    again = drop(x).numpy()
+    runtime.manual_seed(7)
+    np.testing.assert_array_equal(drop(x).numpy(), again)

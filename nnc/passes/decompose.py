@@ -31,7 +31,7 @@ from ..graph_module import GraphModule
 from ..prims import prims
 from ..symbolic import has_symbols, is_symbolic
 from ..python_state import AttributesKept, RandomStreams
-from ..trace import PATCHING, RANDOM_FACTORIES, for_thread, has_hooks
+from ..trace import PATCHING, RANDOM_FACTORIES, RANDOM_WRITING_METHODS, for_thread, has_hooks
 from . import functionalize
 from .functionalize import FunctionalizeError
 from .shapes import propagate_shapes
@@ -574,6 +574,8 @@ def _real_tensor_written_with_graph_values(node: Node, args, kwargs):
     target = kwargs.get("out") if kwargs.get("out") is not None else (args[0] if args else None)
     if not isinstance(target, Tensor):
         return None
+    if node.op == "call_method" and node.target in RANDOM_WRITING_METHODS:
+        return target  # its draws are graph values too (philox nodes): run eagerly, they would be frozen
     return target if any(isinstance(v, MetaValue) for v in pytree.flatten((args, kwargs))[0]) else None
 
 

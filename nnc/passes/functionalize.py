@@ -265,6 +265,33 @@ def _setitem(self, key, value) -> None:
     write(self, apply("index_put", self, value, *index_tensors, key=encoded, accumulate=False))
 
 
+def _drawn_fill(name: str, sample):
+    """An in-place random fill (bernoulli_, uniform_, normal_) as a write of a counter-based draw: decompose's
+    stand-ins make runtime.rand / runtime.randn philox nodes, so every run draws anew (never a frozen constant)."""
+
+    def fill(self, *args, generator=None, **kwargs):
+        if generator is not None or not self.dtype.is_floating_point:
+            raise FunctionalizeError(f"in-place {name} with its own generator, or of a {self.dtype} tensor, cannot "
+                                     f"be compiled (it runs eagerly)")
+        return write(self, sample(self, *args, **kwargs).to(self.dtype))
+
+    fill.__name__ = name
+    return fill
+
+
+def _bernoulli_sample(self, p=0.5):
+    return (factories.rand(*self.shape, dtype=self.dtype) < p).to(self.dtype)
+
+
+def _uniform_sample(self, a=0.0, b=1.0, *, from_=None, to=None):
+    low, high = (a, b) if from_ is None else (from_, to)
+    return factories.rand(*self.shape, dtype=self.dtype) * (high - low) + low
+
+
+def _normal_sample(self, mean=0.0, std=1.0):
+    return factories.randn(*self.shape, dtype=self.dtype) * std + mean
+
+
 def _refuse(name: str):
     def refuse(self, *args, **kwargs):
         raise FunctionalizeError(f"in-place {name} cannot be compiled (it draws random numbers or changes "
@@ -274,7 +301,10 @@ def _refuse(name: str):
 
 
 _OVERRIDES = {"detach_": _detach_, "addcmul_": _addcmul_, "addcdiv_": _addcdiv_, "lerp_": _lerp_,
-              "fill_": _fill_, "zero_": _zero_, "copy_": _copy_, "fill_diagonal_": _fill_diagonal_}
+              "fill_": _fill_, "zero_": _zero_, "copy_": _copy_, "fill_diagonal_": _fill_diagonal_,
+              "bernoulli_": _drawn_fill("bernoulli_", _bernoulli_sample),
+              "uniform_": _drawn_fill("uniform_", _uniform_sample),
+              "normal_": _drawn_fill("normal_", _normal_sample)}
 
 
 def install(cls) -> None:
