@@ -231,7 +231,12 @@ class _MethodRecorder:
         self.proxy, self.name = proxy, name
 
     def __call__(self, *args, **kwargs):
-        return self.proxy.tracer.create_proxy("call_method", self.name, (self.proxy,) + args, kwargs)
+        tracer = self.proxy.tracer
+        if self.name == "type" and not args and "dtype" not in kwargs and tracer.specializes_sizes:
+            value = tracer.value_of(self.proxy.node)  # x.type(): the legacy name of its dtype, which guards check
+            if isinstance(value, Tensor):
+                return value.type()
+        return tracer.create_proxy("call_method", self.name, (self.proxy,) + args, kwargs)
 
 
 def _dunder(target, reflected: bool):

@@ -473,3 +473,28 @@ def test_a_buffer_viewing_an_expanded_tensor_compiles():
             warnings.simplefilter("error")  # the fallback to eager warned
             assert_calls_match(PositionIdsEncoder(rows), inputs)
         assert "graph break" not in str(nnc.explain(PositionIdsEncoder(rows), inputs[0]))
+
+
+class LegacyTypeNames(nn.Module):
+    """Hugging Face GPT-2's attention casts with `w.type(v.dtype)`; older code branches on `x.type()`."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4, dtype=runtime.float64)
+
+    def forward(self, x):
+        q = self.proj(x)
+        w = (q @ q.transpose(-1, -2)).softmax(-1).type(q.dtype)
+        if x.type() == "torch.DoubleTensor":
+            w = w * 2
+        return (w @ q).type("torch.DoubleTensor")
+
+
+def test_legacy_type_casts_and_queries_compile_without_a_graph_break():
+    runtime.manual_seed(0)
+    inputs = [runtime.randn(2, 5, 4, dtype=runtime.float64) for _ in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_calls_match(LegacyTypeNames(), inputs)
+    explained = str(nnc.explain(LegacyTypeNames(), inputs[0]))
+    assert "graph break" not in explained and "opaque node" not in explained

@@ -130,6 +130,8 @@ class MetaValue:
     def detach(self):
         return api.detach(self)
 
+    type = Tensor.type  # (the legacy names, `w.type(v.dtype)` in Hugging Face's GPT-2: a cast, through self.to)
+
     @property
     def data(self):
         """`x.data` in forward: the same memory without history, as detach() (a write through it reaches x)."""
