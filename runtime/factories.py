@@ -284,7 +284,24 @@ def linspace(start, end, steps, *, dtype=None, device=None, requires_grad=False)
     device = check_device(device)
     if steps < 0:
         raise RuntimeError(f"linspace(): number of steps must be non-negative, got {steps}")
-    return _finish(np.linspace(start, end, steps).astype(_dtype_or_default(dtype)), requires_grad, device)
+    return _finish(_linspace_values(start, end, steps, _dtype_or_default(dtype)), requires_grad, device)
+
+
+def _linspace_values(start, end, steps: int, np_dtype) -> np.ndarray:
+    """torch's float32 and float64 linspace: step = (end - start) / (steps - 1) in the dtype, the first half counted
+    up from start and the rest down from end (so both ends are exact), each point one fused multiply-add, emulated
+    at a wider precision (float64 for float32, long double for float64: rarely off by one unit there)."""
+    np_dtype = np.dtype(np_dtype)
+    if np_dtype not in (np.float32, np.float64) or steps < 2:  # (torch's reduced-float and integer rules differ)
+        return dt.astype(np.linspace(float(start), float(end), steps), np_dtype)
+    work = np_dtype.type
+    wide = np.longdouble if work is np.float64 else np.float64
+    first, last = work(start), work(end)
+    step = (last - first) / work(steps - 1)
+    index = np.arange(steps)
+    up = wide(first) + wide(step) * index.astype(wide)
+    down = wide(last) - wide(step) * (steps - 1 - index).astype(wide)
+    return dt.astype(np.where(index < steps // 2, up, down).astype(work), np_dtype)
 
 
 def eye(n, m=None, *, dtype=None, device=None, requires_grad=False) -> Tensor:

@@ -284,3 +284,21 @@ def test_tensor_of_a_list_holding_tensors_or_numpy_values_takes_their_dtypes(tor
     theirs = torch.tensor(_ELEMENT_CASES[case](torch))
     assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.") and tuple(ours.shape) == tuple(theirs.shape)
     np.testing.assert_array_equal(ours.float().numpy(), theirs.float().numpy())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_linspace_and_affine_grid_give_torchs_bits(torch, dtype):
+    """torch counts the first half of linspace up from start and the rest down from end, each point one fused
+    multiply-add (np.linspace gave 5.6e-17 off the midpoint's 0); affine_grid scales that by (n - 1) then / n.
+    An identity affine_grid lands the spatial transformer tutorial's samples exactly on pixel centres, where a
+    last-bit difference moves grid_sample's floor and its gradient."""
+    for steps in list(range(0, 70)) + [1000, 4097]:
+        for start, end in ((-1, 1), (0, 1), (1e-4, 0.02), (-3.7, 12.1)):
+            ours = runtime.linspace(start, end, steps, dtype=getattr(runtime, dtype)).numpy()
+            theirs = torch.linspace(start, end, steps, dtype=getattr(torch, dtype)).numpy()
+            assert np.array_equal(ours, theirs) or (dtype == "float64" and np.abs(ours - theirs).max() < 1e-15)
+    for size in ((1, 1, 7, 7), (2, 3, 28, 33)):
+        theta = np.tile(np.array([[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]], dtype=dtype), (size[0], 1, 1))
+        ours = runtime.nn.functional.affine_grid(runtime.tensor(theta), size, align_corners=False).numpy()
+        theirs = torch.nn.functional.affine_grid(torch.tensor(theta), size, align_corners=False).numpy()
+        np.testing.assert_array_equal(ours, theirs)

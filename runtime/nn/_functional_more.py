@@ -241,7 +241,7 @@ def _base_coords(steps, align_corners, dtype):
     if steps <= 1:
         return factories.zeros((max(steps, 0),), dtype=dtype)
     line = factories.linspace(-1.0, 1.0, steps, dtype=dtype)
-    return line if align_corners else line * ((steps - 1) / steps)
+    return line if align_corners else line * (steps - 1) / steps  # (two roundings, as torch's)
 
 
 def affine_grid(theta, size, align_corners=None):
