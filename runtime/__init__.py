@@ -112,6 +112,9 @@ from .functional_aliases import (adaptive_avg_pool1d, adaptive_max_pool1d, alpha
                                  prelu, rms_norm, row_stack, rrelu, rsub, selu, threshold)
 from .utils import data as _utils_data  # noqa: E402,F401  (sets runtime.utils.data, as torch.utils.data)
 from . import distributed  # noqa: E402,F401
+from . import _foreach  # noqa: E402
+
+globals().update(_foreach.functions())  # torch._foreach_add_ and the rest: runtime._foreach_add_, ...
 
 
 def __getattr__(name):

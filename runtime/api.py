@@ -155,6 +155,11 @@ def _scaled_add(input, other, alpha, name):
 
 @rounds_bfloat16_once
 def _add_scaled_other(input, other, alpha, name):
+    if getattr(input, "dtype", None) is dt.float32 and getattr(other, "dtype", None) is dt.float32 and \
+            type(alpha) in (int, float):
+        # NOTE: torch's kernel is one fused multiply-add, alpha in float32: through float64 (the product is exact
+        # there), rounded once, as an EMA's mul_(decay).add_(p, alpha=1 - decay) must be to give torch's bits
+        return apply(name, input.double(), other.double() * float(np.float32(alpha))).to(dt.float32)
     return apply(name, input, other * alpha)
 
 
@@ -465,15 +470,20 @@ def logsumexp(input, dim, keepdim=False):
 
 @rounds_bfloat16_once
 def addcmul(input, tensor1, tensor2, *, value=1):
-    return input + tensor1 * tensor2 * value if value != 1 else input + tensor1 * tensor2
+    """input + value * tensor1 * tensor2 as torch's kernel computes it: (value * tensor1) times tensor2 in one fused
+    multiply-add with input (float32 through float64, where the product is exact)."""
+    scaled = tensor1 * value if value != 1 else tensor1
+    if builtins.all(getattr(t, "dtype", None) is dt.float32 for t in (input, tensor1, tensor2)):
+        return (scaled.double() * tensor2.double() + input.double()).to(dt.float32)
+    return input + scaled * tensor2
 
 
 @rounds_bfloat16_once
 def addcdiv(input, tensor1, tensor2, *, value=1):
-    return input + tensor1 / tensor2 * value if value != 1 else input + tensor1 / tensor2
+    """input + value * tensor1 / tensor2, (value * tensor1) / tensor2 as torch's kernel orders it."""
+    return input + (tensor1 * value if value != 1 else tensor1) / tensor2
 
 
-@rounds_bfloat16_once
 @rounds_bfloat16_once
 def lerp(input, end, weight):
     """torch's two-sided formula, exact at both ends: input + w (end - input) where |w| < 0.5, else

@@ -850,21 +850,30 @@ class Tensor:
 
     def add_(self, other, *, alpha=1):
         _check_no_partial_overlap(self._data, other)
-        if alpha != 1 and self._scaled_other_rounds(other):
+        if alpha != 1 and self._scaled_other_rounds(other) and not self._recording_into_view(other):
             return self._inplace_composite("add", api.add, other, alpha=alpha)
         return self._inplace("add", other if alpha == 1 else other * alpha)
 
     def sub_(self, other, *, alpha=1):
         _check_no_partial_overlap(self._data, other)
-        if alpha != 1 and self._scaled_other_rounds(other):
+        if alpha != 1 and self._scaled_other_rounds(other) and not self._recording_into_view(other):
             return self._inplace_composite("sub", api.sub, other, alpha=alpha)
         return self._inplace("sub", other if alpha == 1 else other * alpha)
+
+    def _recording_into_view(self, *others) -> bool:
+        """Whether an in-place write into this view is recorded for autograd (CopySlices): its last op must read
+        the old value directly, so torch's fused roundings (api.add's alpha, lerp, addcmul: computed wider and
+        cast back) give way to the plain formula there."""
+        return self._base is not None and _grad_state.enabled and (
+            self.requires_grad or any(isinstance(t, Tensor) and t.requires_grad for t in others))
 
     def _scaled_other_rounds(self, other) -> bool:
         """Whether `other * alpha` would round where torch's fused self + alpha * other does not: into bfloat16,
         or at a float precision below the result's (a float32 parameter plus alpha times a bfloat16 update)."""
         if self.dtype is _BFLOAT16:
             return True
+        if self.dtype is dt.float32 and isinstance(other, Tensor) and other.dtype is dt.float32:
+            return True  # (torch's fused multiply-add: api._add_scaled_other)
         return isinstance(other, Tensor) and other.dtype.is_floating_point and other.dtype is not self.dtype
 
     def mul_(self, other):
@@ -928,12 +937,16 @@ class Tensor:
     clip_ = clamp_
 
     def addcmul_(self, tensor1, tensor2, *, value=1):
-        return self._inplace("add", tensor1 * tensor2 * value if value != 1 else tensor1 * tensor2)
+        if self._recording_into_view(tensor1, tensor2):
+            return self._inplace("add", tensor1 * tensor2 * value if value != 1 else tensor1 * tensor2)
+        return self._inplace_composite("addcmul", api.addcmul, tensor1, tensor2, value=value)
 
     def addcdiv_(self, tensor1, tensor2, *, value=1):
-        return self._inplace("add", tensor1 / tensor2 * value if value != 1 else tensor1 / tensor2)
+        return self._inplace_composite("addcdiv", api.addcdiv, tensor1, tensor2, value=value)
 
     def lerp_(self, end, weight):
+        if self._recording_into_view(end, weight):
+            return self._inplace("add", (end - self) * weight)
         return self._inplace_composite("lerp", api.lerp, end, weight)
 
     def masked_fill_(self, mask, value):

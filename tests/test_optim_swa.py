@@ -77,3 +77,21 @@ def test_swalr_matches_torch(kw, torch):
         rows.append((row, sorted(sched.state_dict())))
     np.testing.assert_allclose(rows[0][0], rows[1][0], rtol=1e-12)
     assert rows[0][1] == rows[1][1]
+
+
+def test_multi_tensor_ema_and_swa_give_torchs_float32_bits(torch):
+    """torch's multi-tensor averages are lerps (_foreach_lerp_), whose bits differ from decay * ema + (1 - decay) *
+    model's in a quarter of the elements."""
+    values = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
+    results = []
+    for lib in (runtime, torch):
+        averaged = [lib.tensor(values[0].copy()), lib.tensor(values[2].copy())]
+        current = [lib.tensor(values[1]), lib.tensor(values[3])]
+        ema = lib.optim.swa_utils.get_ema_multi_avg_fn(0.999)
+        for _ in range(5):
+            ema(averaged, current, None)
+        lib.optim.swa_utils.get_swa_multi_avg_fn()(averaged, current, lib.tensor(3))
+        results.append(np.concatenate([a.numpy() for a in averaged]))
+    np.testing.assert_array_equal(results[0], results[1])
+    with pytest.raises(ValueError, match="decay"):
+        runtime.optim.swa_utils.get_ema_multi_avg_fn(1.5)

@@ -212,11 +212,11 @@ def _method(base: str):
 
 
 def _addcmul_(self, tensor1, tensor2, *, value=1):
-    return write(self, api.add(self, tensor1 * tensor2 * value if value != 1 else tensor1 * tensor2))
+    return write(self, api.addcmul(self, tensor1, tensor2, value=value))
 
 
 def _addcdiv_(self, tensor1, tensor2, *, value=1):
-    return write(self, api.add(self, tensor1 / tensor2 * value if value != 1 else tensor1 / tensor2))
+    return write(self, api.addcdiv(self, tensor1, tensor2, value=value))
 
 
 def _lerp_(self, end, weight):

@@ -29,20 +29,38 @@ def get_swa_avg_fn():
     return swa_update
 
 
-def _multi(avg_fn):
-    def update(averaged_params, current_params, num_averaged):
-        for a, c in zip(averaged_params, current_params):
-            a.copy_(avg_fn(a, c, num_averaged))
-
-    return update
-
-
 def get_ema_multi_avg_fn(decay=0.999):
-    return _multi(get_ema_avg_fn(decay))
+    """EMA over lists of parameters, as torch's: a lerp towards the model's for floating ones (its bits differ from
+    decay * ema + (1 - decay) * model's), that formula for the others."""
+    if decay < 0.0 or decay > 1.0:
+        raise ValueError(f"Invalid decay value {decay} provided. Please provide a value in [0,1] range.")
+
+    def ema_update(averaged_params, current_params, num_averaged):
+        with no_grad():
+            if averaged_params[0].dtype.is_floating_point or averaged_params[0].dtype.is_complex:
+                for a, c in zip(averaged_params, current_params):
+                    a.lerp_(c, 1 - decay)
+            else:
+                for a, c in zip(averaged_params, current_params):
+                    a.copy_(a * decay + c * (1 - decay))
+
+    return ema_update
 
 
 def get_swa_multi_avg_fn():
-    return _multi(get_swa_avg_fn())
+    """Running means over lists of parameters, as torch's: a lerp by 1 / (n + 1) for floating ones."""
+
+    def swa_update(averaged_params, current_params, num_averaged):
+        with no_grad():
+            if averaged_params[0].dtype.is_floating_point or averaged_params[0].dtype.is_complex:
+                weight = 1 / (float(num_averaged) + 1)
+                for a, c in zip(averaged_params, current_params):
+                    a.lerp_(c, weight)
+            else:
+                for a, c in zip(averaged_params, current_params):
+                    a.copy_(a + (c - a) / (num_averaged + 1))
+
+    return swa_update
 
 
 def _module_class():
@@ -80,8 +98,14 @@ class AveragedModel(_module_class()):
             if n == 0:
                 for a, c in zip(averaged, current):
                     a.copy_(c)
-            elif self.multi_avg_fn is not None:
-                self.multi_avg_fn(averaged, current, self.n_averaged)
+            elif self.multi_avg_fn is not None:  # per dtype and device, as torch groups them
+                groups: dict = {}
+                for a, c in zip(averaged, current):
+                    group = groups.setdefault((a.dtype, str(a.device)), ([], []))
+                    group[0].append(a)
+                    group[1].append(c)
+                for group_averaged, group_current in groups.values():
+                    self.multi_avg_fn(group_averaged, group_current, self.n_averaged)
             else:
                 fn = self.avg_fn if self.avg_fn is not None else get_swa_avg_fn()
                 for a, c in zip(averaged, current):
