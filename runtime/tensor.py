@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy as _copy
 import weakref
 from time import perf_counter as _perf_counter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -901,8 +902,12 @@ class Tensor:
         if _grad_state.enabled and (self.requires_grad or any(isinstance(a, Tensor) and a.requires_grad
                                                               for a in args)):
             return self._inplace_recorded(compute, True)
+        start = _perf_counter() if _op_observers else None
         result = compute(self)
         _write_broadcast(self._data, result._data)
+        if start is not None:  # a profiler sees the in-place op (name_), as torch's shows aten::add_
+            arrays = [self._data, *(a._data if isinstance(a, Tensor) else a for a in args)]
+            _notify_observers(OPS.get(name) or _CompositeOp(name), arrays, self._data, start, _perf_counter(), True)
         self._bump_version()
         return self
 
@@ -1270,6 +1275,14 @@ def _cast_to_compute(arrays, np_dtype, positions) -> None:
         if type(a) is np.ndarray and a.dtype != np_dtype and (positions is None or i in positions):
             arrays[i] = a.astype(np_dtype)
     _wrap_int_scalars(arrays, np_dtype)
+
+
+class _CompositeOp(NamedTuple):
+    """What a profiler is told of an in-place composite with no op of its own (lerp_, addcmul_)."""
+
+    name: str
+    is_view: bool = False
+    kind: str = "composite"
 
 
 def _widen_bfloat16(op, arrays) -> None:
