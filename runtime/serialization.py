@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import math
@@ -61,11 +62,24 @@ class _BinaryModeError(TypeError):
 
 def save(obj, f) -> None:
     """Write a state dict (nested dicts, lists, tuples, tensors, numpy arrays and plain values) to a path or binary
-    file. A numpy array loads back as a numpy array (torch.save pickles one; runtime stores its values as a tensor's).
+    file, in torch.save's zip format when every value has a torch spelling (so real torch.load reads the file; the
+    pickle it writes names only torch's tensor and storage rebuilders and OrderedDict), else in runtime's own zip
+    format. runtime.load reads both. A numpy array (torch.save pickles one with numpy's code, which no loader here
+    runs) takes runtime's format and loads back as a numpy array.
 
     Tensors keep their identity and memory sharing: a tensor referenced twice, or two views of one
-    array, are stored once and come back shared. Other containers referenced twice come back as copies.
+    array, are stored once and come back shared.
     """
+    try:
+        pickled, storages = _TorchPickler.pickle(obj)
+    except _NoTorchSpelling:
+        _save_runtime(obj, f)
+        return
+    _write_torch_zip(pickled, storages, f)
+
+
+def _save_runtime(obj, f) -> None:
+    """runtime's own zip format: a JSON structure and the storages' bytes (numpy arrays stay arrays)."""
     encoder = _Encoder()
     structure = {"format": _FORMAT, "version": _VERSION, "byteorder": sys.byteorder,
                  "object": encoder.encode(obj, "obj"), "tensors": encoder.tensors,
@@ -627,6 +641,139 @@ def _decode_pair(pair, tensors: list) -> tuple:
 # torch.save's zip format: <archive>/data.pkl (a pickle) and <archive>/data/<key> (raw storages)
 # ----------------------------------------------------------------------------------------------
 
+# -- writing torch.save's format --------------------------------------------------------------------------------
+
+_TORCH_STORAGE_NAMES = {dt.float64: "DoubleStorage", dt.float32: "FloatStorage", dt.float16: "HalfStorage",
+                        dt.bfloat16: "BFloat16Storage", dt.int64: "LongStorage", dt.int32: "IntStorage",
+                        dt.int16: "ShortStorage", dt.int8: "CharStorage", dt.uint8: "ByteStorage",
+                        dt.bool_: "BoolStorage", dt.complex64: "ComplexFloatStorage",
+                        dt.complex128: "ComplexDoubleStorage"}
+
+
+class _NoTorchSpelling(Exception):
+    """A value torch.save's weights-only format has no spelling for (a numpy array): runtime's format takes it."""
+
+
+class _Global:
+    """A global that a torch data.pkl names (torch._utils._rebuild_tensor_v2, torch.FloatStorage): written as a GLOBAL
+    opcode by name, never looked up (torch need not be installed to write its format)."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def __call__(self, *args):  # (pickle wants a reduce's callable to be callable)
+        raise TypeError(f"{self.module}.{self.name} is only a name written into a torch data.pkl")
+
+
+class _StorageRecord(NamedTuple):
+    """A storage of the file: its key (data/<key>), dtype and element count."""
+
+    key: str
+    dtype: dt.dtype
+    numel: int
+
+
+_REBUILD_TENSOR = _Global("torch._utils", "_rebuild_tensor_v2")
+_REBUILD_PARAMETER = _Global("torch._utils", "_rebuild_parameter")
+
+
+class _TorchPickler(pickle._Pickler):
+    """pickle's Python pickler writing torch's data.pkl: tensors as _rebuild_tensor_v2 over persistent storage ids,
+    Parameters as _rebuild_parameter, protocol 2 (torch's)."""
+
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def __init__(self, file):
+        super().__init__(file, protocol=2)
+        self.storages: list[tuple[str, np.ndarray]] = []  # (key, its bytes)
+        self._storage_of: dict = {}  # (id of the memory's owner, dtype) -> (record, owner address)
+
+    @classmethod
+    def pickle(cls, obj) -> tuple[bytes, list]:
+        """(data.pkl's bytes, [(key, bytes)]); raises _NoTorchSpelling before anything is written."""
+        buffer = io.BytesIO()
+        pickler = cls(buffer)
+        try:
+            pickler.dump(obj)
+        except RecursionError:
+            raise ValueError("runtime.save: the object contains itself (a reference cycle)") from None
+        return buffer.getvalue(), pickler.storages
+
+    def _save_global_name(self, obj: _Global) -> None:
+        self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))
+        self.memoize(obj)
+
+    dispatch[_Global] = _save_global_name
+
+    def persistent_id(self, obj):
+        if isinstance(obj, _StorageRecord):
+            return ("storage", _Global("torch", _TORCH_STORAGE_NAMES[obj.dtype]), obj.key, "cpu", obj.numel)
+        return None
+
+    def reducer_override(self, obj):
+        if isinstance(obj, Tensor):
+            return self._reduce_tensor(obj)
+        if isinstance(obj, (dict, list, tuple, str, bytes, int, float, bool, type(None))):
+            if isinstance(obj, (dict, list, tuple)) and type(obj) not in (dict, list, tuple, OrderedDict):
+                raise _NoTorchSpelling(type(obj).__name__)
+            return NotImplemented
+        if isinstance(obj, (_StorageRecord, _Global)) or obj is OrderedDict:
+            return NotImplemented
+        raise _NoTorchSpelling(type(obj).__name__)  # numpy arrays and anything torch.load(weights_only) refuses
+
+    def _reduce_tensor(self, t: Tensor):
+        from .nn.parameter import Parameter
+
+        if type(t) not in (Tensor, Parameter):
+            raise _NoTorchSpelling(type(t).__name__)
+        data = t._host()
+        if type(t) is Parameter:
+            return _REBUILD_PARAMETER, (Tensor._from_array(data), bool(t.requires_grad), OrderedDict())
+        record, offset, strides = self._storage(data, t.dtype)
+        return _REBUILD_TENSOR, (record, offset, tuple(data.shape), strides, bool(t.requires_grad), OrderedDict())
+
+    def _storage(self, array: np.ndarray, dtype: dt.dtype) -> tuple:
+        """(storage record, offset and strides in elements): a view into its owner's memory where torch can say it
+        (a whole number of elements in, strides non-negative), else a copy of its own."""
+        itemsize = array.itemsize
+        owner = _memory_owner(array)
+        if owner is not None and owner.nbytes % itemsize == 0 and all(s >= 0 and s % itemsize == 0
+                                                                       for s in array.strides):
+            offset = _address(array) - _address(owner)
+            low, high = _extent(array.shape, array.strides, offset, itemsize)
+            if offset % itemsize == 0 and 0 <= low and high <= owner.nbytes:
+                key = (id(ultimate_base(owner)), dtype)
+                if key not in self._storage_of:
+                    record = _StorageRecord(str(len(self.storages)), dtype, owner.nbytes // itemsize)
+                    self.storages.append((record.key, owner.ravel(order="K").view(np.uint8)))
+                    self._storage_of[key] = record
+                return (self._storage_of[key], offset // itemsize,
+                        tuple(s // itemsize for s in array.strides))
+        copy = array.copy(order="C")
+        record = _StorageRecord(str(len(self.storages)), dtype, copy.size)
+        self.storages.append((record.key, copy.reshape(-1).view(np.uint8)))
+        return record, 0, tuple(s // itemsize for s in copy.strides)
+
+
+def _write_torch_zip(pickled: bytes, storages: list, f) -> None:
+    """torch's zip layout under archive/: data.pkl, the storages as data/<key>, the version records torch.load
+    checks, and a serialization id (a hash of the contents, so equal saves give equal files)."""
+    digest = hashlib.sha256(pickled)
+    for key, data in storages:
+        digest.update(key.encode())
+        digest.update(data.data if data.flags.c_contiguous else data.tobytes())
+    with _writing(f) as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
+        _write_entry(archive, "archive/data.pkl", pickled)
+        _write_entry(archive, "archive/.format_version", b"1")
+        _write_entry(archive, "archive/byteorder", sys.byteorder.encode())
+        for key, data in storages:
+            _write_entry(archive, f"archive/data/{key}", data.data if data.flags.c_contiguous else data.tobytes())
+        _write_entry(archive, "archive/version", b"3\n")
+        _write_entry(archive, "archive/.data/serialization_id", digest.hexdigest()[:40].encode())
+
+
 class _StorageType(NamedTuple):
     name: str
     dtype: dt.dtype
@@ -640,9 +787,9 @@ class _TorchStorage(NamedTuple):
 _TORCH_STORAGES = {"DoubleStorage": dt.float64, "FloatStorage": dt.float32, "HalfStorage": dt.float16,
                    "BFloat16Storage": dt.bfloat16,
                    "LongStorage": dt.int64, "IntStorage": dt.int32, "ShortStorage": dt.int16,
-                   "CharStorage": dt.int8, "ByteStorage": dt.uint8, "BoolStorage": dt.bool_}
-_TORCH_UNSUPPORTED_STORAGES = {"ComplexFloatStorage": "complex64",
-                               "ComplexDoubleStorage": "complex128"}
+                   "CharStorage": dt.int8, "ByteStorage": dt.uint8, "BoolStorage": dt.bool_,
+                   "ComplexFloatStorage": dt.complex64, "ComplexDoubleStorage": dt.complex128}
+_TORCH_UNSUPPORTED_STORAGES: dict = {}  # (every torch storage type has a runtime dtype now)
 
 
 def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, backward_hooks, metadata=None):
@@ -656,10 +803,14 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad, bac
 
 
 def _rebuild_parameter(data, requires_grad, backward_hooks, state=None):
-    """torch._utils._rebuild_parameter(_with_state): runtime has no Parameter type, so a tensor with requires_grad."""
+    """torch._utils._rebuild_parameter(_with_state): a runtime Parameter over the stored tensor's memory."""
+    from .nn.parameter import Parameter
+
     if not isinstance(data, Tensor):
         raise _FileError(f"has a parameter whose data is {reprlib.repr(data)}, not a tensor")
-    return _new_tensor(data._data, requires_grad, "parameter")
+    if not isinstance(requires_grad, bool):
+        raise _FileError(f"has a parameter whose requires_grad is {reprlib.repr(requires_grad)}, not a bool")
+    return Parameter(data, requires_grad=requires_grad)
 
 
 _TORCH_GLOBALS = {("collections", "OrderedDict"): OrderedDict,

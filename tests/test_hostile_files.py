@@ -18,7 +18,7 @@ import pytest
 
 import runtime
 from runtime import nn
-from runtime.serialization import UnreadableFileError, load, load_safetensors, save, save_safetensors
+from runtime.serialization import UnreadableFileError, _save_runtime, load, load_safetensors, save, save_safetensors
 
 MiB = 1 << 20
 SLACK = 16 * MiB  # the "small constant" a load may allocate beyond the file's size and its real data
@@ -28,9 +28,10 @@ SLACK = 16 * MiB  # the "small constant" a load may allocate beyond the file's s
 # building files byte by byte (no torch needed)
 # ------------------------------------------------------------------------------------------------
 
-def saved_bytes(obj) -> bytes:
+def saved_bytes(obj, writer=None) -> bytes:
+    """obj in runtime's own format (runtime.save writes torch's where it can: pass writer=save for that)."""
     buffer = io.BytesIO()
-    save(obj, buffer)
+    (writer or _save_runtime)(obj, buffer)
     return buffer.getvalue()
 
 
@@ -422,6 +423,7 @@ def _valid_files(tmp_path) -> dict:
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
     state = model.state_dict()
     files = {"runtime": saved_bytes({"model": state, "step": 7, "names": ["a", ("b", None)], "lr": 0.5}),
+             "runtime.save": saved_bytes({"model": state, "step": 7, "names": ["a", ("b", None)]}, writer=save),
              "torch": torch_zip(torch_pickle(6), {"0": np.arange(6, dtype=np.float32).tobytes()})}
     save_safetensors({k: v for k, v in state.items()}, tmp_path / "valid.safetensors")
     files["safetensors"] = (tmp_path / "valid.safetensors").read_bytes()
