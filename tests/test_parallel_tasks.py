@@ -54,7 +54,7 @@ def test_arrays_the_prologue_makes_are_handed_to_the_task():
 
 
 PLACED = ["bcast_in1_pad = np.empty(1280, dtype=np.float32)",
-          "bcast_in1_at = np.int64((out0.ctypes.data - bcast_in1_pad.ctypes.data) % 4096) // 4",
+          "bcast_in1_at = np.int64((out0.ctypes.data + 2048 - bcast_in1_pad.ctypes.data) % 4096) // 4",
           "bcast_in1 = bcast_in1_pad[bcast_in1_at:bcast_in1_at + 256]",
           "for c in range(256):",
           "    bcast_in1[c] = in1[c]"]
@@ -83,14 +83,14 @@ def test_a_prologue_doing_more_than_placing_rows_keeps_its_launcher(extra):
     assert split is None or (not split.direct and not split.placed)
 
 
-def test_placed_row_copies_the_row_at_the_outputs_page_offset():
+def test_placed_row_copies_the_row_half_a_page_from_the_outputs_page_offset():
     row = np.arange(300, dtype=np.float32)
     for shift in (0, 4, 1000):
         like = np.empty(5000, np.float32)[shift:]
         placed = placed_row(row, like, 256)
         assert placed.flags.c_contiguous and placed.dtype == np.float32
         np.testing.assert_array_equal(placed, row[:256])
-        assert (placed.ctypes.data - like.ctypes.data) % 4096 == 0
+        assert (placed.ctypes.data - like.ctypes.data) % 4096 == 2048
 
 
 def test_literal_constants_are_computed_again_in_the_task():

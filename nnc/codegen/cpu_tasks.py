@@ -41,13 +41,15 @@ _SYMBOL = re.compile(rf"\b{_SYMBOL_NAME}\b")
 _TAKEN = re.compile(rf"\b({'|'.join(_TASK_ARGS + (ADDRESS_ARG,))})\b")  # names the two functions add
 _SAFE_NAMES = frozenset({"np", "math"})  # names a repeated constant may use
 _ALLOCATORS = frozenset({"empty", "zeros"})
-PAGE = 4096  # bytes: a row placed beside an output shares the output's address modulo this (cpu_elementwise._PAGE)
+PAGE = 4096  # bytes: a row placed beside an output sits at a fixed distance from it modulo this (cpu_elementwise._PAGE)
+PLACED_SKEW = PAGE // 2  # that distance: half a page after the output's address (cpu_elementwise._PAGE says why)
 
 
 # A row copied beside an output before the loop (nnc.codegen.cpu_elementwise.placed_row_lines, what it generates):
 # view, its length + a page of padding, dtype, the output, the itemsize, the length, the row's argument.
 _PLACED_ROW = re.compile(r"(\w+)_pad = np\.empty\((\d+), dtype=([\w.]+)\)\n"
-                         rf"\1_at = np\.int64\(\((\w+)\.ctypes\.data - \1_pad\.ctypes\.data\) % {PAGE}\) // (\d+)\n"
+                         rf"\1_at = np\.int64\(\((\w+)\.ctypes\.data \+ {PLACED_SKEW} - \1_pad\.ctypes\.data\) "
+                         rf"% {PAGE}\) // (\d+)\n"
                          r"\1 = \1_pad\[\1_at:\1_at \+ (\d+)\]\n"
                          r"for c in range\(\6\):\n"
                          r"    \1\[c\] = (\w+)\[c\]")

@@ -24,7 +24,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from numba.np.arrayobj import populate_array
 
-from .cpu_tasks import PAGE
+from .cpu_tasks import PAGE, PLACED_SKEW
 
 _I64 = ir.IntType(64)
 
@@ -121,12 +121,13 @@ def run_tasks(task, n_tasks, *arrays):
 
 
 def placed_row(row: np.ndarray, like: np.ndarray, length: int) -> np.ndarray:
-    """A copy of row[:length] in fresh memory at the address of `like` modulo a page: what a launcher's prologue
+    """A copy of row[:length] in fresh memory half a page after the address of `like` modulo a page: what a
+    launcher's prologue
     computes for a task function that reads a broadcast row (nnc.codegen.cpu_elementwise.placed_row_lines says
     why), done by a launch line in numpy instead."""
     size = row.itemsize
     pad = np.empty(length + PAGE // size, row.dtype)
-    at = ((like.__array_interface__["data"][0] - pad.__array_interface__["data"][0]) % PAGE) // size
+    at = ((like.__array_interface__["data"][0] + PLACED_SKEW - pad.__array_interface__["data"][0]) % PAGE) // size
     view = pad[at:at + length]
     view[...] = row[:length]
     return view
