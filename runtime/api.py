@@ -1184,7 +1184,9 @@ def polygamma(n, input):
         return digamma(input)
     if n == 1:
         return apply("trigamma", input)
-    raise NotImplementedError(f"polygamma(n={n}): runtime has orders 0 and 1")
+    if not isinstance(n, int) or n < 0:
+        raise RuntimeError(f"polygamma(n, x) does not support negative n (got {n})")
+    return apply("polygamma", input, n=n)
 
 
 def exp2(input):

@@ -1353,6 +1353,20 @@ _math("erfinv", _np_erfinv, (lambda g, out, x: g * (math.sqrt(math.pi) / 2) * (o
 _math("lgamma", _np_lgamma, (lambda g, out, x: g * apply("digamma", x),), (0,))
 _math("digamma", _np_digamma, (lambda g, out, x: g * apply("trigamma", x),), (0,))
 _math("trigamma", _np_trigamma)
+
+
+def _np_polygamma(x, n):
+    from scipy.special import polygamma
+
+    # NOTE: torch gives +-inf at the poles (0 and the negative integers), where scipy gives nan
+    out = polygamma(n, x)
+    pole = (x <= 0) & (x == np.floor(x))
+    return np.where(pole, np.inf if n % 2 else -np.inf, out).astype(x.dtype, copy=False)
+
+
+# polygamma(n, x) for n >= 2 (0 and 1 are digamma and trigamma): its derivative is the next order
+_register(OpDef("polygamma", Kind.OTHER, 1, _quiet(_np_polygamma), _broadcast_rule, _to_float,
+                vjp=(lambda g, out, x, n: g * apply("polygamma", x, n=n + 1),), saves=(0,), attr_names=("n",)))
 _math("trunc", _np_trunc, (_zero_vjp,), dtype_rule=_keep)
 _math("i0", np.i0, (lambda g, out, x: g * apply("i1", x),), (0,))
 _math("i1", _np_i1)

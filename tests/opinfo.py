@@ -355,6 +355,8 @@ SAMPLES: dict[str, list[Sample]] = {
     "lgamma": _unary("lgamma", make=pos),
     "digamma": _unary("digamma", make=pos),
     "trigamma": [Sample((pos(3, 4),), torch_fn=lambda torch, x: torch.polygamma(1, x))],
+    "polygamma": [Sample((pos(3, 4),), {"n": n}, torch_fn=lambda torch, x, n=n: torch.polygamma(n, x))
+                  for n in (2, 3, 5)],
     "trunc": _unary("trunc"),
     "i0": _unary("i0"),
     "i1": [Sample((away(3, 4),), torch_fn=lambda torch, x: torch.special.i1(x))],
