@@ -186,6 +186,7 @@ def test_grid_sample_matches_torch(torch, mode, padding_mode, align_corners):
     got = F.grid_sample(r, rg, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
     ref = torch.nn.functional.grid_sample(t, tg, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
     _check(torch, got, ref, [r, rg], [t, tg])
+    assert rg.grad is not None  # a zero tensor in nearest mode, as torch's (not None)
 
 
 def test_grid_sample_gradient_by_finite_differences():

@@ -332,8 +332,10 @@ def grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corner
         return api.where(inside, vals, 0.0)
 
     if mode == "nearest":
-        # NOTE: round half to even, as torch's nearbyint
+        # NOTE: round half to even, as torch's nearbyint. The grid's gradient is zero, but (as torch's) a tensor:
+        # the where keeps the grid in the graph without touching the values
         out = tap(ix.detach().round(), iy.detach().round())
+        out = api.where(ix.detach() == ix.detach(), out, ix + iy) if grid.requires_grad else out
     else:
         x0, y0 = ix.detach().floor(), iy.detach().floor()
         x1, y1 = x0 + 1, y0 + 1
