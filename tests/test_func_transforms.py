@@ -120,3 +120,29 @@ def test_vmap_randomness_modes():
 def test_misuse_raises_naming_it(call, message):
     with pytest.raises((RuntimeError, ValueError), match=message):
         call()
+
+
+def test_forward_ad_dual_tensors_give_torchs_tangents(torch):
+    """make_dual / unpack_dual inside dual_level: the Jacobian-vector products of a scalar and a vector result (and
+    of an intermediate dual), None for a tensor that depends on no dual, and the level's errors."""
+    rng = np.random.default_rng(0)
+    xv, tv, wv = rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal((3, 4))
+    results = []
+    for lib in (runtime, torch):
+        forward_ad = lib.autograd.forward_ad
+        w = lib.tensor(wv, requires_grad=True)
+        with forward_ad.dual_level():
+            x = forward_ad.make_dual(lib.tensor(xv), lib.tensor(tv))
+            h = (w @ x).tanh()
+            scalar = h.sum() * 2 + (x ** 3).sum()
+            vector = (w @ x).softmax(0) * h
+            unrelated = forward_ad.unpack_dual(lib.tensor([1.0]))
+            assert unrelated.tangent is None
+            results.append([forward_ad.unpack_dual(v) for v in (scalar, vector, h, x)])
+    for (ours_p, ours_t), (theirs_p, theirs_t) in zip(*results):
+        np.testing.assert_allclose(ours_p.detach().numpy(), theirs_p.detach().numpy(), rtol=1e-12)
+        np.testing.assert_allclose(ours_t.detach().numpy(), theirs_t.detach().numpy(), rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match="dual_level"):
+        runtime.autograd.forward_ad.make_dual(runtime.ones(2), runtime.ones(2))
+    with runtime.autograd.forward_ad.dual_level(), pytest.raises(RuntimeError, match="different size"):
+        runtime.autograd.forward_ad.make_dual(runtime.ones(2), runtime.ones(3))

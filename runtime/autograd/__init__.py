@@ -97,6 +97,7 @@ def _store_into(results, i, previous):
 from .function import Function, FunctionCtx  # noqa: E402,F401
 from .gradcheck import gradcheck  # noqa: E402,F401
 from . import functional  # noqa: E402,F401
+from . import forward_ad  # noqa: E402,F401
 
 
 def __getattr__(name):
