@@ -1543,6 +1543,24 @@ _linalg("solve", _np_solve, _solve_rule,
         (0, "out"), arity=2)
 _linalg("cholesky", _symmetric(np.linalg.cholesky), _square_rule, (lambda g, out, a: _cholesky_vjp(g, out, a),),
         ("out",))
+def _np_matrix_exp(a):
+    from scipy.linalg import expm
+
+    if not a.size:
+        return a.copy()
+    return np.stack([expm(m) for m in a.reshape(-1, *a.shape[-2:])]).reshape(a.shape)
+
+
+def _matrix_exp_vjp(g, a):
+    """The adjoint of exp's derivative at A applied to G: the top-right block of exp([[A^H, G], [0, A^H]])."""
+    n, last = a.shape[-1], a.ndim - 1
+    ah = a.mT.conj() if a.dtype.is_complex else a.mT
+    top = apply("cat", ah, g, dim=last)
+    bottom = apply("cat", ah.new_zeros(tuple(ah.shape)), ah, dim=last)
+    return apply("matrix_exp", apply("cat", top, bottom, dim=last - 1))[..., :n, n:]
+
+
+_linalg("matrix_exp", _np_matrix_exp, _square_rule, (lambda g, out, a: _matrix_exp_vjp(g, a),), (0,))
 _linalg("eigvalsh", _symmetric(np.linalg.eigvalsh), _eigvals_rule,
         (lambda g, out, a: (lambda v: (v * g.unsqueeze(-2)) @ v.mT)(apply("eigh_vectors", a)),), (0,))
 _linalg("eigh_vectors", _symmetric(_np_eigh_vectors), _square_rule, (lambda g, out, a: _eigh_vectors_vjp(g, out, a),),

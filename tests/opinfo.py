@@ -449,6 +449,8 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample((away(36, 2, 6), away(2)), {"tile": 4, "size": (5, 9), "relu": False}, note="partial tiles",
                torch_fn=lambda torch, m, b: _torch_wg_output_bias(torch, m, b, 4, (5, 9), False))],
     # linear algebra
+    "matrix_exp": [Sample((away(3, 3) * 0.4,), torch_fn=lambda torch, a: torch.linalg.matrix_exp(a)),
+                   Sample((away(2, 4, 4) * 0.3,), torch_fn=lambda torch, a: torch.linalg.matrix_exp(a))],
     "inv": [Sample((_spd(3),), torch_fn=lambda torch, a: torch.linalg.inv(a)),
             Sample((_spd(2, 3),), torch_fn=lambda torch, a: torch.linalg.inv(a), note="batched")],
     "det": [Sample((away(3, 3),), torch_fn=lambda torch, a: torch.linalg.det(a)),
