@@ -1030,6 +1030,26 @@ def _zero_vjp(g, out, x, *rest, **attrs):
     return g.new_zeros(x.shape)
 
 
+def _linked_vjp(g, out, *inputs, index):
+    return g if index == 0 else g.new_zeros(inputs[index].shape)
+
+
+def _first_shape_rule(op, shapes, attrs, dtypes):
+    return shapes[0]
+
+
+def _first_dtype(op, operands, attrs):
+    return None, operands[0].dtype
+
+
+# linked(gradient, *saved): the gradient itself, tied to tensors it is a function of with a zero derivative. A
+# derivative rule that reads saved tensors only through masks (relu's out > 0, max pooling's argmax) gives a result
+# with no history; under create_graph torch's keeps one (its backward kernels take the saved tensors), so a second
+# backward reaches them, giving zeros where a graph without the link gives None (autograd.graph.Node.apply).
+_register(OpDef("linked", Kind.OTHER, None, lambda g, *saved: g, _first_shape_rule, _first_dtype,
+                vjp=(_linked_vjp,)))
+
+
 def _zero_vjp_second(g, out, x, y, **attrs):
     return g.new_zeros(y.shape)
 
@@ -1751,23 +1771,40 @@ def _np_max_pool(x, kernel, stride, padding, dilation):
     return out
 
 
-def _np_max_pool_backward(g, x, kernel, stride, padding, dilation):
+def _np_window_argmax(x, kernel, stride, padding, dilation):
+    """(each window's position of its maximum, the output sizes): the first maximum wins; a nan wins (the last
+    one), as in torch."""
     out_sizes = window_output_sizes(x.shape[2:], kernel, stride, padding, dilation)
     xp = _np_padded(x, padding, _pool_fill(x.dtype))
-    best, arg = None, np.zeros(g.shape, np.int64)
+    best, arg = None, None
     for k, key in _window_slices(kernel, stride, dilation, out_sizes):
         v = xp[key]
         if best is None:
-            best = v.copy()
+            best, arg = v.copy(), np.zeros(v.shape, np.int64)
             continue
-        better = v > best  # the first maximum wins; a nan wins (the last one), as in torch
+        better = v > best
         if x.dtype.kind == "f":
             better |= np.isnan(v)
         np.copyto(best, v, where=better)
         arg[better] = k
+    return arg, out_sizes
+
+
+def _np_max_pool_backward(g, x, kernel, stride, padding, dilation):
+    arg, out_sizes = _np_window_argmax(x, kernel, stride, padding, dilation)
     out = np.zeros(x.shape, g.dtype)
     for k, from_key, to_key in _clipped_window_slices(kernel, stride, padding, dilation, x.shape[2:], out_sizes):
         out[to_key] += np.where(arg[from_key] == k, g[from_key], 0)
+    return out
+
+
+def _np_max_pool_pick(gg, x, kernel, stride, padding, dilation):
+    """The adjoint of max_pool_backward in its gradient: each window's value of gg (x's shape) at x's maximum."""
+    arg, out_sizes = _np_window_argmax(x, kernel, stride, padding, dilation)
+    ggp = _np_padded(gg, padding, 0)
+    out = np.zeros(arg.shape, gg.dtype)
+    for k, key in _window_slices(kernel, stride, dilation, out_sizes):
+        np.copyto(out, ggp[key], where=arg == k)
     return out
 
 
@@ -1807,6 +1844,15 @@ def _max_pool_backward_rule(op, shapes, attrs, dtypes):
     return tuple(x)
 
 
+def _max_pool_pick_rule(op, shapes, attrs, dtypes):
+    gg, x = shapes
+    _check_window_input(op, x, attrs["kernel"])
+    if tuple(gg) != tuple(x):
+        raise ShapeError(f"max_pool_pick: values {_fmt(gg)} do not match the pooled input {_fmt(x)}")
+    return tuple(x[:2]) + window_output_sizes(x[2:], attrs["kernel"], attrs["stride"], attrs["padding"],
+                                              attrs["dilation"])
+
+
 def _window_attrs(**attrs):
     return {k: attrs[k] for k in ("kernel", "stride", "padding", "dilation")}
 
@@ -1818,9 +1864,16 @@ _register(OpDef("col2im", Kind.OTHER, 1, _np_col2im, _col2im_rule, _keep, attr_n
                 kernel_kind="window", vjp=(lambda g, out, cols, size, **a: apply("im2col", g, **_window_attrs(**a)),)))
 _register(OpDef("max_pool", Kind.OTHER, 1, _np_max_pool, _window_rule, _keep, attr_names=_WINDOW, kernel_kind="window",
                 vjp=(lambda g, out, x, **a: apply("max_pool_backward", g, x, **_window_attrs(**a)),), saves=(0,)))
-# linear in g (its adjoint picks g at each window's maximum); no rule of its own yet: no double backward
+# linear in g: its adjoint (max_pool_pick) picks g at each window's maximum, and the two are each other's rules, so
+# max pooling has a double backward; both are piecewise constant in x (a zero derivative)
 _register(OpDef("max_pool_backward", Kind.OTHER, 2, _np_max_pool_backward, _max_pool_backward_rule, _promote,
-                attr_names=_WINDOW, kernel_kind="window", cast_inputs=(0,)))
+                attr_names=_WINDOW, kernel_kind="window", cast_inputs=(0,), saves=(1,),
+                vjp=(lambda gg, out, g, x, **a: apply("max_pool_pick", gg, x, **_window_attrs(**a)),
+                     lambda gg, out, g, x, **a: gg.new_zeros(x.shape))))
+_register(OpDef("max_pool_pick", Kind.OTHER, 2, _np_max_pool_pick, _max_pool_pick_rule, _promote,
+                attr_names=_WINDOW, cast_inputs=(0,), saves=(1,),
+                vjp=(lambda g, out, gg, x, **a: apply("max_pool_backward", g, x, **_window_attrs(**a)),
+                     lambda g, out, gg, x, **a: g.new_zeros(x.shape))))
 
 
 # Winograd convolution (runtime/_winograd.py): a 3x3, stride-1 convolution as filter, input and output transforms

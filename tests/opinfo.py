@@ -403,6 +403,15 @@ SAMPLES: dict[str, list[Sample]] = {
         Sample((away(2, 2, 9),), _win((3,), (1,), ((1, 1),), (2,)), note="1-d, dilated",
                torch_fn=lambda torch, x: torch.nn.functional.max_pool1d(x, 3, 1, 1, dilation=2)),
     ],
+    "linked": [Sample((away(3, 4), away(3, 4), away(2, 3)), torch_fn=lambda torch, g, s, t: g + s * 0 + t.sum() * 0)],
+    "max_pool_pick": [
+        Sample((away(2, 3, 6, 5), away(2, 3, 6, 5)), _win((2, 2), (2, 2), ((0, 0), (0, 1)), (1, 1)),
+               lambda torch, gg, x: _torch_pool_pick(torch, gg, x, lambda f, v: f.max_pool2d(
+                   v, 2, 2, ceil_mode=True, return_indices=True))),
+        Sample((away(1, 2, 7, 7), away(1, 2, 7, 7)), _win((3, 3), (2, 2), ((1, 1), (1, 1)), (1, 1)),
+               lambda torch, gg, x: _torch_pool_pick(torch, gg, x, lambda f, v: f.max_pool2d(
+                   v, 3, 2, 1, return_indices=True))),
+    ],
     "max_pool_backward": [
         Sample((away(2, 3, 3, 3), away(2, 3, 6, 5)), _win((2, 2), (2, 2), ((0, 0), (0, 1)), (1, 1)),
                lambda torch, g, x: _torch_pool_grad(torch, g, x,
@@ -597,8 +606,14 @@ def _torch_adjoint(torch, forward, g, in_shape):
 
 
 def _torch_pool_grad(torch, g, x, pool):
-    x = x.detach().requires_grad_()
-    return torch.autograd.grad(pool(torch.nn.functional, x), x, g)[0]
+    x = x.detach().requires_grad_()  # (create_graph: the result's own gradients are compared too)
+    return torch.autograd.grad(pool(torch.nn.functional, x), x, g, create_graph=True)[0]
+
+
+def _torch_pool_pick(torch, gg, x, pool):
+    """max_pool_pick's equivalent: gg at each window's maximum, by the indices torch's max pooling returns."""
+    values, indices = pool(torch.nn.functional, x.detach())
+    return gg.flatten(2).gather(2, indices.flatten(2)).reshape(values.shape)
 
 
 def _torch_prod(torch, x, dims, keepdim):

@@ -495,3 +495,28 @@ def test_post_accumulate_grad_hooks_step_each_parameter_during_backward():
             np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-6)
     with pytest.raises(RuntimeError, match="non-leaf"):
         (x.requires_grad_() * 2).register_post_accumulate_grad_hook(lambda t: None)
+
+
+@needs_torch
+def test_a_gradient_penalty_through_relu_and_max_pooling_gives_torchs_gradients():
+    """R1 / WGAN-GP: the gradient of a critic's output with respect to its input, differentiated again. Where a
+    rule reads its saved tensors only through masks (relu, max pooling), torch's result still depends on them with a
+    zero derivative: the biases get zero gradients, not None (Adam then steps them too), and max pooling's double
+    backward reaches the layers after it."""
+    rng = np.random.default_rng(0)
+    x0, w1, b1, w2 = rng.standard_normal((2, 1, 6, 6)), rng.standard_normal((3, 1, 3, 3)), \
+        rng.standard_normal(3), rng.standard_normal((1, 12))
+    results = []
+    for lib in (runtime, torch):
+        F = lib.nn.functional
+        conv_w, conv_b, fc = (lib.tensor(v, requires_grad=True) for v in (w1, b1, w2))
+        x = lib.tensor(x0, requires_grad=True)
+        hidden = F.max_pool2d(F.leaky_relu(F.conv2d(x, conv_w, conv_b), 0.2), 2)
+        score = (F.relu(hidden.flatten(1)) @ fc.T).sum()
+        (gx,) = lib.autograd.grad(score, x, create_graph=True)
+        (gx.pow(2).sum() * 0.5).backward()
+        results.append([gx.detach().numpy()] + [t.grad.numpy() if t.grad is not None else None
+                                                for t in (conv_w, conv_b, fc)])
+    for ours, theirs in zip(*results):
+        assert ours is not None
+        np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)

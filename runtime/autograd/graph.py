@@ -145,6 +145,8 @@ class OpNode(Node):
                 result.append(None)
                 continue
             gi = op.vjp_rule(i)(g, out, *values, **attrs)
+            if grad_mode.state.enabled and isinstance(gi, _tensor_mod.Tensor) and not gi.requires_grad:
+                gi = _linked_to_saved(gi, op, values, out)
             result.append(fit_gradient(gi, inputs[i]))
         return result
 
@@ -362,6 +364,19 @@ def _owned_detached(g, stealable: bool):
             and sys.getrefcount(g) <= 4 and sys.getrefcount(data) <= 3):
         return g
     return _tensor_mod.Tensor._from_array(data.copy())
+
+
+def _linked_to_saved(gi, op, values, out):
+    """Under create_graph, a gradient computed from saved tensors that require grad but carrying no history (the
+    rule read them only through masks) gets a zero-derivative link to them, as torch's backward kernels have."""
+    from ..ops import OPS
+
+    Tensor = _tensor_mod.Tensor
+    saved = [out if s == "out" else values[s] for s in op.saves if s == "out" or s < len(values)]
+    saved = [t for t in saved if isinstance(t, Tensor) and t.requires_grad and t.dtype.is_differentiable]
+    if not saved:
+        return gi
+    return Tensor._apply_op(OPS["linked"], (gi, *saved), {})
 
 
 def edge_of(tensor):

@@ -4,9 +4,9 @@ without copies) and returns the result's device array. Called by Tensor._apply_o
 What runs: every elementwise op with a template, the reductions (sum, prod, amax, amin, all, any, argmax,
 argmin), matmul and linear, the view ops (reshape, permute, expand, getitem with basic keys), cat, getitem and
 index_put with basic keys or one integer index tensor on one dim, gather, scatter_add, cumsum, cumprod, the window
-ops (im2col, col2im, max_pool, max_pool_backward), full and arange, and the fused ops that have a decomposition
-(log_softmax, nll_loss and their backwards, constant_pad) through it. Anything else raises NoLowering naming the op:
-nothing is ever computed on the host.
+ops (im2col, col2im, max_pool, max_pool_backward, max_pool_pick), full and arange, and the fused ops that have a
+decomposition (log_softmax, nll_loss and their backwards, constant_pad) through it. Anything else raises NoLowering
+naming the op: nothing is ever computed on the host.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def run(op, inputs, arrays, attrs, compute, out_dtype):
         return memory.to_device(op.forward(**attrs)), False
     if op.name in _SCANS:
         return scan(op.name, arrays[0], attrs["dim"], out_np), False
-    if op.kernel_kind == "window":
+    if op.kernel_kind == "window" or op.name == "max_pool_pick":
         return window(op.name, arrays, attrs, out_np), False
     if op.name == "gather":
         return gather(arrays[0], arrays[1], attrs["dim"], out_np), False
@@ -531,8 +531,8 @@ def contiguous_cast(a, dtype):
 
 
 def window(name: str, arrays, attrs, out_dtype):
-    """im2col, col2im, max_pool and max_pool_backward: one thread per output element (an atomic add per window for
-    max_pool_backward, whose windows may overlap)."""
+    """im2col, col2im, max_pool, max_pool_backward and max_pool_pick: one thread per output element (an atomic add
+    per window for max_pool_backward, whose windows may overlap)."""
     window_attrs = {k: attrs[k] for k in ("kernel", "stride", "padding", "dilation")}
     spatial = len(attrs["kernel"])
     source = arrays[0]
@@ -549,6 +549,12 @@ def window(name: str, arrays, attrs, out_dtype):
     elif name == "max_pool":
         out = memory.empty(tuple(source.shape)[:2] + out_sizes, out_dtype)
         args = (out, source, out_sizes)
+    elif name == "max_pool_pick":
+        picked, x = arrays
+        out = memory.empty(tuple(x.shape)[:2] + out_sizes, out_dtype)
+        if np.dtype(picked.dtype) != np.dtype(out_dtype):
+            picked = contiguous_cast(picked, out_dtype)
+        args = (out, picked, x, out_sizes)
     else:
         g, x = arrays
         out = full(tuple(x.shape), 0, out_dtype)

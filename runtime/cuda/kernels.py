@@ -428,14 +428,14 @@ def col2im_source(name: str, spatial: int, attrs: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def max_pool_source(name: str, spatial: int, attrs: dict, backward: bool) -> str:
+def max_pool_source(name: str, spatial: int, attrs: dict, backward: bool, pick: bool = False) -> str:
     """Forward: out[n, c, o] = the window's maximum (padding never wins; a nan wins). Backward: g[n, c, o] added
     (atomically: windows overlap) at the window's first maximum, the last nan where there are nans (numpy's rule
-    in runtime.ops)."""
+    in runtime.ops). Pick (the backward's adjoint): out[n, c, o] = g (x's shape) at the window's maximum."""
     ksize = math.prod(attrs["kernel"])
     pos = ", ".join(f"p{d}" for d in range(spatial))
     own = ", ".join(f"q{d}" for d in range(spatial + 2))
-    params = "out, g, x, out_sizes, count" if backward else "out, x, out_sizes, count"
+    params = "out, g, x, out_sizes, count" if backward or pick else "out, x, out_sizes, count"
     over = "g" if backward else "out"
     lines = [f"def {name}({params}):",
              "    i = cuda.grid(1)",
@@ -461,13 +461,14 @@ def max_pool_source(name: str, spatial: int, attrs: dict, backward: bool) -> str
               "                    best = v",
               "                    where = k",
               "                    found = True"]
-    if backward:
+    if backward or pick:
         lines += ["        rk = where"]
         kernel, stride, padding, dilation = attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"]
         for d in range(spatial - 1, -1, -1):
             lines += [f"        k{d} = rk % {kernel[d]}", f"        rk = rk // {kernel[d]}"]
         target = ", ".join(f"q{d + 2} * {stride[d]} + k{d} * {dilation[d]} - {padding[d][0]}" for d in range(spatial))
-        lines += [f"        cuda.atomic.add(out, (n, c, {target}), g[{own}])"]
+        lines += [f"        out[{own}] = g[n, c, {target}]" if pick else
+                  f"        cuda.atomic.add(out, (n, c, {target}), g[{own}])"]
     else:
         lines += [f"        out[{own}] = best"]
     lines.append("        i += step")
@@ -486,7 +487,8 @@ def window(op_name: str, spatial: int, attrs: dict, dtype):
     elif op_name == "col2im":
         source = col2im_source(name, spatial, attrs)
     else:
-        source = max_pool_source(name, spatial, attrs, backward=op_name == "max_pool_backward")
+        source = max_pool_source(name, spatial, attrs, backward=op_name == "max_pool_backward",
+                                 pick=op_name == "max_pool_pick")
     return _compile(key, name, source)
 
 

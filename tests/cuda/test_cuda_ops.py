@@ -19,7 +19,7 @@ ELEMENTWISE = sorted(name for name, op in OPS.items()
 REDUCTIONS = sorted(name for name, op in OPS.items() if op.kind == Kind.REDUCTION)
 OTHERS = ["matmul", "linear", "reshape", "permute", "expand", "getitem", "cat", "index_put", "gather",
           "scatter_add", "log_softmax", "log_softmax_backward", "nll_loss", "nll_loss_backward", "im2col", "col2im",
-          "max_pool", "max_pool_backward", "cumsum", "cumprod", "constant_pad"]
+          "max_pool", "max_pool_backward", "max_pool_pick", "cumsum", "cumprod", "constant_pad"]
 def _complex(sample) -> bool:
     return any(np.iscomplexobj(v) for v in sample.inputs) or \
         any(getattr(v, "is_complex", False) is True for v in sample.attrs.values())
