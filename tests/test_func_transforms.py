@@ -146,3 +146,17 @@ def test_forward_ad_dual_tensors_give_torchs_tangents(torch):
         runtime.autograd.forward_ad.make_dual(runtime.ones(2), runtime.ones(2))
     with runtime.autograd.forward_ad.dual_level(), pytest.raises(RuntimeError, match="different size"):
         runtime.autograd.forward_ad.make_dual(runtime.ones(2), runtime.ones(3))
+
+
+def test_hessians_and_jacobians_of_linear_and_piecewise_linear_maps_are_zeros(torch):
+    """A derivative that is a constant (x * 2, relu) does not require grad: torch's autograd.functional and func
+    transforms give zeros for the next derivative, where runtime raised 'does not require grad'."""
+    x = [1.0, -2.0]
+    cases = [lambda lib: lib.autograd.functional.hessian(lambda v: (v * 2).sum(), lib.tensor(x, dtype=lib.float64)),
+             lambda lib: lib.autograd.functional.hvp(lambda v: (v * 2).sum(), lib.tensor(x, dtype=lib.float64),
+                                                     lib.ones(2, dtype=lib.float64))[1],
+             lambda lib: lib.autograd.functional.jacobian(lambda v: lib.ones(2, dtype=lib.float64),
+                                                          lib.tensor(x, dtype=lib.float64)),
+             lambda lib: lib.func.hessian(lambda v: lib.relu(v).sum())(lib.tensor(x, dtype=lib.float64))]
+    for case in cases:
+        np.testing.assert_array_equal(case(runtime).numpy(), case(torch).numpy())

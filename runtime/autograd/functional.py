@@ -18,7 +18,11 @@ def _prepare(inputs, create_graph):
 def _grad(outputs, inputs, grad_outputs, create_graph, strict, what):
     from . import grad
 
-    gs = grad(outputs, inputs, grad_outputs, retain_graph=True, create_graph=create_graph, allow_unused=True)
+    # NOTE: as torch's, outputs that do not require grad (a constant, the derivative of a linear map) contribute
+    # nothing: with none left every input's gradient is zero (or a strict-mode error)
+    kept = [(o, g) for o, g in zip(outputs, grad_outputs) if o.requires_grad]
+    gs = (grad([o for o, _ in kept], inputs, [g for _, g in kept], retain_graph=True, create_graph=create_graph,
+               allow_unused=True) if kept else (None,) * len(inputs))
     out = []
     for i, (g, x) in enumerate(zip(gs, inputs)):
         if g is None:
