@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from runtime.autograd import Function, grad_mode, no_grad
+from runtime.func import _reparametrized
 from runtime.tensor import Tensor
 
 from runtime.utils import _pytree as pytree
@@ -251,7 +252,9 @@ def _replayed_backward(ctx, grads):
             raise RuntimeError(f"one of the variables needed for gradient computation has been modified by an "
                                f"inplace operation: an input of a compiled graph is at version {t._vc()[0]}; "
                                f"expected version {seen} instead.")
-    with grad_mode.enable_grad():
+    # NOTE: the parameters the call read (func.functional_call's substitutes, swapped back since), not the module's
+    params = {node.target: t for node, t in zip(graph.param_nodes, tensors[ctx.n_inputs:])}
+    with grad_mode.enable_grad(), _reparametrized(graph.forward, params):
         outputs = pytree.tensor_leaves(graph.run_eagerly(list(tensors[:ctx.n_inputs]), ctx.sizes))
     pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
     wanted = [k for k, t in enumerate(tensors) if t.requires_grad]

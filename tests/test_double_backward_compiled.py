@@ -110,3 +110,22 @@ def test_create_graph_after_an_input_was_modified_in_place_is_torchs_error():
         h2.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         runtime.autograd.grad(out, h, create_graph=True)
+
+
+def test_create_graph_through_a_compiled_model_called_with_substituted_parameters():
+    """MAML and Hessian-vector products call the model through func.functional_call and differentiate twice: the
+    replay under create_graph must read the call's substitutes (swapped back by then), not the module's own
+    parameters, whose graph the substitutes are not in (every gradient came back None)."""
+    runtime.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 2)).double()
+    compiled = nnc.compile(copy.deepcopy(model))
+    x = runtime.randn(6, 4, dtype=runtime.float64)
+    results = []
+    for m in (model, compiled):
+        params = {n: p.detach().clone().requires_grad_(True) for n, p in model.named_parameters()}
+        loss = (runtime.func.functional_call(m, params, (x,)) ** 2).mean()
+        grads = runtime.autograd.grad(loss, list(params.values()), create_graph=True)
+        second = runtime.autograd.grad(sum((g ** 2).sum() for g in grads), list(params.values()))
+        results.append([g.detach().numpy() for g in grads + second])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
