@@ -8,7 +8,7 @@ from .dtypes import (ALL_DTYPES as _ALL_DTYPES, bfloat16, complex64, complex128,
                      float64, int8, int16, int32, int64, uint8, get_default_dtype, promote_types, set_default_dtype)
 from .dtypes import bool_ as bool  # noqa: F401  (runtime.bool, as torch.bool)
 from .typeinfo import finfo, iinfo  # noqa: F401
-from .device import device  # noqa: F401
+from .device import device, get_default_device, set_default_device  # noqa: F401
 from .memory_formats import (channels_last, channels_last_3d, contiguous_format, memory_format,  # noqa: F401
                              preserve_format)
 from .tensor import Size, Tensor  # noqa: F401

@@ -37,15 +37,36 @@ class device:
     def __hash__(self) -> int:
         return hash((self.type, self.index))
 
+    def __enter__(self) -> "device":
+        """`with torch.device('cuda'):` makes this the device factories put new tensors on, inside the block."""
+        _entered.append(check_device(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _entered.pop()
+
 
 CPU = device("cpu")
 CUDA = device("cuda", 0)
 
+_entered: list = []  # the devices of the `with device(...)` blocks open, innermost last
+_default: list = [CPU]  # set_default_device's
+
+
+def set_default_device(spec) -> None:
+    """The device factories (zeros, randn, tensor, ...) put new tensors on when given none (None: the CPU)."""
+    _default[0] = CPU if spec is None else check_device(spec)
+
+
+def get_default_device() -> device:
+    return _entered[-1] if _entered else _default[0]
+
 
 def check_device(spec) -> device:
-    """None or 'cpu' -> CPU; 'cuda', 'cuda:0' -> CUDA when runtime.cuda.is_available(); a clear error otherwise."""
+    """None -> the default device (get_default_device: the CPU unless set); 'cpu' -> CPU; 'cuda', 'cuda:0' -> CUDA
+    when runtime.cuda.is_available(); a clear error otherwise."""
     if spec is None:
-        return CPU
+        return _entered[-1] if _entered else _default[0]
     d = spec if isinstance(spec, device) else device(spec)
     if d.type == "cpu":
         return CPU

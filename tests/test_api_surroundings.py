@@ -194,3 +194,21 @@ def test_split_methods_take_indices_as_arguments_and_einsum_takes_sublists():
         == (6, 2) and tuple(runtime.einsum(x, [Ellipsis, 1], [1]).shape) == (6,)
     with pytest.raises(ValueError, match="valid range"):
         runtime.einsum(x, [0, 60])
+
+
+def test_default_device_setting_and_device_blocks():
+    """set_default_device and `with torch.device(...)` choose where factories put new tensors (the current
+    tutorials call set_default_device); an unavailable device is refused before anything changes."""
+    assert runtime.get_default_device() == runtime.device("cpu")
+    runtime.set_default_device("cpu")
+    try:
+        assert runtime.zeros(2).device == runtime.device("cpu")
+        with runtime.device("cpu") as d:
+            assert d == runtime.device("cpu") and runtime.get_default_device() == d
+            assert runtime.ones(1).device == runtime.device("cpu")
+        if not runtime.cuda.is_available():
+            with pytest.raises(RuntimeError, match="not available"):
+                runtime.set_default_device("cuda")
+            assert runtime.get_default_device() == runtime.device("cpu")
+    finally:
+        runtime.set_default_device(None)
