@@ -520,3 +520,16 @@ def test_a_gradient_penalty_through_relu_and_max_pooling_gives_torchs_gradients(
     for ours, theirs in zip(*results):
         assert ours is not None
         np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-12)
+
+
+def test_grads_batched_stack_one_gradient_per_cotangent(torch):
+    """is_grads_batched=True (a Jacobian in one call: grad_outputs = eye) was ignored and raised a shape error."""
+    results = []
+    for lib in (runtime, torch):
+        x = lib.tensor([1.0, 2.0, -0.5], dtype=lib.float64, requires_grad=True)
+        (g,) = lib.autograd.grad((x ** 3).sum(), x, create_graph=True)
+        jacobian = lib.autograd.grad(x.sin() * x, x, lib.eye(3, dtype=lib.float64), is_grads_batched=True)[0]
+        hessian = lib.autograd.grad(g, x, lib.eye(3, dtype=lib.float64), is_grads_batched=True)[0]
+        results.append((jacobian.numpy(), hessian.detach().numpy()))
+    for ours, theirs in zip(*results):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12)

@@ -63,6 +63,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
     outputs, inputs = _as_tuple(outputs), _as_tuple(inputs)
     _refuse_stand_ins(outputs + inputs, "autograd.grad()")
     grads = _as_tuple(grad_outputs) or (None,) * len(outputs)
+    if is_grads_batched:
+        return _batched_grad(outputs, inputs, grads, retain_graph, create_graph, allow_unused, materialize_grads)
     roots = engine.root_edges(outputs, grads)
     results = [None] * len(inputs)
     capture = {}
@@ -83,6 +85,23 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=Fal
                 raise RuntimeError("One of the differentiated Tensors appears to not have been used in the graph. "
                                    "Set allow_unused=True if this is the desired behavior.")
     return tuple(results)
+
+
+def _batched_grad(outputs, inputs, grads, retain_graph, create_graph, allow_unused, materialize_grads):
+    """is_grads_batched: each grad_output's first dim is a batch of cotangents; the gradients stack theirs (torch
+    vmaps the backward; here it runs once per cotangent, the graph kept until the last)."""
+    from ..api import stack
+
+    if any(g is None for g in grads):
+        raise RuntimeError("is_grads_batched=True needs a grad_output for every output")
+    sizes = {g.shape[0] for g in grads}
+    if len(sizes) != 1:
+        raise RuntimeError(f"is_grads_batched=True: the grad_outputs' batch sizes differ: {sorted(sizes)}")
+    (size,) = sizes
+    per_cotangent = [grad(outputs, inputs, tuple(g[b] for g in grads),
+                          retain_graph=True if b < size - 1 else retain_graph, create_graph=create_graph,
+                          allow_unused=allow_unused, materialize_grads=materialize_grads) for b in range(size)]
+    return tuple(None if parts[0] is None else stack(list(parts)) for parts in zip(*per_cotangent))
 
 
 def _store_into(results, i, previous):
