@@ -1005,3 +1005,34 @@ def test_vae_trains_with_rsample_and_kl_divergence():
         optimizer.step()
     reconstruction, kl = loss_terms()
     assert kl.item() > 0.1 and (reconstruction + kl).item() < 0.75 * first
+
+
+@needs_torch
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_low_rank_multivariate_normal_matches_torch(batch):
+    """Densities (Woodbury and the determinant lemma), entropy, moments, the covariance, precision and Cholesky
+    factor, gradients of log_prob in loc, W and D, and the shapes of draws and expansion."""
+    rng = np.random.default_rng(0)
+    loc, factor = rng.standard_normal(batch + (5,)), rng.standard_normal(batch + (5, 2))
+    diag, value = rng.uniform(0.5, 2.0, batch + (5,)), rng.standard_normal((3,) + batch + (5,))
+    results = []
+    for lib in (runtime, torch):
+        args = [lib.tensor(v, requires_grad=True) for v in (loc, factor, diag)]
+        dist = lib.distributions.LowRankMultivariateNormal(*args)
+        log_prob = dist.log_prob(lib.tensor(value))
+        log_prob.sum().backward()
+        results.append([log_prob, dist.entropy(), dist.variance, dist.covariance_matrix, dist.precision_matrix,
+                        dist.scale_tril, *(a.grad for a in args)])
+        assert tuple(dist.rsample((4,)).shape) == (4,) + batch + (5,)
+        assert tuple(dist.expand((3,) + batch).batch_shape) == (3,) + batch
+    for got, want in zip(*results):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_low_rank_multivariate_normal_draws_have_its_covariance():
+    runtime.manual_seed(0)
+    factor = runtime.tensor([[1.0], [0.5], [-1.0]], dtype=runtime.float64)
+    dist = D.LowRankMultivariateNormal(runtime.zeros(3, dtype=runtime.float64), factor,
+                                       runtime.tensor([0.5, 1.0, 0.25], dtype=runtime.float64))
+    samples = dist.sample((40000,)).numpy()
+    np.testing.assert_allclose(np.cov(samples.T), dist.covariance_matrix.numpy(), atol=0.05)

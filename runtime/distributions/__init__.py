@@ -23,6 +23,7 @@ from .laplace import Laplace
 from .log_normal import LogNormal
 from .mixture_same_family import MixtureSameFamily
 from .multivariate_normal import MultivariateNormal
+from .lowrank_multivariate_normal import LowRankMultivariateNormal
 from .normal import Normal
 from .one_hot_categorical import OneHotCategorical, OneHotCategoricalStraightThrough
 from .poisson import Poisson
@@ -39,7 +40,8 @@ from .uniform import Uniform
 __all__ = ["AbsTransform", "AffineTransform", "Bernoulli", "Beta", "Binomial", "Categorical", "Cauchy", "Chi2",
            "ComposeTransform", "CumulativeDistributionTransform", "Dirichlet", "Distribution", "ExpTransform",
            "Exponential", "Gamma", "Geometric", "Gumbel", "HalfNormal", "Independent", "IndependentTransform",
-           "Laplace", "LogNormal", "LowerCholeskyTransform", "MixtureSameFamily", "MultivariateNormal", "Normal",
+           "Laplace", "LogNormal", "LowRankMultivariateNormal", "LowerCholeskyTransform", "MixtureSameFamily",
+           "MultivariateNormal", "Normal",
            "OneHotCategorical", "OneHotCategoricalStraightThrough", "Poisson", "PowerTransform", "RelaxedBernoulli",
            "RelaxedOneHotCategorical", "ReshapeTransform", "SigmoidTransform", "SoftmaxTransform",
            "SoftplusTransform", "StickBreakingTransform", "StudentT", "TanhTransform", "Transform",
