@@ -41,15 +41,21 @@ def _rebuild_parameter(cls, data, requires_grad):
     return cls(Tensor._from_array(data), requires_grad)
 
 
+def _materialize(tensor: Tensor, shape, dtype, becomes: type) -> None:
+    """Give an uninitialized parameter or buffer its shape (zeros of `dtype`, else the default dtype) and the class it
+    stood for."""
+    from .. import dtypes as dt
+
+    np_dtype = (dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()).np
+    tensor._data = np.zeros(tuple(shape), dtype=np_dtype)
+    tensor.__class__ = becomes
+
+
 class UninitializedParameter(Parameter):
     """A parameter whose shape is not known yet (lazy modules); materialize() gives it one."""
 
     def materialize(self, shape, dtype=None) -> None:
-        from .. import dtypes as dt
-
-        np_dtype = (dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()).np
-        self._data = np.zeros(tuple(shape), dtype=np_dtype)
-        self.__class__ = Parameter
+        _materialize(self, shape, dtype, Parameter)
 
     def __repr__(self) -> str:
         return "<UninitializedParameter>"
@@ -65,11 +71,7 @@ class UninitializedBuffer(Tensor):
         pass
 
     def materialize(self, shape, dtype=None) -> None:
-        from .. import dtypes as dt
-
-        np_dtype = (dt.as_dtype(dtype) if dtype is not None else dt.get_default_dtype()).np
-        self._data = np.zeros(tuple(shape), dtype=np_dtype)
-        self.__class__ = Tensor
+        _materialize(self, shape, dtype, Tensor)
 
     def __repr__(self) -> str:
         return "<UninitializedBuffer>"
