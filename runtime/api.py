@@ -1179,6 +1179,26 @@ def bitwise_right_shift(input, other):
     return apply("bitwise_right_shift", input, other)
 
 
+class _Geqrf(NamedTuple):
+    a: object
+    tau: object
+
+
+def geqrf(input):
+    """LAPACK's QR in compact form: R on and above the diagonal, the Householder vectors below it, and their
+    scales tau (linalg.householder_product(a, tau) is Q). Not differentiable, as torch's."""
+    if input.ndim < 2:
+        raise RuntimeError(f"torch.geqrf: input must have at least 2 dimensions, got {input.ndim}")
+    a = _values(input, "geqrf")
+    flat = a.reshape(-1, *a.shape[-2:])
+    pairs = [np.linalg.qr(m, mode="raw") for m in flat]  # (h, tau) with h the transposed (Fortran) result
+    stored = np.ascontiguousarray(np.stack([h.T for h, _ in pairs]).reshape(a.shape)) if flat.shape[0] else a.copy()
+    k = builtins.min(a.shape[-2:])
+    taus = np.stack([t for _, t in pairs]).reshape(a.shape[:-2] + (k,)) if flat.shape[0] else \
+        np.zeros(a.shape[:-2] + (k,), a.dtype)
+    return _Geqrf(input.new_tensor(stored.astype(a.dtype)), input.new_tensor(taus.astype(a.dtype)))
+
+
 def polygamma(n, input):
     if n == 0:
         return digamma(input)
@@ -2842,7 +2862,7 @@ METHODS.update({name: globals()[name] for name in """
     select_scatter slice_scatter diagonal_scatter nonzero argwhere sort argsort msort kthvalue median nanmedian mode
     quantile nanquantile unique unique_consecutive bincount histc histogram dot vdot inner outer ger mv addmm addmv
     addr baddbmm addbmm kron cross norm dist renorm cov corrcoef logdet matrix_power matrix_exp det inverse slogdet
-    adjoint frexp i0 mvlgamma index_reduce bernoulli index_put
+    adjoint frexp i0 mvlgamma index_reduce bernoulli index_put geqrf
     is_complex is_conj conj conj_physical resolve_conj resolve_neg angle stft istft
 """.split()})
 METHODS.update(polygamma=lambda self, n: polygamma(n, self), is_signed=is_signed, is_nonzero=is_nonzero)

@@ -135,6 +135,26 @@ def qr(A, mode="reduced"):
     return _QR(A.new_tensor(q) if mode != "r" else A.new_zeros((0,)), A.new_tensor(r))
 
 
+def householder_product(A, tau):
+    """The first n columns of H_1 ... H_k for an m x n A (batched), H_i = I - tau_i v_i v_i^H with v_i column i of A
+    below the diagonal and 1 on it (LAPACK's orgqr; geqrf's output gives back Q). Differentiable: the reflectors
+    are applied with tensor ops, last first."""
+    m, n, k = A.shape[-2], A.shape[-1], tau.shape[-1]
+    if A.ndim < 2 or m < n or k > n:
+        raise RuntimeError(f"torch.linalg.householder_product: input must have at least 2 dimensions and "
+                           f"input.shape[-2] >= input.shape[-1] >= tau.shape[-1], got {list(A.shape)} and "
+                           f"{list(tau.shape)}")
+    from . import factories
+
+    rows = factories.arange(m).reshape(m, 1)
+    q = factories.eye(m, n, dtype=A.dtype)
+    for i in reversed(range(k)):
+        column = A[..., :, i:i + 1]
+        v = api.where(rows < i, 0.0, api.where(rows == i, 1.0, column))
+        q = q - tau[..., i:i + 1].unsqueeze(-1) * (v @ (v.mT.conj() if A.dtype.is_complex else v.mT) @ q)
+    return q
+
+
 def svd(A, full_matrices=True, *, driver=None):
     _no_grad_here("svd", A)
     u, s, vh = np.linalg.svd(_values(A, "svd"), full_matrices=full_matrices)

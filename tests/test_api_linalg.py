@@ -172,3 +172,20 @@ def test_lstsq_returns_what_each_torch_driver_returns(torch, driver, a_shape, b_
 def test_lstsq_names_its_drivers():
     with pytest.raises(RuntimeError, match=r"parameter `driver` should be one of \(gels, gelsy, gelsd, gelss\)"):
         runtime.linalg.lstsq(runtime.eye(2), runtime.eye(2), driver="gelsx")
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (4, 4), (2, 4, 3)])
+def test_geqrf_and_householder_product_match_torch(torch, shape):
+    """geqrf's compact QR (reflectors below the diagonal, their scales tau), and householder_product rebuilding Q
+    from them, with householder_product's gradients in both arguments."""
+    a = np.random.default_rng(0).standard_normal(shape)
+    weights = np.random.default_rng(1).standard_normal(shape)
+    results = []
+    for lib in (runtime, torch):
+        stored, tau = lib.geqrf(lib.tensor(a))
+        reflectors, scales = stored.clone().requires_grad_(True), tau.clone().requires_grad_(True)
+        q = lib.linalg.householder_product(reflectors, scales)
+        (q * lib.tensor(weights)).sum().backward()
+        results.append([stored, tau, q.detach(), reflectors.grad, scales.grad])
+    for ours, theirs in zip(*results):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-12)
