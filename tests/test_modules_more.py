@@ -178,3 +178,55 @@ def test_fusion_and_two_step_clipping_match_torch(torch):
     nn.utils.clip_grads_with_norm_(r_params, 0.5, got)
     for tp, rp in zip(t_params, r_params):
         np.testing.assert_allclose(rp.grad.numpy(), tp.grad.numpy(), rtol=1e-12)
+
+
+_ORTHOGONAL_CASES = [((4, 4), None, True), ((4, 4), "cayley", True), ((2, 3, 3), None, True),
+                     ((6, 3), None, False), ((3, 6), None, False), ((5, 3), "householder", False)]
+
+
+@needs_torch
+@pytest.mark.parametrize("shape,orthogonal_map,trivialization", _ORTHOGONAL_CASES)
+def test_orthogonal_parametrization_matches_torch(torch, shape, orthogonal_map, trivialization):
+    """The weight (orthonormal columns, or rows when wide), the original's gradient and the state_dict keys, as
+    torch's (a non-square trivialization completes its base with random columns: its values match, not its
+    gradient, which the next test checks by finite differences)."""
+    weights = np.random.default_rng(0).standard_normal(shape)
+    results = []
+    for lib in (runtime, torch):
+        module = lib.nn.Module()
+        module.weight = lib.nn.Parameter(lib.tensor(weights))
+        lib.nn.utils.parametrizations.orthogonal(module, orthogonal_map=orthogonal_map,
+                                                 use_trivialization=trivialization)
+        (module.weight * lib.tensor(np.random.default_rng(1).standard_normal(shape))).sum().backward()
+        results.append((module.weight.detach().numpy(), module.parametrizations.weight.original.grad.numpy(),
+                        sorted(module.state_dict())))
+    (ours, ours_grad, ours_keys), (theirs, theirs_grad, theirs_keys) = results
+    np.testing.assert_allclose(ours, theirs, atol=1e-12)
+    np.testing.assert_allclose(ours_grad, theirs_grad, atol=1e-12)
+    assert ours_keys == theirs_keys
+
+
+@pytest.mark.parametrize("shape,orthogonal_map", [((6, 3), None), ((3, 5), "cayley"), ((5, 3), "matrix_exp")])
+def test_orthogonal_parametrization_is_orthogonal_and_its_gradient_is_right(shape, orthogonal_map):
+    module = nn.Module()
+    module.weight = nn.Parameter(runtime.tensor(np.random.default_rng(0).standard_normal(shape)))
+    nn.utils.parametrizations.orthogonal(module, orthogonal_map=orthogonal_map)
+    w = module.weight.detach().numpy()
+    gram = w.T @ w if shape[0] >= shape[1] else w @ w.T
+    np.testing.assert_allclose(gram, np.eye(min(shape)), atol=1e-12)
+    original = module.parametrizations.weight.original
+    weights = runtime.tensor(np.random.default_rng(1).standard_normal(shape))
+    (module.weight * weights).sum().backward()
+    eps, worst = 1e-6, 0.0
+    with runtime.no_grad():
+        for index in np.ndindex(shape):
+            if index[-1] == index[-2]:
+                continue  # (householder's diagonal enters through .int(): a step, where differences mean nothing)
+            old = float(original[index])
+            original[index] = old + eps
+            up = float((module.weight * weights).sum())
+            original[index] = old - eps
+            down = float((module.weight * weights).sum())
+            original[index] = old
+            worst = max(worst, abs((up - down) / (2 * eps) - float(original.grad[index])))
+    assert worst < 1e-7
