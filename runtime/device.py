@@ -66,7 +66,7 @@ def check_device(spec) -> device:
     """None -> the default device (get_default_device: the CPU unless set); 'cpu' -> CPU; 'cuda', 'cuda:0' -> CUDA
     when runtime.cuda.is_available(); a clear error otherwise."""
     if spec is None:
-        return _entered[-1] if _entered else _default[0]
+        return get_default_device()
     d = spec if isinstance(spec, device) else device(spec)
     if d.type == "cpu":
         return CPU

@@ -1,6 +1,6 @@
-"""runtime.linalg: torch.linalg on numpy's LAPACK. inv, det, slogdet, solve, cholesky and eigh/eigvalsh are ops with
-derivative rules (runtime/ops.py); norms are compositions; qr, svd, svdvals, lstsq, pinv, matrix_rank, lu and
-matrix_exp compute with numpy and refuse inputs that require grad (runtime has no rule for them yet)."""
+"""runtime.linalg: torch.linalg on numpy's LAPACK. inv, det, slogdet, solve, cholesky, eigh/eigvalsh and matrix_exp
+are ops with derivative rules (runtime/ops.py); norms and householder_product are compositions; qr, svd, svdvals,
+lstsq, pinv, matrix_rank and lu compute with numpy and refuse inputs that require grad (no rule for them yet)."""
 from __future__ import annotations
 
 import math
@@ -151,7 +151,7 @@ def householder_product(A, tau):
     for i in reversed(range(k)):
         column = A[..., :, i:i + 1]
         v = api.where(rows < i, 0.0, api.where(rows == i, 1.0, column))
-        q = q - tau[..., i:i + 1].unsqueeze(-1) * (v @ (v.mT.conj() if A.dtype.is_complex else v.mT) @ q)
+        q = q - tau[..., i:i + 1].unsqueeze(-1) * (v @ v.mH @ q)
     return q
 
 

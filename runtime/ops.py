@@ -1574,7 +1574,7 @@ def _np_matrix_exp(a):
 def _matrix_exp_vjp(g, a):
     """The adjoint of exp's derivative at A applied to G: the top-right block of exp([[A^H, G], [0, A^H]])."""
     n, last = a.shape[-1], a.ndim - 1
-    ah = a.mT.conj() if a.dtype.is_complex else a.mT
+    ah = a.mH
     top = apply("cat", ah, g, dim=last)
     bottom = apply("cat", ah.new_zeros(tuple(ah.shape)), ah, dim=last)
     return apply("matrix_exp", apply("cat", top, bottom, dim=last - 1))[..., :n, n:]

@@ -850,16 +850,18 @@ class Tensor:
                            f"views an expanded tensor, or a read-only numpy array): clone() it first")
 
     def add_(self, other, *, alpha=1):
-        _check_no_partial_overlap(self._data, other)
-        if alpha != 1 and self._scaled_other_rounds(other) and not self._recording_into_view(other):
-            return self._inplace_composite("add", api.add, other, alpha=alpha)
-        return self._inplace("add", other if alpha == 1 else other * alpha)
+        return self._scaled_inplace("add", api.add, other, alpha)
 
     def sub_(self, other, *, alpha=1):
+        return self._scaled_inplace("sub", api.sub, other, alpha)
+
+    def _scaled_inplace(self, name: str, fn, other, alpha) -> "Tensor":
+        """self = self +- alpha * other in place: the op itself, or the composite (api.add / api.sub) where torch's
+        fused rounding differs from rounding alpha * other first."""
         _check_no_partial_overlap(self._data, other)
         if alpha != 1 and self._scaled_other_rounds(other) and not self._recording_into_view(other):
-            return self._inplace_composite("sub", api.sub, other, alpha=alpha)
-        return self._inplace("sub", other if alpha == 1 else other * alpha)
+            return self._inplace_composite(name, fn, other, alpha=alpha)
+        return self._inplace(name, other if alpha == 1 else other * alpha)
 
     def _recording_into_view(self, *others) -> bool:
         """Whether an in-place write into this view is recorded for autograd (CopySlices): its last op must read

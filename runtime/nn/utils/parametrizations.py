@@ -133,7 +133,7 @@ class _Orthogonal(Module):
             X = X.tril()
             if n != k:
                 X = api.cat([X, X.new_zeros((n, n - k)).expand(tuple(X.shape[:-2]) + (n, n - k))], -1)
-            A = X - (X.mT.conj() if X.dtype.is_complex else X.mT)
+            A = X - X.mH
             if self.orthogonal_map == "matrix_exp":
                 Q = linalg.matrix_exp(A)
             else:
@@ -184,7 +184,7 @@ def _is_orthogonal(Q) -> bool:
     from ...typeinfo import finfo
 
     n, k = Q.shape[-2], Q.shape[-1]
-    gram = (Q.mT.conj() if Q.dtype.is_complex else Q.mT) @ Q
+    gram = Q.mH @ Q
     return api.allclose(gram, factories.eye(k, dtype=Q.dtype), atol=10 * n * finfo(Q.dtype).eps)
 
 
